@@ -1,0 +1,25 @@
+//! CPU sampler: counts per (process, thread, user stack, kernel stack) kept in kernel maps.
+
+/// Map names.
+pub const CPU_COUNTS_MAP: &str = "CPU_COUNTS";
+pub const STACKS_MAP: &str = "STACKS";
+
+/// Capacity of the sample-count hash; a full map is counted in [`crate::drops::Drop::CpuCountsFull`].
+pub const CPU_COUNTS_ENTRIES: u32 = 65_536;
+/// Capacity of the shared stack-trace map (user and kernel stacks, also used by off-CPU stacks).
+pub const STACKS_ENTRIES: u32 = 32_768;
+
+/// Key of the sample-count map. A negative stack id means no stack was captured
+/// (`-EFAULT` for a kernel stack while the CPU was in user mode, `-EEXIST`/`-ENOMEM` when the
+/// stack map was full).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SampleKey {
+    pub pid: u32,
+    pub tid: u32,
+    pub user_stack_id: i32,
+    pub kernel_stack_id: i32,
+    pub comm: [u8; 16],
+}
+
+crate::user_pod!(SampleKey);

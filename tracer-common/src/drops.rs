@@ -1,0 +1,68 @@
+//! Counters of everything the kernel side could not record, one slot per reason in the per-CPU
+//! array `DROPS`. Every report shows the non-zero ones: gputrace never loses data silently.
+
+pub const DROPS_MAP: &str = "DROPS";
+
+/// One slot per reason. New reasons go at the end; `COUNT` is the array size.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drop {
+    /// `CPU_COUNTS` was full: a CPU sample was not counted.
+    CpuCountsFull = 0,
+    /// The stack-trace map had no room: a sample was counted without its stack.
+    StackMapFull = 1,
+    /// The process-event ring buffer was full: a fork/exec/exit event was lost.
+    ProcEventsFull = 2,
+    /// `TRACED` was full: a child process could not be followed.
+    TracedFull = 3,
+    /// Per-thread state map was full: a thread's time could not be accounted.
+    ThreadStateFull = 4,
+    /// Time-accounting map was full.
+    TimeMapFull = 5,
+    /// Syscall statistics map was full.
+    SyscallMapFull = 6,
+    /// Block I/O maps were full.
+    BlockMapFull = 7,
+    /// CUDA maps or the CUDA ring buffer were full.
+    CudaFull = 8,
+    /// Spare slots so that later areas can add reasons without changing the map size.
+    Spare9 = 9,
+    Spare10 = 10,
+    Spare11 = 11,
+    Spare12 = 12,
+    Spare13 = 13,
+    Spare14 = 14,
+    Spare15 = 15,
+}
+
+impl Drop {
+    pub const COUNT: u32 = 16;
+
+    pub const ALL: [Drop; 9] = [
+        Drop::CpuCountsFull,
+        Drop::StackMapFull,
+        Drop::ProcEventsFull,
+        Drop::TracedFull,
+        Drop::ThreadStateFull,
+        Drop::TimeMapFull,
+        Drop::SyscallMapFull,
+        Drop::BlockMapFull,
+        Drop::CudaFull,
+    ];
+
+    /// What a drop of this kind makes incomplete, for the report.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Drop::CpuCountsFull => "CPU samples not counted (sample map full)",
+            Drop::StackMapFull => "CPU/off-CPU samples counted without a stack (stack map full)",
+            Drop::ProcEventsFull => "process fork/exec/exit events lost (ring buffer full)",
+            Drop::TracedFull => "child processes not followed (traced-process map full)",
+            Drop::ThreadStateFull => "threads whose time could not be accounted (thread map full)",
+            Drop::TimeMapFull => "time-accounting entries lost (map full)",
+            Drop::SyscallMapFull => "syscall statistics lost (map full)",
+            Drop::BlockMapFull => "block I/O requests not tracked (map full)",
+            Drop::CudaFull => "CUDA calls or events lost (map or ring buffer full)",
+            _ => "unused",
+        }
+    }
+}

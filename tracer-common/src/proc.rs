@@ -1,0 +1,56 @@
+//! Traced-process set and process lifecycle events.
+//!
+//! `TRACED` holds the tgids being traced. The kernel adds children itself at fork (when
+//! following children is on), so a child is traced from its first instruction; user space learns
+//! of it from a [`ProcEvent`] on the `PROC_EVENTS` ring buffer.
+
+pub const TRACED_MAP: &str = "TRACED";
+pub const PROC_EVENTS_MAP: &str = "PROC_EVENTS";
+pub const TRACED_ENTRIES: u32 = 16_384;
+pub const PROC_EVENTS_BYTES: u32 = 256 * 1024;
+
+/// Globals set by the loader.
+pub const GLOBAL_FOLLOW_CHILDREN: &str = "FOLLOW_CHILDREN";
+
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcEventKind {
+    /// A traced process forked a new process (`pid` is the child, `ppid` the parent).
+    Fork = 1,
+    /// A traced process called exec (`comm` is the new name).
+    Exec = 2,
+    /// A traced process exited (its last thread ended).
+    Exit = 3,
+    /// A thread of a traced process exited (`tid`).
+    ThreadExit = 4,
+}
+
+impl ProcEventKind {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            1 => Some(Self::Fork),
+            2 => Some(Self::Exec),
+            3 => Some(Self::Exit),
+            4 => Some(Self::ThreadExit),
+            _ => None,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcEvent {
+    /// A [`ProcEventKind`].
+    pub kind: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub ppid: u32,
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) at the event.
+    pub ts_ns: u64,
+    /// Exit code (`task->exit_code` is not readable here; 0 unless known).
+    pub exit_code: i32,
+    pub _pad: u32,
+    pub comm: [u8; 16],
+}
+
+crate::user_pod!(ProcEvent);

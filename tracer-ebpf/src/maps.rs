@@ -1,0 +1,67 @@
+//! Maps and helpers shared by several program families.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, PerCpuArray, StackTrace},
+};
+use tracer_common::{cpu, drops::Drop, proc};
+
+/// tgid -> flags of every traced process (user space seeds it; fork adds children).
+#[map(name = "TRACED")]
+pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(proc::TRACED_ENTRIES, 0);
+
+/// One counter per [`Drop`] reason, per CPU.
+#[map(name = "DROPS")]
+pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Drop::COUNT, 0);
+
+/// User and kernel stacks of CPU samples (and of off-CPU switch-outs).
+#[map(name = "STACKS")]
+pub static STACKS: StackTrace = StackTrace::with_max_entries(cpu::STACKS_ENTRIES, 0);
+
+#[inline(always)]
+pub fn is_traced(tgid: u32) -> bool {
+    unsafe { TRACED.get(&tgid) }.is_some()
+}
+
+#[inline(always)]
+pub fn count_drop(reason: Drop) {
+    if let Some(slot) = DROPS.get_ptr_mut(reason as u32) {
+        // Per-CPU slot: no other CPU writes it, and programs do not nest on one CPU here.
+        unsafe { *slot += 1 };
+    }
+}
+
+#[inline(always)]
+pub fn current_ids() -> (u32, u32) {
+    let pid_tgid = aya_ebpf::helpers::bpf_get_current_pid_tgid();
+    ((pid_tgid >> 32) as u32, pid_tgid as u32)
+}
+
+/// Adds `delta` to the u64 behind `ptr` with a BPF atomic add (several CPUs may update one
+/// shared hash value). The BPF target has no compare-and-swap, so `AtomicU64::fetch_add` is not
+/// available; the intrinsic lowers to `lock xadd`.
+#[inline(always)]
+pub fn atomic_add(ptr: *mut u64, delta: u64) {
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            ptr, delta,
+        )
+    };
+}
+
+/// Adds `delta` to `map[key]`, inserting it when absent; counts `full` when there is no room.
+#[inline(always)]
+pub fn add_to<K>(map: &HashMap<K, u64>, key: &K, delta: u64, full: Drop) {
+    if let Some(v) = map.get_ptr_mut(key) {
+        atomic_add(v, delta);
+        return;
+    }
+    // BPF_NOEXIST: another CPU may have inserted it in between; then add to that entry.
+    match map.insert(key, &delta, 1) {
+        Ok(()) => {}
+        Err(_) => match map.get_ptr_mut(key) {
+            Some(v) => atomic_add(v, delta),
+            None => count_drop(full),
+        },
+    }
+}

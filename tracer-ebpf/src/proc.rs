@@ -1,0 +1,105 @@
+//! Process lifecycle: follow children at fork, report fork/exec/exit to user space.
+//!
+//! Field offsets of the tracepoints are globals that user space sets from the tracepoints'
+//! `format` files, so a kernel that moves a field does not make us read garbage.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    macros::{map, tracepoint},
+    maps::RingBuf,
+    programs::TracePointContext,
+    Global,
+};
+use tracer_common::{
+    drops::Drop,
+    proc::{ProcEvent, ProcEventKind, PROC_EVENTS_BYTES},
+};
+
+use crate::maps::{count_drop, current_ids, is_traced, TRACED};
+
+#[map(name = "PROC_EVENTS")]
+static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(PROC_EVENTS_BYTES, 0);
+
+/// 1 when children are followed (the default), 0 for `--no-children`.
+#[no_mangle]
+static FOLLOW_CHILDREN: Global<u32> = Global::new(1);
+
+// task/task_newtask
+#[no_mangle]
+static OFF_NEWTASK_PID: Global<u32> = Global::new(8);
+#[no_mangle]
+static OFF_NEWTASK_FLAGS: Global<u32> = Global::new(32);
+// sched/sched_process_exit
+#[no_mangle]
+static OFF_EXIT_GROUP_DEAD: Global<u32> = Global::new(32);
+
+const CLONE_THREAD: u64 = 0x0001_0000;
+
+/// task_newtask runs in the parent; clone_flags tell a new process from a new thread, which
+/// sched_process_fork cannot.
+#[tracepoint]
+pub fn task_newtask(ctx: TracePointContext) -> u32 {
+    let (tgid, _) = current_ids();
+    if !is_traced(tgid) {
+        return 0;
+    }
+    let flags: u64 = unsafe { ctx.read_at(OFF_NEWTASK_FLAGS.load() as usize) }.unwrap_or(0);
+    if flags & CLONE_THREAD != 0 {
+        return 0;
+    }
+    let child: i32 = unsafe { ctx.read_at(OFF_NEWTASK_PID.load() as usize) }.unwrap_or(0);
+    if child <= 0 {
+        return 0;
+    }
+    let child = child as u32;
+    if FOLLOW_CHILDREN.load() != 0 && TRACED.insert(&child, &0, 0).is_err() {
+        count_drop(Drop::TracedFull);
+    }
+    emit(ProcEventKind::Fork, child, child, tgid);
+    0
+}
+
+#[tracepoint]
+pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if is_traced(tgid) {
+        emit(ProcEventKind::Exec, tgid, tid, 0);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if !is_traced(tgid) {
+        return 0;
+    }
+    let group_dead: u8 = unsafe { ctx.read_at(OFF_EXIT_GROUP_DEAD.load() as usize) }.unwrap_or(0);
+    if group_dead != 0 {
+        // Removed here, not by user space later, so a recycled pid is never traced by mistake.
+        let _ = TRACED.remove(&tgid);
+        emit(ProcEventKind::Exit, tgid, tid, 0);
+    } else {
+        emit(ProcEventKind::ThreadExit, tgid, tid, 0);
+    }
+    0
+}
+
+#[inline(always)]
+fn emit(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32) {
+    let Some(mut entry) = PROC_EVENTS.reserve::<ProcEvent>(0) else {
+        count_drop(Drop::ProcEventsFull);
+        return;
+    };
+    entry.write(ProcEvent {
+        kind: kind as u32,
+        pid,
+        tid,
+        ppid,
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        exit_code: 0,
+        _pad: 0,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    });
+    entry.submit(0);
+}

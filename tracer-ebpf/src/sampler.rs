@@ -1,0 +1,56 @@
+//! CPU sampler: a perf_event program on the software cpu-clock event, one per CPU. Samples of
+//! traced processes are counted in the kernel by (pid, tid, user stack, kernel stack, comm);
+//! nothing is streamed per sample.
+
+use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
+    helpers::bpf_get_current_comm,
+    macros::{map, perf_event},
+    maps::HashMap,
+    programs::{tracing::StackIdContext, PerfEventContext},
+};
+use tracer_common::{
+    cpu::{SampleKey, CPU_COUNTS_ENTRIES},
+    drops::Drop,
+};
+
+use crate::maps::{add_to, count_drop, current_ids, is_traced, STACKS};
+
+#[map(name = "CPU_COUNTS")]
+static CPU_COUNTS: HashMap<SampleKey, u64> = HashMap::with_max_entries(CPU_COUNTS_ENTRIES, 0);
+
+const EFAULT: i32 = 14;
+
+#[perf_event]
+pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if tid == 0 || !is_traced(tgid) {
+        return 0;
+    }
+    let user_stack_id = stack_id(&ctx, BPF_F_USER_STACK as u64);
+    let kernel_stack_id = stack_id(&ctx, 0);
+    let key = SampleKey {
+        pid: tgid,
+        tid,
+        user_stack_id,
+        kernel_stack_id,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    add_to(&CPU_COUNTS, &key, 1, Drop::CpuCountsFull);
+    0
+}
+
+/// A stack id, or the negative errno; -EFAULT (no kernel stack in user mode, no user stack in a
+/// kernel thread) is normal, anything else means the stack map had no room.
+#[inline(always)]
+fn stack_id(ctx: &PerfEventContext, flags: u64) -> i32 {
+    match ctx.get_stackid(&STACKS, flags) {
+        Ok(id) => id as i32,
+        Err(e) => {
+            if e != -EFAULT {
+                count_drop(Drop::StackMapFull);
+            }
+            e
+        }
+    }
+}

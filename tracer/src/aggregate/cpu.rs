@@ -1,0 +1,217 @@
+//! CPU profile: merged stacks per thread, top functions by self and total samples.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::symbolize::Frame;
+
+/// One distinct stack of one thread with its sample count. Frames are root first: user frames
+/// from `main`/`start_thread` down to the leaf, then kernel frames when sampled in the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StackSample {
+    pub pid: u32,
+    pub tid: u32,
+    /// Thread name at sample time.
+    pub comm: String,
+    pub frames: Vec<Frame>,
+    pub count: u64,
+    /// Sampled while the CPU ran kernel code on the thread's behalf.
+    pub kernel_mode: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CpuProfile {
+    pub samples: Vec<StackSample>,
+}
+
+/// A function's share of samples.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FnStat {
+    pub function: String,
+    pub module: Option<String>,
+    pub samples: u64,
+    /// Percent of the samples considered (the process's or the thread's).
+    pub percent: f64,
+}
+
+impl CpuProfile {
+    /// Merges samples that share (pid, tid, comm, frames), e.g. after symbolisation folded
+    /// several addresses into one function. Output is sorted for stable reports.
+    pub fn from_samples(samples: impl IntoIterator<Item = StackSample>) -> Self {
+        let mut merged: HashMap<(u32, u32, String, Vec<Frame>, bool), u64> = HashMap::new();
+        for s in samples {
+            *merged
+                .entry((s.pid, s.tid, s.comm, s.frames, s.kernel_mode))
+                .or_default() += s.count;
+        }
+        let mut samples: Vec<StackSample> = merged
+            .into_iter()
+            .map(
+                |((pid, tid, comm, frames, kernel_mode), count)| StackSample {
+                    pid,
+                    tid,
+                    comm,
+                    frames,
+                    count,
+                    kernel_mode,
+                },
+            )
+            .collect();
+        samples.sort_by(|a, b| {
+            (a.pid, a.tid, &a.comm, &a.frames)
+                .cmp(&(b.pid, b.tid, &b.comm, &b.frames))
+                .then(b.count.cmp(&a.count))
+        });
+        Self { samples }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.samples.iter().map(|s| s.count).sum()
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        let set: std::collections::BTreeSet<u32> = self.samples.iter().map(|s| s.pid).collect();
+        set.into_iter().collect()
+    }
+
+    /// Samples grouped by thread, for one process.
+    pub fn threads_of(&self, pid: u32) -> BTreeMap<u32, Vec<&StackSample>> {
+        let mut m: BTreeMap<u32, Vec<&StackSample>> = BTreeMap::new();
+        for s in self.samples.iter().filter(|s| s.pid == pid) {
+            m.entry(s.tid).or_default().push(s);
+        }
+        m
+    }
+
+    pub fn of_process(&self, pid: u32) -> Vec<&StackSample> {
+        self.samples.iter().filter(|s| s.pid == pid).collect()
+    }
+}
+
+/// Functions ranked by self samples (the leaf frame).
+pub fn top_self(samples: &[&StackSample], n: usize) -> Vec<FnStat> {
+    rank(samples, n, |s, add| {
+        if let Some(leaf) = s.frames.last() {
+            add(leaf);
+        }
+    })
+}
+
+/// Functions ranked by total samples (anywhere on the stack, counted once per stack).
+pub fn top_total(samples: &[&StackSample], n: usize) -> Vec<FnStat> {
+    rank(samples, n, |s, add| {
+        let mut seen: HashSet<(&str, Option<&str>)> = HashSet::new();
+        for f in &s.frames {
+            if seen.insert((f.name.as_str(), f.module.as_deref())) {
+                add(f);
+            }
+        }
+    })
+}
+
+fn rank<'a>(
+    samples: &[&'a StackSample],
+    n: usize,
+    visit: impl Fn(&'a StackSample, &mut dyn FnMut(&'a Frame)),
+) -> Vec<FnStat> {
+    let total: u64 = samples.iter().map(|s| s.count).sum();
+    let mut counts: HashMap<(&str, Option<&str>), u64> = HashMap::new();
+    for s in samples {
+        visit(s, &mut |f: &'a Frame| {
+            *counts
+                .entry((f.name.as_str(), f.module.as_deref()))
+                .or_default() += s.count;
+        });
+    }
+    let mut v: Vec<FnStat> = counts
+        .into_iter()
+        .map(|((name, module), c)| FnStat {
+            function: name.to_string(),
+            module: module.map(str::to_string),
+            samples: c,
+            percent: if total == 0 {
+                0.0
+            } else {
+                100.0 * c as f64 / total as f64
+            },
+        })
+        .collect();
+    v.sort_by(|a, b| {
+        b.samples
+            .cmp(&a.samples)
+            .then_with(|| a.function.cmp(&b.function))
+    });
+    v.truncate(n);
+    v
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub fn f(name: &str) -> Frame {
+        Frame {
+            name: name.into(),
+            module: Some("app".into()),
+            kernel: false,
+        }
+    }
+
+    pub fn s(pid: u32, tid: u32, frames: &[&str], count: u64) -> StackSample {
+        StackSample {
+            pid,
+            tid,
+            comm: format!("t{tid}"),
+            frames: frames.iter().map(|n| f(n)).collect(),
+            count,
+            kernel_mode: false,
+        }
+    }
+
+    #[test]
+    fn merges_identical_stacks() {
+        let p = CpuProfile::from_samples(vec![
+            s(1, 1, &["main", "a"], 3),
+            s(1, 1, &["main", "a"], 4),
+            s(1, 2, &["main", "a"], 1),
+        ]);
+        assert_eq!(p.samples.len(), 2);
+        assert_eq!(p.total(), 8);
+        assert_eq!(p.samples[0].count, 7);
+    }
+
+    #[test]
+    fn self_and_total() {
+        let p = CpuProfile::from_samples(vec![
+            s(1, 1, &["main", "a", "leaf"], 6),
+            s(1, 1, &["main", "b"], 3),
+            s(1, 1, &["main"], 1),
+            // recursion: counted once per stack in total
+            s(1, 1, &["main", "r", "r"], 10),
+        ]);
+        let all = p.of_process(1);
+        let selfs = top_self(&all, 10);
+        assert_eq!(selfs[0].function, "r");
+        assert_eq!(selfs[0].samples, 10);
+        assert_eq!(selfs[1].function, "leaf");
+        let totals = top_total(&all, 2);
+        assert_eq!(totals[0].function, "main");
+        assert_eq!(totals[0].samples, 20);
+        assert!((totals[0].percent - 100.0).abs() < 1e-9);
+        assert_eq!(totals[1].function, "r");
+        assert_eq!(totals[1].samples, 10);
+    }
+
+    #[test]
+    fn threads_grouped() {
+        let p = CpuProfile::from_samples(vec![
+            s(1, 1, &["a"], 1),
+            s(1, 2, &["b"], 1),
+            s(2, 3, &["c"], 1),
+        ]);
+        assert_eq!(p.pids(), vec![1, 2]);
+        assert_eq!(p.threads_of(1).len(), 2);
+        assert_eq!(p.of_process(2).len(), 1);
+    }
+}

@@ -1,0 +1,109 @@
+//! Loading the embedded eBPF object and attaching its programs.
+//!
+//! Every attachment is an fd-based link owned by this process: when gputrace exits, however it
+//! exits (even SIGKILL), the kernel closes the fds and nothing of ours stays attached.
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::HashMap,
+    programs::{
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        PerfEvent, ProgramError, TracePoint,
+    },
+    Ebpf, EbpfLoader,
+};
+use tracer_common::proc::TRACED_MAP;
+
+use crate::{error::TraceError, tracefs::Format};
+
+/// The eBPF object built by build.rs.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gputrace.bpf.o"));
+
+pub struct LoadOptions {
+    pub follow_children: bool,
+}
+
+/// Loads the object (maps are created, programs are not loaded yet).
+pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
+    let newtask = Format::read("task", "task_newtask")?;
+    let exit = Format::read("sched", "sched_process_exit")?;
+    let follow: u32 = opts.follow_children.into();
+    let newtask_pid = newtask.offset("pid")?;
+    let newtask_flags = newtask.offset("clone_flags")?;
+    let exit_group_dead = exit.offset("group_dead")?;
+    let mut loader = EbpfLoader::new();
+    loader
+        .override_global("FOLLOW_CHILDREN", &follow, true)
+        .override_global("OFF_NEWTASK_PID", &newtask_pid, true)
+        .override_global("OFF_NEWTASK_FLAGS", &newtask_flags, true)
+        .override_global("OFF_EXIT_GROUP_DEAD", &exit_group_dead, true);
+    loader
+        .load(OBJECT)
+        .map_err(|e| TraceError::BpfLoad(format!("{e}")).into())
+}
+
+/// Adds processes to the in-kernel traced set.
+pub fn trace_pids(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
+    let mut traced: HashMap<_, u32, u32> =
+        HashMap::try_from(ebpf.map_mut(TRACED_MAP).context("map TRACED missing")?)?;
+    for &pid in pids {
+        traced
+            .insert(pid, 0, 0)
+            .with_context(|| format!("add pid {pid} to the traced set"))?;
+    }
+    Ok(())
+}
+
+/// Loads and attaches a tracepoint program.
+pub fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, category: &str, name: &str) -> Result<()> {
+    let p: &mut TracePoint = ebpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} missing from the object"))?
+        .try_into()?;
+    p.load().map_err(|e| load_error(prog, e))?;
+    p.attach(category, name)
+        .with_context(|| format!("attach {prog} to tracepoint {category}/{name}"))?;
+    Ok(())
+}
+
+/// Loads the CPU sampler and attaches it to the cpu-clock event of every online CPU.
+pub fn attach_cpu_sampler(ebpf: &mut Ebpf, frequency_hz: u64) -> Result<usize> {
+    let p: &mut PerfEvent = ebpf
+        .program_mut("cpu_sample")
+        .context("program cpu_sample missing from the object")?
+        .try_into()?;
+    p.load().map_err(|e| load_error("cpu_sample", e))?;
+    let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
+    for &cpu in &cpus {
+        p.attach(
+            PerfEventConfig::Software(SoftwareEvent::CpuClock),
+            PerfEventScope::AllProcessesOneCpu { cpu },
+            // A fixed period of CPU time, not the kernel's adaptive frequency mode, which over-samples
+            // CPUs that wake from idle.
+            SamplePolicy::Period(1_000_000_000 / frequency_hz),
+            false,
+        )
+        .with_context(|| format!("attach the CPU sampler (cpu-clock) on CPU {cpu}"))?;
+    }
+    Ok(cpus.len())
+}
+
+/// A program the verifier rejected becomes a [`TraceError::BpfLoad`] with the log's last lines.
+pub fn load_error(prog: &str, e: ProgramError) -> anyhow::Error {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            let tail: Vec<&str> = log.lines().rev().take(12).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            TraceError::BpfLoad(format!(
+                "the kernel rejected program {prog} ({io_error}); verifier's last lines:\n{}",
+                tail.join("\n")
+            ))
+            .into()
+        }
+        other => TraceError::BpfLoad(format!("program {prog}: {other}")).into(),
+    }
+}

@@ -1,0 +1,80 @@
+//! Reading what the kernel side aggregated: sample counts, stacks, drop counters.
+
+use std::collections::HashMap as StdHashMap;
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{HashMap, MapData, PerCpuArray, StackTraceMap},
+    Ebpf,
+};
+use tracer_common::{
+    cpu::{SampleKey, CPU_COUNTS_MAP, STACKS_MAP},
+    drops::{Drop, DROPS_MAP},
+};
+
+/// One row of the in-kernel CPU sample counts.
+#[derive(Debug, Clone)]
+pub struct RawSample {
+    pub key: SampleKey,
+    pub count: u64,
+}
+
+pub fn cpu_counts(ebpf: &Ebpf) -> Result<Vec<RawSample>> {
+    let map: HashMap<&MapData, SampleKey, u64> =
+        HashMap::try_from(ebpf.map(CPU_COUNTS_MAP).context("map CPU_COUNTS missing")?)?;
+    let mut out = Vec::new();
+    for item in map.iter() {
+        let (key, count) = item.context("read CPU_COUNTS")?;
+        out.push(RawSample { key, count });
+    }
+    Ok(out)
+}
+
+/// Reads stacks by id (instruction pointers, leaf first). Missing ids are simply absent.
+pub struct Stacks<'a> {
+    map: StackTraceMap<&'a MapData>,
+    cache: StdHashMap<u32, Vec<u64>>,
+}
+
+impl<'a> Stacks<'a> {
+    pub fn new(ebpf: &'a Ebpf) -> Result<Self> {
+        Ok(Self {
+            map: StackTraceMap::try_from(ebpf.map(STACKS_MAP).context("map STACKS missing")?)?,
+            cache: StdHashMap::new(),
+        })
+    }
+
+    pub fn get(&mut self, id: i32) -> Option<&[u64]> {
+        if id < 0 {
+            return None;
+        }
+        let id = id as u32;
+        if !self.cache.contains_key(&id) {
+            let ips: Vec<u64> = self
+                .map
+                .get(&id, 0)
+                .ok()?
+                .frames()
+                .iter()
+                .map(|f| f.ip)
+                .collect();
+            self.cache.insert(id, ips);
+        }
+        self.cache.get(&id).map(Vec::as_slice)
+    }
+}
+
+/// Non-zero drop counters, summed over CPUs.
+pub fn drops(ebpf: &Ebpf) -> Result<Vec<(Drop, u64)>> {
+    let map: PerCpuArray<&MapData, u64> =
+        PerCpuArray::try_from(ebpf.map(DROPS_MAP).context("map DROPS missing")?)?;
+    let mut out = Vec::new();
+    for d in Drop::ALL {
+        let per_cpu = map.get(&(d as u32), 0).context("read DROPS")?;
+        let total: u64 = per_cpu.iter().sum();
+        if total > 0 {
+            out.push((d, total));
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,207 @@
+//! Reading /proc: process liveness, names, threads, descendants and memory maps.
+
+use std::{fs, path::PathBuf};
+
+/// True while `pid` exists and is not a zombie.
+pub fn is_alive(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => parse_stat(&stat).is_some_and(|s| s.state != 'Z' && s.state != 'X'),
+        Err(_) => false,
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stat {
+    pub comm: String,
+    pub state: char,
+    pub ppid: u32,
+}
+
+/// Parses /proc/PID/stat; the comm is in parentheses and may itself contain spaces and ')'.
+pub fn parse_stat(stat: &str) -> Option<Stat> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?.to_string();
+    let mut rest = stat.get(close + 2..)?.split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    Some(Stat { comm, state, ppid })
+}
+
+pub fn stat(pid: u32) -> Option<Stat> {
+    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+pub fn comm(pid: u32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
+}
+
+pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
+}
+
+pub fn cmdline(pid: u32) -> Option<Vec<String>> {
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect(),
+    )
+}
+
+/// Thread ids of a process.
+pub fn tasks(pid: u32) -> Vec<u32> {
+    numeric_entries(&format!("/proc/{pid}/task"))
+}
+
+/// Every process whose ancestry leads to one of `roots` (not including the roots).
+pub fn descendants(roots: &[u32]) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = numeric_entries("/proc")
+        .into_iter()
+        .filter_map(|pid| stat(pid).map(|s| (pid, s.ppid)))
+        .collect();
+    descendants_from(&parents, roots)
+}
+
+/// Pure part of [`descendants`]: `parents` is (pid, ppid) for every process.
+pub fn descendants_from(parents: &[(u32, u32)], roots: &[u32]) -> Vec<u32> {
+    let mut found: Vec<u32> = Vec::new();
+    let mut frontier: Vec<u32> = roots.to_vec();
+    while let Some(p) = frontier.pop() {
+        for &(pid, ppid) in parents {
+            if ppid == p && !roots.contains(&pid) && !found.contains(&pid) {
+                found.push(pid);
+                frontier.push(pid);
+            }
+        }
+    }
+    found.sort_unstable();
+    found
+}
+
+fn numeric_entries(dir: &str) -> Vec<u32> {
+    let mut v: Vec<u32> = fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort_unstable();
+    v
+}
+
+/// Root, or the capabilities that loading tracing programs needs.
+pub fn is_privileged() -> bool {
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let Some(eff) = fs::read_to_string("/proc/self/status").ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    }) else {
+        return false;
+    };
+    let has = |bit: u32| eff & (1u64 << bit) != 0;
+    has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
+}
+
+/// One line of /proc/PID/maps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub perms: String,
+    pub inode: u64,
+    /// Empty for anonymous mappings; `[heap]`, `[stack]`, `[vdso]` for special ones.
+    pub path: String,
+}
+
+impl Mapping {
+    pub fn is_file(&self) -> bool {
+        self.inode != 0 && self.path.starts_with('/')
+    }
+    pub fn is_exec(&self) -> bool {
+        self.perms.as_bytes().get(2) == Some(&b'x')
+    }
+}
+
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    text.lines().filter_map(parse_maps_line).collect()
+}
+
+fn parse_maps_line(line: &str) -> Option<Mapping> {
+    let mut it = line.splitn(6, ' ');
+    let range = it.next()?;
+    let perms = it.next()?.to_string();
+    let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+    let _dev = it.next()?;
+    let inode = it.next()?.parse().ok()?;
+    let path = it.next().unwrap_or("").trim_start().to_string();
+    let (s, e) = range.split_once('-')?;
+    Some(Mapping {
+        start: u64::from_str_radix(s, 16).ok()?,
+        end: u64::from_str_radix(e, 16).ok()?,
+        offset,
+        perms,
+        inode,
+        path,
+    })
+}
+
+pub fn read_maps(pid: u32) -> Option<Vec<Mapping>> {
+    fs::read_to_string(format!("/proc/{pid}/maps"))
+        .ok()
+        .map(|t| parse_maps(&t))
+}
+
+/// A path through which a mapped file can be opened even from another mount namespace.
+pub fn map_file_path(pid: u32, m: &Mapping) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_odd_comm() {
+        let s = parse_stat("42 (a b) c)) S 7 42 42 0 -1").unwrap();
+        assert_eq!(s.comm, "a b) c)");
+        assert_eq!(s.state, 'S');
+        assert_eq!(s.ppid, 7);
+    }
+
+    #[test]
+    fn maps_lines() {
+        let m = parse_maps(
+            "55d0c0a00000-55d0c0a21000 r-xp 00002000 08:01 1234   /usr/bin/cat\n\
+             7ffd1c9f0000-7ffd1ca11000 rw-p 00000000 00:00 0                          [stack]\n\
+             7f0000000000-7f0000001000 rw-p 00000000 00:00 0 \n",
+        );
+        assert_eq!(m.len(), 3);
+        assert_eq!(m[0].start, 0x55d0c0a00000);
+        assert_eq!(m[0].offset, 0x2000);
+        assert!(m[0].is_file() && m[0].is_exec());
+        assert_eq!(m[1].path, "[stack]");
+        assert!(!m[1].is_file());
+        assert_eq!(m[2].path, "");
+    }
+
+    #[test]
+    fn descendant_tree() {
+        let parents = [(10, 1), (11, 10), (12, 11), (13, 1), (14, 12)];
+        assert_eq!(descendants_from(&parents, &[10]), vec![11, 12, 14]);
+        assert!(descendants_from(&parents, &[14]).is_empty());
+    }
+}

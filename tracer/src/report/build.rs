@@ -1,0 +1,96 @@
+//! Builds the [`Report`] from the aggregated profile and what the process tracker learnt.
+
+use std::collections::BTreeMap;
+
+use crate::aggregate::cpu::{top_self, top_total, CpuProfile};
+
+use super::model::*;
+
+/// What the session knows of a traced process apart from its samples.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    pub exited: bool,
+}
+
+pub struct BuildInput<'a> {
+    pub target: Target,
+    pub window: Window,
+    pub sampling: Sampling,
+    pub processes: &'a BTreeMap<u32, ProcessInfo>,
+    pub cpu: &'a CpuProfile,
+    pub drops: Vec<DropCount>,
+    pub blind_spots: Vec<String>,
+    pub warnings: Vec<String>,
+    pub top: usize,
+}
+
+pub fn build(input: BuildInput<'_>) -> Report {
+    let mut pids: Vec<u32> = input.processes.keys().copied().collect();
+    for pid in input.cpu.pids() {
+        if !pids.contains(&pid) {
+            pids.push(pid);
+        }
+    }
+    pids.sort_unstable();
+    let processes = pids
+        .into_iter()
+        .map(|pid| {
+            let info = input.processes.get(&pid).cloned().unwrap_or(ProcessInfo {
+                pid,
+                ..Default::default()
+            });
+            let all = input.cpu.of_process(pid);
+            let threads = input
+                .cpu
+                .threads_of(pid)
+                .into_iter()
+                .map(|(tid, samples)| ThreadReport {
+                    tid,
+                    comm: samples
+                        .iter()
+                        .max_by_key(|s| s.count)
+                        .map(|s| s.comm.clone())
+                        .unwrap_or_default(),
+                    samples: samples.iter().map(|s| s.count).sum(),
+                    kernel_samples: samples
+                        .iter()
+                        .filter(|s| s.kernel_mode)
+                        .map(|s| s.count)
+                        .sum(),
+                    top_self: top_self(&samples, input.top),
+                })
+                .collect();
+            let comm = if info.comm.is_empty() {
+                all.first().map(|s| s.comm.clone()).unwrap_or_default()
+            } else {
+                info.comm.clone()
+            };
+            ProcessReport {
+                pid,
+                ppid: info.ppid,
+                comm,
+                cmdline: info.cmdline.clone(),
+                exited: info.exited,
+                samples: all.iter().map(|s| s.count).sum(),
+                top_self: top_self(&all, input.top),
+                top_total: top_total(&all, input.top),
+                threads,
+            }
+        })
+        .collect();
+    Report {
+        schema_version: SCHEMA_VERSION,
+        tool: format!("gputrace {}", env!("CARGO_PKG_VERSION")),
+        target: input.target,
+        window: input.window,
+        sampling: input.sampling,
+        processes,
+        drops: input.drops,
+        blind_spots: input.blind_spots,
+        warnings: input.warnings,
+    }
+}

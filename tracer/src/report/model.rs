@@ -1,0 +1,85 @@
+//! The report: what `report.json` holds (schema documented in docs/report.md). Every exporter
+//! renders from this one value, so the terminal, JSON and HTML never disagree.
+
+use serde::{Deserialize, Serialize};
+
+use crate::aggregate::cpu::FnStat;
+
+/// Bumped on any change that removes or renames a field; new optional fields do not bump it.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub schema_version: u32,
+    /// `gputrace <version>`.
+    pub tool: String,
+    pub target: Target,
+    pub window: Window,
+    pub sampling: Sampling,
+    pub processes: Vec<ProcessReport>,
+    /// Everything the kernel side could not record (non-zero counters only).
+    pub drops: Vec<DropCount>,
+    /// Things gputrace knows it cannot see, said plainly.
+    pub blind_spots: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Target {
+    /// `-- CMD` that gputrace launched, if any.
+    pub command: Option<Vec<String>>,
+    /// The pids given with --pid, or the launched command's pid.
+    pub pids: Vec<u32>,
+    pub follow_children: bool,
+    /// Exit status of a launched command, when it exited during the trace.
+    pub exit_code: Option<i32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Window {
+    /// Wall-clock start, Unix time in ns.
+    pub start_unix_ns: u64,
+    pub duration_ns: u64,
+    /// `target-exited`, `duration`, `interrupted` (SIGINT/SIGTERM).
+    pub ended_by: String,
+    /// From gputrace's start to the first probe attached (ms).
+    pub attach_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sampling {
+    pub frequency_hz: u64,
+    pub cpus: usize,
+    pub samples: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcessReport {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    /// Exited during the trace.
+    pub exited: bool,
+    pub samples: u64,
+    pub top_self: Vec<FnStat>,
+    pub top_total: Vec<FnStat>,
+    pub threads: Vec<ThreadReport>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ThreadReport {
+    pub tid: u32,
+    pub comm: String,
+    pub samples: u64,
+    /// Samples taken while the thread ran kernel code.
+    pub kernel_samples: u64,
+    pub top_self: Vec<FnStat>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DropCount {
+    pub reason: String,
+    pub affects: String,
+    pub count: u64,
+}

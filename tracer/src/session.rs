@@ -1,0 +1,338 @@
+//! One trace from start to report: check, launch or find the targets, load and attach, pump
+//! events until the target exits / the duration ends / Ctrl-C, then read, symbolise, report.
+
+use std::{
+    collections::BTreeMap,
+    io::Write,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result};
+use aya::maps::{MapData, RingBuf};
+use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
+use tracer_common::proc::{ProcEvent, PROC_EVENTS_MAP};
+
+use crate::{
+    aggregate::cpu::{CpuProfile, StackSample},
+    bpf,
+    cli::TraceArgs,
+    collect,
+    error::TraceError,
+    procfs,
+    report::{
+        self,
+        build::{BuildInput, ProcessInfo},
+        model::{DropCount, Sampling, Target, Window},
+        ReportData,
+    },
+    symbolize::Symbolizer,
+    target::{self, Launched},
+    tracker::Tracker,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    TargetExited,
+    Duration,
+    Interrupted,
+}
+
+impl EndReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::TargetExited => "target-exited",
+            EndReason::Duration => "duration",
+            EndReason::Interrupted => "interrupted",
+        }
+    }
+}
+
+pub fn run(args: &TraceArgs) -> Result<()> {
+    let started = Instant::now();
+    if unsafe { libc::getuid() != libc::geteuid() } {
+        return Err(TraceError::Refused(
+            "gputrace must not be installed setuid; run it with sudo instead".into(),
+        )
+        .into());
+    }
+    if !procfs::is_privileged() {
+        return Err(TraceError::NotPrivileged.into());
+    }
+    for &pid in &args.pids {
+        if !procfs::is_alive(pid) {
+            return Err(TraceError::NoSuchProcess(pid).into());
+        }
+    }
+    if let Some(dir) = &args.output {
+        report::prepare_output_dir(dir)?;
+    }
+    let follow = !args.no_children;
+
+    // Launched before loading so its pid can be put in the traced set; it waits for us to exec.
+    let launched: Option<Launched> = if args.command.is_empty() {
+        None
+    } else {
+        Some(target::spawn_paused(&args.command)?)
+    };
+    let roots: Vec<u32> = match &launched {
+        Some(l) => vec![l.pid],
+        None => args.pids.clone(),
+    };
+    let result = trace(args, &roots, launched, follow, started);
+    if result.is_err() {
+        // A launched command must not be left waiting for a release that never comes.
+        if !args.command.is_empty() {
+            for &pid in &roots {
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                target::try_reap(pid);
+            }
+        }
+    }
+    result
+}
+
+fn trace(
+    args: &TraceArgs,
+    roots: &[u32],
+    launched: Option<Launched>,
+    follow: bool,
+    started: Instant,
+) -> Result<()> {
+    let mut ebpf = bpf::load(&bpf::LoadOptions {
+        follow_children: follow,
+    })?;
+    let mut tracker = Tracker::new(roots);
+    let mut initial: Vec<u32> = roots.to_vec();
+    if follow && launched.is_none() {
+        initial.extend(procfs::descendants(roots));
+    }
+    for &pid in &initial {
+        tracker.add(pid, None);
+    }
+    bpf::trace_pids(&mut ebpf, &initial)?;
+    bpf::attach_tracepoint(&mut ebpf, "task_newtask", "task", "task_newtask")?;
+    bpf::attach_tracepoint(
+        &mut ebpf,
+        "sched_process_exec",
+        "sched",
+        "sched_process_exec",
+    )?;
+    bpf::attach_tracepoint(
+        &mut ebpf,
+        "sched_process_exit",
+        "sched",
+        "sched_process_exit",
+    )?;
+    let cpus = bpf::attach_cpu_sampler(&mut ebpf, args.frequency)?;
+    let attach_ms = started.elapsed().as_secs_f64() * 1e3;
+    let window_start = Instant::now();
+    let start_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    if args.verbose {
+        eprintln!(
+            "gputrace: attached in {attach_ms:.1} ms to {} process(es) on {cpus} CPUs",
+            initial.len()
+        );
+    }
+    if let Some(l) = launched {
+        l.release(&args.command[0])?;
+        // The exec replaced the names we read before it.
+        tracker.add(roots[0], None);
+    }
+    tracker.refresh_maps(true);
+
+    let ring: RingBuf<MapData> = RingBuf::try_from(
+        ebpf.take_map(PROC_EVENTS_MAP)
+            .context("map PROC_EVENTS missing")?,
+    )?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the event loop")?;
+    let launched_pid = (!args.command.is_empty()).then(|| roots[0]);
+    let (end, exit_code) = rt.block_on(pump(ring, &mut tracker, args.duration, launched_pid))?;
+    let duration_ns = window_start.elapsed().as_nanos() as u64;
+    tracker.refresh_maps(true);
+    if !args.json {
+        match end {
+            EndReason::TargetExited => eprintln!("gputrace: target exited; writing the report"),
+            EndReason::Interrupted => {
+                eprintln!("gputrace: interrupted; writing what was collected")
+            }
+            EndReason::Duration => {}
+        }
+    }
+
+    let stop = Instant::now();
+    let samples = collect::cpu_counts(&ebpf)?;
+    let drops = collect::drops(&ebpf)?;
+    let cpu = symbolize_samples(&ebpf, &tracker, &samples)?;
+    // Detach every program before the (possibly slow) rendering.
+    drop(ebpf);
+
+    let infos: BTreeMap<u32, ProcessInfo> = tracker.infos();
+    let report = report::build::build(BuildInput {
+        target: Target {
+            command: (!args.command.is_empty()).then(|| args.command.clone()),
+            pids: roots.to_vec(),
+            follow_children: follow,
+            exit_code,
+        },
+        window: Window {
+            start_unix_ns,
+            duration_ns,
+            ended_by: end.as_str().into(),
+            attach_ms,
+        },
+        sampling: Sampling {
+            frequency_hz: args.frequency,
+            cpus,
+            samples: cpu.total(),
+        },
+        processes: &infos,
+        cpu: &cpu,
+        drops: drops
+            .into_iter()
+            .map(|(d, n)| DropCount {
+                reason: format!("{d:?}"),
+                affects: d.describe().into(),
+                count: n,
+            })
+            .collect(),
+        blind_spots: vec![],
+        warnings: vec![],
+        top: args.top,
+    });
+    let data = ReportData { report, cpu };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &data.report)?;
+        writeln!(out)?;
+    } else {
+        write!(out, "{}", report::terminal::render(&data.report))?;
+    }
+    if let Some(dir) = &args.output {
+        let written = report::write_all(dir, &data)?;
+        if !args.json {
+            writeln!(out, "Wrote {} files to {}", written.len(), dir.display())?;
+        }
+    }
+    if args.verbose {
+        eprintln!(
+            "gputrace: report in {:.1} ms",
+            stop.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}
+
+/// Runs until the end condition; returns why it ended and a launched command's exit code.
+async fn pump(
+    ring: RingBuf<MapData>,
+    tracker: &mut Tracker,
+    duration: Option<Duration>,
+    launched: Option<u32>,
+) -> Result<(EndReason, Option<i32>)> {
+    // SAFETY: the RingBuf owns its fd and keeps it open for as long as the AsyncFd holds it.
+    let mut ring = unsafe { AsyncFd::register(ring) }
+        .map_err(|e| anyhow::anyhow!("watch the process-event ring buffer: {e}"))?;
+    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt()).context("SIGINT")?;
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).context("SIGTERM")?;
+    let deadline = duration.map(|d| tokio::time::Instant::now() + d);
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut ticks: u64 = 0;
+    let mut exit_code = None;
+    loop {
+        let sleep = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = sigint.recv() => return Ok((EndReason::Interrupted, exit_code)),
+            _ = sigterm.recv() => return Ok((EndReason::Interrupted, exit_code)),
+            _ = sleep => return Ok((EndReason::Duration, exit_code)),
+            guard = ring.readable_mut() => {
+                let mut guard = guard.context("poll the ring buffer")?;
+                drain(guard.get_inner_mut(), tracker);
+                guard.clear_ready();
+            }
+            _ = tick.tick() => {
+                ticks += 1;
+                drain(ring.get_mut(), tracker);
+                if let Some(pid) = launched {
+                    if let Some(code) = target::try_reap(pid) {
+                        exit_code = Some(code);
+                        tracker.mark_exited(pid);
+                    }
+                }
+                if ticks.is_multiple_of(5) {
+                    tracker.poll_liveness();
+                }
+                // New processes and execs right away; everything every 2 s (dlopen'd libraries).
+                tracker.refresh_maps(ticks.is_multiple_of(20));
+            }
+        }
+        if tracker.all_roots_exited() {
+            drain(ring.get_mut(), tracker);
+            return Ok((EndReason::TargetExited, exit_code));
+        }
+    }
+}
+
+fn drain(ring: &mut RingBuf<MapData>, tracker: &mut Tracker) {
+    while let Some(item) = ring.next() {
+        if item.len() >= std::mem::size_of::<ProcEvent>() {
+            // SAFETY: ProcEvent is repr(C) plain data written whole by the eBPF side.
+            let ev: ProcEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            tracker.on_event(&ev);
+        }
+    }
+}
+
+/// Turns the kernel's (pid, tid, stack ids) counts into symbolised stacks.
+fn symbolize_samples(
+    ebpf: &aya::Ebpf,
+    tracker: &Tracker,
+    samples: &[collect::RawSample],
+) -> Result<CpuProfile> {
+    let mut stacks = collect::Stacks::new(ebpf)?;
+    let mut sym = Symbolizer::new();
+    let mut out = Vec::with_capacity(samples.len());
+    for s in samples {
+        let pid = s.key.pid;
+        let (maps, alive) = match tracker.procs.get(&pid) {
+            Some(t) => (t.maps.as_slice(), !t.info.exited),
+            None => (&[][..], false),
+        };
+        let mut frames = Vec::new();
+        if let Some(ips) = stacks.get(s.key.user_stack_id).map(<[u64]>::to_vec) {
+            let mut user = sym.user(pid, maps, alive, &ips);
+            user.reverse();
+            frames.extend(user);
+        }
+        let kernel_mode = s.key.kernel_stack_id >= 0;
+        if let Some(ips) = stacks.get(s.key.kernel_stack_id).map(<[u64]>::to_vec) {
+            let mut k = sym.kernel(&ips);
+            k.reverse();
+            frames.extend(k);
+        }
+        out.push(StackSample {
+            pid,
+            tid: s.key.tid,
+            comm: comm_str(&s.key.comm),
+            frames,
+            count: s.count,
+            kernel_mode,
+        });
+    }
+    Ok(CpuProfile::from_samples(out))
+}
+
+pub fn comm_str(c: &[u8; 16]) -> String {
+    let end = c.iter().position(|b| *b == 0).unwrap_or(c.len());
+    String::from_utf8_lossy(&c[..end]).into_owned()
+}

@@ -1,0 +1,269 @@
+//! Addresses to function names, with blazesym.
+//!
+//! User addresses are turned into (file, file offset) with a snapshot of the process's maps
+//! taken while it was alive, so processes that exited before the report are still symbolised.
+//! Results are cached per (file, offset) and per kernel address: a flame graph has few distinct
+//! frames and many samples.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use blazesym::{
+    symbolize::{
+        source::{Elf, Kernel, Source},
+        Input, Symbolized, Symbolizer as Blaze,
+    },
+    MaybeDefault,
+};
+
+use crate::procfs::{self, Mapping};
+
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct Frame {
+    pub name: String,
+    /// File name of the object the frame is in (`[kernel]` for kernel frames).
+    pub module: Option<String>,
+    pub kernel: bool,
+}
+
+impl Frame {
+    pub fn unknown(module: Option<String>, kernel: bool) -> Frame {
+        Frame {
+            name: "[unknown]".into(),
+            module,
+            kernel,
+        }
+    }
+}
+
+/// Identity of a mapped file: its inode and path (a path alone can be replaced on disk).
+type FileKey = (u64, String);
+
+pub struct Symbolizer {
+    blaze: Blaze,
+    kernel_src: Source<'static>,
+    kernel_cache: HashMap<u64, Frame>,
+    user_cache: HashMap<(FileKey, u64), Frame>,
+    /// Where each file is opened from (a /proc/PID/map_files link works across mount namespaces).
+    open_paths: HashMap<FileKey, PathBuf>,
+    pub stats: SymbolizeStats,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SymbolizeStats {
+    pub lookups: u64,
+    pub cache_hits: u64,
+    pub unknown: u64,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    pub fn new() -> Self {
+        let blaze = Blaze::builder()
+            .enable_code_info(false)
+            .enable_inlined_fns(false)
+            .enable_demangling(true)
+            .build();
+        let kernel = Kernel {
+            kallsyms: MaybeDefault::Default,
+            vmlinux: MaybeDefault::None,
+            ..Kernel::default()
+        };
+        Self {
+            blaze,
+            kernel_src: Source::from(kernel),
+            kernel_cache: HashMap::new(),
+            user_cache: HashMap::new(),
+            open_paths: HashMap::new(),
+            stats: SymbolizeStats::default(),
+        }
+    }
+
+    /// Kernel stack (leaf first) to frames (leaf first).
+    pub fn kernel(&mut self, ips: &[u64]) -> Vec<Frame> {
+        let missing: Vec<u64> = ips
+            .iter()
+            .copied()
+            .filter(|ip| !self.kernel_cache.contains_key(ip))
+            .collect();
+        self.stats.lookups += ips.len() as u64;
+        self.stats.cache_hits += (ips.len() - missing.len()) as u64;
+        if !missing.is_empty() {
+            let syms = self
+                .blaze
+                .symbolize(&self.kernel_src, Input::AbsAddr(&missing))
+                .unwrap_or_default();
+            for (i, ip) in missing.iter().enumerate() {
+                let frame = match syms.get(i) {
+                    Some(Symbolized::Sym(s)) => Frame {
+                        name: s.name.to_string(),
+                        module: Some("[kernel]".into()),
+                        kernel: true,
+                    },
+                    _ => {
+                        self.stats.unknown += 1;
+                        Frame::unknown(Some("[kernel]".into()), true)
+                    }
+                };
+                self.kernel_cache.insert(*ip, frame);
+            }
+        }
+        ips.iter().map(|ip| self.kernel_cache[ip].clone()).collect()
+    }
+
+    /// User stack (leaf first) of process `pid` to frames (leaf first), using `maps` (sorted by
+    /// start). `alive` says whether /proc/PID/map_files can still be used.
+    pub fn user(&mut self, pid: u32, maps: &[Mapping], alive: bool, ips: &[u64]) -> Vec<Frame> {
+        // A return address points after the call; step back into the call so a call at the
+        // very end of a function is attributed to that function.
+        let lookup_ips: Vec<u64> = ips
+            .iter()
+            .enumerate()
+            .map(|(i, &ip)| if i == 0 { ip } else { ip.saturating_sub(1) })
+            .collect();
+        let mut out: Vec<Option<Frame>> = vec![None; ips.len()];
+        let mut per_file: HashMap<FileKey, Vec<(usize, u64)>> = HashMap::new();
+        self.stats.lookups += ips.len() as u64;
+        for (i, &ip) in lookup_ips.iter().enumerate() {
+            match find_mapping(maps, ip) {
+                Some(m) if m.is_file() => {
+                    let key: FileKey = (m.inode, m.path.clone());
+                    let off = ip - m.start + m.offset;
+                    if let Some(f) = self.user_cache.get(&(key.clone(), off)) {
+                        self.stats.cache_hits += 1;
+                        out[i] = Some(f.clone());
+                    } else {
+                        if !self.open_paths.contains_key(&key) {
+                            let p = if alive {
+                                procfs::map_file_path(pid, m)
+                            } else {
+                                PathBuf::from(&m.path)
+                            };
+                            self.open_paths.insert(key.clone(), p);
+                        }
+                        per_file.entry(key).or_default().push((i, off));
+                    }
+                }
+                Some(m) => {
+                    let module = if m.path.is_empty() {
+                        "[anon]".to_string()
+                    } else {
+                        m.path.clone()
+                    };
+                    out[i] = Some(Frame::unknown(Some(module), false));
+                }
+                None => out[i] = Some(Frame::unknown(None, false)),
+            }
+        }
+        for (key, items) in per_file {
+            let module = Path::new(&key.1)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned());
+            let offsets: Vec<u64> = items.iter().map(|(_, o)| *o).collect();
+            let syms = self.resolve_file(&key, &offsets);
+            for ((i, off), sym) in items.into_iter().zip(syms) {
+                let frame = match sym {
+                    Some(name) => Frame {
+                        name,
+                        module: module.clone(),
+                        kernel: false,
+                    },
+                    None => {
+                        self.stats.unknown += 1;
+                        Frame {
+                            name: format!("[{}+{:#x}]", module.as_deref().unwrap_or("?"), off),
+                            module: module.clone(),
+                            kernel: false,
+                        }
+                    }
+                };
+                self.user_cache.insert((key.clone(), off), frame.clone());
+                out[i] = Some(frame);
+            }
+        }
+        out.into_iter()
+            .map(|f| f.unwrap_or_else(|| Frame::unknown(None, false)))
+            .collect()
+    }
+
+    fn resolve_file(&mut self, key: &FileKey, offsets: &[u64]) -> Vec<Option<String>> {
+        let mut paths = vec![self.open_paths[key].clone()];
+        if paths[0] != Path::new(&key.1) {
+            paths.push(PathBuf::from(&key.1));
+        }
+        for path in paths {
+            let src = Source::from(Elf::new(path));
+            if let Ok(syms) = self.blaze.symbolize(&src, Input::FileOffset(offsets)) {
+                return syms
+                    .into_iter()
+                    .map(|s| match s {
+                        Symbolized::Sym(s) => Some(s.name.to_string()),
+                        Symbolized::Unknown(_) => None,
+                    })
+                    .collect();
+            }
+        }
+        vec![None; offsets.len()]
+    }
+}
+
+/// The mapping containing `addr`; `maps` sorted by start (as /proc/PID/maps is).
+pub fn find_mapping(maps: &[Mapping], addr: u64) -> Option<&Mapping> {
+    let i = maps.partition_point(|m| m.start <= addr);
+    let m = maps.get(i.checked_sub(1)?)?;
+    (addr < m.end).then_some(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(start: u64, end: u64, path: &str) -> Mapping {
+        Mapping {
+            start,
+            end,
+            offset: 0,
+            perms: "r-xp".into(),
+            inode: 1,
+            path: path.into(),
+        }
+    }
+
+    #[test]
+    fn finds_mappings() {
+        let maps = vec![m(0x1000, 0x2000, "/a"), m(0x3000, 0x4000, "/b")];
+        assert_eq!(find_mapping(&maps, 0x1000).unwrap().path, "/a");
+        assert_eq!(find_mapping(&maps, 0x1fff).unwrap().path, "/a");
+        assert!(find_mapping(&maps, 0x2000).is_none());
+        assert_eq!(find_mapping(&maps, 0x3500).unwrap().path, "/b");
+        assert!(find_mapping(&maps, 0x10).is_none());
+        assert!(find_mapping(&maps, 0x5000).is_none());
+    }
+
+    #[test]
+    fn symbolizes_own_function_and_caches() {
+        let pid = std::process::id();
+        let maps = procfs::read_maps(pid).unwrap();
+        let addr = symbolizes_own_function_and_caches as *const () as u64;
+        let mut s = Symbolizer::new();
+        let f = s.user(pid, &maps, true, &[addr]);
+        assert!(
+            f[0].name.contains("symbolizes_own_function_and_caches"),
+            "got {:?}",
+            f[0]
+        );
+        let before = s.stats.cache_hits;
+        let g = s.user(pid, &maps, true, &[addr]);
+        assert_eq!(f, g);
+        assert_eq!(s.stats.cache_hits, before + 1);
+    }
+}

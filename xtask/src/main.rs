@@ -1,0 +1,127 @@
+//! `cargo xtask setup | run | test | bench`: what a build script should not do.
+
+mod setup;
+
+use std::process::{Command, ExitCode};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "gputrace's developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what the eBPF build and the tests need (idempotent; fast when present).
+    Setup,
+    /// Build gputrace (release) and run it as root with these arguments.
+    Run {
+        /// Arguments for gputrace, after `--`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Set up, check formatting and lints, and run every test, the root/BPF ones included.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Setup => setup::run(),
+        Cmd::Run { args } => {
+            setup::run()?;
+            cargo(&["build", "--release", "-p", "gputrace"])?;
+            let bin = workspace_root().join("target/release/gputrace");
+            let mut cmd = if is_root() {
+                Command::new(&bin)
+            } else {
+                let mut c = Command::new("sudo");
+                c.arg("-E").arg(&bin);
+                c
+            };
+            let status = cmd.args(&args).status().context("run gputrace")?;
+            if !status.success() {
+                std::process::exit(status.code().unwrap_or(1));
+            }
+            Ok(())
+        }
+        Cmd::Test { args } => {
+            setup::run()?;
+            cargo(&["fmt", "--all", "--", "--check"])?;
+            cargo(&[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ])?;
+            let mut test: Vec<&str> = vec!["test", "--workspace", "--all-targets"];
+            test.extend(args.iter().map(String::as_str));
+            if is_root() {
+                cargo(&test)
+            } else {
+                eprintln!(
+                    "xtask: not root: running the tests with sudo so the BPF tests really run"
+                );
+                let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+                let status = Command::new("sudo")
+                    .arg("-E")
+                    .arg(cargo_bin)
+                    .args(&test)
+                    .current_dir(workspace_root())
+                    .status()
+                    .context("sudo cargo test")?;
+                if !status.success() {
+                    bail!("tests failed");
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions; declared here to keep xtask free of libc.
+    extern "C" {
+        fn geteuid() -> u32;
+    }
+    unsafe { geteuid() == 0 }
+}
+
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn cargo(args: &[&str]) -> Result<()> {
+    let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo_bin)
+        .args(args)
+        .current_dir(workspace_root())
+        .status()
+        .with_context(|| format!("run cargo {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("cargo {} failed", args.join(" "));
+    }
+    Ok(())
+}
