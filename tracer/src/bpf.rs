@@ -24,7 +24,7 @@ pub struct LoadOptions {
 }
 
 /// Loads the object (maps are created, programs are not loaded yet).
-pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
+pub fn load(opts: &LoadOptions, families: &[Box<dyn crate::probes::ProbeFamily>]) -> Result<Ebpf> {
     let newtask = Format::read("task", "task_newtask")?;
     let exit = Format::read("sched", "sched_process_exit")?;
     let follow: u32 = opts.follow_children.into();
@@ -37,6 +37,10 @@ pub fn load(opts: &LoadOptions) -> Result<Ebpf> {
         .override_global("OFF_NEWTASK_PID", &newtask_pid, true)
         .override_global("OFF_NEWTASK_FLAGS", &newtask_flags, true)
         .override_global("OFF_EXIT_GROUP_DEAD", &exit_group_dead, true);
+    for f in families {
+        f.configure(&mut loader)
+            .with_context(|| format!("configure {}", f.name()))?;
+    }
     loader
         .load(OBJECT)
         .map_err(|e| TraceError::BpfLoad(format!("{e}")).into())

@@ -8,6 +8,7 @@ pub mod bpf;
 pub mod cli;
 pub mod collect;
 pub mod error;
+pub mod probes;
 pub mod procfs;
 pub mod report;
 pub mod session;

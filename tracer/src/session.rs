@@ -8,7 +8,10 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use aya::maps::{MapData, RingBuf};
+use aya::{
+    maps::{MapData, RingBuf},
+    Ebpf,
+};
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
 use tracer_common::proc::{ProcEvent, PROC_EVENTS_MAP};
 
@@ -18,6 +21,7 @@ use crate::{
     cli::TraceArgs,
     collect,
     error::TraceError,
+    probes::{self, AttachCtx, FinishCtx, ProbeFamily},
     procfs,
     report::{
         self,
@@ -98,9 +102,13 @@ fn trace(
     follow: bool,
     started: Instant,
 ) -> Result<()> {
-    let mut ebpf = bpf::load(&bpf::LoadOptions {
-        follow_children: follow,
-    })?;
+    let mut families = probes::families(args);
+    let mut ebpf = bpf::load(
+        &bpf::LoadOptions {
+            follow_children: follow,
+        },
+        &families,
+    )?;
     let mut tracker = Tracker::new(roots);
     let mut initial: Vec<u32> = roots.to_vec();
     if follow && launched.is_none() {
@@ -124,6 +132,15 @@ fn trace(
         "sched_process_exit",
     )?;
     let cpus = bpf::attach_cpu_sampler(&mut ebpf, args.frequency)?;
+    let attach_ctx = AttachCtx {
+        args,
+        pids: &initial,
+    };
+    for f in families.iter_mut() {
+        f.attach(&mut ebpf, &attach_ctx)
+            .with_context(|| format!("attach the {} probes", f.name()))?;
+    }
+    let window_start_ktime = probes::ktime_now();
     let attach_ms = started.elapsed().as_secs_f64() * 1e3;
     let window_start = Instant::now();
     let start_unix_ns = SystemTime::now()
@@ -152,7 +169,15 @@ fn trace(
         .build()
         .context("start the event loop")?;
     let launched_pid = (!args.command.is_empty()).then(|| roots[0]);
-    let (end, exit_code) = rt.block_on(pump(ring, &mut tracker, args.duration, launched_pid))?;
+    let (end, exit_code) = rt.block_on(pump(
+        ring,
+        &mut tracker,
+        &mut ebpf,
+        &mut families,
+        args.duration,
+        launched_pid,
+    ))?;
+    let window_end_ktime = probes::ktime_now();
     let duration_ns = window_start.elapsed().as_nanos() as u64;
     tracker.refresh_maps(true);
     if !args.json {
@@ -168,9 +193,8 @@ fn trace(
     let stop = Instant::now();
     let samples = collect::cpu_counts(&ebpf)?;
     let drops = collect::drops(&ebpf)?;
-    let cpu = symbolize_samples(&ebpf, &tracker, &samples)?;
-    // Detach every program before the (possibly slow) rendering.
-    drop(ebpf);
+    let mut symbolizer = Symbolizer::new();
+    let cpu = symbolize_samples(&ebpf, &tracker, &samples, &mut symbolizer)?;
 
     let infos: BTreeMap<u32, ProcessInfo> = tracker.infos();
     let report = report::build::build(BuildInput {
@@ -205,7 +229,21 @@ fn trace(
         warnings: vec![],
         top: args.top,
     });
-    let data = ReportData { report, cpu };
+    let mut data = ReportData { report, cpu };
+    let mut finish_ctx = FinishCtx {
+        args,
+        tracker: &tracker,
+        symbolizer: &mut symbolizer,
+        window_start_ktime,
+        window_end_ktime,
+    };
+    for f in families.iter_mut() {
+        f.finish(&mut ebpf, &mut finish_ctx, &mut data)
+            .with_context(|| format!("collect the {} data", f.name()))?;
+    }
+    // Detach every program before the (possibly slow) rendering.
+    drop(ebpf);
+
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &data.report)?;
@@ -232,6 +270,8 @@ fn trace(
 async fn pump(
     ring: RingBuf<MapData>,
     tracker: &mut Tracker,
+    ebpf: &mut Ebpf,
+    families: &mut [Box<dyn ProbeFamily>],
     duration: Option<Duration>,
     launched: Option<u32>,
 ) -> Result<(EndReason, Option<i32>)> {
@@ -274,6 +314,10 @@ async fn pump(
                 }
                 // New processes and execs right away; everything every 2 s (dlopen'd libraries).
                 tracker.refresh_maps(ticks.is_multiple_of(20));
+                for f in families.iter_mut() {
+                    f.tick(ebpf, tracker)
+                        .with_context(|| format!("{} probes", f.name()))?;
+                }
             }
         }
         if tracker.all_roots_exited() {
@@ -295,12 +339,12 @@ fn drain(ring: &mut RingBuf<MapData>, tracker: &mut Tracker) {
 
 /// Turns the kernel's (pid, tid, stack ids) counts into symbolised stacks.
 fn symbolize_samples(
-    ebpf: &aya::Ebpf,
+    ebpf: &Ebpf,
     tracker: &Tracker,
     samples: &[collect::RawSample],
+    sym: &mut Symbolizer,
 ) -> Result<CpuProfile> {
     let mut stacks = collect::Stacks::new(ebpf)?;
-    let mut sym = Symbolizer::new();
     let mut out = Vec::with_capacity(samples.len());
     for s in samples {
         let pid = s.key.pid;

@@ -62,6 +62,8 @@ pub fn build(input: BuildInput<'_>) -> Report {
                         .map(|s| s.count)
                         .sum(),
                     top_self: top_self(&samples, input.top),
+                    time: None,
+                    syscalls: Vec::new(),
                 })
                 .collect();
             let comm = if info.comm.is_empty() {
@@ -78,6 +80,11 @@ pub fn build(input: BuildInput<'_>) -> Report {
                 samples: all.iter().map(|s| s.count).sum(),
                 top_self: top_self(&all, input.top),
                 top_total: top_total(&all, input.top),
+                time: None,
+                syscalls: Vec::new(),
+                files: Vec::new(),
+                block_io: Vec::new(),
+                cuda: None,
                 threads,
             }
         })
@@ -85,6 +92,8 @@ pub fn build(input: BuildInput<'_>) -> Report {
     Report {
         schema_version: SCHEMA_VERSION,
         tool: format!("gputrace {}", env!("CARGO_PKG_VERSION")),
+        findings: Vec::new(),
+        nvml: None,
         target: input.target,
         window: input.window,
         sampling: input.sampling,

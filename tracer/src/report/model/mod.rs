@@ -1,6 +1,10 @@
 //! The report: what `report.json` holds (schema documented in docs/report.md). Every exporter
 //! renders from this one value, so the terminal, JSON and HTML never disagree.
 
+pub mod cuda;
+pub mod time;
+pub mod verdict;
+
 use serde::{Deserialize, Serialize};
 
 use crate::aggregate::cpu::FnStat;
@@ -13,10 +17,16 @@ pub struct Report {
     pub schema_version: u32,
     /// `gputrace <version>`.
     pub tool: String,
+    /// Ranked findings, most important first (empty when no rule fired).
+    #[serde(default)]
+    pub findings: Vec<verdict::Finding>,
     pub target: Target,
     pub window: Window,
     pub sampling: Sampling,
     pub processes: Vec<ProcessReport>,
+    /// NVML samples; `available: false` with a reason when there is no NVIDIA driver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvml: Option<cuda::Nvml>,
     /// Everything the kernel side could not record (non-zero counters only).
     pub drops: Vec<DropCount>,
     /// Things gputrace knows it cannot see, said plainly.
@@ -64,6 +74,17 @@ pub struct ProcessReport {
     pub samples: u64,
     pub top_self: Vec<FnStat>,
     pub top_total: Vec<FnStat>,
+    /// Wall time of all threads summed, by category.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<time::TimeBreakdown>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub syscalls: Vec<time::SyscallStat>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<time::FileIo>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub block_io: Vec<time::BlockIo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda: Option<cuda::ProcessCuda>,
     pub threads: Vec<ThreadReport>,
 }
 
@@ -75,6 +96,10 @@ pub struct ThreadReport {
     /// Samples taken while the thread ran kernel code.
     pub kernel_samples: u64,
     pub top_self: Vec<FnStat>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<time::TimeBreakdown>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub syscalls: Vec<time::SyscallStat>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,0 +1,120 @@
+//! Shared helpers for the end-to-end tests.
+
+#![allow(dead_code)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    sync::{Mutex, MutexGuard},
+};
+
+pub const GPUTRACE: &str = env!("CARGO_BIN_EXE_gputrace");
+
+/// Serialises the tests that load BPF programs or measure CPU shares.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// True when the test may run; false (after a loud message) when it must skip. Panics when it
+/// would skip but `CI` is set.
+pub fn require_root(test: &str) -> bool {
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    let msg = format!(
+        "\n!!! SKIPPED {test}: needs root to load eBPF programs (run `cargo xtask test`, which \
+         uses sudo) !!!\n"
+    );
+    if std::env::var_os("CI").is_some() {
+        panic!("{msg}CI is set, so a skipped kernel test is a failure");
+    }
+    eprintln!("{msg}");
+    false
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+pub fn tmp_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+}
+
+/// Compiles `tests/workloads/<name>.c` once per test run (frame pointers kept so user stacks
+/// unwind, as in the real libraries we stand in for). `extra` are more gcc arguments.
+pub fn build_c(name: &str, extra: &[&str]) -> PathBuf {
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let src = repo_root().join(format!("tests/workloads/{name}.c"));
+    let out = tmp_dir().join(format!("workloads/{name}"));
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if built.iter().any(|b| b == name) {
+        return out;
+    }
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let status = Command::new("gcc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(extra)
+        .status()
+        .expect("run gcc");
+    assert!(status.success(), "gcc failed for {}", src.display());
+    built.push(name.to_string());
+    out
+}
+
+pub struct Run {
+    pub output: Output,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn code(&self) -> i32 {
+        self.output.status.code().unwrap_or(-1)
+    }
+    pub fn report(&self, dir: &Path) -> serde_json::Value {
+        let text = std::fs::read_to_string(dir.join("report.json")).unwrap_or_else(|e| {
+            panic!(
+                "no report.json in {}: {e}\nstdout:\n{}\nstderr:\n{}",
+                dir.display(),
+                self.stdout,
+                self.stderr
+            )
+        });
+        serde_json::from_str(&text).expect("report.json is JSON")
+    }
+}
+
+/// Runs gputrace to completion.
+pub fn gputrace(args: &[&str]) -> Run {
+    let output = Command::new(GPUTRACE)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run gputrace");
+    Run {
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        output,
+    }
+}
+
+/// A fresh empty directory under the test tmp dir.
+pub fn out_dir(name: &str) -> PathBuf {
+    let d = tmp_dir().join(format!("out-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Names of the BPF programs loaded in the kernel right now.
+pub fn loaded_program_names() -> Vec<String> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| p.name_as_str().map(str::to_string))
+        .collect()
+}

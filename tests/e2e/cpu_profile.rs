@@ -1,0 +1,122 @@
+//! Issue 2: two hot functions in two threads, one in a child process, split 70/30 by
+//! construction (thread CPU time), traced via `-- CMD` and via `--pid`.
+
+use std::process::{Command, Stdio};
+
+use crate::common::*;
+
+fn samples_of(folded: &str, function: &str, thread: &str) -> u64 {
+    folded
+        .lines()
+        .filter(|l| l.starts_with(thread) && l.split(';').any(|f| f == function))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+fn check_split(dir: &std::path::Path, run: &Run) {
+    let report = run.report(dir);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).expect("cpu.folded");
+    let svg = std::fs::read_to_string(dir.join("cpu.svg")).expect("cpu.svg");
+    let a = samples_of(&folded, "hot_a", "worker_a-");
+    let b = samples_of(&folded, "hot_b", "worker_b-");
+    assert!(a + b > 100, "too few samples: a={a} b={b}\n{folded}");
+    let share_a = 100.0 * a as f64 / (a + b) as f64;
+    assert!(
+        (share_a - 70.0).abs() <= 10.0,
+        "hot_a share {share_a:.1}% (a={a}, b={b}), expected 70 +/- 10"
+    );
+    assert!(
+        svg.contains("hot_a") && svg.contains("hot_b"),
+        "flame graph lacks the functions"
+    );
+    assert!(
+        run.stdout.contains("hot_a") && run.stdout.contains("hot_b"),
+        "{}",
+        run.stdout
+    );
+
+    // report.json: hot_a in the parent's worker_a thread, hot_b in the child's worker_b.
+    let procs = report["processes"].as_array().unwrap();
+    let find = |func: &str| {
+        procs
+            .iter()
+            .find(|p| {
+                p["top_total"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f["function"] == func)
+            })
+            .unwrap_or_else(|| panic!("no process has {func}: {report:#}"))
+    };
+    let pa = find("hot_a");
+    let pb = find("hot_b");
+    assert_ne!(
+        pa["pid"], pb["pid"],
+        "hot_a and hot_b must be in different processes"
+    );
+    assert_eq!(
+        pb["ppid"], pa["pid"],
+        "hot_b's process is the child of hot_a's"
+    );
+    let thread_of = |p: &serde_json::Value, func: &str| -> String {
+        p["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| {
+                t["top_self"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f["function"] == "burn")
+                    && t["samples"].as_u64().unwrap() > 0
+            })
+            .map(|t| t["comm"].as_str().unwrap().to_string())
+            .unwrap_or_else(|| panic!("no thread runs {func}"))
+    };
+    assert_eq!(thread_of(pa, "hot_a"), "worker_a");
+    assert_eq!(thread_of(pb, "hot_b"), "worker_b");
+    assert_eq!(report["schema_version"], 1);
+}
+
+#[test]
+fn hot_functions_via_command() {
+    let _g = serial();
+    if !require_root("hot_functions_via_command") {
+        return;
+    }
+    let bin = build_c("hot_threads", &[]);
+    let dir = out_dir("cmd");
+    let run = gputrace(&[
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "4",
+    ]);
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    check_split(&dir, &run);
+}
+
+#[test]
+fn hot_functions_via_pid() {
+    let _g = serial();
+    if !require_root("hot_functions_via_pid") {
+        return;
+    }
+    let bin = build_c("hot_threads", &[]);
+    let mut child = Command::new(&bin)
+        .arg("6")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let dir = out_dir("pid");
+    let pid = child.id().to_string();
+    let run = gputrace(&["-p", &pid, "-d", "4s", "-o", dir.to_str().unwrap()]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    check_split(&dir, &run);
+}

@@ -1,0 +1,59 @@
+//! Probe families beyond the CPU sampler (time accounting, CUDA, ...) plug into a trace through
+//! one trait, so the session stays the same size as families are added.
+
+use anyhow::Result;
+use aya::Ebpf;
+
+use crate::{cli::TraceArgs, report::ReportData, symbolize::Symbolizer, tracker::Tracker};
+
+pub struct AttachCtx<'a> {
+    pub args: &'a TraceArgs,
+    /// Processes traced at attach time (roots and their existing descendants).
+    pub pids: &'a [u32],
+}
+
+pub struct FinishCtx<'a> {
+    pub args: &'a TraceArgs,
+    pub tracker: &'a Tracker,
+    pub symbolizer: &'a mut Symbolizer,
+    /// The window in CLOCK_MONOTONIC ns (the clock of `bpf_ktime_get_ns`).
+    pub window_start_ktime: u64,
+    pub window_end_ktime: u64,
+}
+
+pub trait ProbeFamily {
+    fn name(&self) -> &'static str;
+    /// Sets loader globals before the object is loaded (`override_global`); the values live
+    /// in the family, set up by its constructor.
+    fn configure<'a>(&'a self, _loader: &mut aya::EbpfLoader<'a>) -> Result<()> {
+        Ok(())
+    }
+    /// Loads and attaches this family's programs.
+    fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()>;
+    /// Called every 100 ms while tracing (drain ring buffers, attach to new libraries).
+    fn tick(&mut self, _ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
+        Ok(())
+    }
+    /// Reads what the kernel aggregated and fills in its part of the report.
+    fn finish(
+        &mut self,
+        ebpf: &mut Ebpf,
+        ctx: &mut FinishCtx<'_>,
+        data: &mut ReportData,
+    ) -> Result<()>;
+}
+
+/// CLOCK_MONOTONIC now, in ns: the clock `bpf_ktime_get_ns` reads.
+pub fn ktime_now() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The families a trace runs, in the order they attach.
+pub fn families(_args: &TraceArgs) -> Vec<Box<dyn ProbeFamily>> {
+    vec![]
+}
