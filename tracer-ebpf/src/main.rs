@@ -5,6 +5,7 @@
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
+mod account;
 mod maps;
 mod proc;
 mod sampler;
