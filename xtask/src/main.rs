@@ -1,5 +1,6 @@
 //! `cargo xtask setup | run | test | bench`: what a build script should not do.
 
+mod bench;
 mod setup;
 
 use std::process::{Command, ExitCode};
@@ -30,6 +31,12 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Measure gputrace's overhead against untraced runs, bpftrace and perf (root; never CI).
+    Bench {
+        /// Smaller iteration counts (about a minute).
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -45,6 +52,10 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Setup => setup::run(),
+        Cmd::Bench { quick } => {
+            setup::run()?;
+            bench::run(quick)
+        }
         Cmd::Run { args } => {
             setup::run()?;
             cargo(&["build", "--release", "-p", "gputrace"])?;
@@ -113,7 +124,7 @@ pub fn workspace_root() -> std::path::PathBuf {
         .to_path_buf()
 }
 
-fn cargo(args: &[&str]) -> Result<()> {
+pub fn cargo(args: &[&str]) -> Result<()> {
     let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo_bin)
         .args(args)
