@@ -4,7 +4,7 @@
  *   fork_storm CHILDREN [SPIN_MS]
  *
  * Forks CHILDREN children one after the other; each exits at once (no exec). The parent reaps
- * them all, prints "forked N", then burns SPIN_MS of CPU in storm_spin() so the trace has
+ * them all, prints "forked N last PID", then burns SPIN_MS of CPU in storm_spin() so the trace has
  * samples of the parent after the storm.
  */
 #define _GNU_SOURCE
@@ -32,16 +32,18 @@ int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 2000;
     int spin_ms = argc > 2 ? atoi(argv[2]) : 300;
     int forked = 0;
+    pid_t last = 0;
     for (int i = 0; i < n; i++) {
         pid_t p = fork();
         if (p == 0)
             _exit(0);
         if (p > 0) {
             forked++;
+            last = p;
             waitpid(p, NULL, 0);
         }
     }
-    printf("forked %d\n", forked);
+    printf("forked %d last %d\n", forked, (int)last);
     fflush(stdout);
     storm_spin(spin_ms / 1000.0);
     return 0;

@@ -326,9 +326,23 @@ async fn pump(
         }
         if tracker.all_roots_exited() {
             drain(ring.get_mut(), tracker);
+            if let (Some(pid), None) = (launched, exit_code) {
+                exit_code = reap_soon(pid).await;
+            }
             return Ok((EndReason::TargetExited, exit_code));
         }
     }
+}
+
+/// The exit tracepoint fires before the process becomes a zombie: give it a moment.
+async fn reap_soon(pid: u32) -> Option<i32> {
+    for _ in 0..100 {
+        if let Some(code) = target::try_reap(pid) {
+            return Some(code);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
 }
 
 fn restore_default_signals() {
