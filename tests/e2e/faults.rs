@@ -230,7 +230,7 @@ fn report_at(dir: &Path, live: &Live) -> serde_json::Value {
     serde_json::from_str(&text).expect("report.json is JSON")
 }
 
-fn process<'a>(report: &'a serde_json::Value, pid: u32) -> Option<&'a serde_json::Value> {
+fn process(report: &serde_json::Value, pid: u32) -> Option<&serde_json::Value> {
     report["processes"]
         .as_array()
         .unwrap()
