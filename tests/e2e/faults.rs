@@ -634,3 +634,42 @@ fn disk_full_keeps_what_fits_and_says_so() {
     }
     assert_released(&held, live.pid());
 }
+
+/// Names (as the kernel truncates them) of the core programs every gputrace loads.
+pub const CORE_PROGRAMS: [&str; 3] = ["cpu_sample", "task_newtask", "sched_process_e"];
+
+/// Programs named like gputrace's that no live process holds: leaked ones. Used where a
+/// gputrace fails too early to read its fds.
+pub fn orphaned_programs() -> Vec<(u32, String)> {
+    let mut held: Vec<u32> = Vec::new();
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(fds) = std::fs::read_dir(p.path().join("fdinfo")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(text) = std::fs::read_to_string(fd.path()) {
+                held.extend(text.lines().filter_map(|l| {
+                    l.strip_prefix("prog_id:")
+                        .and_then(|v| v.trim().parse::<u32>().ok())
+                }));
+            }
+        }
+    }
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| Some((p.id(), p.name_as_str()?.to_string())))
+        .filter(|(id, name)| CORE_PROGRAMS.contains(&name.as_str()) && !held.contains(id))
+        .collect()
+}
+
+pub fn assert_no_orphans() {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let o = orphaned_programs();
+        if o.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "programs left loaded: {o:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
