@@ -5,5 +5,8 @@
 //! broken tracer. They share kernel state (perf events, tracepoints) and CPU time, so each one
 //! holds a global lock while it runs.
 
+mod bad_input;
 mod common;
 mod cpu_profile;
+mod faults;
+mod security;

@@ -92,22 +92,76 @@ pub fn attach_cpu_sampler(ebpf: &mut Ebpf, frequency_hz: u64) -> Result<usize> {
     Ok(cpus.len())
 }
 
+/// Lines of the verifier log shown when a program is rejected: the reason is at the end.
+pub const VERIFIER_TAIL_LINES: usize = 12;
+
 /// A program the verifier rejected becomes a [`TraceError::BpfLoad`] with the log's last lines.
 pub fn load_error(prog: &str, e: ProgramError) -> anyhow::Error {
     match e {
         ProgramError::LoadError {
             io_error,
             verifier_log,
-        } => {
-            let log = verifier_log.to_string();
-            let tail: Vec<&str> = log.lines().rev().take(12).collect();
-            let tail: Vec<&str> = tail.into_iter().rev().collect();
-            TraceError::BpfLoad(format!(
-                "the kernel rejected program {prog} ({io_error}); verifier's last lines:\n{}",
-                tail.join("\n")
-            ))
-            .into()
-        }
+        } => TraceError::BpfLoad(rejection_message(
+            prog,
+            &io_error,
+            &verifier_log.to_string(),
+        ))
+        .into(),
         other => TraceError::BpfLoad(format!("program {prog}: {other}")).into(),
+    }
+}
+
+/// `the kernel rejected program P (errno); verifier's last lines:` and the log's last non-blank
+/// lines, indented, or a note that the kernel gave no log.
+pub fn rejection_message(prog: &str, io_error: &std::io::Error, log: &str) -> String {
+    let lines: Vec<&str> = log
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty())
+        .collect();
+    if lines.is_empty() {
+        return format!("the kernel rejected program {prog} ({io_error}) without a verifier log");
+    }
+    let tail = &lines[lines.len().saturating_sub(VERIFIER_TAIL_LINES)..];
+    let mut msg =
+        format!("the kernel rejected program {prog} ({io_error}); verifier's last lines:");
+    for l in tail {
+        msg.push_str("\n    ");
+        msg.push_str(l);
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verifier_rejection_shows_the_last_lines() {
+        let mut log = String::from("func#0 @0\n");
+        for i in 0..40 {
+            log.push_str(&format!("{i}: (b7) r0 = {i}\n"));
+        }
+        log.push_str("R1 invalid mem access 'scalar'\n");
+        log.push_str("processed 41 insns (limit 1000000)\n\n");
+        let e = std::io::Error::from_raw_os_error(libc::EACCES);
+        let msg = rejection_message("cpu_sample", &e, &log);
+        let lines: Vec<&str> = msg.lines().collect();
+        assert!(lines[0].starts_with("the kernel rejected program cpu_sample (Permission denied"));
+        assert_eq!(lines.len(), 1 + VERIFIER_TAIL_LINES);
+        assert_eq!(
+            lines.last().unwrap().trim(),
+            "processed 41 insns (limit 1000000)"
+        );
+        assert!(lines.contains(&"    R1 invalid mem access 'scalar'"));
+        assert!(!msg.contains("func#0"), "only the tail: {msg}");
+    }
+
+    #[test]
+    fn verifier_rejection_without_a_log() {
+        let e = std::io::Error::from_raw_os_error(libc::EINVAL);
+        let msg = rejection_message("task_newtask", &e, "\n");
+        assert_eq!(msg.lines().count(), 1);
+        assert!(msg.contains("without a verifier log"), "{msg}");
     }
 }

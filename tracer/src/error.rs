@@ -1,4 +1,4 @@
-//! Errors callers branch on, each with its documented exit code (docs/exit-codes.md).
+//! Errors callers branch on, each with its documented exit code (docs/report.md, "Exit codes").
 
 use std::path::PathBuf;
 
@@ -23,6 +23,8 @@ pub enum TraceError {
     Exec { program: String, reason: String },
     #[error("cannot write output directory {}: {reason}", path.display())]
     Output { path: PathBuf, reason: String },
+    #[error("cannot write {}: {reason}", path.display())]
+    OutputFile { path: PathBuf, reason: String },
     #[error("loading the eBPF programs failed: {0}")]
     BpfLoad(String),
     #[error("refusing to run: {0}")]
@@ -35,7 +37,7 @@ impl TraceError {
             TraceError::NotPrivileged => exit::PERMISSION,
             TraceError::NoSuchProcess(_) => exit::NO_SUCH_PROCESS,
             TraceError::Exec { .. } => exit::EXEC_FAILED,
-            TraceError::Output { .. } => exit::OUTPUT,
+            TraceError::Output { .. } | TraceError::OutputFile { .. } => exit::OUTPUT,
             TraceError::BpfLoad(_) => exit::BPF,
             TraceError::Refused(_) => exit::PERMISSION,
         }

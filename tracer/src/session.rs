@@ -179,6 +179,9 @@ fn trace(
     ))?;
     let window_end_ktime = probes::ktime_now();
     let duration_ns = window_start.elapsed().as_nanos() as u64;
+    // The event loop no longer listens: a second Ctrl-C during the report aborts at once
+    // (every link is an fd, so nothing stays attached).
+    restore_default_signals();
     tracker.refresh_maps(true);
     if !args.json {
         match end {
@@ -243,6 +246,7 @@ fn trace(
     }
     // Detach every program before the (possibly slow) rendering.
     drop(ebpf);
+    bound_report(&mut data.report, &tracker);
 
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -322,8 +326,57 @@ async fn pump(
         }
         if tracker.all_roots_exited() {
             drain(ring.get_mut(), tracker);
+            if let (Some(pid), None) = (launched, exit_code) {
+                exit_code = reap_soon(pid).await;
+            }
             return Ok((EndReason::TargetExited, exit_code));
         }
+    }
+}
+
+/// The exit tracepoint fires before the process becomes a zombie: give it a moment.
+async fn reap_soon(pid: u32) -> Option<i32> {
+    for _ in 0..100 {
+        if let Some(code) = target::try_reap(pid) {
+            return Some(code);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+fn restore_default_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: resetting a disposition to the default is always sound.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
+/// Fills in how many processes were followed and keeps the process list bounded.
+fn bound_report(report: &mut report::model::Report, tracker: &Tracker) {
+    report.followed.processes = tracker.seen;
+    report.followed.forgotten = tracker.untracked;
+    report.followed.maps_evicted = tracker.maps_evicted;
+    let removed = report::bound::limit_idle_processes(report, report::bound::MAX_IDLE_PROCESSES);
+    if removed > 0 {
+        report.warnings.push(format!(
+            "followed {} processes; {removed} with nothing to show are not listed",
+            tracker.seen
+        ));
+    }
+    if tracker.untracked > 0 {
+        report.warnings.push(format!(
+            "to bound memory, {} processes were not remembered (their samples keep pid and comm \
+             only)",
+            tracker.untracked
+        ));
+    }
+    if tracker.maps_evicted > 0 {
+        report.warnings.push(format!(
+            "to bound memory, {} exited processes lost their memory maps (their samples are not \
+             symbolised)",
+            tracker.maps_evicted
+        ));
     }
 }
 
@@ -348,10 +401,8 @@ fn symbolize_samples(
     let mut out = Vec::with_capacity(samples.len());
     for s in samples {
         let pid = s.key.pid;
-        let (maps, alive) = match tracker.procs.get(&pid) {
-            Some(t) => (t.maps.as_slice(), !t.info.exited),
-            None => (&[][..], false),
-        };
+        let maps = tracker.maps_for(pid);
+        let alive = tracker.procs.get(&pid).is_some_and(|t| !t.info.exited);
         let mut frames = Vec::new();
         if let Some(ips) = stacks.get(s.key.user_stack_id).map(<[u64]>::to_vec) {
             let mut user = sym.user(pid, maps, alive, &ips);

@@ -1,7 +1,11 @@
 //! What user space knows of each traced process: names, parent, exit, and a snapshot of its
 //! memory maps taken while it was alive (for symbolisation after it exits).
+//!
+//! Memory is bounded however many processes come and go (a fork storm, an hour of a shell
+//! loop): at most [`MAX_TRACKED`] processes are known by name and at most
+//! [`MAX_EXITED_MAPS`] exited ones keep their maps; what is forgotten is counted and reported.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use tracer_common::proc::{ProcEvent, ProcEventKind};
 
@@ -16,7 +20,14 @@ pub struct Tracked {
     pub maps: Vec<Mapping>,
     /// Maps must be read again (new process, exec).
     pub maps_stale: bool,
+    /// Called exec while traced: its maps are its own, not its parent's.
+    pub execed: bool,
 }
+
+/// Processes known by name and parent; beyond this new ones are counted, not stored.
+pub const MAX_TRACKED: usize = 16_384;
+/// Exited processes whose maps snapshot is kept for symbolisation (the oldest are evicted).
+pub const MAX_EXITED_MAPS: usize = 256;
 
 #[derive(Debug, Default)]
 pub struct Tracker {
@@ -24,6 +35,15 @@ pub struct Tracker {
     pub exited_roots: Vec<u32>,
     pub roots: Vec<u32>,
     pub events: u64,
+    /// Processes seen start (fork events and the initial set), tracked or not.
+    pub seen: u64,
+    /// Processes not tracked because [`MAX_TRACKED`] was reached (their samples keep pid and
+    /// comm but lose cmdline and symbols).
+    pub untracked: u64,
+    /// Exited processes whose maps were evicted; their samples are not symbolised.
+    pub maps_evicted: u64,
+    /// Exited processes that still hold maps, oldest first.
+    exited_with_maps: VecDeque<u32>,
 }
 
 impl Tracker {
@@ -36,6 +56,13 @@ impl Tracker {
 
     /// Starts tracking a process that exists now (roots, pre-existing descendants, forks).
     pub fn add(&mut self, pid: u32, ppid: Option<u32>) {
+        if !self.procs.contains_key(&pid) {
+            self.seen += 1;
+            if self.procs.len() >= MAX_TRACKED && !self.evict_one_exited() {
+                self.untracked += 1;
+                return;
+            }
+        }
         let t = self.procs.entry(pid).or_default();
         t.info.pid = pid;
         if t.info.ppid.is_none() {
@@ -61,12 +88,20 @@ impl Tracker {
         match ProcEventKind::from_u32(ev.kind) {
             Some(ProcEventKind::Fork) => {
                 self.add(ev.pid, Some(ev.ppid));
-                // Until it execs the child runs its parent's code: start from the parent's maps.
-                if let Some(parent_maps) = self.procs.get(&ev.ppid).map(|p| p.maps.clone()) {
-                    if let Some(t) = self.procs.get_mut(&ev.pid) {
-                        if t.maps.is_empty() {
-                            t.maps = parent_maps;
-                        }
+                // Until it execs the child runs its parent's code: start from the parent's maps
+                // and name (a short-lived child is gone before /proc can be read).
+                let parent = self
+                    .procs
+                    .get(&ev.ppid)
+                    .map(|p| (p.maps.clone(), p.info.comm.clone()));
+                if let (Some((parent_maps, parent_comm)), Some(t)) =
+                    (parent, self.procs.get_mut(&ev.pid))
+                {
+                    if t.maps.is_empty() {
+                        t.maps = parent_maps;
+                    }
+                    if t.info.comm.is_empty() {
+                        t.info.comm = parent_comm;
                     }
                 }
             }
@@ -74,6 +109,7 @@ impl Tracker {
                 let t = self.procs.entry(ev.pid).or_default();
                 t.info.pid = ev.pid;
                 t.maps_stale = true;
+                t.execed = true;
                 Self::refresh_names(ev.pid, t);
             }
             Some(ProcEventKind::Exit) => {
@@ -85,11 +121,70 @@ impl Tracker {
 
     pub fn mark_exited(&mut self, pid: u32) {
         if let Some(t) = self.procs.get_mut(&pid) {
-            t.info.exited = true;
+            if !t.info.exited {
+                t.info.exited = true;
+                if !t.maps.is_empty() {
+                    self.exited_with_maps.push_back(pid);
+                }
+            }
+        }
+        while self.exited_with_maps.len() > MAX_EXITED_MAPS {
+            let Some(old) = self.exited_with_maps.pop_front() else {
+                break;
+            };
+            if let Some(t) = self.procs.get_mut(&old) {
+                if !self.roots.contains(&old) {
+                    t.maps = Vec::new();
+                    // A child that never exec'd is symbolised with its parent's maps.
+                    if t.execed {
+                        self.maps_evicted += 1;
+                    }
+                }
+            }
         }
         if self.roots.contains(&pid) && !self.exited_roots.contains(&pid) {
             self.exited_roots.push(pid);
         }
+    }
+
+    /// Forgets an exited non-root process (lowest pid) to make room; false when there is none.
+    fn evict_one_exited(&mut self) -> bool {
+        let victim = self
+            .procs
+            .iter()
+            .find(|(pid, t)| t.info.exited && !self.roots.contains(pid))
+            .map(|(pid, _)| *pid);
+        match victim {
+            Some(pid) => {
+                if self.procs[&pid].execed && !self.procs[&pid].maps.is_empty() {
+                    self.maps_evicted += 1;
+                }
+                self.procs.remove(&pid);
+                self.exited_with_maps.retain(|p| *p != pid);
+                self.untracked += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The maps to symbolise `pid`'s addresses with: its own, or for a child that never exec'd
+    /// and whose snapshot was evicted, its nearest ancestor's.
+    pub fn maps_for(&self, pid: u32) -> &[Mapping] {
+        let mut cur = pid;
+        for _ in 0..64 {
+            let Some(t) = self.procs.get(&cur) else {
+                break;
+            };
+            if !t.maps.is_empty() || t.execed {
+                return &t.maps;
+            }
+            match t.info.ppid {
+                Some(pp) if pp != cur => cur = pp,
+                _ => break,
+            }
+        }
+        &[]
     }
 
     pub fn all_roots_exited(&self) -> bool {
@@ -131,5 +226,100 @@ impl Tracker {
             .iter()
             .map(|(pid, t)| (*pid, t.info.clone()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Above the kernel's pid_max (4194304), so /proc never has them.
+    const BASE: u32 = 5_000_000;
+
+    fn ev(kind: ProcEventKind, pid: u32, ppid: u32) -> ProcEvent {
+        let mut comm = [0u8; 16];
+        comm[..5].copy_from_slice(b"storm");
+        ProcEvent {
+            kind: kind as u32,
+            pid,
+            tid: pid,
+            ppid,
+            ts_ns: 0,
+            exit_code: 0,
+            _pad: 0,
+            comm,
+        }
+    }
+
+    fn mapping() -> Mapping {
+        Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            offset: 0,
+            perms: "r-xp".into(),
+            inode: 1,
+            path: "/usr/bin/storm".into(),
+        }
+    }
+
+    #[test]
+    fn fork_storm_stays_bounded_and_counts_what_it_forgot() {
+        let mut t = Tracker::new(&[BASE]);
+        t.add(BASE, None);
+        t.procs.get_mut(&BASE).unwrap().maps = vec![mapping(); 50];
+        t.procs.get_mut(&BASE).unwrap().info.comm = "parent".into();
+        let children = MAX_TRACKED as u32 + 500;
+        for i in 1..=children {
+            t.on_event(&ev(ProcEventKind::Fork, BASE + i, BASE));
+            t.on_event(&ev(ProcEventKind::Exit, BASE + i, 0));
+        }
+        assert!(t.procs.len() <= MAX_TRACKED, "{} tracked", t.procs.len());
+        assert_eq!(t.seen, children as u64 + 1);
+        assert!(t.untracked >= 500, "untracked {}", t.untracked);
+        let with_maps = t.procs.values().filter(|p| !p.maps.is_empty()).count();
+        assert!(with_maps <= MAX_EXITED_MAPS + 1, "{with_maps} keep maps");
+        // Children that never exec'd fall back to their parent's maps: nothing is lost.
+        assert_eq!(t.maps_evicted, 0);
+        let evicted = *t
+            .procs
+            .iter()
+            .find(|(_, p)| p.maps.is_empty())
+            .expect("some child lost its snapshot")
+            .0;
+        assert_eq!(t.maps_for(evicted).len(), 50);
+        // The root keeps its maps and stays known.
+        assert_eq!(t.procs[&BASE].maps.len(), 50);
+        // A child that exited before /proc could be read is named after its parent.
+        let last = BASE + children;
+        assert_eq!(t.procs[&last].info.comm, "parent");
+        assert!(t.procs[&last].info.exited);
+    }
+
+    #[test]
+    fn execed_children_count_as_evicted() {
+        let mut t = Tracker::new(&[BASE]);
+        t.add(BASE, None);
+        for i in 1..=(MAX_EXITED_MAPS as u32 + 10) {
+            t.on_event(&ev(ProcEventKind::Fork, BASE + i, BASE));
+            t.on_event(&ev(ProcEventKind::Exec, BASE + i, 0));
+            t.procs.get_mut(&(BASE + i)).unwrap().maps = vec![mapping()];
+            t.on_event(&ev(ProcEventKind::Exit, BASE + i, 0));
+        }
+        assert_eq!(t.maps_evicted, 10);
+        assert!(t.maps_for(BASE + 1).is_empty());
+        assert_eq!(t.maps_for(BASE + 11).len(), 1);
+    }
+
+    #[test]
+    fn live_processes_are_never_evicted() {
+        let mut t = Tracker::new(&[BASE]);
+        t.add(BASE, None);
+        for i in 1..=(MAX_TRACKED as u32 + 10) {
+            t.on_event(&ev(ProcEventKind::Fork, BASE + i, BASE));
+        }
+        // Nothing exited, so nothing could be evicted: the overflow is counted instead.
+        assert_eq!(t.procs.len(), MAX_TRACKED);
+        assert_eq!(t.untracked, 11);
+        assert!(t.procs.values().all(|p| !p.info.exited));
     }
 }

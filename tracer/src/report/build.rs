@@ -98,6 +98,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
         window: input.window,
         sampling: input.sampling,
         processes,
+        followed: Followed::default(),
         drops: input.drops,
         blind_spots: input.blind_spots,
         warnings: input.warnings,

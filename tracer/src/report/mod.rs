@@ -1,5 +1,6 @@
 //! Reports: one model ([`model::Report`]) and one exporter per format.
 
+pub mod bound;
 pub mod build;
 pub mod flamegraph;
 pub mod folded;
@@ -7,13 +8,16 @@ pub mod model;
 pub mod terminal;
 
 use std::{
-    fs::{self, File, OpenOptions},
+    fs::{self, OpenOptions},
     io::{BufWriter, Write},
-    os::unix::fs::OpenOptionsExt,
+    os::unix::{
+        ffi::OsStrExt,
+        fs::{OpenOptionsExt, PermissionsExt},
+    },
     path::{Path, PathBuf},
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::{aggregate::cpu::CpuProfile, error::TraceError};
 
@@ -74,7 +78,8 @@ pub fn exporters() -> Vec<Box<dyn Exporter>> {
 }
 
 /// Creates the output directory (or checks an existing one) before tracing starts, so an
-/// unwritable directory fails in a second, not after a ten-minute trace.
+/// unwritable directory fails in a second, not after a ten-minute trace. Directories it creates
+/// belong to the user who ran sudo.
 pub fn prepare_output_dir(dir: &Path) -> Result<()> {
     let err = |reason: String| TraceError::Output {
         path: dir.to_path_buf(),
@@ -85,62 +90,139 @@ pub fn prepare_output_dir(dir: &Path) -> Result<()> {
             return Err(err("exists and is not a directory".into()).into());
         }
     } else {
+        let missing: Vec<PathBuf> = dir
+            .ancestors()
+            .take_while(|a| !a.as_os_str().is_empty() && fs::symlink_metadata(a).is_err())
+            .map(Path::to_path_buf)
+            .collect();
         fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
+        if let Some((uid, gid)) = sudo_owner() {
+            for d in &missing {
+                let c = std::ffi::CString::new(d.as_os_str().as_bytes())
+                    .map_err(|_| err("path contains a NUL byte".into()))?;
+                // SAFETY: a valid C string; lchown never follows a link.
+                if unsafe { libc::lchown(c.as_ptr(), uid, gid) } != 0 {
+                    let e = std::io::Error::last_os_error();
+                    return Err(err(format!("chown to the sudo user: {e}")).into());
+                }
+            }
+        }
     }
     let probe = dir.join(".gputrace-write-test");
     let _ = fs::remove_file(&probe);
-    File::create(&probe).map_err(|e| err(e.to_string()))?;
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&probe)
+        .map_err(|e| err(e.to_string()))?;
     let _ = fs::remove_file(&probe);
     Ok(())
 }
 
-/// Opens `dir/name` for writing without following a symlink planted there, mode 0644.
-fn create_file(dir: &Path, name: &str) -> Result<(PathBuf, File)> {
-    let path = dir.join(name);
-    if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
-        fs::remove_file(&path).with_context(|| format!("remove symlink {}", path.display()))?;
+/// The user who ran `sudo gputrace` (SUDO_UID/SUDO_GID), when we run as root for them: outputs
+/// belong to them, not to root.
+pub fn sudo_owner() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
     }
-    let f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|e| TraceError::Output {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-    Ok((path, f))
+    let uid: u32 = std::env::var("SUDO_UID").ok()?.parse().ok()?;
+    let gid: u32 = std::env::var("SUDO_GID")
+        .ok()
+        .and_then(|g| g.parse().ok())
+        .unwrap_or(uid);
+    Some((uid, gid))
 }
 
-/// Writes every exporter's file; a failing one is reported and the others are still written.
+/// Writes one file as `dir/.name.tmp` and renames it over `dir/name`: a symlink or hard link
+/// planted at `dir/name` is replaced, never followed or truncated, and a reader never sees a
+/// half-written report. Mode 0644, owned by the sudo user. A failed file is removed.
+fn write_file(
+    dir: &Path,
+    name: &str,
+    body: impl FnOnce(&mut dyn Write) -> Result<()>,
+) -> Result<PathBuf, (PathBuf, String)> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.gputrace-{}.tmp", std::process::id()));
+    let fail = |reason: String| (path.clone(), reason);
+    let _ = fs::remove_file(&tmp);
+    let f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .map_err(|e| fail(describe_io(&e)))?;
+    let res = (|| -> Result<(), String> {
+        // The umask may have narrowed the mode; reports are meant to be readable.
+        f.set_permissions(fs::Permissions::from_mode(0o644))
+            .map_err(|e| describe_io(&e))?;
+        if let Some((uid, gid)) = sudo_owner() {
+            std::os::unix::fs::fchown(&f, Some(uid), Some(gid))
+                .map_err(|e| format!("chown to the sudo user: {e}"))?;
+        }
+        let mut w = BufWriter::new(&f);
+        body(&mut w).map_err(|e| describe_err(&e))?;
+        w.flush().map_err(|e| describe_io(&e))?;
+        drop(w);
+        // Delayed allocation reports a full disk only here.
+        f.sync_data().map_err(|e| describe_io(&e))?;
+        fs::rename(&tmp, &path).map_err(|e| describe_io(&e))
+    })();
+    if let Err(reason) = res {
+        let _ = fs::remove_file(&tmp);
+        return Err(fail(reason));
+    }
+    Ok(path)
+}
+
+fn describe_io(e: &std::io::Error) -> String {
+    if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) {
+        format!("disk full ({e})")
+    } else {
+        e.to_string()
+    }
+}
+
+fn describe_err(e: &anyhow::Error) -> String {
+    match e.chain().find_map(|c| c.downcast_ref::<std::io::Error>()) {
+        Some(io) => describe_io(io),
+        None => format!("{e:#}"),
+    }
+}
+
+/// Writes every exporter's file. A failing one (disk full) does not stop the others; the
+/// error names the files that were kept.
 pub fn write_all(dir: &Path, data: &ReportData) -> Result<Vec<PathBuf>> {
     let mut written = Vec::new();
-    let mut first_err: Option<anyhow::Error> = None;
+    let mut first_err: Option<(PathBuf, String)> = None;
     for e in exporters() {
-        let res = create_file(dir, e.file_name()).and_then(|(path, f)| {
-            let mut w = BufWriter::new(f);
-            e.write(data, &mut w)
-                .and_then(|_| w.flush().map_err(Into::into))
-                .map_err(|err| {
-                    anyhow::Error::from(TraceError::Output {
-                        path: path.clone(),
-                        reason: format!("{err:#}"),
-                    })
-                })?;
-            Ok(path)
-        });
-        match res {
+        match write_file(dir, e.file_name(), |w| e.write(data, w)) {
             Ok(p) => written.push(p),
-            Err(e) => {
-                eprintln!("gputrace: error: {e:#}");
-                first_err.get_or_insert(e);
+            Err(err) => {
+                first_err.get_or_insert(err);
             }
         }
     }
     match first_err {
-        Some(e) => Err(e),
+        Some((path, reason)) => {
+            let kept: Vec<String> = written
+                .iter()
+                .filter_map(|p| p.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+                .collect();
+            let kept = if kept.is_empty() {
+                "no file was written".to_string()
+            } else {
+                format!("kept {}", kept.join(", "))
+            };
+            Err(TraceError::OutputFile {
+                path,
+                reason: format!("{reason}; {kept}"),
+            }
+            .into())
+        }
         None => Ok(written),
     }
 }

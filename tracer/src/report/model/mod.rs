@@ -24,6 +24,9 @@ pub struct Report {
     pub window: Window,
     pub sampling: Sampling,
     pub processes: Vec<ProcessReport>,
+    /// How many processes the trace followed, and how many `processes` leaves out.
+    #[serde(default)]
+    pub followed: Followed,
     /// NVML samples; `available: false` with a reason when there is no NVIDIA driver.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvml: Option<cuda::Nvml>,
@@ -100,6 +103,20 @@ pub struct ThreadReport {
     pub time: Option<time::TimeBreakdown>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub syscalls: Vec<time::SyscallStat>,
+}
+
+/// Counts behind a bounded process list (a fork storm must not make the report huge).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Followed {
+    /// Processes seen during the trace: the targets, their descendants, every fork followed.
+    pub processes: u64,
+    /// Processes with nothing to show (no samples, no time, no CUDA) left out of `processes`.
+    pub not_listed: u64,
+    /// Processes gputrace stopped remembering to bound its memory: not followed by name, or
+    /// exited ones forgotten; their samples keep pid and comm only.
+    pub forgotten: u64,
+    /// Exited processes whose memory maps were evicted: their samples are not symbolised.
+    pub maps_evicted: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

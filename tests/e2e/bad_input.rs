@@ -1,0 +1,249 @@
+//! Issue 2's bad input: each gets one clear line on stderr and its documented exit code
+//! (docs/report.md, "Exit codes"), never a panic, and leaves nothing in the kernel.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    common::*,
+    faults::{assert_no_orphans, assert_released, Bg, Live, Tmpfs},
+};
+
+/// Exit code, exactly one non-empty stderr line containing `needle`, no panic or backtrace.
+fn assert_one_line(run: &Run, code: i32, needle: &str) {
+    let lines: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert_eq!(run.code(), code, "exit code; stderr:\n{}", run.stderr);
+    assert_eq!(lines.len(), 1, "one stderr line expected:\n{}", run.stderr);
+    assert!(
+        lines[0].starts_with("gputrace: error: ") && lines[0].contains(needle),
+        "`{needle}` expected in: {}",
+        lines[0]
+    );
+    for bad in ["panicked", "backtrace", "RUST_BACKTRACE"] {
+        assert!(!run.stderr.contains(bad), "{}", run.stderr);
+    }
+}
+
+fn run_with_backtraces(cmd: &mut Command) -> Run {
+    let output = cmd
+        .env("RUST_BACKTRACE", "1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run");
+    Run {
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        output,
+    }
+}
+
+#[test]
+fn usage_errors() {
+    let _g = serial();
+    let r = run_with_backtraces(&mut Command::new(GPUTRACE));
+    assert_one_line(&r, 2, "nothing to trace");
+    let r = run_with_backtraces(Command::new(GPUTRACE).args(["--pid", "1", "--", "true"]));
+    assert_one_line(&r, 2, "not both");
+    let r = run_with_backtraces(Command::new(GPUTRACE).args(["-d", "soon", "--pid", "1"]));
+    assert_eq!(r.code(), 2, "{}", r.stderr);
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
+}
+
+#[test]
+fn not_root_is_refused() {
+    let _g = serial();
+    if !require_root("not_root_is_refused") {
+        return;
+    }
+    let r = run_with_backtraces(
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .args([GPUTRACE, "--pid", "1"]),
+    );
+    assert_one_line(&r, 3, "needs root");
+    assert!(r.stderr.contains("sudo"), "the fix is named: {}", r.stderr);
+}
+
+#[test]
+fn no_such_pid() {
+    let _g = serial();
+    if !require_root("no_such_pid") {
+        return;
+    }
+    let pid_max: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let pid = (2..pid_max)
+        .rev()
+        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        .unwrap();
+    let r = run_with_backtraces(Command::new(GPUTRACE).args(["--pid", &pid.to_string()]));
+    assert_one_line(&r, 4, &format!("no such process: {pid}"));
+}
+
+#[test]
+fn pid_exits_during_the_trace() {
+    let _g = serial();
+    if !require_root("pid_exits_during_the_trace") {
+        return;
+    }
+    let spin = build_c("spin", &[]);
+    let target = Bg::spawn(Command::new(&spin).arg("1"));
+    let pid = target.pid();
+    let dir = out_dir("pid-exits");
+    let started = Instant::now();
+    let mut live = Live::start(&[
+        "-v",
+        "-d",
+        "60s",
+        "-o",
+        dir.to_str().unwrap(),
+        "--pid",
+        &pid.to_string(),
+    ]);
+    live.wait_attached();
+    let held = live.held();
+    let st = live
+        .wait_for(Duration::from_secs(30))
+        .expect("gputrace hung");
+    assert!(st.success(), "{}", live.stderr());
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(live.stderr().contains("target exited"), "{}", live.stderr());
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(r["window"]["ended_by"], "target-exited");
+    let p = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .expect("the target is in the report");
+    assert_eq!(p["exited"], true);
+    assert!(p["samples"].as_u64().unwrap() > 0, "{p:#}");
+    assert_released(&held, live.pid());
+}
+
+#[test]
+fn commands_that_cannot_be_executed() {
+    let _g = serial();
+    if !require_root("commands_that_cannot_be_executed") {
+        return;
+    }
+    let dir = out_dir("bad-commands");
+    std::fs::create_dir_all(&dir).unwrap();
+    let plain = dir.join("not-executable");
+    std::fs::write(&plain, "#!/bin/sh\necho hi\n").unwrap();
+    // Executable but not a program the kernel can run: found only when exec is tried, after the
+    // probes are loaded; they must be unloaded again.
+    let garbage = dir.join("garbage");
+    std::fs::write(&garbage, [0x7f, b'E', b'L', b'F', 0, 1, 2, 3]).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&garbage, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cases = [
+        ("definitely-not-a-command-xyz", "not found"),
+        ("/nonexistent/dir/cmd", "No such file"),
+        (plain.to_str().unwrap(), "not executable"),
+        ("/tmp", "is a directory"),
+        (garbage.to_str().unwrap(), "Exec format error"),
+    ];
+    for (cmd, why) in cases {
+        let r = run_with_backtraces(Command::new(GPUTRACE).args(["--", cmd, "arg"]));
+        assert_one_line(&r, 5, &format!("cannot execute {cmd}: "));
+        assert!(
+            r.stderr.contains(why),
+            "{cmd}: `{why}` expected: {}",
+            r.stderr
+        );
+    }
+    assert_no_orphans();
+}
+
+#[test]
+fn output_directories_that_cannot_be_written() {
+    let _g = serial();
+    if !require_root("output_directories_that_cannot_be_written") {
+        return;
+    }
+    let base = out_dir("bad-output");
+    std::fs::create_dir_all(&base).unwrap();
+    let file = base.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let under_file = file.join("sub");
+    let ro = Tmpfs::mount("ro-output", "ro,size=64k");
+    for (dir, why) in [
+        (file.clone(), "exists and is not a directory"),
+        (under_file, "Not a directory"),
+        (ro.0.clone(), "Read-only file system"),
+        (ro.0.join("new"), "Read-only file system"),
+    ] {
+        let started = Instant::now();
+        let r = run_with_backtraces(
+            Command::new(GPUTRACE)
+                .arg("-o")
+                .arg(&dir)
+                .args(["--", "sleep", "30"]),
+        );
+        assert_one_line(&r, 6, "cannot write output directory");
+        assert!(
+            r.stderr.contains(why),
+            "{}: `{why}`: {}",
+            dir.display(),
+            r.stderr
+        );
+        // Checked before anything is launched or loaded.
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
+    assert_no_orphans();
+}
+
+/// Ctrl-C and SIGTERM: detach, write what was collected, exit 0.
+#[test]
+fn interrupt_and_terminate_write_what_was_collected() {
+    let _g = serial();
+    if !require_root("interrupt_and_terminate_write_what_was_collected") {
+        return;
+    }
+    let spin = build_c("spin", &[]);
+    for (sig, name) in [(libc::SIGINT, "sigint"), (libc::SIGTERM, "sigterm")] {
+        let target = Bg::spawn(Command::new(&spin).arg("30"));
+        let dir = out_dir(name);
+        let mut live = Live::start(&[
+            "-v",
+            "-o",
+            dir.to_str().unwrap(),
+            "--pid",
+            &target.pid().to_string(),
+        ]);
+        live.wait_attached();
+        let held = live.held();
+        std::thread::sleep(Duration::from_millis(700));
+        live.signal(sig);
+        let st = live
+            .wait_for(Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("gputrace did not stop on {name}"));
+        assert!(st.success(), "{name}: {st:?}\n{}", live.stderr());
+        assert!(live.stderr().contains("interrupted"), "{}", live.stderr());
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap())
+                .unwrap();
+        assert_eq!(r["window"]["ended_by"], "interrupted");
+        assert!(
+            r["sampling"]["samples"].as_u64().unwrap() > 10,
+            "{name}: {r:#}"
+        );
+        assert!(dir.join("cpu.svg").exists() && dir.join("cpu.folded").exists());
+        assert_released(&held, live.pid());
+        // The target goes on: gputrace only observed it.
+        assert!(std::path::Path::new(&format!("/proc/{}", target.pid())).exists());
+    }
+}

@@ -1,0 +1,675 @@
+//! Issue 6 faults and issue 2's cleanup guarantee: whatever happens to the target or to
+//! gputrace, the report says what happened and nothing of gputrace stays in the kernel.
+//!
+//! "Nothing stays" is checked exactly: while a gputrace runs, the ids of the BPF programs and
+//! maps it holds are read from its /proc/PID/fdinfo; after it exits none of those ids may still
+//! be loaded. Other gputrace processes (other tests, other users) cannot disturb that check.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{mpsc, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use crate::common::*;
+
+/// A gputrace running in the background, its stdout and stderr read line by line.
+pub struct Live {
+    pub child: Child,
+    out_rx: mpsc::Receiver<String>,
+    err_rx: mpsc::Receiver<String>,
+    out_all: Arc<Mutex<String>>,
+    err_all: Arc<Mutex<String>>,
+}
+
+fn pump(r: impl std::io::Read + Send + 'static) -> (mpsc::Receiver<String>, Arc<Mutex<String>>) {
+    let (tx, rx) = mpsc::channel();
+    let all = Arc::new(Mutex::new(String::new()));
+    let all2 = all.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines().map_while(Result::ok) {
+            let mut a = all2.lock().unwrap();
+            a.push_str(&line);
+            a.push('\n');
+            let _ = tx.send(line);
+        }
+    });
+    (rx, all)
+}
+
+impl Live {
+    pub fn start(args: &[&str]) -> Live {
+        let mut child = Command::new(GPUTRACE)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start gputrace");
+        let (out_rx, out_all) = pump(child.stdout.take().unwrap());
+        let (err_rx, err_all) = pump(child.stderr.take().unwrap());
+        Live {
+            child,
+            out_rx,
+            err_rx,
+            out_all,
+            err_all,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn stdout(&self) -> String {
+        self.out_all.lock().unwrap().clone()
+    }
+
+    pub fn stderr(&self) -> String {
+        self.err_all.lock().unwrap().clone()
+    }
+
+    /// Waits for the `-v` line that says every probe is attached.
+    pub fn wait_attached(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            match self.err_rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(l) if l.contains("attached in") => return,
+                _ => {}
+            }
+        }
+        panic!(
+            "gputrace did not attach (run it with -v):\n{}",
+            self.stderr()
+        );
+    }
+
+    /// Waits for a stdout line (the traced command's output goes there too) containing `what`.
+    pub fn wait_stdout(&self, what: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(l) = self.out_rx.recv_timeout(Duration::from_millis(100)) {
+                if l.contains(what) {
+                    return l;
+                }
+            }
+        }
+        panic!(
+            "no `{what}` on stdout:\n{}\n{}",
+            self.stdout(),
+            self.stderr()
+        );
+    }
+
+    pub fn signal(&self, sig: i32) {
+        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0, "kill({sig})");
+    }
+
+    /// Waits for exit; kills it and returns None when it takes longer than `limit`.
+    pub fn wait_for(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                // Let the readers see the last lines.
+                std::thread::sleep(Duration::from_millis(50));
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        None
+    }
+
+    /// The BPF objects this gputrace holds now.
+    pub fn held(&self) -> Held {
+        let mut h = Held::default();
+        let dir = format!("/proc/{}/fdinfo", self.pid());
+        for e in std::fs::read_dir(&dir).expect("fdinfo").flatten() {
+            let Ok(text) = std::fs::read_to_string(e.path()) else {
+                continue;
+            };
+            for l in text.lines() {
+                let num = |k: &str| l.strip_prefix(k).and_then(|v| v.trim().parse::<u32>().ok());
+                if let Some(id) = num("prog_id:") {
+                    h.progs.push(id);
+                }
+                if let Some(id) = num("map_id:") {
+                    h.maps.push(id);
+                }
+            }
+        }
+        h.progs.sort_unstable();
+        h.progs.dedup();
+        h.maps.sort_unstable();
+        h.maps.dedup();
+        assert!(h.progs.len() >= 4, "gputrace holds too few programs: {h:?}");
+        h
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Held {
+    pub progs: Vec<u32>,
+    pub maps: Vec<u32>,
+}
+
+fn loaded_program_ids() -> Vec<u32> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .map(|p| p.id())
+        .collect()
+}
+
+fn loaded_map_ids() -> Vec<u32> {
+    aya::maps::loaded_maps()
+        .filter_map(Result::ok)
+        .map(|m| m.id())
+        .collect()
+}
+
+/// Asserts that nothing gputrace `pid` held is still in the kernel: no program, no map, no
+/// uprobe of its own in tracefs. The kernel frees objects after an RCU grace period: poll.
+pub fn assert_released(held: &Held, pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (progs, maps) = loop {
+        let progs: Vec<u32> = loaded_program_ids()
+            .into_iter()
+            .filter(|id| held.progs.contains(id))
+            .collect();
+        let maps: Vec<u32> = loaded_map_ids()
+            .into_iter()
+            .filter(|id| held.maps.contains(id))
+            .collect();
+        if (progs.is_empty() && maps.is_empty()) || Instant::now() > deadline {
+            break (progs, maps);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        progs.is_empty(),
+        "programs {progs:?} of gputrace {pid} are still loaded ({:?})",
+        loaded_program_names()
+    );
+    assert!(
+        maps.is_empty(),
+        "maps {maps:?} of gputrace {pid} are still loaded"
+    );
+    for f in [
+        "/sys/kernel/tracing/uprobe_events",
+        "/sys/kernel/debug/tracing/uprobe_events",
+    ] {
+        if let Ok(text) = std::fs::read_to_string(f) {
+            let ours: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains(&format!("aya_{pid}_")) || l.contains("gputrace"))
+                .collect();
+            assert!(ours.is_empty(), "uprobes left in {f}: {ours:?}");
+        }
+    }
+}
+
+fn report_at(dir: &Path, live: &Live) -> serde_json::Value {
+    let text = std::fs::read_to_string(dir.join("report.json")).unwrap_or_else(|e| {
+        panic!(
+            "no report.json in {}: {e}\nstdout:\n{}\nstderr:\n{}",
+            dir.display(),
+            live.stdout(),
+            live.stderr()
+        )
+    });
+    serde_json::from_str(&text).expect("report.json is JSON")
+}
+
+fn process(report: &serde_json::Value, pid: u32) -> Option<&serde_json::Value> {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+}
+
+/// A background process the test owns, killed when dropped.
+pub struct Bg(pub Child);
+
+impl Bg {
+    pub fn spawn(cmd: &mut Command) -> Bg {
+        Bg(cmd.stdout(Stdio::null()).spawn().expect("spawn"))
+    }
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGCONT) };
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn nothing_left_after_a_normal_exit() {
+    let _g = serial();
+    if !require_root("nothing_left_after_a_normal_exit") {
+        return;
+    }
+    let spin = build_c("spin", &[]);
+    let mut live = Live::start(&["-v", "--", spin.to_str().unwrap(), "1"]);
+    live.wait_attached();
+    let held = live.held();
+    let st = live
+        .wait_for(Duration::from_secs(30))
+        .expect("gputrace hung");
+    assert!(st.success(), "{st:?}\n{}", live.stderr());
+    assert_released(&held, live.pid());
+}
+
+#[test]
+fn nothing_left_after_sigkill() {
+    let _g = serial();
+    if !require_root("nothing_left_after_sigkill") {
+        return;
+    }
+    let spin = build_c("spin", &[]);
+    let target = Bg::spawn(Command::new(&spin).arg("30"));
+    let pid = target.pid().to_string();
+    let mut live = Live::start(&["-v", "--pid", &pid]);
+    live.wait_attached();
+    let held = live.held();
+    live.signal(libc::SIGKILL);
+    let st = live.wait_for(Duration::from_secs(10)).expect("SIGKILL");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGKILL));
+    assert_released(&held, live.pid());
+    // The target is untouched by gputrace's death.
+    assert!(Path::new(&format!("/proc/{pid}")).exists());
+}
+
+#[test]
+fn launched_target_exits_mid_trace() {
+    let _g = serial();
+    if !require_root("launched_target_exits_mid_trace") {
+        return;
+    }
+    let spin = build_c("spin", &[]);
+    let dir = out_dir("exits-mid-trace");
+    let started = Instant::now();
+    let mut live = Live::start(&[
+        "-v",
+        "--duration",
+        "60s",
+        "--output",
+        dir.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &format!("{} 0.5; exit 3", spin.display()),
+    ]);
+    live.wait_attached();
+    let held = live.held();
+    let st = live
+        .wait_for(Duration::from_secs(30))
+        .expect("gputrace hung");
+    assert!(st.success(), "{st:?}\n{}", live.stderr());
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the trace did not end with its target"
+    );
+    let r = report_at(&dir, &live);
+    assert_eq!(r["window"]["ended_by"], "target-exited");
+    assert_eq!(r["target"]["exit_code"], 3, "{r:#}");
+    let root = r["target"]["pids"][0].as_u64().unwrap() as u32;
+    assert_eq!(process(&r, root).unwrap()["exited"], true);
+    assert!(live.stderr().contains("target exited"), "{}", live.stderr());
+    assert_released(&held, live.pid());
+}
+
+#[test]
+fn fork_storm_is_followed_counted_and_bounded() {
+    let _g = serial();
+    if !require_root("fork_storm_is_followed_counted_and_bounded") {
+        return;
+    }
+    let storm = build_c("fork_storm", &[]);
+    let dir = out_dir("fork-storm");
+    const CHILDREN: u64 = 2500;
+    let mut live = Live::start(&[
+        "-v",
+        "--output",
+        dir.to_str().unwrap(),
+        "--",
+        storm.to_str().unwrap(),
+        &CHILDREN.to_string(),
+        "300",
+    ]);
+    live.wait_attached();
+    let held = live.held();
+    let st = live
+        .wait_for(Duration::from_secs(60))
+        .expect("gputrace hung");
+    assert!(st.success(), "{st:?}\n{}", live.stderr());
+    assert!(live.stdout().contains(&format!("forked {CHILDREN} ")));
+    let r = report_at(&dir, &live);
+
+    // Every child was either followed or its lost fork event was counted: nothing silent.
+    let followed = r["followed"]["processes"].as_u64().unwrap();
+    let lost = r["drops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["reason"] == "ProcEventsFull")
+        .map(|d| d["count"].as_u64().unwrap())
+        .sum::<u64>();
+    assert!(
+        followed + lost > CHILDREN,
+        "followed {followed} + lost events {lost} <= {CHILDREN} children\n{:#}",
+        r["followed"]
+    );
+    if lost > 0 {
+        assert!(live.stdout().contains("Drops: "), "drops not shown");
+    }
+
+    // Bounded: idle children are counted, not listed.
+    let listed = r["processes"].as_array().unwrap().len() as u64;
+    let not_listed = r["followed"]["not_listed"].as_u64().unwrap();
+    assert!(listed <= 200, "{listed} processes listed");
+    assert_eq!(listed + not_listed, followed, "{:#}", r["followed"]);
+    let size = std::fs::metadata(dir.join("report.json")).unwrap().len();
+    assert!(size < 256 * 1024, "report.json is {size} bytes");
+    assert!(
+        live.stdout()
+            .contains("with nothing to show are not listed"),
+        "{}",
+        live.stdout()
+    );
+    // The parent's own work after the storm is there.
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    assert!(folded.contains("storm_spin"), "{folded}");
+    assert_released(&held, live.pid());
+}
+
+/// Makes the next pid the kernel hands out `pid` (root in the initial pid namespace).
+fn spawn_with_pid(cmd: &mut Command, pid: u32) -> Option<Bg> {
+    for _ in 0..50 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+            .expect("write ns_last_pid");
+        let bg = Bg::spawn(cmd);
+        if bg.pid() == pid {
+            return Some(bg);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_reused_pid_is_not_traced() {
+    let _g = serial();
+    if !require_root("a_reused_pid_is_not_traced") {
+        return;
+    }
+    let storm = build_c("fork_storm", &[]);
+    let spin = build_c("spin", &[]);
+    let dir = out_dir("pid-reuse");
+    // One traced child that exits at once; the traced parent then spins for 3 s.
+    let mut live = Live::start(&[
+        "-v",
+        "--output",
+        dir.to_str().unwrap(),
+        "--",
+        storm.to_str().unwrap(),
+        "1",
+        "3000",
+    ]);
+    live.wait_attached();
+    let held = live.held();
+    let line = live.wait_stdout("forked 1 last ");
+    let child: u32 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    // An unrelated process gets the traced child's pid and burns CPU while the trace runs.
+    let intruder = spawn_with_pid(Command::new(&spin).arg("2"), child)
+        .unwrap_or_else(|| panic!("could not get pid {child} again"));
+    let st = live
+        .wait_for(Duration::from_secs(60))
+        .expect("gputrace hung");
+    drop(intruder);
+    assert!(st.success(), "{st:?}\n{}", live.stderr());
+    let r = report_at(&dir, &live);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    assert!(
+        !folded.lines().any(|l| l.split(';').any(|f| f == "spin")),
+        "the process that reused pid {child} was traced:\n{folded}"
+    );
+    if let Some(p) = process(&r, child) {
+        assert_eq!(p["samples"], 0, "pid {child} has samples: {p:#}");
+    }
+    assert!(folded.contains("storm_spin"), "{folded}");
+    assert_released(&held, live.pid());
+}
+
+#[test]
+fn a_stopped_target_does_not_hang_gputrace() {
+    let _g = serial();
+    if !require_root("a_stopped_target_does_not_hang_gputrace") {
+        return;
+    }
+    let spin = build_c("spin", &[]);
+    let target = Bg::spawn(Command::new(&spin).arg("60"));
+    let pid = target.pid().to_string();
+    std::thread::sleep(Duration::from_millis(200));
+    unsafe { libc::kill(target.pid() as i32, libc::SIGSTOP) };
+
+    // The duration still ends the trace.
+    let dir = out_dir("stopped-duration");
+    let started = Instant::now();
+    let mut live = Live::start(&["-v", "-d", "1s", "-o", dir.to_str().unwrap(), "--pid", &pid]);
+    live.wait_attached();
+    let held = live.held();
+    let st = live
+        .wait_for(Duration::from_secs(20))
+        .expect("gputrace hung on a stopped target");
+    assert!(st.success(), "{}", live.stderr());
+    assert!(started.elapsed() < Duration::from_secs(15));
+    let r = report_at(&dir, &live);
+    assert_eq!(r["window"]["ended_by"], "duration");
+    assert_eq!(
+        r["sampling"]["samples"], 0,
+        "a stopped process cannot be on CPU"
+    );
+    assert_released(&held, live.pid());
+
+    // And so does Ctrl-C.
+    let dir = out_dir("stopped-sigint");
+    let mut live = Live::start(&["-v", "-o", dir.to_str().unwrap(), "--pid", &pid]);
+    live.wait_attached();
+    let held = live.held();
+    std::thread::sleep(Duration::from_millis(300));
+    live.signal(libc::SIGINT);
+    let st = live
+        .wait_for(Duration::from_secs(20))
+        .expect("gputrace hung after Ctrl-C on a stopped target");
+    assert!(st.success(), "{}", live.stderr());
+    assert_eq!(report_at(&dir, &live)["window"]["ended_by"], "interrupted");
+    assert_released(&held, live.pid());
+    // The target is still stopped, not killed, by gputrace.
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    assert!(state.contains(") T "), "{state}");
+}
+
+#[test]
+fn two_gputraces_at_once_keep_to_their_targets() {
+    let _g = serial();
+    if !require_root("two_gputraces_at_once_keep_to_their_targets") {
+        return;
+    }
+    let spin = build_c("spin", &[]);
+    let a = Bg::spawn(Command::new(&spin).arg("30"));
+    let b = Bg::spawn(Command::new(&spin).arg("30"));
+    let (pa, pb) = (a.pid().to_string(), b.pid().to_string());
+    let (da, db) = (out_dir("two-a"), out_dir("two-b"));
+    let mut la = Live::start(&["-v", "-d", "2s", "-o", da.to_str().unwrap(), "--pid", &pa]);
+    let mut lb = Live::start(&["-v", "-d", "2s", "-o", db.to_str().unwrap(), "--pid", &pb]);
+    la.wait_attached();
+    lb.wait_attached();
+    let (ha, hb) = (la.held(), lb.held());
+    assert!(
+        ha.progs.iter().all(|p| !hb.progs.contains(p)),
+        "the two share programs"
+    );
+    let sa = la.wait_for(Duration::from_secs(30)).expect("first hung");
+    let sb = lb.wait_for(Duration::from_secs(30)).expect("second hung");
+    assert!(
+        sa.success() && sb.success(),
+        "{}\n{}",
+        la.stderr(),
+        lb.stderr()
+    );
+    for (dir, live, mine, other) in [(&da, &la, a.pid(), b.pid()), (&db, &lb, b.pid(), a.pid())] {
+        let r = report_at(dir, live);
+        let pids: Vec<u64> = r["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["pid"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            pids,
+            vec![mine as u64],
+            "saw {pids:?}, other target {other}"
+        );
+        let samples = process(&r, mine).unwrap()["samples"].as_u64().unwrap();
+        assert!(samples > 20, "{samples} samples of its own target");
+    }
+    assert_released(&ha, la.pid());
+    assert_released(&hb, lb.pid());
+}
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+pub struct Tmpfs(pub std::path::PathBuf);
+
+impl Tmpfs {
+    pub fn mount(name: &str, opts: &str) -> Tmpfs {
+        let dir = out_dir(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "gputrace-test"])
+            .arg(&dir)
+            .status()
+            .expect("run mount");
+        assert!(st.success(), "mount tmpfs -o {opts}");
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn disk_full_keeps_what_fits_and_says_so() {
+    let _g = serial();
+    if !require_root("disk_full_keeps_what_fits_and_says_so") {
+        return;
+    }
+    let hot = build_c("hot_threads", &[]);
+    let fs = Tmpfs::mount("disk-full", "size=64k,mode=0755");
+    // Fill it so that only a few KiB are left: report.json fits, the flame graph does not.
+    let filler = vec![0u8; 40 * 1024];
+    std::fs::write(fs.0.join("filler"), &filler).unwrap();
+    let mut live = Live::start(&[
+        "-v",
+        "--output",
+        fs.0.to_str().unwrap(),
+        "--",
+        hot.to_str().unwrap(),
+        "1",
+    ]);
+    live.wait_attached();
+    let held = live.held();
+    let st = live
+        .wait_for(Duration::from_secs(60))
+        .expect("gputrace hung");
+    let err = live.stderr();
+    assert_eq!(st.code(), Some(6), "output exit code expected\n{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(lines.len(), 1, "one error line expected:\n{err}");
+    assert!(lines[0].contains("disk full"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // The terminal summary still came out.
+    assert!(live.stdout().contains("hot_a"), "{}", live.stdout());
+    // What was written is whole; what was not is absent; no temporary files are left.
+    let names: Vec<String> = std::fs::read_dir(&fs.0)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.ends_with(".tmp")),
+        "temporary files left: {names:?}"
+    );
+    assert!(!names.contains(&"cpu.svg".to_string()), "{names:?}");
+    let kept: Vec<&String> = names.iter().filter(|n| *n != "filler").collect();
+    for n in &kept {
+        assert!(
+            lines[0].contains(n.as_str()),
+            "kept {n} not named: {}",
+            lines[0]
+        );
+    }
+    if names.contains(&"report.json".to_string()) {
+        let text = std::fs::read_to_string(fs.0.join("report.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).expect("a kept report.json is whole");
+    }
+    assert_released(&held, live.pid());
+}
+
+/// Names (as the kernel truncates them) of the core programs every gputrace loads.
+pub const CORE_PROGRAMS: [&str; 3] = ["cpu_sample", "task_newtask", "sched_process_e"];
+
+/// Programs named like gputrace's that no live process holds: leaked ones. Used where a
+/// gputrace fails too early to read its fds.
+pub fn orphaned_programs() -> Vec<(u32, String)> {
+    let mut held: Vec<u32> = Vec::new();
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(fds) = std::fs::read_dir(p.path().join("fdinfo")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(text) = std::fs::read_to_string(fd.path()) {
+                held.extend(text.lines().filter_map(|l| {
+                    l.strip_prefix("prog_id:")
+                        .and_then(|v| v.trim().parse::<u32>().ok())
+                }));
+            }
+        }
+    }
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter_map(|p| Some((p.id(), p.name_as_str()?.to_string())))
+        .filter(|(id, name)| CORE_PROGRAMS.contains(&name.as_str()) && !held.contains(id))
+        .collect()
+}
+
+pub fn assert_no_orphans() {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let o = orphaned_programs();
+        if o.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "programs left loaded: {o:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
