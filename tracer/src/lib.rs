@@ -5,8 +5,11 @@
 
 pub mod aggregate;
 pub mod bpf;
+pub mod check;
 pub mod cli;
 pub mod collect;
+pub mod demo;
+pub mod diff;
 pub mod error;
 pub mod probes;
 pub mod procfs;
