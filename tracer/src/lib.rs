@@ -19,3 +19,4 @@ pub mod symbolize;
 pub mod target;
 pub mod tracefs;
 pub mod tracker;
+pub mod verdict;

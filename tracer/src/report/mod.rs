@@ -1,10 +1,14 @@
 //! Reports: one model ([`model::Report`]) and one exporter per format.
 
 pub mod build;
+#[cfg(test)]
+pub mod fixtures;
 pub mod flamegraph;
 pub mod folded;
 pub mod model;
 pub mod terminal;
+pub mod timeline;
+pub mod units;
 
 use std::{
     fs::{self, File, OpenOptions},
@@ -21,6 +25,15 @@ use crate::{aggregate::cpu::CpuProfile, error::TraceError};
 pub struct ReportData {
     pub report: model::Report,
     pub cpu: CpuProfile,
+    /// Events for trace.json, filled by the probe families while tracing.
+    pub timeline: timeline::Timeline,
+}
+
+/// Last step before rendering, after every probe family has finished: the verdicts and what
+/// the report says about the timeline.
+pub fn finalize(data: &mut ReportData) {
+    data.report.timeline = Some(data.timeline.summary());
+    crate::verdict::apply(&mut data.report);
 }
 
 /// One output file.

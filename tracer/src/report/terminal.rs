@@ -7,7 +7,7 @@ use super::model::Report;
 
 const WIDTH: usize = 100;
 
-pub fn render(r: &Report) -> String {
+pub fn render(r: &Report, _color: bool) -> String {
     let mut o = String::new();
     let what = match &r.target.command {
         Some(cmd) => format!("`{}`", cmd.join(" ")),
