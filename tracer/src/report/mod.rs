@@ -6,6 +6,8 @@ pub mod fixtures;
 pub mod flamegraph;
 pub mod folded;
 pub mod model;
+#[cfg(test)]
+pub mod snapshot;
 pub mod terminal;
 pub mod timeline;
 pub mod units;
