@@ -69,7 +69,8 @@ pub struct TraceArgs {
     #[arg(short = 'F', long, default_value_t = 99, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub frequency: u64,
 
-    /// Write report.json, cpu.folded and cpu.svg into this directory (created if missing).
+    /// Write report.json, report.html, trace.json (Perfetto), cpu.folded, cpu.svg and CSV tables
+    /// into this directory (created if missing).
     #[arg(short = 'o', long, value_name = "DIR")]
     pub output: Option<PathBuf>,
 

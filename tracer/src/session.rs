@@ -233,6 +233,7 @@ fn trace(
         report,
         cpu,
         timeline: report::timeline::Timeline::with_limit(args.timeline_limit),
+        flames: Vec::new(),
     };
     let mut finish_ctx = FinishCtx {
         args,
