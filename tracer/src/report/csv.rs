@@ -157,7 +157,7 @@ mod tests {
         );
         let f = text(functions, &r);
         assert_eq!(f.lines().count(), 1 + 1 + 2, "{f}");
-        assert!(f.contains("100,100,self,memcpy,libtest.so,30,10"));
+        assert!(f.contains("100,100,self,memcpy,libtest.so,30,10.00"));
         let s = text(syscalls, &r);
         assert!(
             s.contains("100,,read,1200,0,4000000000,0,0,12000000"),
