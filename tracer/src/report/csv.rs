@@ -37,7 +37,15 @@ pub fn functions(r: &Report, out: &mut dyn Write) -> Result<()> {
                 let m = f.module.as_deref().unwrap_or("");
                 row(
                     out,
-                    cells![p.pid, "", kind, f.function, m, f.samples, f.percent],
+                    cells![
+                        p.pid,
+                        "",
+                        kind,
+                        f.function,
+                        m,
+                        f.samples,
+                        format!("{:.2}", f.percent)
+                    ],
                 )?;
             }
         }
@@ -46,7 +54,15 @@ pub fn functions(r: &Report, out: &mut dyn Write) -> Result<()> {
                 let m = f.module.as_deref().unwrap_or("");
                 row(
                     out,
-                    cells![p.pid, t.tid, "self", f.function, m, f.samples, f.percent],
+                    cells![
+                        p.pid,
+                        t.tid,
+                        "self",
+                        f.function,
+                        m,
+                        f.samples,
+                        format!("{:.2}", f.percent)
+                    ],
                 )?;
             }
         }
@@ -115,7 +131,7 @@ pub fn copies(r: &Report, out: &mut dyn Write) -> Result<()> {
                     c.count,
                     c.bytes,
                     c.total_ns,
-                    c.gbps
+                    format!("{:.3}", c.gbps)
                 ],
             )?;
         }
