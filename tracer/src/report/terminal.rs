@@ -570,12 +570,15 @@ fn fn_line(f: &crate::aggregate::cpu::FnStat) -> String {
     ))
 }
 
-/// At most `n` characters, with an ellipsis when cut.
+/// At most `n` characters on one line, with an ellipsis when cut. Control characters (a
+/// `python -c` script's newlines, escapes in a traced program's name) become spaces so they
+/// cannot break the layout or drive the terminal.
 fn cut(s: &str, n: usize) -> String {
+    let clean = s.chars().map(|c| if c.is_control() { ' ' } else { c });
     if s.chars().count() <= n {
-        s.to_string()
+        clean.collect()
     } else {
-        let mut c: String = s.chars().take(n - 1).collect();
+        let mut c: String = clean.take(n - 1).collect();
         c.push('…');
         c
     }

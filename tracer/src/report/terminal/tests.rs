@@ -125,6 +125,7 @@ fn wraps_words() {
     assert_eq!(wrap("aa bb cc", 5), vec!["aa bb", "cc"]);
     assert_eq!(wrap("", 5), vec![""]);
     assert_eq!(wrap("abcdefgh", 4), vec!["abc…"]);
+    assert_eq!(clip("a\nb\x1b[2Jc"), "a b [2Jc");
 }
 
 fn strip_ansi(s: &str) -> String {
