@@ -21,12 +21,13 @@ h3{font-size:15px;margin:18px 0 6px} .meta{color:#666}
 .sev{font-weight:700;text-transform:uppercase;font-size:12px;margin-right:6px}
 .finding ul{margin:4px 0 0 18px;padding:0} .evidence{color:#555} .suggest li{color:#1b5e20}
 .bar{display:flex;height:18px;width:100%;background:#eee;border-radius:3px;overflow:hidden;margin:2px 0 6px}
-.bar div{height:100%} .row{display:grid;grid-template-columns:260px 1fr;gap:8px;align-items:center}
+.bar div{height:100%;font-size:11px;line-height:18px;color:#fff;text-shadow:0 0 2px #000;overflow:hidden;white-space:nowrap;padding-left:3px;box-sizing:border-box} .row{display:grid;grid-template-columns:260px 1fr;gap:8px;align-items:center}
 .legend span{display:inline-block;margin-right:12px;font-size:12px}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
 table{border-collapse:collapse;background:#fff;margin:4px 0 10px;font-size:13px}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:right} th{background:#f0f0f0}
 td:first-child,th:first-child{text-align:left;max-width:560px;overflow-wrap:anywhere}
+.pair{display:flex;gap:24px;flex-wrap:wrap}
 img.flame{width:100%;border:1px solid #ddd;background:#fff}
 "#;
 
@@ -110,9 +111,15 @@ fn bar(o: &mut String, label: &str, t: &TimeBreakdown) {
     let _ = write!(o, "<div class=row><div>{}</div><div class=bar>", esc(label));
     for c in t.categories.iter().filter(|c| c.ns > 0) {
         let pct = units::pct(c.ns, t.alive_ns);
+        // Wide segments say what they are; narrow ones keep it in the tooltip.
+        let label = if pct >= 8.0 {
+            format!("{} {pct:.0}%", esc(&c.category))
+        } else {
+            String::new()
+        };
         let _ = write!(
             o,
-            "<div style=\"width:{pct:.2}%;background:{}\" title=\"{} {pct:.1}% ({})\"></div>",
+            "<div style=\"width:{pct:.2}%;background:{}\" title=\"{} {pct:.1}% ({})\">{label}</div>",
             color(&c.category),
             esc(&c.category),
             esc(&units::dur(c.ns))
@@ -440,11 +447,6 @@ pub fn render(data: &ReportData) -> Result<String> {
             esc(&f.rule)
         );
     }
-    legend(&mut o, r);
-    for p in &r.processes {
-        process(&mut o, r, p);
-    }
-    nvml_chart(&mut o, r);
     o.push_str("<h2 id=flamegraphs>Flame graphs</h2>\n");
     let cpu = Flame {
         title: "CPU (on-CPU samples)".into(),
@@ -455,6 +457,11 @@ pub fn render(data: &ReportData) -> Result<String> {
     for f in &data.flames {
         flame(&mut o, f)?;
     }
+    legend(&mut o, r);
+    for p in &r.processes {
+        process(&mut o, r, p);
+    }
+    nvml_chart(&mut o, r);
     o.push_str("<h2>Limits of this trace</h2><ul>");
     if r.drops.is_empty() {
         o.push_str("<li>No events dropped.</li>");
@@ -523,14 +530,24 @@ mod tests {
             flames: vec![],
         };
         let html = render(&data).unwrap();
+        // A sample page to look at (headless Chromium screenshot), written only when asked.
+        if let Some(path) = std::env::var_os("GPUTRACE_HTML_SAMPLE") {
+            std::fs::write(path, &html).unwrap();
+        }
         assert!(html.starts_with("<!DOCTYPE html>"));
+        let (v, f, p) = (
+            html.find("id=verdict").unwrap(),
+            html.find("id=flamegraphs").unwrap(),
+            html.find("<h2>pid 100").unwrap(),
+        );
+        assert!(v < f && f < p, "verdict, then flame graphs, then processes");
         for bad in ["http://", "https://", "<script src", "<link"] {
             assert!(!html.contains(bad), "external reference {bad}");
         }
         assert!(html.contains("finding critical"));
         assert!(html.contains("waited 55% of wall time for data"));
         assert!(html.contains("py&lt;thon&gt;") && !html.contains("py<thon>"));
-        assert!(html.contains("title=\"ipc 45.0% (4.50 s)\""));
+        assert!(html.contains("title=\"ipc 45.0% (4.50 s)\">ipc 45%</div>"));
         assert!(html.contains("<polyline"));
         let b64 = html.split("data:image/svg+xml;base64,").nth(1).unwrap();
         assert!(b64.len() > 100);
