@@ -9,4 +9,5 @@ mod bad_input;
 mod common;
 mod cpu_profile;
 mod faults;
+mod report_outputs;
 mod security;

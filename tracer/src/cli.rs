@@ -1,8 +1,9 @@
-//! Command line: `gputrace [OPTIONS] --pid PID...` or `gputrace [OPTIONS] -- CMD ARGS...`.
+//! Command line: `gputrace [OPTIONS] --pid PID...` or `gputrace [OPTIONS] -- CMD ARGS...`,
+//! plus the subcommands `diff`, `check` and `demo`.
 
 use std::{io::Write, path::PathBuf, process::ExitCode, time::Duration};
 
-use clap::{Args, Parser};
+use clap::{Args, Parser, Subcommand};
 
 use crate::error::{exit, exit_code_of};
 
@@ -14,9 +15,40 @@ use crate::error::{exit, exit_code_of};
              running processes with eBPF, with zero code changes.",
     after_help = "Examples:\n  sudo gputrace --pid 1234 --duration 10s\n  sudo gputrace --output out -- python train.py\n\nExit codes: 0 ok (also after Ctrl-C or when the target exits), 1 failure, 2 usage,\n3 not root, 4 no such process, 5 command cannot be executed, 6 output not writable,\n7 eBPF load/attach failure."
 )]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(flatten)]
     pub trace: TraceArgs,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Compare two report.json files: what got faster, what slower, which findings changed.
+    ///
+    /// Per-category and per-function change and findings that appeared or went away. Exit 0,
+    /// 1 when a file cannot be read, 2 when it is not a gputrace report or the two cannot be
+    /// compared.
+    Diff(DiffArgs),
+    /// Can this machine trace? One line per check; non-zero exit when tracing cannot work.
+    Check(crate::check::CheckArgs),
+    /// Run a bundled synthetic training job, trace it and print the verdict.
+    Demo(crate::demo::DemoArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DiffArgs {
+    /// The report.json of the earlier run.
+    #[arg(value_name = "BEFORE.json")]
+    pub before: PathBuf,
+    /// The report.json of the later run.
+    #[arg(value_name = "AFTER.json")]
+    pub after: PathBuf,
+    /// Print the comparison as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -37,13 +69,19 @@ pub struct TraceArgs {
     #[arg(short = 'F', long, default_value_t = 99, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub frequency: u64,
 
-    /// Write report.json, cpu.folded and cpu.svg into this directory (created if missing).
+    /// Write report.json, report.html, trace.json (Perfetto), cpu.folded, cpu.svg and CSV tables
+    /// into this directory (created if missing).
     #[arg(short = 'o', long, value_name = "DIR")]
     pub output: Option<PathBuf>,
 
     /// Print the JSON report to stdout instead of the terminal summary.
     #[arg(long)]
     pub json: bool,
+
+    /// At most this many events in the timeline (trace.json); what is cut is said in the
+    /// report.
+    #[arg(long, default_value_t = 200_000, value_name = "N")]
+    pub timeline_limit: usize,
 
     /// How many functions to list per process.
     #[arg(long, default_value_t = 10)]
@@ -84,7 +122,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             if is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
@@ -95,7 +133,13 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Some(Command::Diff(a)) => return crate::diff::run(&a),
+        Some(Command::Check(a)) => return crate::check::run(&a),
+        Some(Command::Demo(a)) => return crate::demo::run(&a),
+        None => {}
+    }
     let args = cli.trace;
     if args.pids.is_empty() && args.command.is_empty() {
         let _ = writeln!(
@@ -111,7 +155,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         );
         std::process::exit(exit::USAGE as i32);
     }
-    crate::session::run(&args)
+    crate::session::run(&args)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
@@ -142,5 +187,27 @@ mod tests {
         assert_eq!(c.trace.pids, vec![1, 2]);
         let c = Cli::try_parse_from(["gputrace", "-o", "x", "--", "python", "-c", "1"]).unwrap();
         assert_eq!(c.trace.command, vec!["python", "-c", "1"]);
+        assert!(c.command.is_none());
+        let c = Cli::try_parse_from(["gputrace", "diff", "a.json", "b.json"]).unwrap();
+        match c.command {
+            Some(Command::Diff(d)) => {
+                assert_eq!(d.before, PathBuf::from("a.json"));
+                assert_eq!(d.after, PathBuf::from("b.json"));
+            }
+            other => panic!("expected diff, got {other:?}"),
+        }
+        assert!(matches!(
+            Cli::try_parse_from(["gputrace", "check"]).unwrap().command,
+            Some(Command::Check(_))
+        ));
+        assert!(matches!(
+            Cli::try_parse_from(["gputrace", "demo"]).unwrap().command,
+            Some(Command::Demo(_))
+        ));
+        // A command named like a subcommand still runs after `--`.
+        let c = Cli::try_parse_from(["gputrace", "--", "diff", "x"]).unwrap();
+        assert_eq!(c.trace.command, vec!["diff", "x"]);
+        assert!(c.command.is_none());
+        assert!(Cli::try_parse_from(["gputrace", "-p", "1", "diff", "a", "b"]).is_err());
     }
 }

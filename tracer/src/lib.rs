@@ -5,8 +5,11 @@
 
 pub mod aggregate;
 pub mod bpf;
+pub mod check;
 pub mod cli;
 pub mod collect;
+pub mod demo;
+pub mod diff;
 pub mod error;
 pub mod probes;
 pub mod procfs;
@@ -16,3 +19,4 @@ pub mod symbolize;
 pub mod target;
 pub mod tracefs;
 pub mod tracker;
+pub mod verdict;

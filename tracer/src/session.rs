@@ -232,7 +232,12 @@ fn trace(
         warnings: vec![],
         top: args.top,
     });
-    let mut data = ReportData { report, cpu };
+    let mut data = ReportData {
+        report,
+        cpu,
+        timeline: report::timeline::Timeline::with_limit(args.timeline_limit),
+        flames: Vec::new(),
+    };
     let mut finish_ctx = FinishCtx {
         args,
         tracker: &tracker,
@@ -247,13 +252,15 @@ fn trace(
     // Detach every program before the (possibly slow) rendering.
     drop(ebpf);
     bound_report(&mut data.report, &tracker);
+    report::finalize(&mut data);
 
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &data.report)?;
         writeln!(out)?;
     } else {
-        write!(out, "{}", report::terminal::render(&data.report))?;
+        let color = std::io::IsTerminal::is_terminal(&std::io::stdout());
+        write!(out, "{}", report::terminal::render(&data.report, color))?;
     }
     if let Some(dir) = &args.output {
         let written = report::write_all(dir, &data)?;

@@ -59,34 +59,10 @@ mod tests {
     }
 
     fn report(processes: Vec<ProcessReport>) -> Report {
-        Report {
-            schema_version: SCHEMA_VERSION,
-            tool: "t".into(),
-            findings: vec![],
-            target: Target {
-                command: None,
-                pids: vec![1],
-                follow_children: true,
-                exit_code: None,
-            },
-            window: Window {
-                start_unix_ns: 0,
-                duration_ns: 0,
-                ended_by: "duration".into(),
-                attach_ms: 0.0,
-            },
-            sampling: Sampling {
-                frequency_hz: 99,
-                cpus: 1,
-                samples: 0,
-            },
-            processes,
-            followed: Followed::default(),
-            nvml: None,
-            drops: vec![],
-            blind_spots: vec![],
-            warnings: vec![],
-        }
+        let mut r = crate::report::fixtures::report();
+        r.target.pids = vec![1];
+        r.processes = processes;
+        r
     }
 
     #[test]

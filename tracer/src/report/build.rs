@@ -102,5 +102,6 @@ pub fn build(input: BuildInput<'_>) -> Report {
         drops: input.drops,
         blind_spots: input.blind_spots,
         warnings: input.warnings,
+        timeline: None,
     }
 }

@@ -2,10 +2,19 @@
 
 pub mod bound;
 pub mod build;
+pub mod csv;
+#[cfg(test)]
+pub mod fixtures;
 pub mod flamegraph;
 pub mod folded;
+pub mod html;
 pub mod model;
+#[cfg(test)]
+pub mod snapshot;
 pub mod terminal;
+pub mod timeline;
+pub mod trace_event;
+pub mod units;
 
 use std::{
     fs::{self, OpenOptions},
@@ -25,6 +34,26 @@ use crate::{aggregate::cpu::CpuProfile, error::TraceError};
 pub struct ReportData {
     pub report: model::Report,
     pub cpu: CpuProfile,
+    /// Events for trace.json, filled by the probe families while tracing.
+    pub timeline: timeline::Timeline,
+    /// Flame graphs beyond the CPU one (off-CPU by reason, ...), embedded in report.html.
+    pub flames: Vec<Flame>,
+}
+
+/// A flame graph a family adds to the HTML report, from folded lines.
+#[derive(Debug, Clone, Default)]
+pub struct Flame {
+    pub title: String,
+    /// What a frame's width counts (`samples`, `ns`).
+    pub count_name: String,
+    pub lines: Vec<String>,
+}
+
+/// Last step before rendering, after every probe family has finished: the verdicts and what
+/// the report says about the timeline.
+pub fn finalize(data: &mut ReportData) {
+    data.report.timeline = Some(data.timeline.summary());
+    crate::verdict::apply(&mut data.report);
 }
 
 /// One output file.
@@ -73,8 +102,64 @@ impl Exporter for CpuSvg {
     }
 }
 
+pub struct Html;
+impl Exporter for Html {
+    fn file_name(&self) -> &'static str {
+        "report.html"
+    }
+    fn write(&self, data: &ReportData, out: &mut dyn Write) -> Result<()> {
+        html::write(data, out)
+    }
+}
+
+pub struct TraceEvents;
+impl Exporter for TraceEvents {
+    fn file_name(&self) -> &'static str {
+        "trace.json"
+    }
+    fn write(&self, data: &ReportData, out: &mut dyn Write) -> Result<()> {
+        trace_event::write(&data.timeline, &data.report, out)
+    }
+}
+
+/// One CSV table.
+pub struct Csv {
+    pub name: &'static str,
+    pub table: fn(&model::Report, &mut dyn Write) -> Result<()>,
+}
+impl Exporter for Csv {
+    fn file_name(&self) -> &'static str {
+        self.name
+    }
+    fn write(&self, data: &ReportData, out: &mut dyn Write) -> Result<()> {
+        (self.table)(&data.report, out)
+    }
+}
+
 pub fn exporters() -> Vec<Box<dyn Exporter>> {
-    vec![Box::new(Json), Box::new(CpuFolded), Box::new(CpuSvg)]
+    vec![
+        Box::new(Json),
+        Box::new(CpuFolded),
+        Box::new(CpuSvg),
+        Box::new(Html),
+        Box::new(TraceEvents),
+        Box::new(Csv {
+            name: "functions.csv",
+            table: csv::functions,
+        }),
+        Box::new(Csv {
+            name: "syscalls.csv",
+            table: csv::syscalls,
+        }),
+        Box::new(Csv {
+            name: "kernels.csv",
+            table: csv::kernels,
+        }),
+        Box::new(Csv {
+            name: "copies.csv",
+            table: csv::copies,
+        }),
+    ]
 }
 
 /// Creates the output directory (or checks an existing one) before tracing starts, so an

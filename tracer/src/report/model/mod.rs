@@ -35,6 +35,20 @@ pub struct Report {
     /// Things gputrace knows it cannot see, said plainly.
     pub blind_spots: Vec<String>,
     pub warnings: Vec<String>,
+    /// How much of the timeline (trace.json) was kept and how much was cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<TimelineSummary>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct TimelineSummary {
+    pub events: u64,
+    pub counter_samples: u64,
+    /// `--timeline-limit`.
+    pub limit: u64,
+    /// Events not kept because the limit was reached.
+    pub cut_events: u64,
+    pub cut_counter_samples: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,0 +1,141 @@
+//! The diff as text, 100 columns.
+
+use std::fmt::Write as _;
+
+use super::compare::{Change, Diff};
+use crate::report::units;
+
+const ROWS: usize = 10;
+
+fn changes(o: &mut String, title: &str, list: &[Change]) {
+    let shown: Vec<&Change> = list
+        .iter()
+        .filter(|c| c.delta().abs() >= 0.05)
+        .take(ROWS)
+        .collect();
+    if shown.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\n{title:<58} {:>9} {:>9} {:>10}",
+        "before", "after", "change"
+    );
+    for c in shown {
+        let name: String = if c.name.chars().count() > 56 {
+            c.name.chars().take(55).chain(['…']).collect()
+        } else {
+            c.name.clone()
+        };
+        let _ = writeln!(
+            o,
+            "  {name:<56} {:>8.1}% {:>8.1}% {:>+9.1}pt",
+            c.before,
+            c.after,
+            c.delta()
+        );
+    }
+}
+
+pub fn text(d: &Diff, before: &str, after: &str) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "gputrace diff: {before} -> {after}");
+    let _ = writeln!(
+        o,
+        "run time: {} -> {}{}",
+        units::dur(d.before_duration_ns),
+        units::dur(d.after_duration_ns),
+        match d.run_time_speedup {
+            Some(s) => format!("  speedup {s:.2}x"),
+            None => "  (no speedup: a run did not end with its target)".into(),
+        }
+    );
+    for r in &d.rates {
+        let _ = writeln!(
+            o,
+            "{}: {:.1} -> {:.1}  ({:.2}x)",
+            r.name, r.before, r.after, r.ratio
+        );
+    }
+    changes(
+        &mut o,
+        "wall time by category (share of all threads)",
+        &d.categories,
+    );
+    changes(
+        &mut o,
+        "functions (share of CPU samples, self)",
+        &d.functions,
+    );
+    let _ = writeln!(o, "\nfindings");
+    for f in &d.findings_gone {
+        let _ = writeln!(
+            o,
+            "  gone:    {} ({:.0}%, {})",
+            f.rule, f.impact_percent, f.severity
+        );
+    }
+    for f in &d.findings_new {
+        let _ = writeln!(
+            o,
+            "  new:     {} ({:.0}%, {})",
+            f.rule, f.impact_percent, f.severity
+        );
+    }
+    for (b, a) in &d.findings_kept {
+        let _ = writeln!(
+            o,
+            "  still:   {} ({:.0}% -> {:.0}%)",
+            b.rule, b.impact_percent, a.impact_percent
+        );
+    }
+    if d.findings_gone.is_empty() && d.findings_new.is_empty() && d.findings_kept.is_empty() {
+        let _ = writeln!(o, "  none in either run");
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::diff::compare::{FindingRef, RateChange};
+
+    #[test]
+    fn text_names_speedup_and_findings() {
+        let d = Diff {
+            before_duration_ns: 10_000_000_000,
+            after_duration_ns: 4_000_000_000,
+            run_time_speedup: Some(2.5),
+            rates: vec![RateChange {
+                name: "kernel launches/s".into(),
+                before: 100.0,
+                after: 250.0,
+                ratio: 2.5,
+            }],
+            categories: vec![Change {
+                name: "ipc".into(),
+                before: 45.0,
+                after: 5.0,
+            }],
+            functions: vec![],
+            findings_gone: vec![FindingRef {
+                rule: "data-loading-bound".into(),
+                severity: "critical".into(),
+                impact_percent: 55.0,
+                title: "t".into(),
+            }],
+            findings_new: vec![],
+            findings_kept: vec![],
+        };
+        let t = text(&d, "a.json", "b.json");
+        assert!(
+            t.contains("run time: 10.00 s -> 4.00 s  speedup 2.50x"),
+            "{t}"
+        );
+        assert!(t.contains("kernel launches/s: 100.0 -> 250.0  (2.50x)"));
+        assert!(t.contains("  ipc "));
+        assert!(t.contains("-40.0pt"));
+        assert!(t.contains("gone:    data-loading-bound (55%, critical)"));
+        assert!(t.lines().all(|l| l.chars().count() <= 100));
+    }
+}

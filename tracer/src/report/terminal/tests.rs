@@ -1,0 +1,146 @@
+use super::*;
+use crate::report::{
+    fixtures::*,
+    model::{
+        cuda::{CopyStat, KernelStat, ProcessCuda},
+        DropCount, TimelineSummary,
+    },
+    snapshot,
+};
+
+fn full_report() -> Report {
+    let mut r = data_loading_job();
+    r.processes[0].threads.push({
+        let mut t = thread(103, "pt_pin_memory", &[("cpu", 5.0), ("cuda_memcpy", 25.0)]);
+        t.samples = 50;
+        t
+    });
+    let threads = std::mem::take(&mut r.processes[0].threads);
+    let top_self = r.processes[0].top_self.clone();
+    let syscalls = r.processes[0].syscalls.clone();
+    r.processes[0] = process(100, None, "python", threads);
+    r.processes[0].top_self = top_self;
+    r.processes[0].syscalls = syscalls;
+    r.processes[0].cmdline = vec!["python".into(), "train.py".into()];
+    r.processes[0].top_total = vec![
+        f("main", 100.0, 297),
+        f("_PyEval_EvalFrameDefault", 80.0, 238),
+    ];
+    r.processes[0].samples = 297;
+    r.processes[0].cuda = Some(ProcessCuda {
+        api: vec![
+            api("cudaMemcpy", 400, 2_500_000_000),
+            api("cudaLaunchKernel", 20_000, 400_000_000),
+        ],
+        copies: vec![CopyStat {
+            direction: "H2D".into(),
+            mode: "sync".into(),
+            count: 400,
+            bytes: 4_000_000_000,
+            total_ns: 2_500_000_000,
+            gbps: 1.6,
+        }],
+        kernels: vec![KernelStat {
+            name: "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>"
+                .into(),
+            launches: 20_000,
+            grid: [1, 1, 1],
+            block: [128, 1, 1],
+            launch_ns: 400_000_000,
+        }],
+        ..Default::default()
+    });
+    r.nvml = Some(nvml(35.0));
+    r.drops = vec![DropCount {
+        reason: "Ringbuf".into(),
+        affects: "timeline events lost (ring buffer full)".into(),
+        count: 12,
+    }];
+    r.blind_spots = vec![
+        "GPU kernel execution times are not measured: only launches are seen \
+                          from the CPU side."
+            .into(),
+    ];
+    r.timeline = Some(TimelineSummary {
+        events: 1000,
+        counter_samples: 100,
+        limit: 1000,
+        cut_events: 250,
+        cut_counter_samples: 0,
+    });
+    crate::verdict::apply(&mut r);
+    r
+}
+
+#[test]
+fn data_loading_report_snapshot() {
+    let out = render(&full_report(), false);
+    snapshot::check("terminal_data_loading.txt", &out);
+}
+
+#[test]
+fn quiet_report_snapshot() {
+    let mut r = report();
+    r.processes.push(process(
+        100,
+        None,
+        "python",
+        vec![thread(100, "python", &[("cpu", 30.0)])],
+    ));
+    crate::verdict::apply(&mut r);
+    let out = render(&r, false);
+    assert!(out.contains("No rule fired"));
+    snapshot::check("terminal_quiet.txt", &out);
+}
+
+#[test]
+fn fits_100_columns_and_colours_only_when_asked() {
+    let r = full_report();
+    let plain = render(&r, false);
+    for l in plain.lines() {
+        assert!(
+            l.chars().count() <= 100,
+            "{} columns: {l}",
+            l.chars().count()
+        );
+    }
+    assert!(!plain.contains('\x1b'));
+    let coloured = render(&r, true);
+    assert!(coloured.contains("\x1b[1;31m[CRITICAL"));
+    let stripped = strip_ansi(&coloured);
+    assert_eq!(stripped, plain, "colour changes nothing but escapes");
+}
+
+#[test]
+fn verdict_comes_first() {
+    let out = render(&full_report(), false);
+    let v = out.find("VERDICT").unwrap();
+    let p = out.find("pid 100 python").unwrap();
+    assert!(v < p);
+    assert!(out.contains(" 1. [CRITICAL 55%] The main thread of python (pid 100) waited 55%"));
+}
+
+#[test]
+fn wraps_words() {
+    assert_eq!(wrap("aa bb cc", 5), vec!["aa bb", "cc"]);
+    assert_eq!(wrap("", 5), vec![""]);
+    assert_eq!(wrap("abcdefgh", 4), vec!["abc…"]);
+    assert_eq!(clip("a\nb\x1b[2Jc"), "a b [2Jc");
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for d in chars.by_ref() {
+                if d == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

@@ -1,0 +1,130 @@
+//! The timeline behind `trace.json`: typed events that probe families stream over their ring
+//! buffers and push here while tracing, plus counter samples (NVML). Bounded: once `limit`
+//! events are held, further ones are counted in `cut` and the report says so.
+
+use serde::{Deserialize, Serialize};
+
+/// What an event is; decides its track colour and category in the trace viewer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// The thread was off CPU; `name` is the reason (`read`, `futex`, `preempted`, ...).
+    OffCpu,
+    /// A CUDA runtime/driver call; `args` hold its arguments (bytes, grid, stream, error).
+    Cuda,
+    /// A syscall above the family's latency threshold.
+    Syscall,
+    /// A block I/O request from issue to completion (not on a thread: requests overlap).
+    BlockIo,
+    /// A zero-length mark (process start/exit, exec).
+    Instant,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimelineEvent {
+    /// ns since the window start.
+    pub ts_ns: u64,
+    pub dur_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub kind: EventKind,
+    pub name: String,
+    pub args: Vec<(String, String)>,
+}
+
+/// One sample of a counter track, e.g. `gpu0` with `util %` and `mem used MB`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CounterSample {
+    pub ts_ns: u64,
+    /// The track's name.
+    pub name: String,
+    pub values: Vec<(String, f64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Timeline {
+    pub events: Vec<TimelineEvent>,
+    pub counters: Vec<CounterSample>,
+    /// Most events (and, separately, counter samples) kept.
+    pub limit: usize,
+    /// Events not kept because the limit was reached.
+    pub cut_events: u64,
+    pub cut_counters: u64,
+}
+
+impl Default for Timeline {
+    fn default() -> Self {
+        Timeline::with_limit(200_000)
+    }
+}
+
+impl Timeline {
+    pub fn with_limit(limit: usize) -> Self {
+        Timeline {
+            events: Vec::new(),
+            counters: Vec::new(),
+            limit,
+            cut_events: 0,
+            cut_counters: 0,
+        }
+    }
+
+    /// Keeps the event unless the limit is reached; returns whether it was kept.
+    pub fn push(&mut self, ev: TimelineEvent) -> bool {
+        if self.events.len() >= self.limit {
+            self.cut_events += 1;
+            return false;
+        }
+        self.events.push(ev);
+        true
+    }
+
+    pub fn push_counter(&mut self, c: CounterSample) -> bool {
+        if self.counters.len() >= self.limit {
+            self.cut_counters += 1;
+            return false;
+        }
+        self.counters.push(c);
+        true
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.counters.is_empty()
+    }
+
+    /// What the report says about the timeline.
+    pub fn summary(&self) -> crate::report::model::TimelineSummary {
+        crate::report::model::TimelineSummary {
+            events: self.events.len() as u64,
+            counter_samples: self.counters.len() as u64,
+            limit: self.limit as u64,
+            cut_events: self.cut_events,
+            cut_counter_samples: self.cut_counters,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_counts_what_is_cut() {
+        let mut t = Timeline::with_limit(2);
+        let ev = TimelineEvent {
+            ts_ns: 0,
+            dur_ns: 1,
+            pid: 1,
+            tid: 1,
+            kind: EventKind::Syscall,
+            name: "read".into(),
+            args: vec![],
+        };
+        assert!(t.push(ev.clone()));
+        assert!(t.push(ev.clone()));
+        assert!(!t.push(ev));
+        assert_eq!(t.events.len(), 2);
+        let s = t.summary();
+        assert_eq!((s.events, s.cut_events, s.limit), (2, 1, 2));
+    }
+}

@@ -1,0 +1,329 @@
+//! `trace.json` in the Chrome trace-event format (opens in Perfetto UI and chrome://tracing).
+//!
+//! One track per thread. Complete (`X`) events on one track must nest or follow each other, but
+//! what the probes see can overlap without nesting (a CUDA call ending after a syscall it
+//! started in, concurrent block I/O requests), so events that do not fit are moved to extra
+//! "overlap" lanes of the same thread instead of producing a track viewers draw wrongly.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::Write,
+};
+
+use anyhow::Result;
+use serde_json::{json, Map, Value};
+
+use super::{
+    model::Report,
+    timeline::{EventKind, Timeline, TimelineEvent},
+};
+
+/// Block I/O requests of a process go on a track of their own, not on a thread.
+const BLOCK_TRACK: u64 = 9_000_000;
+/// Overlap lane k of thread t is drawn as tid `t + k * LANE_STRIDE` (above any real tid).
+const LANE_STRIDE: u64 = 10_000_000;
+/// NVML counters belong to no traced process.
+const GPU_PID: u64 = 0;
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+fn cat(k: EventKind) -> &'static str {
+    match k {
+        EventKind::OffCpu => "off_cpu",
+        EventKind::Cuda => "cuda",
+        EventKind::Syscall => "syscall",
+        EventKind::BlockIo => "block_io",
+        EventKind::Instant => "mark",
+    }
+}
+
+fn args(ev: &TimelineEvent) -> Value {
+    let mut m = Map::new();
+    for (k, v) in &ev.args {
+        m.insert(k.clone(), Value::String(v.clone()));
+    }
+    Value::Object(m)
+}
+
+/// Assigns each event of one track a lane so that events within a lane nest or follow.
+/// `events` are sorted by (start, longer first).
+fn lanes(events: &[&TimelineEvent]) -> Vec<usize> {
+    let mut stacks: Vec<Vec<u64>> = Vec::new();
+    let mut out = Vec::with_capacity(events.len());
+    for ev in events {
+        let end = ev.ts_ns + ev.dur_ns;
+        let mut placed = None;
+        for (i, stack) in stacks.iter_mut().enumerate() {
+            while stack.last().is_some_and(|&e| e <= ev.ts_ns) {
+                stack.pop();
+            }
+            if stack.last().is_none_or(|&e| end <= e) {
+                stack.push(end);
+                placed = Some(i);
+                break;
+            }
+        }
+        let lane = placed.unwrap_or_else(|| {
+            stacks.push(vec![end]);
+            stacks.len() - 1
+        });
+        out.push(lane);
+    }
+    out
+}
+
+/// Every trace event, metadata first.
+pub fn events(t: &Timeline, r: &Report) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut names: BTreeMap<(u64, u64), String> = BTreeMap::new();
+    for p in &r.processes {
+        out.push(
+            json!({"ph": "M", "name": "process_name", "pid": p.pid, "tid": 0, "ts": 0,
+                        "args": {"name": format!("{} ({})", p.comm, p.pid)}}),
+        );
+        for th in &p.threads {
+            names.insert((p.pid as u64, th.tid as u64), th.comm.clone());
+        }
+    }
+    let mut tracks: HashMap<(u64, u64), Vec<&TimelineEvent>> = HashMap::new();
+    let mut instants = Vec::new();
+    for ev in &t.events {
+        if ev.kind == EventKind::Instant {
+            instants.push(ev);
+            continue;
+        }
+        let tid = if ev.kind == EventKind::BlockIo {
+            BLOCK_TRACK
+        } else {
+            ev.tid as u64
+        };
+        tracks.entry((ev.pid as u64, tid)).or_default().push(ev);
+    }
+    let mut keys: Vec<_> = tracks.keys().copied().collect();
+    keys.sort_unstable();
+    for key in keys {
+        let evs = tracks.get_mut(&key).expect("key from map");
+        evs.sort_by(|a, b| a.ts_ns.cmp(&b.ts_ns).then(b.dur_ns.cmp(&a.dur_ns)));
+        let lane_of = lanes(evs);
+        let base = if key.1 == BLOCK_TRACK {
+            "block I/O".to_string()
+        } else {
+            names
+                .get(&key)
+                .cloned()
+                .unwrap_or_else(|| format!("tid {}", key.1))
+        };
+        let used = lane_of.iter().copied().max().unwrap_or(0);
+        for lane in 0..=used {
+            let name = if lane == 0 {
+                base.clone()
+            } else {
+                format!("{base} (overlap {lane})")
+            };
+            out.push(json!({"ph": "M", "name": "thread_name", "pid": key.0,
+                            "tid": key.1 + lane as u64 * LANE_STRIDE, "ts": 0,
+                            "args": {"name": name}}));
+        }
+        for (ev, lane) in evs.iter().zip(lane_of) {
+            out.push(json!({
+                "ph": "X", "name": ev.name, "cat": cat(ev.kind),
+                "ts": us(ev.ts_ns), "dur": us(ev.dur_ns),
+                "pid": key.0, "tid": key.1 + lane as u64 * LANE_STRIDE,
+                "args": args(ev),
+            }));
+        }
+    }
+    for ev in instants {
+        out.push(
+            json!({"ph": "i", "s": "t", "name": ev.name, "cat": cat(ev.kind),
+                        "ts": us(ev.ts_ns), "pid": ev.pid, "tid": ev.tid, "args": args(ev)}),
+        );
+    }
+    if !t.counters.is_empty() {
+        out.push(
+            json!({"ph": "M", "name": "process_name", "pid": GPU_PID, "tid": 0, "ts": 0,
+                        "args": {"name": "GPU (NVML)"}}),
+        );
+    }
+    for c in &t.counters {
+        let mut m = Map::new();
+        for (k, v) in &c.values {
+            m.insert(k.clone(), json!(v));
+        }
+        out.push(
+            json!({"ph": "C", "name": c.name, "ts": us(c.ts_ns), "pid": GPU_PID,
+                        "tid": 0, "args": m}),
+        );
+    }
+    if t.cut_events + t.cut_counters > 0 {
+        out.push(json!({"ph": "i", "s": "g", "name": format!(
+            "timeline cut: {} events and {} counter samples over --timeline-limit {}",
+            t.cut_events, t.cut_counters, t.limit), "ts": 0, "pid": GPU_PID, "tid": 0}));
+    }
+    out
+}
+
+pub fn write(t: &Timeline, r: &Report, out: &mut dyn Write) -> Result<()> {
+    let doc = json!({
+        "traceEvents": events(t, r),
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "tool": r.tool,
+            "window_start_unix_ns": r.window.start_unix_ns,
+            "events": t.events.len(),
+            "counter_samples": t.counters.len(),
+            "limit": t.limit,
+            "cut_events": t.cut_events,
+            "cut_counter_samples": t.cut_counters,
+        },
+    });
+    serde_json::to_writer(&mut *out, &doc)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{
+        fixtures,
+        timeline::{CounterSample, EventKind::*},
+    };
+
+    fn ev(ts: u64, dur: u64, pid: u32, tid: u32, kind: EventKind, name: &str) -> TimelineEvent {
+        TimelineEvent {
+            ts_ns: ts,
+            dur_ns: dur,
+            pid,
+            tid,
+            kind,
+            name: name.into(),
+            args: vec![("bytes".into(), "4096".into())],
+        }
+    }
+
+    fn timeline() -> Timeline {
+        let mut t = Timeline::with_limit(100);
+        // A CUDA call containing an off-CPU wait; a syscall overlapping its end without
+        // nesting; concurrent block I/O; an instant; NVML counters.
+        t.push(ev(1_000, 10_000, 100, 100, Cuda, "cudaMemcpy"));
+        t.push(ev(2_000, 5_000, 100, 100, OffCpu, "cuda_sync"));
+        t.push(ev(9_000, 4_000, 100, 100, Syscall, "read"));
+        t.push(ev(20_000, 1_000, 100, 101, Syscall, "write"));
+        t.push(ev(0, 50_000, 100, 101, BlockIo, "read 4096"));
+        t.push(ev(10_000, 50_000, 100, 101, BlockIo, "read 8192"));
+        t.push(ev(5_000, 0, 100, 100, Instant, "exec"));
+        for i in 0..3 {
+            t.push_counter(CounterSample {
+                ts_ns: i * 100_000,
+                name: "gpu0".into(),
+                values: vec![("util %".into(), 50.0 + i as f64)],
+            });
+        }
+        t
+    }
+
+    /// Parses trace.json back and checks the trace-event rules Perfetto relies on.
+    fn validate(text: &str) -> Vec<Value> {
+        let doc: Value = serde_json::from_str(text).expect("trace.json is JSON");
+        let evs = doc["traceEvents"]
+            .as_array()
+            .expect("traceEvents array")
+            .clone();
+        let mut tracks: BTreeMap<(u64, u64), Vec<(f64, f64)>> = BTreeMap::new();
+        for e in &evs {
+            for k in ["ph", "ts", "pid", "tid"] {
+                assert!(e.get(k).is_some(), "event without {k}: {e}");
+            }
+            assert!(e["ts"].as_f64().unwrap() >= 0.0, "{e}");
+            if e["ph"] == "X" {
+                let dur = e["dur"].as_f64().expect("X has dur");
+                assert!(dur >= 0.0, "negative dur: {e}");
+                let key = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+                tracks
+                    .entry(key)
+                    .or_default()
+                    .push((e["ts"].as_f64().unwrap(), dur));
+            }
+        }
+        for (key, mut xs) in tracks {
+            xs.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+            let mut open: Vec<f64> = Vec::new();
+            for (ts, dur) in xs {
+                while open.last().is_some_and(|&end| end <= ts + 1e-6) {
+                    open.pop();
+                }
+                if let Some(&end) = open.last() {
+                    assert!(ts + dur <= end + 1e-6, "overlap without nesting on {key:?}");
+                }
+                open.push(ts + dur);
+            }
+        }
+        evs
+    }
+
+    #[test]
+    fn trace_json_is_valid_and_complete() {
+        let mut r = fixtures::data_loading_job();
+        r.processes[0]
+            .threads
+            .push(fixtures::thread(101, "pt_pin", &[]));
+        let mut buf = Vec::new();
+        write(&timeline(), &r, &mut buf).unwrap();
+        let evs = validate(std::str::from_utf8(&buf).unwrap());
+        let xs: Vec<&Value> = evs.iter().filter(|e| e["ph"] == "X").collect();
+        assert_eq!(xs.len(), 6);
+        let read = xs.iter().find(|e| e["name"] == "read").unwrap();
+        assert_ne!(read["tid"], 100, "the overlapping syscall moved to a lane");
+        let memcpy = xs.iter().find(|e| e["name"] == "cudaMemcpy").unwrap();
+        assert_eq!(memcpy["tid"], 100);
+        assert_eq!(memcpy["ts"], 1.0);
+        assert_eq!(memcpy["dur"], 10.0);
+        assert_eq!(memcpy["args"]["bytes"], "4096");
+        assert_eq!(memcpy["cat"], "cuda");
+        let blocks: Vec<_> = xs.iter().filter(|e| e["cat"] == "block_io").collect();
+        assert_ne!(
+            blocks[0]["tid"], blocks[1]["tid"],
+            "concurrent requests on two lanes"
+        );
+        assert_eq!(evs.iter().filter(|e| e["ph"] == "C").count(), 3);
+        assert!(evs.iter().any(|e| e["ph"] == "i" && e["name"] == "exec"));
+        let names: Vec<&str> = evs
+            .iter()
+            .filter(|e| e["name"] == "thread_name")
+            .map(|e| e["args"]["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            names.contains(&"python") && names.contains(&"pt_pin"),
+            "{names:?}"
+        );
+        assert!(names.contains(&"block I/O (overlap 1)"), "{names:?}");
+    }
+
+    #[test]
+    fn cut_events_are_said() {
+        let mut t = Timeline::with_limit(1);
+        t.push(ev(0, 10, 1, 1, Syscall, "a"));
+        t.push(ev(5, 10, 1, 1, Syscall, "b"));
+        let mut buf = Vec::new();
+        write(&t, &fixtures::report(), &mut buf).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        let evs = validate(&text);
+        assert!(evs.iter().any(|e| e["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("timeline cut: 1 events"))));
+        let doc: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["otherData"]["cut_events"], 1);
+    }
+
+    #[test]
+    fn lanes_nest_or_split() {
+        let a = ev(0, 100, 1, 1, Cuda, "a");
+        let b = ev(10, 20, 1, 1, Cuda, "b");
+        let c = ev(90, 20, 1, 1, Cuda, "c");
+        let d = ev(200, 5, 1, 1, Cuda, "d");
+        assert_eq!(lanes(&[&a, &b, &c, &d]), vec![0, 0, 1, 0]);
+    }
+}

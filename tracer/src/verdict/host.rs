@@ -1,0 +1,454 @@
+//! Rules on host time: data loading, I/O, CPU, contention.
+
+use super::{cat_ns, cat_pct, finding, thread_label, thresholds::*, top_reasons};
+use crate::report::{
+    model::{verdict::Finding, ProcessReport, Report, ThreadReport},
+    units,
+};
+
+const WAIT: [&str; 3] = ["lock", "ipc", "poll"];
+const BUSY: [&str; 3] = ["cpu", "io", "runqueue"];
+
+/// Wall time of a set of processes by category, from their (process-level) breakdowns.
+struct Sum {
+    alive: u64,
+    io: u64,
+    cpu: u64,
+    busy: u64,
+}
+
+fn sum_processes(ps: &[&ProcessReport]) -> Sum {
+    let mut s = Sum {
+        alive: 0,
+        io: 0,
+        cpu: 0,
+        busy: 0,
+    };
+    for p in ps {
+        if let Some(t) = &p.time {
+            s.alive += t.alive_ns;
+            s.io += cat_ns(t, &["io"]);
+            s.cpu += cat_ns(t, &["cpu"]);
+            s.busy += cat_ns(t, &BUSY);
+        }
+    }
+    s
+}
+
+fn sum_threads(ts: &[&ThreadReport]) -> Sum {
+    let mut s = Sum {
+        alive: 0,
+        io: 0,
+        cpu: 0,
+        busy: 0,
+    };
+    for th in ts {
+        if let Some(t) = &th.time {
+            s.alive += t.alive_ns;
+            s.io += cat_ns(t, &["io"]);
+            s.cpu += cat_ns(t, &["cpu"]);
+            s.busy += cat_ns(t, &BUSY);
+        }
+    }
+    s
+}
+
+/// Bytes the processes read: block-device reads when seen, else read-family syscall bytes.
+fn bytes_read(ps: &[&ProcessReport]) -> u64 {
+    let block: u64 = ps
+        .iter()
+        .flat_map(|p| &p.block_io)
+        .map(|b| b.read_bytes)
+        .sum();
+    if block > 0 {
+        return block;
+    }
+    ps.iter()
+        .flat_map(|p| &p.syscalls)
+        .filter(|s| s.name.contains("read"))
+        .map(|s| s.bytes)
+        .sum()
+}
+
+/// The thread of `p` that waits most on lock/ipc/poll, with its wait share.
+fn most_waiting(p: &ProcessReport) -> Option<(&ThreadReport, f64)> {
+    p.threads
+        .iter()
+        .filter_map(|t| t.time.as_ref().map(|tb| (t, cat_pct(tb, &WAIT))))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+}
+
+/// data-loading-bound: a trainer thread waits on queues/pipes/locks while worker processes
+/// (its children) or sibling loader threads do the I/O and decoding. Returns each finding with
+/// the pids and tids it explains.
+pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
+    let mut out = Vec::new();
+    for p in &r.processes {
+        let Some((trainer, wait)) = most_waiting(p) else {
+            continue;
+        };
+        if wait < DATA_WAIT_MIN {
+            continue;
+        }
+        let children: Vec<&ProcessReport> = r
+            .processes
+            .iter()
+            .filter(|c| c.ppid == Some(p.pid) && c.time.is_some())
+            .collect();
+        let (sum, n, what, explained, read) = if !children.is_empty() {
+            let s = sum_processes(&children);
+            let ids = children.iter().map(|c| c.pid).collect::<Vec<_>>();
+            let read = bytes_read(&children);
+            (s, children.len(), "worker processes", ids, read)
+        } else {
+            let loaders: Vec<&ThreadReport> = p
+                .threads
+                .iter()
+                .filter(|t| t.tid != trainer.tid)
+                .filter(|t| {
+                    t.time
+                        .as_ref()
+                        .is_some_and(|tb| cat_pct(tb, &["io"]) >= WORKER_THREAD_IO_MIN)
+                })
+                .collect();
+            if loaders.is_empty() {
+                continue;
+            }
+            let s = sum_threads(&loaders);
+            let ids = loaders.iter().map(|t| t.tid).collect();
+            (s, loaders.len(), "loader threads", ids, bytes_read(&[p]))
+        };
+        let busy = units::pct(sum.busy, sum.alive);
+        if busy < WORKER_BUSY_MIN {
+            continue;
+        }
+        let io = units::pct(sum.io, sum.alive);
+        let cpu = units::pct(sum.cpu, sum.alive);
+        let tb = trainer.time.as_ref().expect("filtered on time");
+        let rate = if read > 0 {
+            format!(" at {}", units::rate(read, r.window.duration_ns))
+        } else {
+            String::new()
+        };
+        let title = format!(
+            "{} waited {:.0}% of wall time for data; its {} {} spent {:.0}% in disk I/O{} \
+             and {:.0}% on CPU",
+            capitalize(&thread_label(p, trainer)),
+            wait,
+            n,
+            what,
+            io,
+            rate,
+            cpu
+        );
+        let mut evidence = vec![
+            format!(
+                "waiting: lock {:.1}%, ipc {:.1}%, poll {:.1}% of {}",
+                cat_pct(tb, &["lock"]),
+                cat_pct(tb, &["ipc"]),
+                cat_pct(tb, &["poll"]),
+                units::dur(tb.alive_ns)
+            ),
+            format!(
+                "{what}: {:.0}% busy (io {:.0}%, cpu {:.0}%) over {}",
+                busy,
+                io,
+                cpu,
+                units::dur(sum.alive)
+            ),
+        ];
+        let reasons = top_reasons(tb, &WAIT, 3);
+        if !reasons.is_empty() {
+            evidence.push(format!("waits: {reasons}"));
+        }
+        if read > 0 {
+            evidence.push(format!(
+                "{what} read {} in {}",
+                units::bytes(read),
+                units::dur(r.window.duration_ns)
+            ));
+        }
+        let mut sugg = vec![];
+        if io >= cpu {
+            sugg.push(
+                "Loading is I/O-bound: cache or pre-shard the dataset on local NVMe or in RAM, \
+                 read larger sequential chunks, and raise DataLoader prefetch_factor.",
+            );
+            sugg.push(
+                "More DataLoader workers (num_workers) overlap more reads, up to what the disk \
+                 can serve.",
+            );
+        } else {
+            sugg.push(
+                "Loading is CPU-bound in the workers (decoding, augmentation): raise \
+                 DataLoader num_workers toward the free cores, cache decoded samples, or move \
+                 augmentation to the GPU (e.g. DALI, torchvision.transforms.v2 on tensors).",
+            );
+        }
+        sugg.push(
+            "Use persistent_workers=True and pin_memory=True so batches are ready when asked for.",
+        );
+        out.push((
+            finding(
+                "data-loading-bound",
+                wait,
+                title,
+                evidence,
+                sugg,
+                Some(p.pid),
+                Some(trainer.tid),
+            ),
+            explained,
+        ));
+    }
+    out
+}
+
+/// io-bound: a thread spends a large share of its time blocked on disk or file I/O.
+pub fn io_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for p in r.processes.iter().filter(|p| !explained.contains(&p.pid)) {
+        let best = p
+            .threads
+            .iter()
+            .filter(|t| !explained.contains(&t.tid))
+            .filter_map(|t| t.time.as_ref().map(|tb| (t, cat_pct(tb, &["io"]))))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((t, io)) = best else { continue };
+        if io < IO_MIN {
+            continue;
+        }
+        let tb = t.time.as_ref().expect("filtered on time");
+        let read = bytes_read(&[p]);
+        let mut evidence = vec![format!(
+            "io {} of {} alive",
+            units::dur(cat_ns(tb, &["io"])),
+            units::dur(tb.alive_ns)
+        )];
+        let reasons = top_reasons(tb, &["io"], 3);
+        if !reasons.is_empty() {
+            evidence.push(format!("blocked in: {reasons}"));
+        }
+        for b in p.block_io.iter().take(2) {
+            let lat = b
+                .total_ns
+                .checked_div(b.requests)
+                .map(units::dur)
+                .unwrap_or_else(|| "-".into());
+            evidence.push(format!(
+                "block device {}: {} requests, read {}, written {}, mean latency {}",
+                b.device,
+                b.requests,
+                units::bytes(b.read_bytes),
+                units::bytes(b.write_bytes),
+                lat
+            ));
+        }
+        let mut files = p.files.clone();
+        files.sort_by_key(|f| std::cmp::Reverse(f.ns));
+        for f in files.iter().take(3) {
+            evidence.push(format!(
+                "file {}: {} in {} calls, {}",
+                f.file,
+                units::dur(f.ns),
+                f.calls,
+                units::bytes(f.bytes)
+            ));
+        }
+        let rate = if read > 0 {
+            format!(", reading {}", units::rate(read, r.window.duration_ns))
+        } else {
+            String::new()
+        };
+        out.push(finding(
+            "io-bound",
+            io,
+            format!(
+                "{} spent {:.0}% of wall time blocked on disk I/O{}",
+                capitalize(&thread_label(p, t)),
+                io,
+                rate
+            ),
+            evidence,
+            vec![
+                "Read less or read it once: cache hot files in RAM (page cache, /dev/shm) or on \
+                 local NVMe instead of network storage.",
+                "Prefer few large sequential reads (sharded record files, e.g. WebDataset) over \
+                 many small random ones.",
+                "Overlap I/O with compute: background loader workers, prefetching, async I/O.",
+            ],
+            Some(p.pid),
+            Some(t.tid),
+        ));
+    }
+    out
+}
+
+/// On-CPU share of a thread: from time accounting when present, else from its samples.
+fn on_cpu(r: &Report, t: &ThreadReport) -> Option<f64> {
+    if let Some(tb) = &t.time {
+        return Some(cat_pct(tb, &["cpu"]));
+    }
+    let possible = r.sampling.frequency_hz as f64 * r.window.duration_ns as f64 / 1e9;
+    (possible > 0.0 && t.samples > 0).then(|| (t.samples as f64 * 100.0 / possible).min(100.0))
+}
+
+/// cpu-bound: a thread is on CPU nearly all of its time; names the functions that burn it.
+pub fn cpu_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for p in r.processes.iter().filter(|p| !explained.contains(&p.pid)) {
+        let best = p
+            .threads
+            .iter()
+            .filter(|t| !explained.contains(&t.tid))
+            .filter_map(|t| on_cpu(r, t).map(|c| (t, c)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((t, cpu)) = best else { continue };
+        if cpu < CPU_MIN {
+            continue;
+        }
+        let fns = if t.top_self.is_empty() {
+            &p.top_self
+        } else {
+            &t.top_self
+        };
+        let hot = fns
+            .iter()
+            .take(3)
+            .map(|f| format!("{} ({:.0}%)", f.function, f.percent))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut evidence: Vec<String> = fns
+            .iter()
+            .take(5)
+            .map(|f| {
+                format!(
+                    "{:.1}% {}{}",
+                    f.percent,
+                    f.function,
+                    f.module
+                        .as_deref()
+                        .map(|m| format!(" [{m}]"))
+                        .unwrap_or_default()
+                )
+            })
+            .collect();
+        if t.samples > 0 {
+            evidence.push(format!(
+                "{} samples, {:.0}% in the kernel",
+                t.samples,
+                units::pct(t.kernel_samples, t.samples)
+            ));
+        }
+        let source = if t.time.is_some() {
+            "time accounting"
+        } else {
+            "CPU samples"
+        };
+        evidence.push(format!("on-CPU share from {source}"));
+        let mut sugg = vec![
+            "Optimise the functions named above, or move that work off the training loop \
+             (DataLoader workers, a preprocessing job).",
+        ];
+        if units::pct(t.kernel_samples, t.samples.max(1)) >= 30.0 {
+            sugg.push(
+                "Much of it is kernel time: look at the syscalls below (small reads/writes, \
+                 page faults) and batch them.",
+            );
+        }
+        if p.comm.starts_with("python") || fns.iter().any(|f| f.function.contains("_PyEval")) {
+            sugg.push(
+                "Python interpreter frames: vectorise the loop (NumPy/torch ops), or use \
+                 py-spy to see which Python lines are hot.",
+            );
+        }
+        out.push(finding(
+            "cpu-bound",
+            cpu,
+            format!(
+                "{} was on CPU {:.0}% of wall time{}",
+                capitalize(&thread_label(p, t)),
+                cpu,
+                if hot.is_empty() {
+                    String::new()
+                } else {
+                    format!("; hottest: {hot}")
+                }
+            ),
+            evidence,
+            sugg,
+            Some(p.pid),
+            Some(t.tid),
+        ));
+    }
+    out
+}
+
+/// cpu-contention: threads are runnable but wait for a CPU.
+pub fn cpu_contention(r: &Report) -> Vec<Finding> {
+    let mut worst: Option<(&ProcessReport, &ThreadReport, f64)> = None;
+    let mut waiting_threads = 0;
+    let mut cpu_ns = 0u64;
+    for p in &r.processes {
+        for t in &p.threads {
+            let Some(tb) = &t.time else { continue };
+            let rq = cat_pct(tb, &["runqueue"]);
+            cpu_ns += cat_ns(tb, &["cpu"]);
+            if rq >= RUNQUEUE_MIN / 2.0 {
+                waiting_threads += 1;
+            }
+            if worst.is_none_or(|w| rq > w.2) {
+                worst = Some((p, t, rq));
+            }
+        }
+    }
+    let Some((p, t, rq)) = worst else {
+        return vec![];
+    };
+    if rq < RUNQUEUE_MIN {
+        return vec![];
+    }
+    let tb = t.time.as_ref().expect("filtered on time");
+    let demand = cpu_ns as f64 / r.window.duration_ns.max(1) as f64;
+    let evidence = vec![
+        format!(
+            "runnable but not running {} of {} alive",
+            units::dur(cat_ns(tb, &["runqueue"])),
+            units::dur(tb.alive_ns)
+        ),
+        format!(
+            "{waiting_threads} thread(s) waited >= {:.0}% of their time for a CPU",
+            RUNQUEUE_MIN / 2.0
+        ),
+        format!(
+            "traced threads kept {:.1} CPUs busy on average; the machine has {}",
+            demand, r.sampling.cpus
+        ),
+    ];
+    vec![finding(
+        "cpu-contention",
+        rq,
+        format!(
+            "{} waited {:.0}% of wall time for a CPU (runnable, not running)",
+            capitalize(&thread_label(p, t)),
+            rq
+        ),
+        evidence,
+        vec![
+            "Fewer runnable threads than cores: lower DataLoader num_workers, OMP_NUM_THREADS / \
+             torch.set_num_threads, or intra-op thread pools.",
+            "Check the container's CPU quota (cpu.max) and other jobs on the machine; pin the \
+             trainer to its own cores (taskset, numactl).",
+        ],
+        Some(p.pid),
+        Some(t.tid),
+    )]
+}
+
+pub(crate) fn capitalize(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().collect::<String>() + c.as_str(),
+        None => String::new(),
+    }
+}

@@ -1,0 +1,141 @@
+//! The verdict engine: reads a finished [`Report`] (time accounting, syscalls, block I/O, CUDA,
+//! NVML, CPU profile) and ranks findings, each with a severity, the share of wall time at
+//! stake, the numbers it rests on and what to do. Pure; the rules and their thresholds are
+//! documented in docs/verdicts.md and live in [`thresholds`].
+
+mod gpu;
+mod host;
+#[cfg(test)]
+mod tests;
+pub mod thresholds;
+
+use crate::report::{
+    model::{time::TimeBreakdown, verdict::Finding, ProcessReport, Report, ThreadReport},
+    units,
+};
+
+/// Replaces `report.findings` with the ranked findings of every rule.
+pub fn apply(report: &mut Report) {
+    report.findings = evaluate(report);
+}
+
+/// All findings, most important first.
+pub fn evaluate(r: &Report) -> Vec<Finding> {
+    let mut out = Vec::new();
+    // Threads and processes a data-loading finding already explains: their own I/O or CPU
+    // time is the cause named there, not a second bottleneck.
+    let mut explained: Vec<u32> = Vec::new();
+    for (f, workers) in host::data_loading(r) {
+        explained.extend(workers);
+        out.push(f);
+    }
+    out.extend(host::io_bound(r, &explained));
+    out.extend(host::cpu_bound(r, &explained));
+    out.extend(host::cpu_contention(r));
+    let gpu_bound = gpu::gpu_bound(r);
+    let gpu_bound_pids: Vec<u32> = gpu_bound.iter().filter_map(|f| f.pid).collect();
+    out.extend(gpu_bound);
+    out.extend(gpu::launch_bound(r));
+    out.extend(gpu::transfer_bound(r));
+    out.extend(gpu::sync_heavy(r, &gpu_bound_pids));
+    out.extend(gpu::allocation_churn(r));
+    out.extend(gpu::memory_not_freed(r));
+    out.extend(gpu::cuda_errors(r));
+    out.extend(gpu::gpu_idle(r));
+    rank(&mut out);
+    out
+}
+
+/// Highest impact first; ties broken by severity, then rule id, so the order is stable.
+fn rank(findings: &mut [Finding]) {
+    findings.sort_by(|a, b| {
+        b.impact_percent
+            .total_cmp(&a.impact_percent)
+            .then(severity_rank(&a.severity).cmp(&severity_rank(&b.severity)))
+            .then(a.rule.cmp(&b.rule))
+            .then(a.pid.cmp(&b.pid))
+    });
+}
+
+fn severity_rank(s: &str) -> u8 {
+    match s {
+        "critical" => 0,
+        "high" => 1,
+        "medium" => 2,
+        _ => 3,
+    }
+}
+
+/// Severity from the share of wall time at stake.
+pub(crate) fn severity(impact: f64) -> &'static str {
+    use thresholds::*;
+    if impact >= SEVERITY_CRITICAL {
+        "critical"
+    } else if impact >= SEVERITY_HIGH {
+        "high"
+    } else if impact >= SEVERITY_MEDIUM {
+        "medium"
+    } else {
+        "low"
+    }
+}
+
+/// ns of the named categories.
+pub(crate) fn cat_ns(t: &TimeBreakdown, names: &[&str]) -> u64 {
+    t.categories
+        .iter()
+        .filter(|c| names.contains(&c.category.as_str()))
+        .map(|c| c.ns)
+        .sum()
+}
+
+/// Share of alive time in the named categories (percent).
+pub(crate) fn cat_pct(t: &TimeBreakdown, names: &[&str]) -> f64 {
+    units::pct(cat_ns(t, names), t.alive_ns)
+}
+
+/// `"futex 1.2 s (340x), read 0.4 s (12x)"`: the largest reasons behind the categories.
+pub(crate) fn top_reasons(t: &TimeBreakdown, names: &[&str], n: usize) -> String {
+    let mut rs: Vec<_> = t
+        .reasons
+        .iter()
+        .filter(|r| names.contains(&r.category.as_str()))
+        .collect();
+    rs.sort_by(|a, b| b.ns.cmp(&a.ns).then(a.reason.cmp(&b.reason)));
+    rs.iter()
+        .take(n)
+        .map(|r| format!("{} {} ({}x)", r.reason, units::dur(r.ns), r.count))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `"main thread of python (pid 12)"` or `"thread pt_data (tid 14, pid 12)"`.
+pub(crate) fn thread_label(p: &ProcessReport, t: &ThreadReport) -> String {
+    if t.tid == p.pid {
+        format!("the main thread of {} (pid {})", p.comm, p.pid)
+    } else {
+        let comm = if t.comm.is_empty() { &p.comm } else { &t.comm };
+        format!("thread {} (tid {}, pid {})", comm, t.tid, p.pid)
+    }
+}
+
+pub(crate) fn finding(
+    rule: &str,
+    impact: f64,
+    title: String,
+    evidence: Vec<String>,
+    suggestions: Vec<&str>,
+    pid: Option<u32>,
+    tid: Option<u32>,
+) -> Finding {
+    Finding {
+        rule: rule.into(),
+        severity: severity(impact).into(),
+        title,
+        impact_percent: (impact.clamp(0.0, 100.0) * 10.0).round() / 10.0,
+        evidence,
+        suggestions: suggestions.into_iter().map(String::from).collect(),
+        pid,
+        tid,
+    }
+}

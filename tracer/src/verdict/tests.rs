@@ -1,0 +1,376 @@
+use super::*;
+use crate::report::{
+    fixtures::*,
+    model::{
+        cuda::{Allocation, CopyStat, CudaErrorCount, KernelStat, MemoryStat, ProcessCuda},
+        time::FileIo,
+    },
+};
+
+fn rules(r: &Report) -> Vec<String> {
+    evaluate(r).into_iter().map(|f| f.rule).collect()
+}
+
+#[test]
+fn nothing_fires_on_a_quiet_job() {
+    let mut r = report();
+    r.processes.push(process(
+        100,
+        None,
+        "python",
+        vec![thread(100, "python", &[("cpu", 30.0)])],
+    ));
+    assert_eq!(rules(&r), Vec::<String>::new());
+    assert!(evaluate(&report()).is_empty(), "empty report");
+}
+
+#[test]
+fn data_loading_names_the_wait_and_the_workers() {
+    let fs = evaluate(&data_loading_job());
+    assert_eq!(fs[0].rule, "data-loading-bound", "{fs:#?}");
+    let f = &fs[0];
+    assert_eq!(f.impact_percent, 55.0);
+    assert_eq!(f.severity, "critical");
+    assert!(f.title.contains("waited 55%"), "{}", f.title);
+    assert!(
+        f.title.contains("2 worker processes spent 70% in disk I/O"),
+        "{}",
+        f.title
+    );
+    assert!(f.title.contains("180.0 MB/s"), "{}", f.title);
+    assert_eq!((f.pid, f.tid), (Some(100), Some(100)));
+    assert!(f.suggestions.iter().any(|s| s.contains("I/O-bound")));
+    // The workers' own I/O is explained by the finding, not reported again.
+    assert!(!fs.iter().any(|f| f.rule == "io-bound"), "{fs:#?}");
+}
+
+#[test]
+fn data_loading_needs_busy_workers() {
+    let mut r = data_loading_job();
+    for p in r.processes.iter_mut().skip(1) {
+        *p = process(
+            p.pid,
+            Some(100),
+            "idle",
+            vec![thread(p.pid, "idle", &[("cpu", 5.0)])],
+        );
+    }
+    assert!(!rules(&r).contains(&"data-loading-bound".into()));
+}
+
+#[test]
+fn cpu_heavy_workers_get_cpu_advice() {
+    let mut r = data_loading_job();
+    for p in r.processes.iter_mut().skip(1) {
+        *p = process(
+            p.pid,
+            Some(100),
+            "w",
+            vec![thread(p.pid, "w", &[("cpu", 85.0)])],
+        );
+    }
+    let fs = evaluate(&r);
+    assert_eq!(fs[0].rule, "data-loading-bound");
+    assert!(fs[0].suggestions[0].contains("CPU-bound in the workers"));
+    assert!(
+        !fs.iter().any(|f| f.rule == "cpu-bound"),
+        "workers explained: {fs:#?}"
+    );
+}
+
+#[test]
+fn io_bound_cites_devices_and_files() {
+    let mut r = report();
+    let mut p = process(
+        100,
+        None,
+        "tar",
+        vec![thread(100, "tar", &[("io", 60.0), ("cpu", 10.0)])],
+    );
+    p.files = vec![FileIo {
+        file: "/data/shard-0001.tar".into(),
+        ns: 5 * SEC,
+        bytes: 500_000_000,
+        calls: 4000,
+    }];
+    p.block_io = data_loading_job().processes[1].block_io.clone();
+    r.processes.push(p);
+    let fs = evaluate(&r);
+    assert_eq!(rules(&r), vec!["io-bound"]);
+    assert!(fs[0].title.contains("60% of wall time blocked on disk I/O"));
+    assert!(fs[0]
+        .evidence
+        .iter()
+        .any(|e| e.contains("/data/shard-0001.tar")));
+    assert!(
+        fs[0]
+            .evidence
+            .iter()
+            .any(|e| e.contains("mean latency 777.8 µs")),
+        "{:?}",
+        fs[0].evidence
+    );
+}
+
+#[test]
+fn cpu_bound_names_functions_from_time_or_samples() {
+    let mut r = report();
+    let mut t = thread(100, "python", &[("cpu", 92.0)]);
+    t.top_self = vec![f("resize_bilinear", 55.0, 500), f("decode_jpeg", 20.0, 180)];
+    t.samples = 900;
+    r.processes.push(process(100, None, "python", vec![t]));
+    let fs = evaluate(&r);
+    assert_eq!(fs[0].rule, "cpu-bound");
+    assert!(fs[0].title.contains("on CPU 92%"));
+    assert!(
+        fs[0].title.contains("resize_bilinear (55%)"),
+        "{}",
+        fs[0].title
+    );
+
+    // No time accounting: 990 samples at 99 Hz over 10 s is 100% on CPU.
+    let mut t = thread(7, "hot", &[]);
+    t.time = None;
+    t.samples = 990;
+    t.top_self = vec![f("spin", 100.0, 990)];
+    r.processes[0] = process(7, None, "hot", vec![t]);
+    let fs = evaluate(&r);
+    assert_eq!(fs[0].rule, "cpu-bound");
+    assert!(fs[0]
+        .evidence
+        .iter()
+        .any(|e| e.contains("from CPU samples")));
+    assert!(fs[0].title.contains("spin (100%)"));
+}
+
+#[test]
+fn contention_counts_runnable_time() {
+    let mut r = report();
+    r.processes.push(process(
+        100,
+        None,
+        "python",
+        vec![
+            thread(100, "python", &[("cpu", 50.0), ("runqueue", 30.0)]),
+            thread(101, "python", &[("cpu", 50.0), ("runqueue", 8.0)]),
+        ],
+    ));
+    let fs = evaluate(&r);
+    assert_eq!(rules(&r), vec!["cpu-contention"]);
+    assert_eq!(fs[0].impact_percent, 30.0);
+    assert!(fs[0].evidence.iter().any(|e| e.contains("2 thread(s)")));
+    assert!(
+        fs[0].evidence.iter().any(|e| e.contains("1.0 CPUs busy")),
+        "{:?}",
+        fs[0].evidence
+    );
+}
+
+fn sync_cuda(count: u64, ns: u64) -> ProcessCuda {
+    ProcessCuda {
+        api: vec![
+            api("cudaDeviceSynchronize", count, ns),
+            api("cudaLaunchKernel", 1000, SEC / 100),
+        ],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn gpu_bound_with_busy_gpu_or_long_waits() {
+    let mut r = cuda_job(
+        &[("cuda_sync", 70.0), ("cpu", 20.0)],
+        sync_cuda(100, 7 * SEC),
+    );
+    r.nvml = Some(nvml(95.0));
+    let fs = evaluate(&r);
+    assert_eq!(fs[0].rule, "gpu-bound", "{fs:#?}");
+    assert_eq!(fs[0].severity, "medium", "never alarming");
+    assert!(fs[0].title.contains("70%") && fs[0].title.contains("95%"));
+
+    // Idle GPU with the same waits: not GPU-bound.
+    r.nvml = Some(nvml(20.0));
+    let rs = rules(&r);
+    assert!(
+        !rs.contains(&"gpu-bound".into()) && rs.contains(&"gpu-idle".into()),
+        "{rs:?}"
+    );
+
+    // No NVML: 10 waits/s of 7 ms each read as a busy GPU.
+    r.nvml = None;
+    assert_eq!(rules(&r)[0], "gpu-bound");
+}
+
+#[test]
+fn frequent_short_syncs_are_sync_heavy() {
+    // 5000 syncs of 0.8 ms: 500/s.
+    let mut c = sync_cuda(5000, 4 * SEC);
+    c.copies = vec![CopyStat {
+        direction: "D2H".into(),
+        mode: "sync".into(),
+        count: 2000,
+        bytes: 8000,
+        total_ns: SEC / 2,
+        gbps: 0.0,
+    }];
+    let r = cuda_job(&[("cuda_sync", 40.0), ("cpu", 40.0)], c);
+    let fs = evaluate(&r);
+    assert_eq!(fs[0].rule, "sync-heavy", "{fs:#?}");
+    assert!(fs[0].title.contains("700 times/s"), "{}", fs[0].title);
+    assert!(fs[0].evidence[0].contains("2000 small synchronous"));
+}
+
+#[test]
+fn launch_bound_counts_tiny_kernels() {
+    let c = ProcessCuda {
+        api: vec![api("cudaLaunchKernel", 200_000, 6 * SEC)],
+        kernels: vec![
+            KernelStat {
+                name: "elementwise_add".into(),
+                launches: 150_000,
+                grid: [1, 1, 1],
+                block: [128, 1, 1],
+                launch_ns: 4 * SEC,
+            },
+            KernelStat {
+                name: "gemm".into(),
+                launches: 50_000,
+                grid: [64, 64, 1],
+                block: [256, 1, 1],
+                launch_ns: 2 * SEC,
+            },
+        ],
+        ..Default::default()
+    };
+    let mut r = cuda_job(&[("cuda_launch", 60.0), ("cpu", 30.0)], c);
+    let fs = evaluate(&r);
+    assert_eq!(fs[0].rule, "launch-bound", "{fs:#?}");
+    assert!(fs[0].title.contains("20000 launches/s"), "{}", fs[0].title);
+    assert!(fs[0].title.contains("30.0 µs each"), "{}", fs[0].title);
+    assert!(fs[0]
+        .evidence
+        .iter()
+        .any(|e| e.contains("75% of launches have at most 8 blocks")));
+    assert!(fs[0].suggestions.iter().any(|s| s.contains("CUDA graph")));
+    // A saturated GPU is not launch-bound, whatever the CPU does.
+    r.nvml = Some(nvml(97.0));
+    assert!(!rules(&r).contains(&"launch-bound".into()));
+}
+
+#[test]
+fn transfer_bound_spots_pageable_memory() {
+    let c = ProcessCuda {
+        api: vec![api("cudaMemcpy", 1000, 5 * SEC)],
+        copies: vec![CopyStat {
+            direction: "H2D".into(),
+            mode: "sync".into(),
+            count: 1000,
+            bytes: 10_000_000_000,
+            total_ns: 5 * SEC,
+            gbps: 2.0,
+        }],
+        ..Default::default()
+    };
+    let r = cuda_job(&[("cuda_memcpy", 50.0), ("cpu", 30.0)], c);
+    let fs = evaluate(&r);
+    assert_eq!(fs[0].rule, "transfer-bound", "{fs:#?}");
+    assert!(
+        fs[0].title.contains("10.0 GB at 2.0 GB/s"),
+        "{}",
+        fs[0].title
+    );
+    assert!(fs[0].evidence.iter().any(|e| e.contains("pageable")));
+    assert!(fs[0].suggestions[0].contains("pin_memory=True"));
+}
+
+#[test]
+fn allocation_churn_and_memory_not_freed() {
+    let c = ProcessCuda {
+        api: vec![api("cudaMalloc", 2000, SEC), api("cudaFree", 2000, SEC / 2)],
+        memory: MemoryStat {
+            allocs: 2000,
+            frees: 2000,
+            alloc_bytes: 4_000_000_000,
+            peak_live_bytes: 2_000_000_000,
+            live_bytes_at_end: 1_000_000_000,
+            never_freed: vec![Allocation {
+                function: "cudaMalloc".into(),
+                bytes: 512 << 20,
+                at_ns: SEC,
+            }],
+            live_bytes_series: vec![],
+        },
+        ..Default::default()
+    };
+    let r = cuda_job(&[("cuda_malloc", 15.0), ("cpu", 50.0)], c);
+    let fs = evaluate(&r);
+    assert_eq!(rules(&r), vec!["allocation-churn", "gpu-memory-not-freed"]);
+    assert!(
+        fs[0].title.contains("400 cudaMalloc/cudaFree calls/s"),
+        "{}",
+        fs[0].title
+    );
+    assert!(fs[1].title.contains("536.9 MB"), "{}", fs[1].title);
+    assert_eq!(fs[1].severity, "low");
+}
+
+#[test]
+fn failing_cuda_calls_are_critical_when_most_fail() {
+    let mut a = api("cudaMalloc", 10, 1000);
+    a.errors = vec![CudaErrorCount {
+        code: 35,
+        name: "cudaErrorInsufficientDriver".into(),
+        count: 10,
+    }];
+    let r = cuda_job(
+        &[("cpu", 20.0)],
+        ProcessCuda {
+            api: vec![a, api("cudaGetDeviceCount", 10, 1000)],
+            ..Default::default()
+        },
+    );
+    let fs = evaluate(&r);
+    assert_eq!(fs[0].rule, "cuda-errors");
+    assert_eq!(fs[0].severity, "critical");
+    assert!(fs[0].title.contains("10 of 20 CUDA calls failed (50%)"));
+    assert!(fs[0].title.contains("cudaErrorInsufficientDriver"));
+}
+
+#[test]
+fn several_rules_fire_and_rank_by_impact() {
+    let mut r = data_loading_job();
+    r.processes[0]
+        .threads
+        .push(thread(103, "python", &[("cpu", 40.0), ("runqueue", 15.0)]));
+    r.processes[0].cuda = Some(ProcessCuda {
+        api: vec![api("cudaMemcpy", 1000, 2 * SEC)],
+        copies: vec![CopyStat {
+            direction: "H2D".into(),
+            mode: "async".into(),
+            count: 1000,
+            bytes: 20_000_000_000,
+            total_ns: 2 * SEC,
+            gbps: 10.0,
+        }],
+        ..Default::default()
+    });
+    r.nvml = Some(nvml(12.0));
+    let fs = evaluate(&r);
+    let rs: Vec<&str> = fs.iter().map(|f| f.rule.as_str()).collect();
+    assert_eq!(
+        rs,
+        vec![
+            "data-loading-bound",
+            "gpu-idle",
+            "transfer-bound",
+            "cpu-contention"
+        ],
+        "{fs:#?}"
+    );
+    assert!(fs
+        .windows(2)
+        .all(|w| w[0].impact_percent >= w[1].impact_percent));
+    let mut r2 = r.clone();
+    apply(&mut r2);
+    assert_eq!(r2.findings, fs);
+}
