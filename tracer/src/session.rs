@@ -229,7 +229,11 @@ fn trace(
         warnings: vec![],
         top: args.top,
     });
-    let mut data = ReportData { report, cpu };
+    let mut data = ReportData {
+        report,
+        cpu,
+        time: Default::default(),
+    };
     let mut finish_ctx = FinishCtx {
         args,
         tracker: &tracker,

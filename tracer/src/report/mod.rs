@@ -21,6 +21,8 @@ use crate::{aggregate::cpu::CpuProfile, error::TraceError};
 pub struct ReportData {
     pub report: model::Report,
     pub cpu: CpuProfile,
+    /// Off-CPU and wall-clock folded stacks (time accounting).
+    pub time: crate::accounting::Folded,
 }
 
 /// One output file.
@@ -70,7 +72,14 @@ impl Exporter for CpuSvg {
 }
 
 pub fn exporters() -> Vec<Box<dyn Exporter>> {
-    vec![Box::new(Json), Box::new(CpuFolded), Box::new(CpuSvg)]
+    vec![
+        Box::new(Json),
+        Box::new(CpuFolded),
+        Box::new(CpuSvg),
+        Box::new(crate::accounting::render::OffcpuFolded),
+        Box::new(crate::accounting::render::OffcpuSvg),
+        Box::new(crate::accounting::render::WallSvg),
+    ]
 }
 
 /// Creates the output directory (or checks an existing one) before tracing starts, so an

@@ -67,6 +67,7 @@ pub fn render(r: &Report) -> String {
         }
     }
     let _ = writeln!(o);
+    o.push_str(&crate::accounting::render::terminal_section(r));
     if r.drops.is_empty() {
         let _ = writeln!(o, "Drops: none");
     } else {
