@@ -174,7 +174,7 @@ pub struct BlkInflight {
     pub insert_ns: u64,
     pub issue_ns: u64,
     pub tgid: u32,
-    /// 1 for a write.
+    /// 0 read, 1 write, 2 neither (discard, flush).
     pub write: u32,
     pub bytes: u64,
 }

@@ -78,7 +78,7 @@ fn start(ctx: &TracePointContext, insert: bool) {
     }
     let bytes: u32 = unsafe { ctx.read_at(OFF_RQ_BYTES.load() as usize) }.unwrap_or(0);
     let rwbs: [u8; 4] = unsafe { ctx.read_at(OFF_RQ_RWBS.load() as usize) }.unwrap_or([0; 4]);
-    let write = (rwbs[0] == b'W' || rwbs[1] == b'W') as u32;
+    let write = rw_kind(&rwbs);
     let v = BlkInflight {
         insert_ns: if insert { now } else { 0 },
         issue_ns: if insert { 0 } else { now },
@@ -88,6 +88,20 @@ fn start(ctx: &TracePointContext, insert: bool) {
     };
     if BLK_INFLIGHT.insert(&key, &v, 0).is_err() {
         count_drop(Drop::BlockMapFull);
+    }
+}
+
+/// 0 read, 1 write, 2 neither (discard, flush, ...): rwbs is e.g. `R`, `RA`, `WS`, `FWS`, `DS`.
+#[inline(always)]
+fn rw_kind(rwbs: &[u8; 4]) -> u32 {
+    if rwbs[0] == b'D' {
+        2
+    } else if rwbs[0] == b'W' || rwbs[1] == b'W' {
+        1
+    } else if rwbs[0] == b'R' || rwbs[1] == b'R' {
+        0
+    } else {
+        2
     }
 }
 
@@ -136,10 +150,10 @@ pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
     let s = unsafe { &mut *stat };
     use crate::maps::atomic_add;
     atomic_add(&mut s.requests, 1);
-    if r.write != 0 {
+    if r.write == 1 {
         atomic_add(&mut s.writes, 1);
         atomic_add(&mut s.write_bytes, r.bytes);
-    } else {
+    } else if r.write == 0 {
         atomic_add(&mut s.reads, 1);
         atomic_add(&mut s.read_bytes, r.bytes);
     }

@@ -12,9 +12,8 @@ pub const STACK_RULES: &[(&str, Category)] = &[
     ("futex_", Category::Lock),
     ("do_nanosleep", Category::Sleep),
     ("hrtimer_nanosleep", Category::Sleep),
-    ("pipe_read", Category::Ipc),
-    ("pipe_write", Category::Ipc),
-    ("pipe_wait", Category::Ipc),
+    ("pipe_", Category::Ipc),
+    ("anon_pipe_", Category::Ipc),
     ("unix_", Category::Ipc),
     ("do_wait", Category::Ipc),
     ("kernel_wait4", Category::Ipc),
@@ -156,6 +155,9 @@ mod tests {
     fn stack_decides_before_syscall() {
         // A read on a pipe is IPC, not file I/O.
         let v = blocked(nr("read"), 1, &["schedule", "pipe_read", "vfs_read"]);
+        assert_eq!(v.category, Category::Ipc);
+        // Linux 6.18 names it anon_pipe_read.
+        let v = blocked(nr("read"), 1, &["schedule", "anon_pipe_read", "vfs_read"]);
         assert_eq!(v.category, Category::Ipc);
         assert_eq!(v.reason, "read");
         let v = blocked(nr("read"), 1, &["schedule", "sk_wait_data", "tcp_recvmsg"]);
