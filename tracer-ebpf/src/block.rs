@@ -66,11 +66,13 @@ fn start(ctx: &TracePointContext, insert: bool) {
         dev,
         _pad: 0,
     };
-    if !insert {
-        if let Some(r) = BLK_INFLIGHT.get_ptr_mut(&key) {
+    // A request already seen keeps its owner: a requeued request is inserted and issued again,
+    // possibly from a kernel worker.
+    if let Some(r) = BLK_INFLIGHT.get_ptr_mut(&key) {
+        if !insert {
             unsafe { (*r).issue_ns = now };
-            return;
         }
+        return;
     }
     let (tgid, _) = current_ids();
     if !is_traced(tgid) {
@@ -120,9 +122,12 @@ pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
     };
     let r = *r;
     let _ = BLK_INFLIGHT.remove(&key);
-    if r.issue_ns == 0 {
-        return 0;
-    }
+    // Seen at insert only (its issue raced with the insert): timed from the insert.
+    let started = if r.issue_ns != 0 {
+        r.issue_ns
+    } else {
+        r.insert_ns
+    };
     let bk = BlkKey { tgid: r.tgid, dev };
     let stat = match BLOCK_IO.get_ptr_mut(&bk) {
         Some(s) => s,
@@ -141,8 +146,8 @@ pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
             }
         }
     };
-    let lat = now.saturating_sub(r.issue_ns);
-    let queued = if r.insert_ns != 0 {
+    let lat = now.saturating_sub(started);
+    let queued = if r.insert_ns != 0 && r.issue_ns != 0 {
         r.issue_ns.saturating_sub(r.insert_ns)
     } else {
         0

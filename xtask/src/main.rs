@@ -1,5 +1,6 @@
 //! `cargo xtask setup | run | test | bench`: what a build script should not do.
 
+mod bench_sched;
 mod setup;
 
 use std::process::{Command, ExitCode};
@@ -30,6 +31,14 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Per-event cost of the scheduler and syscall programs (root): builds gputrace (release).
+    BenchSched,
+    #[command(hide = true)]
+    BenchSchedWorker {
+        mode: String,
+        n: u64,
+        out: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -45,6 +54,11 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Setup => setup::run(),
+        Cmd::BenchSched => {
+            cargo(&["build", "--release", "-p", "gputrace"])?;
+            bench_sched::run(workspace_root().join("target/release/gputrace"))
+        }
+        Cmd::BenchSchedWorker { mode, n, out } => bench_sched::worker(&mode, n, &out),
         Cmd::Run { args } => {
             setup::run()?;
             cargo(&["build", "--release", "-p", "gputrace"])?;
