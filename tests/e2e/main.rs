@@ -11,3 +11,4 @@ mod cpu_profile;
 mod faults;
 mod report_outputs;
 mod security;
+mod time_accounting;

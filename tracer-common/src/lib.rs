@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod drops;
 pub mod proc;
 pub mod time;
+pub mod wall;
 
 /// Implements `aya::Pod` for the user side only.
 #[macro_export]

@@ -1,18 +1,146 @@
-//! Interface between the CUDA probes and the wall-time accounting (issue 3 implements it).
+//! Per-thread wall-time accounting, shared by the scheduler, syscall and CUDA programs.
+//!
+//! Each traced thread has a [`ThreadState`] in `THREADS` holding the start of its running
+//! interval and its phase (on CPU, blocked, runnable). Every event closes the running interval
+//! at that instant and charges it to one row of `WALL`, so a thread's intervals tile its life.
 //!
 //! While a thread is inside a CUDA call, all of its time, on or off CPU, is charged to the
 //! call's category (`tracer_common::time::Category::Cuda*`). The CUDA entry probe calls
-//! [`enter_override`], the return probe [`exit_override`]; the accounting closes the interval
-//! that was running at that instant, so the split is exact.
+//! [`enter_override`], the return probe [`exit_override`]; both close the interval that was
+//! running at that instant, so the split is exact.
+
+use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::map, maps::HashMap};
+use tracer_common::{
+    drops::Drop,
+    time::{Category, NO_OVERRIDE},
+    wall::{
+        LifeKey, LifeVal, ThreadState, WallKey, WallVal, KIND_BLOCKED, LIFE_ENTRIES, PHASE_BLOCKED,
+        PHASE_ONCPU, PHASE_RUNNABLE, RQ_PREEMPTED, RQ_WOKEN, THREADS_ENTRIES, WALL_ENTRIES,
+    },
+};
+
+use crate::maps::count_drop;
+
+/// tid -> state of every traced thread.
+#[map(name = "THREADS")]
+pub static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(THREADS_ENTRIES, 0);
+
+/// Time sums per (thread, category or off-CPU reason, stacks).
+#[map(name = "WALL")]
+pub static WALL: HashMap<WallKey, WallVal> = HashMap::with_max_entries(WALL_ENTRIES, 0);
+
+/// Threads that died during the trace: (born, tid) -> death time.
+#[map(name = "LIFE")]
+pub static LIFE: HashMap<LifeKey, LifeVal> = HashMap::with_max_entries(LIFE_ENTRIES, 0);
+
+/// Closes `st`'s running interval at `now`, charges it, and starts the next one at `now`.
+///
+/// A thread's events are serialised by the scheduler (it cannot be switched in on one CPU while
+/// being woken on another), so the plain read-modify-write of its rows is race free.
+#[inline(always)]
+pub fn close(tid: u32, st: &mut ThreadState, now: u64) {
+    let ns = now.saturating_sub(st.start_ns);
+    st.start_ns = now;
+    let mut key = WallKey {
+        born_ns: st.born_ns,
+        tgid: st.tgid,
+        tid,
+        kind: Category::Cpu as u32,
+        sys_nr: -1,
+        kstack: -1,
+        ustack: -1,
+        state: 0,
+        _pad: 0,
+    };
+    if st.override_cat != NO_OVERRIDE {
+        key.kind = st.override_cat;
+    } else if st.phase != PHASE_ONCPU {
+        key.sys_nr = st.off_sys_nr;
+        key.kstack = st.off_kstack;
+        key.ustack = st.off_ustack;
+        if st.phase == PHASE_BLOCKED {
+            key.kind = KIND_BLOCKED;
+            key.state = st.off_state;
+        } else {
+            key.kind = Category::Runqueue as u32;
+            key.state = if st.off_state & 0xff == 0 {
+                RQ_PREEMPTED
+            } else {
+                RQ_WOKEN
+            };
+        }
+    }
+    if let Some(v) = WALL.get_ptr_mut(&key) {
+        unsafe {
+            (*v).ns += ns;
+            (*v).count += 1;
+        }
+        return;
+    }
+    if WALL.insert(&key, &WallVal { ns, count: 1 }, 0).is_err() {
+        count_drop(Drop::TimeMapFull);
+    }
+}
+
+/// Records that a thread died at `now` (its last switch-out) and forgets its state.
+#[inline(always)]
+pub fn died(tid: u32, st: &ThreadState, now: u64) {
+    let key = LifeKey {
+        born_ns: st.born_ns,
+        tid,
+        _pad: 0,
+    };
+    let val = LifeVal {
+        died_ns: now,
+        tgid: st.tgid,
+        _pad: 0,
+    };
+    if LIFE.insert(&key, &val, 0).is_err() {
+        count_drop(Drop::ThreadStateFull);
+    }
+    let _ = THREADS.remove(&tid);
+}
+
+/// Starts accounting a thread created at `now`; it is runnable until it first runs.
+#[inline(always)]
+pub fn born(tid: u32, tgid: u32, now: u64) {
+    let st = ThreadState {
+        born_ns: now,
+        start_ns: now,
+        sys_start_ns: 0,
+        sys_arg0: 0,
+        tgid,
+        phase: PHASE_RUNNABLE,
+        sys_nr: -1,
+        override_cat: NO_OVERRIDE,
+        off_state: 0,
+        off_sys_nr: -1,
+        off_kstack: -1,
+        off_ustack: -1,
+    };
+    if THREADS.insert(&tid, &st, 0).is_err() {
+        count_drop(Drop::ThreadStateFull);
+    }
+}
 
 /// From now on, charge `tid`'s time to `category` until [`exit_override`].
 #[inline(always)]
-pub fn enter_override(_tid: u32, _category: u32) {
-    // Implemented with the scheduler accounting (issue 3).
+#[allow(dead_code)]
+pub fn enter_override(tid: u32, category: u32) {
+    if let Some(st) = THREADS.get_ptr_mut(&tid) {
+        let st = unsafe { &mut *st };
+        close(tid, st, unsafe { bpf_ktime_get_ns() });
+        st.override_cat = category;
+    }
 }
 
 /// Ends the override started by [`enter_override`].
 #[inline(always)]
-pub fn exit_override(_tid: u32) {
-    // Implemented with the scheduler accounting (issue 3).
+#[allow(dead_code)]
+pub fn exit_override(tid: u32) {
+    if let Some(st) = THREADS.get_ptr_mut(&tid) {
+        let st = unsafe { &mut *st };
+        close(tid, st, unsafe { bpf_ktime_get_ns() });
+        st.override_cat = NO_OVERRIDE;
+    }
 }

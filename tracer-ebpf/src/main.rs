@@ -6,9 +6,12 @@
 #![feature(core_intrinsics)]
 
 mod account;
+mod block;
 mod maps;
 mod proc;
 mod sampler;
+mod sched;
+mod syscalls;
 
 #[cfg(not(test))]
 #[panic_handler]

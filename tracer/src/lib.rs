@@ -3,6 +3,7 @@
 //! Data flows one way: probes (tracer-ebpf) -> `collect` (reads kernel maps and ring buffers)
 //! -> `aggregate` (pure) -> `symbolize` -> `report` (pure rendering).
 
+pub mod accounting;
 pub mod aggregate;
 pub mod bpf;
 pub mod check;

@@ -55,5 +55,5 @@ pub fn ktime_now() -> u64 {
 
 /// The families a trace runs, in the order they attach.
 pub fn families(_args: &TraceArgs) -> Vec<Box<dyn ProbeFamily>> {
-    vec![]
+    vec![Box::new(crate::accounting::Accounting::new())]
 }

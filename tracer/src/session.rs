@@ -237,6 +237,7 @@ fn trace(
         cpu,
         timeline: report::timeline::Timeline::with_limit(args.timeline_limit),
         flames: Vec::new(),
+        time: Default::default(),
     };
     let mut finish_ctx = FinishCtx {
         args,

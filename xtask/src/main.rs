@@ -1,6 +1,7 @@
 //! `cargo xtask setup | run | test | bench`: what a build script should not do.
 
 mod bench;
+mod bench_sched;
 mod setup;
 
 use std::process::{Command, ExitCode};
@@ -37,6 +38,14 @@ enum Cmd {
         #[arg(long)]
         quick: bool,
     },
+    /// Per-event cost of the scheduler and syscall programs (root): builds gputrace (release).
+    BenchSched,
+    #[command(hide = true)]
+    BenchSchedWorker {
+        mode: String,
+        n: u64,
+        out: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -56,6 +65,11 @@ fn run(cli: Cli) -> Result<()> {
             setup::run()?;
             bench::run(quick)
         }
+        Cmd::BenchSched => {
+            cargo(&["build", "--release", "-p", "gputrace"])?;
+            bench_sched::run(workspace_root().join("target/release/gputrace"))
+        }
+        Cmd::BenchSchedWorker { mode, n, out } => bench_sched::worker(&mode, n, &out),
         Cmd::Run { args } => {
             setup::run()?;
             cargo(&["build", "--release", "-p", "gputrace"])?;

@@ -528,6 +528,7 @@ mod tests {
             cpu,
             timeline: Timeline::default(),
             flames: vec![],
+            time: Default::default(),
         };
         let html = render(&data).unwrap();
         // A sample page to look at (headless Chromium screenshot), written only when asked.

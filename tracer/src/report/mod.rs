@@ -34,6 +34,8 @@ use crate::{aggregate::cpu::CpuProfile, error::TraceError};
 pub struct ReportData {
     pub report: model::Report,
     pub cpu: CpuProfile,
+    /// Off-CPU and wall-clock folded stacks (time accounting).
+    pub time: crate::accounting::Folded,
     /// Events for trace.json, filled by the probe families while tracing.
     pub timeline: timeline::Timeline,
     /// Flame graphs beyond the CPU one (off-CPU by reason, ...), embedded in report.html.
@@ -159,6 +161,9 @@ pub fn exporters() -> Vec<Box<dyn Exporter>> {
             name: "copies.csv",
             table: csv::copies,
         }),
+        Box::new(crate::accounting::render::OffcpuFolded),
+        Box::new(crate::accounting::render::OffcpuSvg),
+        Box::new(crate::accounting::render::WallSvg),
     ]
 }
 

@@ -1,0 +1,212 @@
+//! Issue 3: every thread of a ground-truth workload spends its life in one known way, and at its
+//! end writes what the kernel says it did (schedstat on-CPU and runqueue time) and how many
+//! syscalls it made. gputrace's per-thread categories must match within 5 points, sum to the
+//! alive time within 1%, count the syscalls exactly and see the O_DIRECT bytes at the block
+//! layer within 1%.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::common::*;
+
+struct Truth {
+    name: String,
+    tid: u64,
+    alive_ns: f64,
+    cpu_ns: f64,
+    rq_ns: f64,
+    calls: u64,
+    bytes: u64,
+}
+
+fn truths(text: &str) -> Vec<Truth> {
+    text.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f.len(), 7, "bad truth line {l:?}");
+            Truth {
+                name: f[0].into(),
+                tid: f[1].parse().unwrap(),
+                alive_ns: f[2].parse().unwrap(),
+                cpu_ns: f[3].parse().unwrap(),
+                rq_ns: f[4].parse().unwrap(),
+                calls: f[5].parse().unwrap(),
+                bytes: f[6].parse().unwrap(),
+            }
+        })
+        .collect()
+}
+
+fn categories(time: &Value) -> BTreeMap<String, f64> {
+    time["categories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["category"].as_str().unwrap().to_string(),
+                c["percent"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn syscall_count(thread: &Value, name: &str) -> u64 {
+    thread["syscalls"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|s| s["name"] == name)
+                .map(|s| s["count"].as_u64().unwrap())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn ground_truth_time_split() {
+    let _g = serial();
+    if !require_root("ground_truth_time_split") {
+        return;
+    }
+    let bin = build_c("ground_truth", &[]);
+    // The O_DIRECT file must be on a real block device: the target dir is on the root disk.
+    let work = tmp_dir().join(format!("gt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    let out = out_dir("time");
+    let run = gputrace(&[
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        work.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        run.code(),
+        0,
+        "stdout:\n{}\nstderr:\n{}",
+        run.stdout,
+        run.stderr
+    );
+    let truth = truths(&std::fs::read_to_string(work.join("truth.txt")).expect("truth.txt"));
+    assert_eq!(truth.len(), 7, "every workload thread reported");
+    let report = run.report(&out);
+    let procs = report["processes"].as_array().unwrap();
+    let main = procs
+        .iter()
+        .find(|p| p["comm"] == "ground_truth")
+        .unwrap_or_else(|| panic!("no ground_truth process: {report:#}"));
+
+    // The invariant, for every thread gputrace saw, in every process.
+    for p in procs {
+        for t in p["threads"].as_array().unwrap() {
+            let Some(time) = t.get("time") else { continue };
+            let alive = time["alive_ns"].as_f64().unwrap();
+            let accounted = time["accounted_ns"].as_f64().unwrap();
+            assert!(
+                (alive - accounted).abs() <= 0.01 * alive,
+                "thread {} of pid {}: {accounted} ns accounted of {alive} ns alive",
+                t["tid"],
+                p["pid"]
+            );
+        }
+    }
+    assert!(
+        !run.stdout.contains("time accounting of thread"),
+        "invariant warning:\n{}",
+        run.stdout
+    );
+
+    let threads = main["threads"].as_array().unwrap();
+    let mut failures = Vec::new();
+    for t in &truth {
+        let th = threads
+            .iter()
+            .find(|x| x["tid"].as_u64() == Some(t.tid))
+            .unwrap_or_else(|| panic!("no thread {} ({}) in the report", t.tid, t.name));
+        let cats = categories(&th["time"]);
+        let got = |c: &str| cats.get(c).copied().unwrap_or(0.0);
+        let cpu = 100.0 * t.cpu_ns / t.alive_ns;
+        let rq = 100.0 * t.rq_ns / t.alive_ns;
+        let blocked = 100.0 - cpu - rq;
+        let mut expect = vec![("cpu", cpu), ("runqueue", rq)];
+        match t.name.as_str() {
+            "sleeper" => expect.push(("sleep", blocked)),
+            "futex" => expect.push(("lock", blocked)),
+            "direct" => expect.push(("io", blocked)),
+            "pipe" => expect.push(("ipc", blocked)),
+            _ => {}
+        }
+        for (c, want) in expect {
+            if (got(c) - want).abs() > 5.0 {
+                failures.push(format!(
+                    "{} {c}: {:.1}% measured, {want:.1}% by construction ({cats:?})",
+                    t.name,
+                    got(c)
+                ));
+            }
+        }
+        let calls = match t.name.as_str() {
+            "sleeper" => Some(syscall_count(th, "clock_nanosleep")),
+            "direct" => Some(syscall_count(th, "pread64")),
+            "pipe" => Some(syscall_count(th, "read")),
+            _ => None,
+        };
+        if let Some(n) = calls {
+            if n != t.calls {
+                failures.push(format!(
+                    "{}: {n} syscalls counted, {} made",
+                    t.name, t.calls
+                ));
+            }
+        }
+        if t.name == "victim" && rq < 10.0 {
+            failures.push(format!(
+                "victim was hardly preempted ({rq:.1}%): no contention built"
+            ));
+        }
+    }
+
+    let direct_bytes = truth.iter().find(|t| t.name == "direct").unwrap().bytes as f64;
+    let block_read: f64 = main["block_io"]
+        .as_array()
+        .map(|a| a.iter().map(|d| d["read_bytes"].as_f64().unwrap()).sum())
+        .unwrap_or(0.0);
+    if (block_read - direct_bytes).abs() > 0.01 * direct_bytes {
+        failures.push(format!(
+            "block layer read {block_read} bytes, the workload read {direct_bytes} with O_DIRECT"
+        ));
+    }
+
+    let offcpu = std::fs::read_to_string(out.join("offcpu.folded")).expect("offcpu.folded");
+    for (thread, cat) in [
+        ("gt_pipe", "[ipc]"),
+        ("gt_futex", "[lock]"),
+        ("gt_sleeper", "[sleep]"),
+    ] {
+        if !offcpu
+            .lines()
+            .any(|l| l.starts_with(thread) && l.contains(cat))
+        {
+            failures.push(format!("offcpu.folded has no {cat} stack for {thread}"));
+        }
+    }
+    let wall = std::fs::read_to_string(out.join("wall.svg")).expect("wall.svg");
+    if !(wall.contains("[cpu]") && wall.contains("[sleep]")) {
+        failures.push("wall.svg lacks the category frames".into());
+    }
+    assert!(
+        run.stdout.contains("wall time of pid"),
+        "no time section in the summary:\n{}",
+        run.stdout
+    );
+    let _ = std::fs::remove_dir_all(&work);
+    assert!(
+        failures.is_empty(),
+        "{}\nstdout:\n{}",
+        failures.join("\n"),
+        run.stdout
+    );
+}

@@ -1,0 +1,250 @@
+//! Wall-time accounting (issue 3): per-thread state, the in-kernel sums of time per
+//! (thread, category or off-CPU reason, stacks), syscall statistics and block I/O.
+//!
+//! Every event (switch out, switch in, wakeup, CUDA enter/exit) closes the thread's running
+//! interval at that instant and charges it according to the phase the thread was in, so the
+//! intervals of a thread tile its life without gaps or overlap.
+
+pub const THREADS_MAP: &str = "THREADS";
+pub const WALL_MAP: &str = "WALL";
+pub const LIFE_MAP: &str = "LIFE";
+pub const SYSCALLS_MAP: &str = "SYSCALLS";
+pub const ERRNOS_MAP: &str = "ERRNOS";
+pub const FILEIO_MAP: &str = "FILEIO";
+pub const BLOCK_MAP: &str = "BLOCK_IO";
+
+pub const THREADS_ENTRIES: u32 = 65_536;
+pub const WALL_ENTRIES: u32 = 65_536;
+pub const LIFE_ENTRIES: u32 = 65_536;
+pub const SYSCALLS_ENTRIES: u32 = 32_768;
+pub const ERRNOS_ENTRIES: u32 = 8_192;
+pub const FILEIO_ENTRIES: u32 = 16_384;
+pub const BLOCK_ENTRIES: u32 = 4_096;
+pub const BLOCK_INFLIGHT_ENTRIES: u32 = 16_384;
+
+/// Buckets of the log2 latency histograms (bucket i: [2^i, 2^(i+1)) ns; the last is open).
+pub const HIST_BUCKETS: usize = 32;
+
+/// What the thread is doing during its running interval.
+pub const PHASE_ONCPU: u32 = 0;
+/// Off CPU and not runnable (blocked in the kernel).
+pub const PHASE_BLOCKED: u32 = 1;
+/// Runnable but not running: preempted, or woken and waiting for a CPU.
+pub const PHASE_RUNNABLE: u32 = 2;
+
+/// `WallKey::kind` for blocked time: classified in user space from the syscall, the kernel
+/// stack and the task state (see `tracer/src/accounting/classify.rs`). Other kinds are
+/// [`crate::time::Category`] ids.
+pub const KIND_BLOCKED: u32 = 100;
+
+/// `WallKey::state` for runqueue time: how the thread became runnable.
+pub const RQ_PREEMPTED: u32 = 0;
+pub const RQ_WOKEN: u32 = 1;
+
+/// No syscall in progress.
+pub const NO_SYSCALL: i32 = -1;
+
+/// Per-thread state, keyed by tid. Only traced threads have one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThreadState {
+    /// When accounting of this thread started: its creation, or the seeding at attach.
+    /// Identifies the thread across tid reuse.
+    pub born_ns: u64,
+    /// Start of the running interval.
+    pub start_ns: u64,
+    /// Entry time of the syscall in progress.
+    pub sys_start_ns: u64,
+    /// First argument of the syscall in progress (the fd of the read/write family).
+    pub sys_arg0: u64,
+    pub tgid: u32,
+    /// One of `PHASE_*`.
+    pub phase: u32,
+    /// Syscall in progress, or [`NO_SYSCALL`].
+    pub sys_nr: i32,
+    /// CUDA category while inside a CUDA call, else [`crate::time::NO_OVERRIDE`].
+    pub override_cat: u32,
+    /// Captured at the last switch-out, for the blocked/runqueue interval that follows.
+    pub off_state: u32,
+    pub off_sys_nr: i32,
+    pub off_kstack: i32,
+    pub off_ustack: i32,
+}
+
+/// One row of the time sums.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WallKey {
+    pub born_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    /// A [`crate::time::Category`] id, or [`KIND_BLOCKED`].
+    pub kind: u32,
+    /// Syscall in progress when the thread left the CPU (off-CPU kinds), else -1.
+    pub sys_nr: i32,
+    pub kstack: i32,
+    pub ustack: i32,
+    /// `prev_state` at switch-out for blocked time; `RQ_*` for runqueue time.
+    pub state: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WallVal {
+    pub ns: u64,
+    /// Intervals summed.
+    pub count: u64,
+}
+
+/// A thread that died during the trace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LifeKey {
+    pub born_ns: u64,
+    pub tid: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LifeVal {
+    pub died_ns: u64,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SysKey {
+    pub tgid: u32,
+    pub tid: u32,
+    pub nr: i32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SysStat {
+    pub count: u64,
+    pub errors: u64,
+    pub total_ns: u64,
+    pub min_ns: u64,
+    pub max_ns: u64,
+    pub bytes: u64,
+    pub hist: [u64; HIST_BUCKETS],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ErrnoKey {
+    pub tgid: u32,
+    pub tid: u32,
+    pub nr: i32,
+    pub errno: i32,
+}
+
+/// I/O syscalls per file descriptor (resolved to a path in user space).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FdKey {
+    pub tgid: u32,
+    pub fd: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FdStat {
+    pub ns: u64,
+    pub bytes: u64,
+    pub calls: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlkInflightKey {
+    pub sector: u64,
+    pub dev: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlkInflight {
+    pub insert_ns: u64,
+    pub issue_ns: u64,
+    pub tgid: u32,
+    /// 0 read, 1 write, 2 neither (discard, flush).
+    pub write: u32,
+    pub bytes: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlkKey {
+    pub tgid: u32,
+    pub dev: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlkStat {
+    pub requests: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub total_ns: u64,
+    pub queue_ns: u64,
+    pub hist: [u64; HIST_BUCKETS],
+}
+
+crate::user_pod!(
+    ThreadState,
+    WallKey,
+    WallVal,
+    LifeKey,
+    LifeVal,
+    SysKey,
+    SysStat,
+    ErrnoKey,
+    FdKey,
+    FdStat,
+    BlkKey,
+    BlkStat
+);
+
+/// log2 bucket of a latency, without loops (the verifier wants bounded code).
+#[inline(always)]
+pub fn log2_bucket(v: u64) -> usize {
+    let mut v = v;
+    let mut r = 0usize;
+    if v >= 1 << 32 {
+        v >>= 32;
+        r += 32;
+    }
+    if v >= 1 << 16 {
+        v >>= 16;
+        r += 16;
+    }
+    if v >= 1 << 8 {
+        v >>= 8;
+        r += 8;
+    }
+    if v >= 1 << 4 {
+        v >>= 4;
+        r += 4;
+    }
+    if v >= 1 << 2 {
+        v >>= 2;
+        r += 2;
+    }
+    if v >= 1 << 1 {
+        r += 1;
+    }
+    if r >= HIST_BUCKETS {
+        HIST_BUCKETS - 1
+    } else {
+        r
+    }
+}

@@ -1,0 +1,166 @@
+//! Scheduler tracepoints: exact on/off-CPU intervals of traced threads (see `account`).
+//!
+//! `sched_switch` runs in the context of `prev`, so `prev`'s tgid comes from
+//! `bpf_get_current_pid_tgid`; `next` is found by tid in `THREADS`, which only traced threads
+//! are in. Off-CPU intervals carry what the thread was doing when it left the CPU (syscall,
+//! task state, user and kernel stacks) and are classified in user space.
+
+use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
+    helpers::bpf_ktime_get_ns,
+    macros::tracepoint,
+    programs::{tracing::StackIdContext, TracePointContext},
+    Global,
+};
+use tracer_common::{
+    drops::Drop,
+    wall::{ThreadState, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE},
+};
+
+use crate::{
+    account::{born, close, died, THREADS},
+    maps::{count_drop, current_ids, is_traced, STACKS},
+};
+
+#[no_mangle]
+static OFF_SW_PREV_STATE: Global<u32> = Global::new(32);
+#[no_mangle]
+static OFF_SW_NEXT_PID: Global<u32> = Global::new(56);
+#[no_mangle]
+static OFF_WAKE_PID: Global<u32> = Global::new(24);
+#[no_mangle]
+static OFF_TN_PID: Global<u32> = Global::new(8);
+#[no_mangle]
+static OFF_TN_FLAGS: Global<u32> = Global::new(32);
+/// 1 to capture user and kernel stacks at every switch-out (off-CPU flame graphs).
+#[no_mangle]
+static OFFCPU_STACKS: Global<u32> = Global::new(1);
+
+const CLONE_THREAD: u64 = 0x0001_0000;
+/// `prev_state` bits of a task that is exiting (EXIT_DEAD, EXIT_ZOMBIE in TASK_REPORT).
+const EXIT_BITS: i64 = 0x10 | 0x20;
+const EFAULT: i32 = 14;
+
+#[tracepoint]
+pub fn sched_switch(ctx: TracePointContext) -> u32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let (tgid, tid) = current_ids();
+    if tid != 0 {
+        switch_out(&ctx, tgid, tid, now);
+    }
+    let next: i32 = unsafe { ctx.read_at(OFF_SW_NEXT_PID.load() as usize) }.unwrap_or(0);
+    if next > 0 {
+        let next = next as u32;
+        if let Some(st) = THREADS.get_ptr_mut(&next) {
+            let st = unsafe { &mut *st };
+            close(next, st, now);
+            st.phase = PHASE_ONCPU;
+        }
+    }
+    0
+}
+
+/// Looked up by tid first, not by TRACED: a process's last thread leaves TRACED at
+/// sched_process_exit, before its final switch-out, which is when its life ends.
+#[inline(always)]
+fn switch_out(ctx: &TracePointContext, tgid: u32, tid: u32, now: u64) {
+    let st = match THREADS.get_ptr_mut(&tid) {
+        Some(st) => st,
+        None => {
+            if !is_traced(tgid) {
+                return;
+            }
+            // A thread we never saw start (created between the attach and the seeding):
+            // accounted from now on.
+            born(tid, tgid, now);
+            match THREADS.get_ptr_mut(&tid) {
+                Some(st) => {
+                    unsafe { (*st).phase = PHASE_ONCPU };
+                    st
+                }
+                None => return,
+            }
+        }
+    };
+    let st: &mut ThreadState = unsafe { &mut *st };
+    let prev_state: i64 = unsafe { ctx.read_at(OFF_SW_PREV_STATE.load() as usize) }.unwrap_or(0);
+    close(tid, st, now);
+    if prev_state & 0xff & EXIT_BITS != 0 {
+        died(tid, st, now);
+        return;
+    }
+    st.off_state = prev_state as u32;
+    st.off_sys_nr = st.sys_nr;
+    st.phase = if prev_state & 0xff == 0 {
+        PHASE_RUNNABLE
+    } else {
+        PHASE_BLOCKED
+    };
+    if OFFCPU_STACKS.load() != 0 {
+        st.off_kstack = stack_id(ctx, 0);
+        st.off_ustack = stack_id(ctx, BPF_F_USER_STACK as u64);
+    }
+}
+
+#[inline(always)]
+fn stack_id(ctx: &TracePointContext, flags: u64) -> i32 {
+    match ctx.get_stackid(&STACKS, flags) {
+        Ok(id) => id as i32,
+        Err(e) => {
+            if e != -EFAULT {
+                count_drop(Drop::StackMapFull);
+            }
+            e
+        }
+    }
+}
+
+/// A blocked thread became runnable: what follows until it runs is runqueue time.
+#[tracepoint]
+pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
+    let pid: i32 = unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0);
+    if pid <= 0 {
+        return 0;
+    }
+    let tid = pid as u32;
+    if let Some(st) = THREADS.get_ptr_mut(&tid) {
+        let st = unsafe { &mut *st };
+        if st.phase == PHASE_BLOCKED {
+            close(tid, st, unsafe { bpf_ktime_get_ns() });
+            st.phase = PHASE_RUNNABLE;
+        }
+    }
+    0
+}
+
+/// New threads of traced processes (clone_flags tell a thread from a process here).
+#[tracepoint]
+pub fn acct_newtask(ctx: TracePointContext) -> u32 {
+    let flags: u64 = unsafe { ctx.read_at(OFF_TN_FLAGS.load() as usize) }.unwrap_or(0);
+    if flags & CLONE_THREAD == 0 {
+        return 0;
+    }
+    let (tgid, _) = current_ids();
+    if !is_traced(tgid) {
+        return 0;
+    }
+    let child: i32 = unsafe { ctx.read_at(OFF_TN_PID.load() as usize) }.unwrap_or(0);
+    if child > 0 {
+        born(child as u32, tgid, unsafe { bpf_ktime_get_ns() });
+    }
+    0
+}
+
+/// New processes: by now proc.rs's task_newtask has put a followed child in TRACED.
+#[tracepoint]
+pub fn sched_wakeup_new(ctx: TracePointContext) -> u32 {
+    let pid: i32 = unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0);
+    if pid <= 0 {
+        return 0;
+    }
+    let pid = pid as u32;
+    if is_traced(pid) && THREADS.get_ptr(&pid).is_none() {
+        born(pid, pid, unsafe { bpf_ktime_get_ns() });
+    }
+    0
+}

@@ -1,0 +1,345 @@
+//! From the kernel's time sums to per-thread breakdowns. Pure: no BPF, no /proc.
+//!
+//! A thread instance is (tid, born_ns), so a recycled tid is a different thread. Its alive
+//! time runs from `born_ns` (its creation, or the seeding at attach) to its death or the end of
+//! the window; the categories come from the charged intervals plus the interval still open at
+//! the end, which is charged here exactly as the kernel would have charged it.
+
+use std::collections::BTreeMap;
+
+use tracer_common::{
+    time::{Category, NO_OVERRIDE},
+    wall::{
+        LifeKey, LifeVal, ThreadState, WallKey, WallVal, KIND_BLOCKED, PHASE_BLOCKED, PHASE_ONCPU,
+        RQ_PREEMPTED, RQ_WOKEN,
+    },
+};
+
+use super::classify::Verdict;
+use crate::report::model::time::{CategoryTime, ReasonTime, TimeBreakdown};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row {
+    pub key: WallKey,
+    pub val: WallVal,
+}
+
+/// One thread instance's time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ThreadTime {
+    pub tgid: u32,
+    pub tid: u32,
+    pub born_ns: u64,
+    pub end_ns: u64,
+    pub exited: bool,
+    pub categories: BTreeMap<Category, u64>,
+    /// (category, reason) -> (ns, intervals).
+    pub reasons: BTreeMap<(Category, String), (u64, u64)>,
+}
+
+impl ThreadTime {
+    pub fn alive_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.born_ns)
+    }
+    pub fn accounted_ns(&self) -> u64 {
+        self.categories.values().sum()
+    }
+}
+
+/// The row the kernel would write if the thread's running interval closed at `end`.
+pub fn open_row(tid: u32, st: &ThreadState, end: u64) -> Row {
+    let mut key = WallKey {
+        born_ns: st.born_ns,
+        tgid: st.tgid,
+        tid,
+        kind: Category::Cpu as u32,
+        sys_nr: -1,
+        kstack: -1,
+        ustack: -1,
+        state: 0,
+        _pad: 0,
+    };
+    if st.override_cat != NO_OVERRIDE {
+        key.kind = st.override_cat;
+    } else if st.phase != PHASE_ONCPU {
+        key.sys_nr = st.off_sys_nr;
+        key.kstack = st.off_kstack;
+        key.ustack = st.off_ustack;
+        if st.phase == PHASE_BLOCKED {
+            key.kind = KIND_BLOCKED;
+            key.state = st.off_state;
+        } else {
+            key.kind = Category::Runqueue as u32;
+            key.state = if st.off_state & 0xff == 0 {
+                RQ_PREEMPTED
+            } else {
+                RQ_WOKEN
+            };
+        }
+    }
+    Row {
+        key,
+        val: WallVal {
+            ns: end.saturating_sub(st.start_ns),
+            count: 1,
+        },
+    }
+}
+
+/// Builds every thread instance's time. `rows` are the kernel's sums, `open` the states of
+/// threads alive at `end`, `deaths` the threads that died; `classify` names a row's category.
+pub fn threads(
+    rows: &[Row],
+    open: &[(u32, ThreadState)],
+    deaths: &[(LifeKey, LifeVal)],
+    end: u64,
+    mut classify: impl FnMut(&WallKey) -> Verdict,
+) -> Vec<ThreadTime> {
+    let mut out: BTreeMap<(u32, u64), ThreadTime> = BTreeMap::new();
+    fn entry(
+        out: &mut BTreeMap<(u32, u64), ThreadTime>,
+        end: u64,
+        (tgid, tid, born): (u32, u32, u64),
+    ) -> &mut ThreadTime {
+        out.entry((tid, born)).or_insert_with(|| ThreadTime {
+            tgid,
+            tid,
+            born_ns: born,
+            end_ns: end,
+            ..Default::default()
+        })
+    }
+    for (k, v) in deaths {
+        let t = entry(&mut out, end, (v.tgid, k.tid, k.born_ns));
+        t.end_ns = v.died_ns.min(end);
+        t.exited = true;
+    }
+    let open_rows: Vec<Row> = open
+        .iter()
+        .map(|(tid, st)| open_row(*tid, st, end))
+        .collect();
+    for r in rows.iter().chain(open_rows.iter()) {
+        let v = classify(&r.key);
+        let t = entry(&mut out, end, (r.key.tgid, r.key.tid, r.key.born_ns));
+        *t.categories.entry(v.category).or_default() += r.val.ns;
+        let e = t.reasons.entry((v.category, v.reason)).or_default();
+        e.0 += r.val.ns;
+        e.1 += r.val.count;
+    }
+    out.into_values().collect()
+}
+
+/// Sums thread instances (of one tid, or of a whole process) into one breakdown.
+pub fn breakdown<'a>(
+    parts: impl IntoIterator<Item = &'a ThreadTime>,
+    cpu_user_percent: Option<f64>,
+) -> TimeBreakdown {
+    let mut alive = 0u64;
+    let mut cats: BTreeMap<Category, u64> = BTreeMap::new();
+    let mut reasons: BTreeMap<(Category, String), (u64, u64)> = BTreeMap::new();
+    for t in parts {
+        alive += t.alive_ns();
+        for (c, ns) in &t.categories {
+            *cats.entry(*c).or_default() += ns;
+        }
+        for (k, (ns, n)) in &t.reasons {
+            let e = reasons.entry(k.clone()).or_default();
+            e.0 += ns;
+            e.1 += n;
+        }
+    }
+    let pct = |ns: u64| {
+        if alive == 0 {
+            0.0
+        } else {
+            100.0 * ns as f64 / alive as f64
+        }
+    };
+    let mut categories: Vec<CategoryTime> = cats
+        .iter()
+        .filter(|(_, ns)| **ns > 0)
+        .map(|(c, ns)| CategoryTime {
+            category: c.name().to_string(),
+            ns: *ns,
+            percent: pct(*ns),
+        })
+        .collect();
+    categories.sort_by_key(|x| std::cmp::Reverse(x.ns));
+    let mut reasons: Vec<ReasonTime> = reasons
+        .into_iter()
+        .filter(|(_, (ns, _))| *ns > 0)
+        .map(|((c, reason), (ns, count))| ReasonTime {
+            category: c.name().to_string(),
+            reason,
+            ns,
+            count,
+        })
+        .collect();
+    reasons.sort_by_key(|x| std::cmp::Reverse(x.ns));
+    TimeBreakdown {
+        alive_ns: alive,
+        accounted_ns: cats.values().sum(),
+        categories,
+        cpu_user_percent,
+        reasons,
+    }
+}
+
+/// True when the categories sum to the alive time within `tolerance` (a fraction).
+pub fn invariant_holds(b: &TimeBreakdown, tolerance: f64) -> bool {
+    let diff = b.alive_ns.abs_diff(b.accounted_ns) as f64;
+    diff <= tolerance * b.alive_ns.max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracer_common::wall::{PHASE_RUNNABLE, RQ_WOKEN};
+
+    fn row(tid: u32, born: u64, kind: u32, ns: u64) -> Row {
+        Row {
+            key: WallKey {
+                born_ns: born,
+                tgid: 1,
+                tid,
+                kind,
+                sys_nr: 202,
+                kstack: -1,
+                ustack: -1,
+                state: 1,
+                _pad: 0,
+            },
+            val: WallVal { ns, count: 1 },
+        }
+    }
+
+    fn state(born: u64, start: u64, phase: u32) -> ThreadState {
+        ThreadState {
+            born_ns: born,
+            start_ns: start,
+            sys_start_ns: 0,
+            sys_arg0: 0,
+            tgid: 1,
+            phase,
+            sys_nr: -1,
+            override_cat: NO_OVERRIDE,
+            off_state: 1,
+            off_sys_nr: 230,
+            off_kstack: -1,
+            off_ustack: -1,
+        }
+    }
+
+    fn classify(k: &WallKey) -> Verdict {
+        let category = if k.kind == KIND_BLOCKED {
+            Category::Lock
+        } else {
+            Category::from_u32(k.kind).unwrap()
+        };
+        Verdict {
+            category,
+            reason: "r".into(),
+        }
+    }
+
+    #[test]
+    fn straddling_the_window_start_and_end() {
+        // Seeded at 100 (window start) while blocked; blocked until 400, on CPU since 400,
+        // and still on CPU at the end (1000): the open interval is charged up to the end.
+        let rows = [row(7, 100, KIND_BLOCKED, 300)];
+        let open = [(7, state(100, 400, PHASE_ONCPU))];
+        let t = threads(&rows, &open, &[], 1000, classify);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].alive_ns(), 900);
+        assert_eq!(t[0].categories[&Category::Lock], 300);
+        assert_eq!(t[0].categories[&Category::Cpu], 600);
+        let b = breakdown(&t, None);
+        assert!(invariant_holds(&b, 0.01));
+        assert_eq!(b.categories[0].category, "cpu");
+        assert!((b.categories[0].percent - 66.666).abs() < 0.01);
+    }
+
+    #[test]
+    fn open_interval_keeps_its_phase() {
+        let mut st = state(0, 50, PHASE_RUNNABLE);
+        let r = open_row(3, &st, 80);
+        assert_eq!(r.key.kind, Category::Runqueue as u32);
+        assert_eq!(r.key.state, RQ_WOKEN);
+        assert_eq!(r.val.ns, 30);
+        st.override_cat = Category::CudaSync as u32;
+        assert_eq!(open_row(3, &st, 80).key.kind, Category::CudaSync as u32);
+        st.override_cat = NO_OVERRIDE;
+        st.phase = PHASE_BLOCKED;
+        let r = open_row(3, &st, 80);
+        assert_eq!((r.key.kind, r.key.sys_nr), (KIND_BLOCKED, 230));
+    }
+
+    #[test]
+    fn threads_starting_and_exiting_mid_trace() {
+        // Born at 300, died at 700: alive 400 whatever the window.
+        let rows = [
+            row(9, 300, Category::Runqueue as u32, 10),
+            row(9, 300, Category::Cpu as u32, 290),
+            row(9, 300, KIND_BLOCKED, 100),
+        ];
+        let deaths = [(
+            LifeKey {
+                born_ns: 300,
+                tid: 9,
+                _pad: 0,
+            },
+            LifeVal {
+                died_ns: 700,
+                tgid: 1,
+                _pad: 0,
+            },
+        )];
+        let t = threads(&rows, &[], &deaths, 1000, classify);
+        assert_eq!(t.len(), 1);
+        assert!(t[0].exited);
+        assert_eq!(t[0].alive_ns(), 400);
+        assert_eq!(t[0].accounted_ns(), 400);
+    }
+
+    #[test]
+    fn reused_tid_is_two_threads() {
+        // tid 5 lived 0..200, then a new thread got tid 5 at 500 and is alive at 1000.
+        let rows = [
+            row(5, 0, Category::Cpu as u32, 200),
+            row(5, 500, KIND_BLOCKED, 100),
+        ];
+        let deaths = [(
+            LifeKey {
+                born_ns: 0,
+                tid: 5,
+                _pad: 0,
+            },
+            LifeVal {
+                died_ns: 200,
+                tgid: 1,
+                _pad: 0,
+            },
+        )];
+        let open = [(5, state(500, 600, PHASE_ONCPU))];
+        let t = threads(&rows, &open, &deaths, 1000, classify);
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            (t[0].born_ns, t[0].alive_ns(), t[0].accounted_ns()),
+            (0, 200, 200)
+        );
+        assert_eq!(
+            (t[1].born_ns, t[1].alive_ns(), t[1].accounted_ns()),
+            (500, 500, 500)
+        );
+        // Merged per tid for the report, the invariant still holds.
+        let b = breakdown(&t, None);
+        assert_eq!((b.alive_ns, b.accounted_ns), (700, 700));
+    }
+
+    #[test]
+    fn a_gap_breaks_the_invariant() {
+        let rows = [row(1, 0, Category::Cpu as u32, 500)];
+        let t = threads(&rows, &[], &[], 1000, classify);
+        assert!(!invariant_holds(&breakdown(&t, None), 0.01));
+    }
+}

@@ -1,0 +1,204 @@
+//! Why a thread was off CPU: a pure function of what the kernel recorded at switch-out (the
+//! syscall in progress, the task state, the kernel stack). Table driven: a new category or a
+//! new rule is one entry. The rules are documented in docs/attribution.md.
+
+use tracer_common::time::Category;
+
+use super::syscall_names;
+
+/// Kernel functions that say what a blocked thread waits for, matched as prefixes from the
+/// innermost frame outwards; the first frame that matches decides.
+pub const STACK_RULES: &[(&str, Category)] = &[
+    ("futex_", Category::Lock),
+    ("do_nanosleep", Category::Sleep),
+    ("hrtimer_nanosleep", Category::Sleep),
+    ("pipe_", Category::Ipc),
+    ("anon_pipe_", Category::Ipc),
+    ("unix_", Category::Ipc),
+    ("do_wait", Category::Ipc),
+    ("kernel_wait4", Category::Ipc),
+    ("do_msgrcv", Category::Ipc),
+    ("do_semtimedop", Category::Ipc),
+    ("tcp_", Category::Net),
+    ("udp_", Category::Net),
+    ("inet_", Category::Net),
+    ("sk_wait_data", Category::Net),
+    ("sk_stream_wait", Category::Net),
+    ("do_sys_poll", Category::Poll),
+    ("do_select", Category::Poll),
+    ("core_sys_select", Category::Poll),
+    ("ep_poll", Category::Poll),
+    ("do_epoll_wait", Category::Poll),
+    ("io_schedule", Category::Io),
+    ("folio_wait", Category::Io),
+    ("wait_on_page", Category::Io),
+    ("blk_", Category::Io),
+    ("bio_", Category::Io),
+    ("submit_bio_wait", Category::Io),
+    ("iomap_", Category::Io),
+    ("filemap_", Category::Io),
+    ("__blkdev_direct_IO", Category::Io),
+    ("jbd2_", Category::Io),
+    ("io_cqring_wait", Category::Io),
+];
+
+/// When the stack says nothing (or was not captured): the syscall in progress.
+pub const SYSCALL_RULES: &[(&str, Category)] = &[
+    ("futex", Category::Lock),
+    ("futex_waitv", Category::Lock),
+    ("nanosleep", Category::Sleep),
+    ("clock_nanosleep", Category::Sleep),
+    ("pause", Category::Sleep),
+    ("poll", Category::Poll),
+    ("ppoll", Category::Poll),
+    ("select", Category::Poll),
+    ("pselect6", Category::Poll),
+    ("epoll_wait", Category::Poll),
+    ("epoll_pwait", Category::Poll),
+    ("epoll_pwait2", Category::Poll),
+    ("read", Category::Io),
+    ("write", Category::Io),
+    ("pread64", Category::Io),
+    ("pwrite64", Category::Io),
+    ("readv", Category::Io),
+    ("writev", Category::Io),
+    ("preadv", Category::Io),
+    ("pwritev", Category::Io),
+    ("preadv2", Category::Io),
+    ("pwritev2", Category::Io),
+    ("fsync", Category::Io),
+    ("fdatasync", Category::Io),
+    ("sync_file_range", Category::Io),
+    ("openat", Category::Io),
+    ("open", Category::Io),
+    ("io_uring_enter", Category::Io),
+    ("io_getevents", Category::Io),
+    ("recvfrom", Category::Net),
+    ("sendto", Category::Net),
+    ("recvmsg", Category::Net),
+    ("sendmsg", Category::Net),
+    ("accept", Category::Net),
+    ("accept4", Category::Net),
+    ("connect", Category::Net),
+    ("wait4", Category::Ipc),
+    ("waitid", Category::Ipc),
+    ("msgrcv", Category::Ipc),
+    ("semop", Category::Ipc),
+    ("semtimedop", Category::Ipc),
+];
+
+/// `prev_state` bit of uninterruptible sleep (D).
+pub const TASK_UNINTERRUPTIBLE: u32 = 0x2;
+
+/// A classified off-CPU interval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub category: Category,
+    /// The syscall, or `D state` / `no syscall`, shown next to the category in reports.
+    pub reason: String,
+}
+
+/// Classifies blocked time. `kernel_frames` are function names, innermost first.
+pub fn blocked(sys_nr: i32, state: u32, kernel_frames: &[&str]) -> Verdict {
+    let reason = if sys_nr >= 0 {
+        syscall_names::name(sys_nr as i64)
+    } else if state & TASK_UNINTERRUPTIBLE != 0 {
+        "D state".to_string()
+    } else {
+        "no syscall".to_string()
+    };
+    for f in kernel_frames {
+        if let Some((_, c)) = STACK_RULES.iter().find(|(p, _)| f.starts_with(p)) {
+            return Verdict {
+                category: *c,
+                reason,
+            };
+        }
+    }
+    if sys_nr >= 0 {
+        let name = syscall_names::name(sys_nr as i64);
+        if let Some((_, c)) = SYSCALL_RULES.iter().find(|(n, _)| *n == name) {
+            return Verdict {
+                category: *c,
+                reason,
+            };
+        }
+    }
+    let category = if state & TASK_UNINTERRUPTIBLE != 0 {
+        // Uninterruptible sleep outside any known wait is almost always I/O (page faults on
+        // mmap'd files, writeback throttling).
+        Category::Io
+    } else {
+        Category::Other
+    };
+    Verdict { category, reason }
+}
+
+/// Runqueue time: preempted while runnable, or woken and waiting for a CPU.
+pub fn runqueue_reason(state: u32) -> &'static str {
+    if state == tracer_common::wall::RQ_PREEMPTED {
+        "preempted"
+    } else {
+        "woken, waiting for a CPU"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nr(n: &str) -> i32 {
+        syscall_names::nr(n).unwrap() as i32
+    }
+
+    #[test]
+    fn stack_decides_before_syscall() {
+        // A read on a pipe is IPC, not file I/O.
+        let v = blocked(nr("read"), 1, &["schedule", "pipe_read", "vfs_read"]);
+        assert_eq!(v.category, Category::Ipc);
+        // Linux 6.18 names it anon_pipe_read.
+        let v = blocked(nr("read"), 1, &["schedule", "anon_pipe_read", "vfs_read"]);
+        assert_eq!(v.category, Category::Ipc);
+        assert_eq!(v.reason, "read");
+        let v = blocked(nr("read"), 1, &["schedule", "sk_wait_data", "tcp_recvmsg"]);
+        assert_eq!(v.category, Category::Net);
+        let v = blocked(
+            nr("pread64"),
+            2,
+            &["io_schedule", "__iomap_dio_rw", "ext4_file_read_iter"],
+        );
+        assert_eq!(v.category, Category::Io);
+        let v = blocked(nr("recvfrom"), 1, &["schedule", "unix_stream_read_generic"]);
+        assert_eq!(v.category, Category::Ipc);
+    }
+
+    #[test]
+    fn syscall_when_stack_is_silent() {
+        assert_eq!(blocked(nr("futex"), 1, &[]).category, Category::Lock);
+        assert_eq!(
+            blocked(nr("clock_nanosleep"), 1, &["schedule"]).category,
+            Category::Sleep
+        );
+        assert_eq!(blocked(nr("epoll_wait"), 1, &[]).category, Category::Poll);
+        assert_eq!(blocked(nr("read"), 1, &[]).category, Category::Io);
+        assert_eq!(blocked(nr("wait4"), 1, &[]).category, Category::Ipc);
+    }
+
+    #[test]
+    fn unknown_is_other_with_its_syscall_named_and_d_state_is_io() {
+        let v = blocked(nr("getrandom"), 1, &["schedule"]);
+        assert_eq!(v.category, Category::Other);
+        assert_eq!(v.reason, "getrandom");
+        let v = blocked(-1, 2, &["schedule"]);
+        assert_eq!(v.category, Category::Io);
+        assert_eq!(v.reason, "D state");
+        assert_eq!(blocked(-1, 1, &[]).reason, "no syscall");
+    }
+
+    #[test]
+    fn every_syscall_rule_names_a_real_syscall() {
+        for (n, _) in SYSCALL_RULES {
+            assert!(syscall_names::nr(n).is_some(), "{n} is not a syscall name");
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! Reads the accounting maps at the end of a trace and fills the report and the folded stacks.
+
+use std::collections::{BTreeMap, HashMap as StdHashMap};
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{HashMap, MapData},
+    Ebpf,
+};
+use tracer_common::{
+    time::Category,
+    wall::{
+        BlkKey, BlkStat, ErrnoKey, FdKey, FdStat, LifeKey, LifeVal, SysKey, SysStat, ThreadState,
+        WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FILEIO_MAP, KIND_BLOCKED, LIFE_MAP, SYSCALLS_MAP,
+        THREADS_MAP, WALL_MAP,
+    },
+};
+
+use super::{
+    aggregate::{self, Row, ThreadTime},
+    classify::{self, Verdict},
+    render, syscall_names,
+};
+use crate::{
+    collect::Stacks,
+    probes::FinishCtx,
+    report::{
+        model::{
+            time::{BlockIo, ErrnoCount, FileIo, SyscallStat},
+            ThreadReport,
+        },
+        ReportData,
+    },
+};
+
+fn read_map<K: aya::Pod, V: aya::Pod>(ebpf: &Ebpf, name: &str) -> Result<Vec<(K, V)>> {
+    let map: HashMap<&MapData, K, V> = HashMap::try_from(
+        ebpf.map(name)
+            .with_context(|| format!("map {name} missing"))?,
+    )?;
+    let mut out = Vec::new();
+    for item in map.iter() {
+        out.push(item.with_context(|| format!("read {name}"))?);
+    }
+    Ok(out)
+}
+
+pub fn fd_keys(ebpf: &Ebpf) -> Vec<(u32, i32)> {
+    read_map::<FdKey, FdStat>(ebpf, FILEIO_MAP)
+        .map(|v| v.into_iter().map(|(k, _)| (k.tgid, k.fd)).collect())
+        .unwrap_or_default()
+}
+
+pub fn fill(
+    ebpf: &Ebpf,
+    ctx: &mut FinishCtx<'_>,
+    data: &mut ReportData,
+    end: u64,
+    comms: &BTreeMap<u32, (u32, String)>,
+    fds: &BTreeMap<(u32, i32), String>,
+) -> Result<()> {
+    let mut rows: Vec<Row> = read_map::<WallKey, WallVal>(ebpf, WALL_MAP)?
+        .into_iter()
+        .map(|(key, val)| Row { key, val })
+        .collect();
+    let open: Vec<(u32, ThreadState)> = read_map(ebpf, THREADS_MAP)?;
+    rows.extend(
+        open.iter()
+            .map(|(tid, st)| aggregate::open_row(*tid, st, end)),
+    );
+    let deaths: Vec<(LifeKey, LifeVal)> = read_map(ebpf, LIFE_MAP)?;
+
+    let mut stacks = Stacks::new(ebpf)?;
+    let mut kframes: StdHashMap<i32, Vec<String>> = StdHashMap::new();
+    let mut verdicts: StdHashMap<WallKey, Category> = StdHashMap::new();
+    let sym = &mut *ctx.symbolizer;
+    let threads = aggregate::threads(&rows, &[], &deaths, end, |k| {
+        let v = if k.kind == KIND_BLOCKED {
+            let frames = kframes.entry(k.kstack).or_insert_with(|| {
+                stacks
+                    .get(k.kstack)
+                    .map(<[u64]>::to_vec)
+                    .map(|ips| sym.kernel(&ips).into_iter().map(|f| f.name).collect())
+                    .unwrap_or_default()
+            });
+            let names: Vec<&str> = frames.iter().map(String::as_str).collect();
+            classify::blocked(k.sys_nr, k.state, &names)
+        } else if k.kind == Category::Runqueue as u32 {
+            Verdict {
+                category: Category::Runqueue,
+                reason: classify::runqueue_reason(k.state).into(),
+            }
+        } else {
+            let category = Category::from_u32(k.kind).unwrap_or(Category::Other);
+            Verdict {
+                category,
+                reason: if category == Category::Cpu {
+                    "on-CPU".into()
+                } else {
+                    category.name().into()
+                },
+            }
+        };
+        verdicts.insert(*k, v.category);
+        v
+    });
+
+    fill_time(data, &threads, comms);
+    fill_syscalls(ebpf, data)?;
+    fill_files(ebpf, data, fds, ctx.args.top)?;
+    fill_block(ebpf, data)?;
+    data.time = render::folded(&rows, &verdicts, ctx, data, comms, &mut stacks);
+    Ok(())
+}
+
+fn user_percent(samples: u64, kernel: u64) -> Option<f64> {
+    (samples > 0).then(|| 100.0 * samples.saturating_sub(kernel) as f64 / samples as f64)
+}
+
+fn fill_time(data: &mut ReportData, threads: &[ThreadTime], comms: &BTreeMap<u32, (u32, String)>) {
+    let mut warnings = Vec::new();
+    for p in data.report.processes.iter_mut() {
+        let mine: Vec<&ThreadTime> = threads.iter().filter(|t| t.tgid == p.pid).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let kernel: u64 = p.threads.iter().map(|t| t.kernel_samples).sum();
+        p.time = Some(aggregate::breakdown(
+            mine.iter().copied(),
+            user_percent(p.samples, kernel),
+        ));
+        let mut tids: Vec<u32> = mine.iter().map(|t| t.tid).collect();
+        tids.dedup();
+        for tid in tids {
+            let idx = match p.threads.iter().position(|t| t.tid == tid) {
+                Some(i) => i,
+                None => {
+                    p.threads.push(ThreadReport {
+                        tid,
+                        comm: comms.get(&tid).map(|c| c.1.clone()).unwrap_or_default(),
+                        samples: 0,
+                        kernel_samples: 0,
+                        top_self: Vec::new(),
+                        time: None,
+                        syscalls: Vec::new(),
+                    });
+                    p.threads.len() - 1
+                }
+            };
+            let t = &mut p.threads[idx];
+            let b = aggregate::breakdown(
+                mine.iter().copied().filter(|x| x.tid == tid),
+                user_percent(t.samples, t.kernel_samples),
+            );
+            if !aggregate::invariant_holds(&b, 0.01) {
+                warnings.push(format!(
+                    "time accounting of thread {tid} (pid {}) is off: {} ns accounted of {} ns alive",
+                    p.pid, b.accounted_ns, b.alive_ns
+                ));
+            }
+            t.time = Some(b);
+        }
+        p.threads.sort_by_key(|t| t.tid);
+    }
+    data.report.warnings.extend(warnings);
+}
+
+fn errno_name(e: i32) -> String {
+    let n = match e {
+        1 => "EPERM",
+        2 => "ENOENT",
+        3 => "ESRCH",
+        4 => "EINTR",
+        5 => "EIO",
+        9 => "EBADF",
+        10 => "ECHILD",
+        11 => "EAGAIN",
+        12 => "ENOMEM",
+        13 => "EACCES",
+        14 => "EFAULT",
+        17 => "EEXIST",
+        22 => "EINVAL",
+        25 => "ENOTTY",
+        29 => "ESPIPE",
+        32 => "EPIPE",
+        34 => "ERANGE",
+        38 => "ENOSYS",
+        61 => "ENODATA",
+        104 => "ECONNRESET",
+        107 => "ENOTCONN",
+        110 => "ETIMEDOUT",
+        111 => "ECONNREFUSED",
+        115 => "EINPROGRESS",
+        _ => return format!("errno {e}"),
+    };
+    n.to_string()
+}
+
+fn to_stat(nr: i32, s: &SysStat, errnos: &BTreeMap<i32, u64>) -> SyscallStat {
+    let mut hist = s.hist.to_vec();
+    while hist.last() == Some(&0) {
+        hist.pop();
+    }
+    let mut errnos: Vec<ErrnoCount> = errnos
+        .iter()
+        .map(|(e, n)| ErrnoCount {
+            errno: errno_name(*e),
+            count: *n,
+        })
+        .collect();
+    errnos.sort_by_key(|x| std::cmp::Reverse(x.count));
+    SyscallStat {
+        name: syscall_names::name(nr as i64),
+        nr: nr as i64,
+        count: s.count,
+        errors: s.errors,
+        total_ns: s.total_ns,
+        min_ns: s.min_ns,
+        max_ns: s.max_ns,
+        hist_log2_ns: hist,
+        bytes: s.bytes,
+        errnos,
+    }
+}
+
+/// Adds `b` into `a` (same syscall, another thread).
+fn merge(a: &mut SyscallStat, b: &SyscallStat) {
+    if a.count == 0 || (b.count > 0 && b.min_ns < a.min_ns) {
+        a.min_ns = b.min_ns;
+    }
+    a.max_ns = a.max_ns.max(b.max_ns);
+    a.count += b.count;
+    a.errors += b.errors;
+    a.total_ns += b.total_ns;
+    a.bytes += b.bytes;
+    if a.hist_log2_ns.len() < b.hist_log2_ns.len() {
+        a.hist_log2_ns.resize(b.hist_log2_ns.len(), 0);
+    }
+    for (i, n) in b.hist_log2_ns.iter().enumerate() {
+        a.hist_log2_ns[i] += n;
+    }
+    for e in &b.errnos {
+        match a.errnos.iter_mut().find(|x| x.errno == e.errno) {
+            Some(x) => x.count += e.count,
+            None => a.errnos.push(e.clone()),
+        }
+    }
+}
+
+fn fill_syscalls(ebpf: &Ebpf, data: &mut ReportData) -> Result<()> {
+    let stats: Vec<(SysKey, SysStat)> = read_map(ebpf, SYSCALLS_MAP)?;
+    let errs: Vec<(ErrnoKey, u64)> = read_map(ebpf, ERRNOS_MAP)?;
+    let mut by_call: BTreeMap<(u32, u32, i32), BTreeMap<i32, u64>> = BTreeMap::new();
+    for (k, n) in errs {
+        *by_call
+            .entry((k.tgid, k.tid, k.nr))
+            .or_default()
+            .entry(k.errno)
+            .or_default() += n;
+    }
+    let empty = BTreeMap::new();
+    for p in data.report.processes.iter_mut() {
+        let mut per_proc: BTreeMap<i32, SyscallStat> = BTreeMap::new();
+        for (k, s) in stats.iter().filter(|(k, _)| k.tgid == p.pid) {
+            let st = to_stat(
+                k.nr,
+                s,
+                by_call.get(&(k.tgid, k.tid, k.nr)).unwrap_or(&empty),
+            );
+            per_proc
+                .entry(k.nr)
+                .and_modify(|a| merge(a, &st))
+                .or_insert_with(|| st.clone());
+            if let Some(t) = p.threads.iter_mut().find(|t| t.tid == k.tid) {
+                t.syscalls.push(st);
+            }
+        }
+        for t in p.threads.iter_mut() {
+            t.syscalls.sort_by_key(|x| std::cmp::Reverse(x.total_ns));
+        }
+        p.syscalls = per_proc.into_values().collect();
+        p.syscalls.sort_by_key(|x| std::cmp::Reverse(x.total_ns));
+    }
+    Ok(())
+}
+
+fn fill_files(
+    ebpf: &Ebpf,
+    data: &mut ReportData,
+    fds: &BTreeMap<(u32, i32), String>,
+    top: usize,
+) -> Result<()> {
+    let rows: Vec<(FdKey, FdStat)> = read_map(ebpf, FILEIO_MAP)?;
+    for p in data.report.processes.iter_mut() {
+        let mut files: BTreeMap<String, FileIo> = BTreeMap::new();
+        for (k, s) in rows.iter().filter(|(k, _)| k.tgid == p.pid) {
+            let name = fds
+                .get(&(k.tgid, k.fd))
+                .cloned()
+                .or_else(|| {
+                    std::fs::read_link(format!("/proc/{}/fd/{}", k.tgid, k.fd))
+                        .ok()
+                        .map(|p| p.display().to_string())
+                })
+                .unwrap_or_else(|| format!("<closed fd {}>", k.fd));
+            let f = files.entry(name.clone()).or_insert_with(|| FileIo {
+                file: name,
+                ..Default::default()
+            });
+            f.ns += s.ns;
+            f.bytes += s.bytes;
+            f.calls += s.calls;
+        }
+        let mut files: Vec<FileIo> = files.into_values().collect();
+        files.sort_by_key(|x| std::cmp::Reverse(x.ns));
+        files.truncate(top.max(1));
+        p.files = files;
+    }
+    Ok(())
+}
+
+fn device_name(dev: u32) -> String {
+    let (major, minor) = (dev >> 20, dev & 0xf_ffff);
+    let uevent = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent"))
+        .unwrap_or_default();
+    match uevent.lines().find_map(|l| l.strip_prefix("DEVNAME=")) {
+        Some(n) => format!("{major}:{minor} {n}"),
+        None => format!("{major}:{minor}"),
+    }
+}
+
+fn fill_block(ebpf: &Ebpf, data: &mut ReportData) -> Result<()> {
+    let rows: Vec<(BlkKey, BlkStat)> = match read_map(ebpf, BLOCK_MAP) {
+        Ok(r) => r,
+        Err(_) => return Ok(()),
+    };
+    for p in data.report.processes.iter_mut() {
+        for (k, s) in rows.iter().filter(|(k, _)| k.tgid == p.pid) {
+            let mut hist = s.hist.to_vec();
+            while hist.last() == Some(&0) {
+                hist.pop();
+            }
+            p.block_io.push(BlockIo {
+                device: device_name(k.dev),
+                requests: s.requests,
+                reads: s.reads,
+                writes: s.writes,
+                read_bytes: s.read_bytes,
+                write_bytes: s.write_bytes,
+                hist_log2_ns: hist,
+                total_ns: s.total_ns,
+                queue_ns: s.queue_ns,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merges_syscall_stats_of_threads() {
+        let mut a = SyscallStat {
+            count: 2,
+            min_ns: 10,
+            max_ns: 50,
+            total_ns: 60,
+            hist_log2_ns: vec![0, 1],
+            ..Default::default()
+        };
+        let b = SyscallStat {
+            count: 1,
+            min_ns: 5,
+            max_ns: 5,
+            total_ns: 5,
+            hist_log2_ns: vec![0, 0, 1],
+            errnos: vec![ErrnoCount {
+                errno: "EAGAIN".into(),
+                count: 1,
+            }],
+            ..Default::default()
+        };
+        merge(&mut a, &b);
+        assert_eq!((a.count, a.min_ns, a.max_ns, a.total_ns), (3, 5, 50, 65));
+        assert_eq!(a.hist_log2_ns, vec![0, 1, 1]);
+        assert_eq!(a.errnos.len(), 1);
+        assert_eq!(errno_name(11), "EAGAIN");
+        assert_eq!(errno_name(999), "errno 999");
+    }
+}

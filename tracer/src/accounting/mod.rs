@@ -1,0 +1,244 @@
+//! Wall-time accounting (issue 3): where every nanosecond of every traced thread went, with
+//! syscall statistics, I/O per file and block I/O per device. The kernel side
+//! (tracer-ebpf/src/{account,sched,syscalls,block}.rs) sums time per thread and reason; this
+//! module seeds the threads that exist at attach, reads the sums at the end, classifies the
+//! off-CPU time ([`classify`]), aggregates it ([`aggregate`]) and fills the report.
+
+pub mod aggregate;
+pub mod classify;
+mod fill;
+pub mod render;
+pub mod syscall_names;
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{HashMap, MapData},
+    programs::TracePoint,
+    Ebpf, EbpfLoader,
+};
+use tracer_common::{
+    time::NO_OVERRIDE,
+    wall::{ThreadState, PHASE_BLOCKED, PHASE_ONCPU, THREADS_MAP},
+};
+
+use crate::{
+    bpf,
+    probes::{ktime_now, AttachCtx, FinishCtx, ProbeFamily},
+    procfs,
+    report::ReportData,
+    tracefs::{self, Format},
+    tracker::Tracker,
+};
+
+/// Folded stacks for the off-CPU and wall-clock flame graphs (weights in µs).
+#[derive(Debug, Clone, Default)]
+pub struct Folded {
+    pub offcpu: Vec<String>,
+    pub wall: Vec<String>,
+}
+
+/// (program, tracepoint category, tracepoint name), in attach order.
+const SCHED_PROGRAMS: [(&str, &str, &str); 6] = [
+    ("sched_switch", "sched", "sched_switch"),
+    ("sched_wakeup", "sched", "sched_wakeup"),
+    ("sched_wakeup_new", "sched", "sched_wakeup_new"),
+    ("acct_newtask", "task", "task_newtask"),
+    ("sys_enter", "raw_syscalls", "sys_enter"),
+    ("sys_exit", "raw_syscalls", "sys_exit"),
+];
+const BLOCK_PROGRAMS: [(&str, &str, &str); 3] = [
+    ("block_rq_insert", "block", "block_rq_insert"),
+    ("block_rq_issue", "block", "block_rq_issue"),
+    ("block_rq_complete", "block", "block_rq_complete"),
+];
+
+/// Tracepoint field offsets, as globals of the eBPF object.
+struct Offsets(Vec<(&'static str, u32)>);
+
+impl Offsets {
+    fn read() -> Result<Offsets> {
+        let sw = Format::read("sched", "sched_switch")?;
+        let wake = Format::read("sched", "sched_wakeup")?;
+        let tn = Format::read("task", "task_newtask")?;
+        let enter = Format::read("raw_syscalls", "sys_enter")?;
+        let exit = Format::read("raw_syscalls", "sys_exit")?;
+        let mut v = vec![
+            ("OFF_SW_PREV_STATE", sw.offset("prev_state")?),
+            ("OFF_SW_NEXT_PID", sw.offset("next_pid")?),
+            ("OFF_WAKE_PID", wake.offset("pid")?),
+            ("OFF_TN_PID", tn.offset("pid")?),
+            ("OFF_TN_FLAGS", tn.offset("clone_flags")?),
+            ("OFF_SYS_ID", enter.offset("id")?),
+            ("OFF_SYS_ARG0", enter.offset("args")?),
+            ("OFF_SYS_RET", exit.offset("ret")?),
+        ];
+        if tracefs::exists("block", "block_rq_issue") {
+            let issue = Format::read("block", "block_rq_issue")?;
+            let done = Format::read("block", "block_rq_complete")?;
+            v.extend([
+                ("OFF_RQ_DEV", issue.offset("dev")?),
+                ("OFF_RQ_SECTOR", issue.offset("sector")?),
+                ("OFF_RQ_BYTES", issue.offset("bytes")?),
+                ("OFF_RQ_RWBS", issue.offset("rwbs")?),
+                ("OFF_RQC_DEV", done.offset("dev")?),
+                ("OFF_RQC_SECTOR", done.offset("sector")?),
+            ]);
+        }
+        Ok(Offsets(v))
+    }
+}
+
+pub struct Accounting {
+    offsets: std::result::Result<Offsets, String>,
+    /// (tgid, tid) -> thread name, read while the threads are alive.
+    comms: BTreeMap<u32, (u32, String)>,
+    /// (tgid, fd) -> what the fd pointed to when first seen.
+    fds: BTreeMap<(u32, i32), String>,
+    attached: Vec<&'static str>,
+    ticks: u64,
+}
+
+impl Accounting {
+    pub fn new() -> Accounting {
+        Accounting {
+            offsets: Offsets::read().map_err(|e| format!("{e:#}")),
+            comms: BTreeMap::new(),
+            fds: BTreeMap::new(),
+            attached: Vec::new(),
+            ticks: 0,
+        }
+    }
+
+    /// Learns names of new threads and targets of new fds while they still exist.
+    fn learn(&mut self, ebpf: &Ebpf) {
+        if let Some(threads) = ebpf
+            .map(THREADS_MAP)
+            .and_then(|m| HashMap::<&MapData, u32, ThreadState>::try_from(m).ok())
+        {
+            // Re-read every time: exec renames a thread.
+            for (tid, st) in threads.iter().filter_map(Result::ok) {
+                if let Some(c) = procfs::thread_comm(st.tgid, tid) {
+                    self.comms.insert(tid, (st.tgid, c));
+                }
+            }
+        }
+        for (tgid, fd) in fill::fd_keys(ebpf) {
+            if let std::collections::btree_map::Entry::Vacant(e) = self.fds.entry((tgid, fd)) {
+                if let Ok(p) = std::fs::read_link(format!("/proc/{tgid}/fd/{fd}")) {
+                    e.insert(p.display().to_string());
+                }
+            }
+        }
+    }
+}
+
+impl Default for Accounting {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Reads /proc for what a thread is doing now: (phase, prev_state-like bits, syscall nr).
+fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    let st = procfs::parse_stat(&stat)?;
+    let sys =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).unwrap_or_default();
+    let nr: i32 = sys
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(-1);
+    Some(match st.state {
+        'R' => (PHASE_ONCPU, 0, -1),
+        'D' => (PHASE_BLOCKED, 2, nr),
+        _ => (PHASE_BLOCKED, 1, nr),
+    })
+}
+
+impl ProbeFamily for Accounting {
+    fn name(&self) -> &'static str {
+        "time accounting"
+    }
+
+    fn configure<'a>(&'a self, loader: &mut EbpfLoader<'a>) -> Result<()> {
+        let offsets = self
+            .offsets
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("read the scheduler/syscall tracepoint formats: {e}"))?;
+        for (name, off) in &offsets.0 {
+            loader.override_global(name, off, true);
+        }
+        Ok(())
+    }
+
+    fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()> {
+        for (prog, cat, name) in SCHED_PROGRAMS {
+            bpf::attach_tracepoint(ebpf, prog, cat, name)?;
+            self.attached.push(prog);
+        }
+        if tracefs::exists("block", "block_rq_issue") {
+            for (prog, cat, name) in BLOCK_PROGRAMS {
+                bpf::attach_tracepoint(ebpf, prog, cat, name)?;
+                self.attached.push(prog);
+            }
+        }
+        // Threads that exist now: accounted from now, in what /proc says they are doing.
+        // BPF_NOEXIST: a thread the programs already saw keeps the kernel's exact state.
+        let now = ktime_now();
+        let mut threads: HashMap<&mut MapData, u32, ThreadState> =
+            HashMap::try_from(ebpf.map_mut(THREADS_MAP).context("map THREADS missing")?)?;
+        for &pid in ctx.pids {
+            for tid in procfs::tasks(pid) {
+                let Some((phase, state, nr)) = thread_now(pid, tid) else {
+                    continue;
+                };
+                let st = ThreadState {
+                    born_ns: now,
+                    start_ns: now,
+                    sys_start_ns: now,
+                    sys_arg0: 0,
+                    tgid: pid,
+                    phase,
+                    sys_nr: nr,
+                    override_cat: NO_OVERRIDE,
+                    off_state: state,
+                    off_sys_nr: nr,
+                    off_kstack: -1,
+                    off_ustack: -1,
+                };
+                let _ = threads.insert(tid, st, 1);
+            }
+        }
+        self.learn(ebpf);
+        Ok(())
+    }
+
+    fn tick(&mut self, ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
+        self.ticks += 1;
+        if self.ticks.is_multiple_of(5) {
+            self.learn(ebpf);
+        }
+        Ok(())
+    }
+
+    fn finish(
+        &mut self,
+        ebpf: &mut Ebpf,
+        ctx: &mut FinishCtx<'_>,
+        data: &mut ReportData,
+    ) -> Result<()> {
+        self.learn(ebpf);
+        // Stop the programs so that the sums and the open intervals are read at one instant.
+        for prog in self.attached.drain(..) {
+            if let Some(p) = ebpf.program_mut(prog) {
+                let p: &mut TracePoint = p.try_into()?;
+                p.unload().with_context(|| format!("detach {prog}"))?;
+            }
+        }
+        let end = ktime_now();
+        fill::fill(ebpf, ctx, data, end, &self.comms, &self.fds)
+    }
+}
