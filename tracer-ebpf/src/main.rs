@@ -6,6 +6,7 @@
 #![feature(core_intrinsics)]
 
 mod account;
+mod cuda;
 mod maps;
 mod proc;
 mod sampler;

@@ -7,6 +7,7 @@ pub mod aggregate;
 pub mod bpf;
 pub mod cli;
 pub mod collect;
+pub mod cuda;
 pub mod error;
 pub mod probes;
 pub mod procfs;

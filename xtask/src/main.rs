@@ -1,6 +1,7 @@
 //! `cargo xtask setup | run | test | bench`: what a build script should not do.
 
 mod setup;
+mod test_deps;
 
 use std::process::{Command, ExitCode};
 

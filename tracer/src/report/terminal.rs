@@ -66,6 +66,7 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(o, "{}", fn_line(f));
         }
     }
+    o.push_str(&crate::cuda::terminal::section(r));
     let _ = writeln!(o);
     if r.drops.is_empty() {
         let _ = writeln!(o, "Drops: none");
