@@ -42,6 +42,11 @@ fn fake_cuda() -> PathBuf {
     cc("libnvidia-ml.so.1", &["-shared", "-fPIC", &s("nvml.c")]);
     let cudart = dir.join("libcudart.so.12").display().to_string();
     cc("workload", &[&s("workload.c"), &cudart, "-ldl", &rpath]);
+    // The runtime linked into the executable, as nvcc's default `-cudart static` does.
+    cc(
+        "workload_static",
+        &[&s("workload.c"), &s("cudart.c"), "-ldl", &rpath],
+    );
     *built = true;
     dir
 }
@@ -235,6 +240,44 @@ fn fake_cuda_calls_are_counted_exactly() {
     assert!(run.stdout.contains("CUDA in pid"), "{}", run.stdout);
     assert!(run.stdout.contains("vectorAdd"), "{}", run.stdout);
     assert!(report["drops"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn runtime_linked_into_the_executable_is_found_and_probed() {
+    let _g = serial();
+    if !require_root("runtime_linked_into_the_executable_is_found_and_probed") {
+        return;
+    }
+    let dir = fake_cuda();
+    let out = common::out_dir("cuda-static");
+    let workload = dir.join("workload_static").display().to_string();
+    let run = run_traced(
+        &["-o", out.to_str().unwrap(), "--", &workload, "1500"],
+        &[(nvml_env(), "/nonexistent/libnvidia-ml.so.1")],
+    );
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    let c = cuda_of(&report, "workload_static");
+    let runtime = c["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["kind"] == "runtime")
+        .unwrap_or_else(|| panic!("no runtime found: {:#}", c["libraries"]));
+    assert!(runtime["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("/workload_static"));
+    assert_eq!(count(&c, "cudaLaunchKernel"), 153);
+    assert_eq!(count(&c, "cuLaunchKernel"), 25);
+    assert_eq!(count(&c, "cudaMalloc"), 4);
+    let spots = report["blind_spots"].as_array().unwrap();
+    assert!(
+        spots
+            .iter()
+            .any(|s| s.as_str().unwrap().contains("carries its own CUDA runtime")),
+        "{spots:#?}"
+    );
 }
 
 fn nvml_env() -> &'static str {

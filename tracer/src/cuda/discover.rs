@@ -40,14 +40,29 @@ pub struct Found {
     /// A path this process can open: the same path when it is the same file here, otherwise
     /// the process's /proc/PID/map_files link (another mount namespace, a deleted file).
     pub open_path: PathBuf,
+    /// Not a libcudart but an object with its own (statically linked) runtime.
+    pub embedded: bool,
 }
 
-/// The CUDA libraries in `maps` of process `pid`, each once.
-pub fn scan(pid: u32, maps: &[Mapping]) -> Vec<Found> {
+/// The CUDA libraries in `maps` of process `pid`, each once. Other executable objects are
+/// asked `embedded(open_path)` (once each: the caller caches) whether they carry their own
+/// CUDA runtime; those are returned as runtime libraries too.
+pub fn scan(
+    pid: u32,
+    maps: &[Mapping],
+    mut embedded: impl FnMut(u64, &str, &Path) -> bool,
+) -> Vec<Found> {
     let mut out: Vec<Found> = Vec::new();
     for m in maps.iter().filter(|m| m.is_file()) {
-        let Some(layer) = classify(&m.path) else {
-            continue;
+        let (layer, is_embedded) = match classify(&m.path) {
+            Some(l) => (l, false),
+            None if m.is_exec() => {
+                if !embedded(m.inode, &m.path, &procfs::map_file_path(pid, m)) {
+                    continue;
+                }
+                (Layer::Runtime, true)
+            }
+            None => continue,
         };
         if out.iter().any(|f| f.inode == m.inode && f.path == m.path) {
             continue;
@@ -63,6 +78,7 @@ pub fn scan(pid: u32, maps: &[Mapping]) -> Vec<Found> {
             path: m.path.clone(),
             inode: m.inode,
             open_path,
+            embedded: is_embedded,
         });
     }
     out
@@ -76,13 +92,67 @@ pub fn from_path(path: &Path, layer: Layer) -> Result<Found> {
         path: path.display().to_string(),
         inode: md.ino(),
         open_path: path.to_path_buf(),
+        embedded: false,
     })
+}
+
+/// A read-only private mapping of a whole file: libcuda is ~100 MB and libtorch_cuda ~1 GB, of
+/// which parsing the symbol tables touches a small part.
+struct Mmap {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Mmap {
+    fn open(path: &Path) -> Result<Mmap> {
+        let file = fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+        let len = file.metadata()?.len() as usize;
+        if len == 0 {
+            anyhow::bail!("{} is empty", path.display());
+        }
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh private read-only mapping of a file we opened; unmapped in Drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("mmap {}", path.display()));
+        }
+        Ok(Mmap { ptr, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes long and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl Drop for Mmap {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len come from a successful mmap.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+/// True when `path` defines (not imports) one of the runtime's launch functions: a library
+/// with its own copy of the CUDA runtime (static cudart), which must be probed by itself.
+pub fn embeds_runtime(path: &Path) -> bool {
+    const MARKERS: &[&str] = &["cudaLaunchKernel", "cudaMemcpy", "cudaMalloc"];
+    symbol_offsets(path, MARKERS).is_ok_and(|o| !o.is_empty())
 }
 
 /// File offsets (what a uprobe is attached at) of the defined functions among `names`.
 pub fn symbol_offsets(path: &Path, names: &[&str]) -> Result<HashMap<String, u64>> {
-    let data = fs::read(path).with_context(|| format!("read {}", path.display()))?;
-    let obj = object::File::parse(&*data)
+    let map = Mmap::open(path)?;
+    let obj = object::File::parse(map.bytes())
         .with_context(|| format!("{} is not an ELF object", path.display()))?;
     let mut out = HashMap::new();
     for sym in obj.dynamic_symbols().chain(obj.symbols()) {

@@ -58,6 +58,8 @@ pub struct CudaFamily {
     raw: RawEvents,
     ticks: u64,
     warnings: Vec<String>,
+    /// Other mapped objects checked for an embedded CUDA runtime: (inode, path) -> verdict.
+    checked: HashMap<(u64, String), bool>,
 }
 
 struct Lib {
@@ -96,6 +98,7 @@ impl CudaFamily {
             raw: RawEvents::default(),
             ticks: 0,
             warnings: Vec::new(),
+            checked: HashMap::new(),
         }
     }
 
@@ -122,7 +125,13 @@ impl CudaFamily {
             let Some(maps) = procfs::read_maps(pid) else {
                 continue;
             };
-            for found in discover::scan(pid, &maps) {
+            let checked = &mut self.checked;
+            let found_libs = discover::scan(pid, &maps, |inode, path, open| {
+                *checked
+                    .entry((inode, path.to_string()))
+                    .or_insert_with(|| discover::embeds_runtime(open))
+            });
+            for found in found_libs {
                 let i = self.ensure(ebpf, found);
                 self.users.entry(pid).or_default().insert(i);
             }
@@ -342,7 +351,20 @@ impl ProbeFamily for CudaFamily {
                 memory,
             });
         }
-        // Override libraries are attached whether or not a process maps them yet.
+        for l in self.libs.iter().filter(|l| l.found.embedded) {
+            data.report.blind_spots.push(format!(
+                "{} carries its own CUDA runtime (statically linked); probed through its \
+                 symbol table",
+                l.found.path
+            ));
+        }
+        if !self.libs.is_empty() {
+            data.report.blind_spots.push(
+                "CUDA runtimes linked statically into stripped objects (no symbol table) are \
+                 not probed; their work is still seen at the driver (libcuda)"
+                    .into(),
+            );
+        }
         for l in &self.libs {
             for f in &l.failed {
                 data.report
