@@ -237,6 +237,23 @@ fn fake_cuda_calls_are_counted_exactly() {
         .collect();
     assert_eq!(leaked, vec![4 << 20, 2 << 20]);
 
+    // One thread made every call.
+    let threads = c["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 1, "{threads:#?}");
+    let calls: u64 = threads[0]["api"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["count"].as_u64().unwrap())
+        .sum();
+    let all: u64 = c["api"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(calls, all);
+
     assert!(run.stdout.contains("CUDA in pid"), "{}", run.stdout);
     assert!(run.stdout.contains("vectorAdd"), "{}", run.stdout);
     assert!(report["drops"].as_array().unwrap().is_empty());

@@ -10,7 +10,7 @@ use tracer_common::cuda::{
 
 use super::{errors, table};
 use crate::report::model::cuda::{
-    Allocation, ApiStat, CopyStat, CudaErrorCount, KernelStat, MemoryStat,
+    Allocation, ApiStat, CopyStat, CudaErrorCount, KernelStat, MemoryStat, ThreadCuda,
 };
 
 /// How many never-freed allocations and live-bytes points a report keeps.
@@ -18,8 +18,46 @@ pub const MAX_NEVER_FREED: usize = 20;
 pub const MAX_SERIES: usize = 1000;
 
 pub fn api_stats(pid: u32, api: &[(ApiKey, ApiVal)], errs: &[(ErrKey, u64)]) -> Vec<ApiStat> {
+    merge_api(
+        api.iter().filter(|(k, _)| k.pid == pid),
+        errs.iter().filter(|(k, _)| k.pid == pid),
+    )
+}
+
+/// Per-thread API statistics of one process (errors are kept per process, not per thread).
+pub fn thread_stats(pid: u32, api: &[(ApiKey, ApiVal)]) -> Vec<ThreadCuda> {
+    let mut tids: Vec<u32> = api
+        .iter()
+        .filter(|(k, _)| k.pid == pid)
+        .map(|(k, _)| k.tid)
+        .collect();
+    tids.sort_unstable();
+    tids.dedup();
+    let mut out: Vec<ThreadCuda> = tids
+        .into_iter()
+        .map(|tid| {
+            let stats = merge_api(
+                api.iter().filter(|(k, _)| k.pid == pid && k.tid == tid),
+                std::iter::empty(),
+            );
+            ThreadCuda {
+                tid,
+                total_ns: stats.iter().map(|s| s.total_ns).sum(),
+                api: stats,
+            }
+        })
+        .filter(|t| !t.api.is_empty())
+        .collect();
+    out.sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.tid.cmp(&b.tid)));
+    out
+}
+
+fn merge_api<'a>(
+    api: impl Iterator<Item = &'a (ApiKey, ApiVal)>,
+    errs: impl Iterator<Item = &'a (ErrKey, u64)>,
+) -> Vec<ApiStat> {
     let mut by_fid: BTreeMap<u32, ApiStat> = BTreeMap::new();
-    for (k, v) in api.iter().filter(|(k, _)| k.pid == pid) {
+    for (k, v) in api {
         let Some(f) = table::func(k.fid) else {
             continue;
         };
@@ -46,7 +84,7 @@ pub fn api_stats(pid: u32, api: &[(ApiKey, ApiVal)], errs: &[(ErrKey, u64)]) -> 
             *a += b;
         }
     }
-    for (k, n) in errs.iter().filter(|(k, _)| k.pid == pid) {
+    for (k, n) in errs {
         let Some(f) = table::func(k.fid) else {
             continue;
         };
@@ -273,6 +311,9 @@ mod tests {
         assert_eq!(s.layer, "runtime");
         assert_eq!(s.errors[0].name, "cudaErrorInsufficientDriver");
         assert_eq!(s.errors[0].count, 2);
+        let t = thread_stats(1, &api);
+        assert_eq!(t.iter().map(|t| t.tid).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!((t[0].total_ns, t[0].api[0].count), (300, 2));
     }
 
     #[test]

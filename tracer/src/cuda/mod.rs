@@ -349,6 +349,7 @@ impl ProbeFamily for CudaFamily {
                 copies: aggregate::copy_stats(pid, &copies),
                 kernels,
                 memory,
+                threads: aggregate::thread_stats(pid, &api),
             });
         }
         for l in self.libs.iter().filter(|l| l.found.embedded) {
