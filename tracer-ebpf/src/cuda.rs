@@ -10,9 +10,9 @@ use aya_ebpf::{
     helpers::{
         bpf_get_attach_cookie, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
     },
-    macros::{map, uprobe, uretprobe},
+    macros::{map, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray, RingBuf},
-    programs::{ProbeContext, RetProbeContext},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
     EbpfContext, Global,
 };
 use tracer_common::{
@@ -281,6 +281,29 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
         );
     } else if shape == Shape::Free as u8 && a[0] != 0 {
         emit(EventKind::Free, tgid, tid, fid, a[0], 0);
+    }
+    0
+}
+
+/// A thread that exits inside a probed call (killed, `pthread_exit` in a callback) never
+/// returns; its depth must not survive into a later thread that reuses the id.
+#[tracepoint]
+pub fn cuda_thread_exit(_ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if !is_traced(tgid) {
+        return 0;
+    }
+    let pid_tgid = ((tgid as u64) << 32) | tid as u64;
+    if CUDA_DEPTH.remove(&pid_tgid).is_ok() {
+        let mut depth = 1;
+        while depth <= MAX_DEPTH {
+            let _ = CUDA_STASH.remove(&StashKey {
+                pid_tgid,
+                depth,
+                _pad: 0,
+            });
+            depth += 1;
+        }
     }
     0
 }

@@ -262,6 +262,7 @@ impl ProbeFamily for CudaFamily {
                 .try_into()?;
             p.load().map_err(|e| load_error(prog, e))?;
         }
+        crate::bpf::attach_tracepoint(ebpf, "cuda_thread_exit", "sched", "sched_process_exit")?;
         for (path, layer) in self.overrides.clone() {
             let found = discover::from_path(&path, layer)?;
             let i = self.ensure(ebpf, found);
