@@ -8,6 +8,7 @@
 mod bad_input;
 mod common;
 mod cpu_profile;
+mod cuda;
 mod faults;
 mod report_outputs;
 mod security;

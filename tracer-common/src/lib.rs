@@ -5,6 +5,7 @@
 #![no_std]
 
 pub mod cpu;
+pub mod cuda;
 pub mod drops;
 pub mod proc;
 pub mod time;

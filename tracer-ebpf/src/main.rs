@@ -7,6 +7,7 @@
 
 mod account;
 mod block;
+mod cuda;
 mod maps;
 mod proc;
 mod sampler;

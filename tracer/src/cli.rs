@@ -91,6 +91,22 @@ pub struct TraceArgs {
     #[arg(short = 'v', long)]
     pub verbose: bool,
 
+    /// Probe this CUDA runtime library instead of (and besides) the ones found in the processes.
+    #[arg(long, value_name = "PATH")]
+    pub libcudart: Option<PathBuf>,
+
+    /// Probe this CUDA driver library (libcuda.so) as well as the ones found in the processes.
+    #[arg(long, value_name = "PATH")]
+    pub libcuda: Option<PathBuf>,
+
+    /// How often NVML is sampled (e.g. 100ms, 1s).
+    #[arg(long, default_value = "100ms", value_parser = parse_duration, value_name = "DURATION")]
+    pub nvml_interval: Duration,
+
+    /// Count CUDA calls at entry only (no durations or errors); for measuring probe cost.
+    #[arg(long, hide = true)]
+    pub cuda_entry_only: bool,
+
     /// The command to launch and trace from its first instruction.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,

@@ -9,6 +9,7 @@ pub mod bpf;
 pub mod check;
 pub mod cli;
 pub mod collect;
+pub mod cuda;
 pub mod demo;
 pub mod diff;
 pub mod error;

@@ -54,6 +54,9 @@ pub fn ktime_now() -> u64 {
 }
 
 /// The families a trace runs, in the order they attach.
-pub fn families(_args: &TraceArgs) -> Vec<Box<dyn ProbeFamily>> {
-    vec![Box::new(crate::accounting::Accounting::new())]
+pub fn families(args: &TraceArgs) -> Vec<Box<dyn ProbeFamily>> {
+    vec![
+        Box::new(crate::accounting::Accounting::new()),
+        Box::new(crate::cuda::CudaFamily::new(args)),
+    ]
 }

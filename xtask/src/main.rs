@@ -1,8 +1,10 @@
 //! `cargo xtask setup | run | test | bench`: what a build script should not do.
 
 mod bench;
+mod bench_cuda;
 mod bench_sched;
 mod setup;
+mod test_deps;
 
 use std::process::{Command, ExitCode};
 
@@ -26,6 +28,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Measure the cost per traced CUDA launch (uprobe only vs uprobe + uretprobe).
+    BenchCuda,
     /// Set up, check formatting and lints, and run every test, the root/BPF ones included.
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
@@ -86,6 +90,10 @@ fn run(cli: Cli) -> Result<()> {
                 std::process::exit(status.code().unwrap_or(1));
             }
             Ok(())
+        }
+        Cmd::BenchCuda => {
+            cargo(&["build", "--release", "-p", "gputrace"])?;
+            bench_cuda::run(&workspace_root().join("target/release/gputrace"))
         }
         Cmd::Test { args } => {
             setup::run()?;

@@ -55,6 +55,7 @@ pub fn run() -> Result<()> {
             "Debian's rustc-web is installed but /usr/lib/rustlib/bpfel-unknown-none has no core"
         );
     }
+    crate::test_deps::fetch()?;
     eprintln!(
         "xtask: eBPF toolchain ready ({}, bpf-linker {})",
         if nightly {

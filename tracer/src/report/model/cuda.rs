@@ -14,6 +14,17 @@ pub struct ProcessCuda {
     /// Kernels by launch count.
     pub kernels: Vec<KernelStat>,
     pub memory: MemoryStat,
+    /// The same API statistics per thread (threads that made CUDA calls), busiest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<ThreadCuda>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ThreadCuda {
+    pub tid: u32,
+    /// Time inside CUDA calls, all functions.
+    pub total_ns: u64,
+    pub api: Vec<ApiStat>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -1,0 +1,465 @@
+//! CUDA tracing against fake libcudart/libcuda/libnvidia-ml built from tests/workloads/fake_cuda
+//! (real symbol names, `push %rbp` prologues) and against the real libcudart.so.12.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::Mutex,
+};
+
+use serde_json::Value;
+
+use crate::common::{self, repo_root, require_root, serial, tmp_dir, Run, GPUTRACE};
+
+/// Builds the fake libraries and the workload once; returns their directory.
+fn fake_cuda() -> PathBuf {
+    static BUILT: Mutex<bool> = Mutex::new(false);
+    let dir = tmp_dir().join("fake_cuda");
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if *built {
+        return dir;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = repo_root().join("tests/workloads/fake_cuda");
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
+    // -O0: every function keeps its `push %rbp` prologue (at -O1 gcc drops it in leaf
+    // functions), like the real library's exported functions.
+    let cc = |out: &str, args: &[&str]| {
+        let st = Command::new("gcc")
+            .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
+            .arg(dir.join(out))
+            .args(args)
+            .status()
+            .expect("run gcc");
+        assert!(st.success(), "gcc failed building {out}");
+    };
+    let s = |n: &str| src.join(n).display().to_string();
+    cc("libcuda.so.1", &["-shared", "-fPIC", &s("cuda.c")]);
+    cc(
+        "libcudart.so.12",
+        &["-shared", "-fPIC", &s("cudart.c"), "-ldl", &rpath],
+    );
+    cc("libnvidia-ml.so.1", &["-shared", "-fPIC", &s("nvml.c")]);
+    let cudart = dir.join("libcudart.so.12").display().to_string();
+    cc("workload", &[&s("workload.c"), &cudart, "-ldl", &rpath]);
+    // The runtime linked into the executable, as nvcc's default `-cudart static` does.
+    cc(
+        "workload_static",
+        &[&s("workload.c"), &s("cudart.c"), "-ldl", &rpath],
+    );
+    *built = true;
+    dir
+}
+
+fn run_traced(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut cmd = Command::new(GPUTRACE);
+    cmd.args(args).stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let output = cmd.output().expect("run gputrace");
+    Run {
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        output,
+    }
+}
+
+fn cuda_of(report: &Value, comm: &str) -> Value {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["comm"] == comm && !p["cuda"].is_null())
+        .unwrap_or_else(|| panic!("no process {comm} with a CUDA section in {report:#}"))["cuda"]
+        .clone()
+}
+
+fn api<'a>(cuda: &'a Value, function: &str) -> Option<&'a Value> {
+    cuda["api"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["function"] == function)
+}
+
+fn count(cuda: &Value, function: &str) -> u64 {
+    api(cuda, function).map_or(0, |a| a["count"].as_u64().unwrap())
+}
+
+/// (code, count) of a function's errors.
+fn errors(cuda: &Value, function: &str) -> Vec<(i64, u64)> {
+    api(cuda, function)
+        .map(|a| {
+            a["errors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| (e["code"].as_i64().unwrap(), e["count"].as_u64().unwrap()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn fake_cuda_calls_are_counted_exactly() {
+    let _g = serial();
+    if !require_root("fake_cuda_calls_are_counted_exactly") {
+        return;
+    }
+    let dir = fake_cuda();
+    let out = common::out_dir("cuda-fake");
+    let workload = dir.join("workload").display().to_string();
+    // The workload waits 1.5 s before its first call, so discovery (every 0.5 s) has found
+    // both libraries by then.
+    let run = run_traced(
+        &["-o", out.to_str().unwrap(), "--", &workload, "1500"],
+        &[(nvml_env(), "/nonexistent/libnvidia-ml.so.1")],
+    );
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    assert!(run.stdout.contains("workload done"), "{}", run.stdout);
+    let report = run.report(&out);
+    let c = cuda_of(&report, "workload");
+
+    let kinds: Vec<&str> = c["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["kind"].as_str().unwrap())
+        .collect();
+    assert!(
+        kinds.contains(&"runtime") && kinds.contains(&"driver"),
+        "{kinds:?}"
+    );
+
+    // Runtime launches: 100 + 50 + 3 failing; the 7 ExC launches call cudaLaunchKernel inside
+    // the runtime, and every runtime launch calls cuLaunchKernel through a pointer: each is
+    // counted once, at the outermost call.
+    assert_eq!(count(&c, "cudaLaunchKernel"), 153);
+    assert_eq!(errors(&c, "cudaLaunchKernel"), vec![(98, 3)]);
+    assert_eq!(count(&c, "cudaLaunchKernelExC"), 7);
+    assert_eq!(
+        count(&c, "cuLaunchKernel"),
+        25,
+        "only the direct driver launches"
+    );
+    assert_eq!(errors(&c, "cuLaunchKernel"), vec![(400, 1)]);
+    assert_eq!(count(&c, "cuMemAlloc_v2"), 0, "nested in cudaMalloc");
+    assert_eq!(count(&c, "cudaMalloc"), 4);
+    assert_eq!(count(&c, "cudaFree"), 2);
+    assert_eq!(count(&c, "cudaMemcpy"), 17);
+    assert_eq!(errors(&c, "cudaMemcpy"), vec![(21, 2)]);
+    let err_name = &api(&c, "cudaMemcpy").unwrap()["errors"][0]["name"];
+    assert_eq!(err_name, "cudaErrorInvalidMemcpyDirection");
+    assert_eq!(count(&c, "cudaMemcpyAsync"), 4);
+    assert_eq!(count(&c, "cudaMemcpy2D"), 1);
+    assert_eq!(count(&c, "cuMemcpyHtoD_v2"), 3);
+    assert_eq!(count(&c, "cuModuleGetFunction"), 1);
+    assert_eq!(count(&c, "__cudaRegisterFunction"), 1);
+
+    // Syncs sleep 20 ms (device) and 10 ms (stream).
+    let sync = api(&c, "cudaDeviceSynchronize").unwrap();
+    assert_eq!(sync["count"], 5);
+    assert!(sync["min_ns"].as_u64().unwrap() >= 20_000_000, "{sync}");
+    assert!(sync["total_ns"].as_u64().unwrap() >= 100_000_000, "{sync}");
+    let hist: u64 = sync["hist_log2_ns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(hist, 5);
+    let ssync = api(&c, "cudaStreamSynchronize").unwrap();
+    assert_eq!(ssync["count"], 2);
+    assert!(ssync["min_ns"].as_u64().unwrap() >= 10_000_000);
+
+    // Copies: H2D = 10 x 1 MiB + 2D 64 x 32 + 3 x 1000 (driver); D2H 5 x 4096; D2D async 4 x 512.
+    let copy = |dir: &str, mode: &str| -> (u64, u64) {
+        c["copies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["direction"] == dir && x["mode"] == mode)
+            .map(|x| (x["count"].as_u64().unwrap(), x["bytes"].as_u64().unwrap()))
+            .unwrap_or((0, 0))
+    };
+    assert_eq!(copy("H2D", "sync"), (14, 10 * 1048576 + 64 * 32 + 3 * 1000));
+    assert_eq!(copy("D2H", "sync"), (5, 5 * 4096));
+    assert_eq!(copy("D2D", "async"), (4, 4 * 512));
+    assert_eq!(
+        c["copies"].as_array().unwrap().len(),
+        3,
+        "{:#}",
+        c["copies"]
+    );
+
+    // Kernels: named by symbolising the host stub, by __cudaRegisterFunction, by
+    // cuModuleGetFunction, and by cuLibraryGetKernel through cuKernelGetFunction's alias.
+    let kernel = |name: &str| -> Value {
+        c["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["name"] == name)
+            .unwrap_or_else(|| panic!("no kernel {name} in {:#}", c["kernels"]))
+            .clone()
+    };
+    let va = kernel("vectorAdd(float const*, float const*, float*, int)");
+    assert_eq!(va["launches"], 107);
+    assert_eq!(va["grid"], serde_json::json!([256, 1, 1]));
+    assert_eq!(va["block"], serde_json::json!([128, 1, 1]));
+    let sc = kernel("scale(float*, int, float)");
+    assert_eq!(sc["launches"], 50);
+    assert_eq!(sc["grid"], serde_json::json!([64, 2, 1]));
+    assert_eq!(sc["block"], serde_json::json!([32, 4, 1]));
+    let rd = kernel("reduce(int*, int)");
+    assert_eq!(rd["launches"], 20);
+    assert_eq!(rd["block"], serde_json::json!([256, 1, 1]));
+    assert_eq!(kernel("softmax(float*)")["launches"], 4);
+    assert_eq!(
+        kernel("softmax(float*)")["grid"],
+        serde_json::json!([2, 2, 2])
+    );
+    assert_eq!(c["kernels"].as_array().unwrap().len(), 4);
+
+    // Memory: 1+2+3+4 MiB allocated, 1 and 3 freed.
+    let m = &c["memory"];
+    assert_eq!(m["allocs"], 4);
+    assert_eq!(m["frees"], 2);
+    assert_eq!(m["alloc_bytes"], 10 << 20);
+    assert_eq!(m["peak_live_bytes"], 10 << 20);
+    assert_eq!(m["live_bytes_at_end"], 6 << 20);
+    let leaked: Vec<u64> = m["never_freed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(leaked, vec![4 << 20, 2 << 20]);
+
+    // One thread made every call.
+    let threads = c["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 1, "{threads:#?}");
+    let calls: u64 = threads[0]["api"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["count"].as_u64().unwrap())
+        .sum();
+    let all: u64 = c["api"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(calls, all);
+
+    assert!(run.stdout.contains("CUDA in pid"), "{}", run.stdout);
+    assert!(run.stdout.contains("vectorAdd"), "{}", run.stdout);
+    assert!(report["drops"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn runtime_linked_into_the_executable_is_found_and_probed() {
+    let _g = serial();
+    if !require_root("runtime_linked_into_the_executable_is_found_and_probed") {
+        return;
+    }
+    let dir = fake_cuda();
+    let out = common::out_dir("cuda-static");
+    let workload = dir.join("workload_static").display().to_string();
+    let run = run_traced(
+        &["-o", out.to_str().unwrap(), "--", &workload, "1500"],
+        &[(nvml_env(), "/nonexistent/libnvidia-ml.so.1")],
+    );
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    let c = cuda_of(&report, "workload_static");
+    let runtime = c["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["kind"] == "runtime")
+        .unwrap_or_else(|| panic!("no runtime found: {:#}", c["libraries"]));
+    assert!(runtime["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("/workload_static"));
+    assert_eq!(count(&c, "cudaLaunchKernel"), 153);
+    assert_eq!(count(&c, "cuLaunchKernel"), 25);
+    assert_eq!(count(&c, "cudaMalloc"), 4);
+    let spots = report["blind_spots"].as_array().unwrap();
+    assert!(
+        spots
+            .iter()
+            .any(|s| s.as_str().unwrap().contains("carries its own CUDA runtime")),
+        "{spots:#?}"
+    );
+}
+
+fn nvml_env() -> &'static str {
+    "GPUTRACE_NVML_LIB"
+}
+
+fn real_libcudart() -> PathBuf {
+    let p = repo_root().join("target/test-deps/nvidia/cuda_runtime/lib/libcudart.so.12");
+    assert!(
+        p.is_file(),
+        "{} is missing: run `cargo xtask setup` (it fetches the nvidia-cuda-runtime-cu12 wheel)",
+        p.display()
+    );
+    p
+}
+
+const CTYPES_SCRIPT: &str = r#"
+import ctypes, sys, time
+time.sleep(1.0)                      # gputrace is attached before the runtime is loaded
+lib = ctypes.CDLL(sys.argv[1])
+time.sleep(1.5)                      # discovery runs every 0.5 s
+class dim3(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+p = ctypes.c_void_p()
+codes = []
+for _ in range(3):
+    codes.append(lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1 << 20)))
+for _ in range(2):
+    codes.append(lib.cudaMemcpy(ctypes.byref(p), ctypes.byref(p), ctypes.c_size_t(8), 1))
+for _ in range(4):
+    codes.append(lib.cudaLaunchKernel(ctypes.c_void_p(0x1234), dim3(1, 1, 1), dim3(32, 1, 1),
+                                      None, ctypes.c_size_t(0), None))
+codes.append(lib.cudaDeviceSynchronize())
+print("codes", codes)
+"#;
+
+#[test]
+fn real_libcudart_loaded_after_attach_is_counted_with_error_35() {
+    let _g = serial();
+    if !require_root("real_libcudart_loaded_after_attach_is_counted_with_error_35") {
+        return;
+    }
+    let lib = real_libcudart();
+    let script = tmp_dir().join("cudart_ctypes.py");
+    std::fs::write(&script, CTYPES_SCRIPT).unwrap();
+    let out = common::out_dir("cuda-real");
+    let run = run_traced(
+        &[
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            "python3",
+            script.to_str().unwrap(),
+            lib.to_str().unwrap(),
+        ],
+        &[(nvml_env(), "/nonexistent/libnvidia-ml.so.1")],
+    );
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    // Without a GPU driver every call fails with cudaErrorInsufficientDriver.
+    assert!(
+        run.stdout
+            .contains("codes [35, 35, 35, 35, 35, 35, 35, 35, 35, 35]"),
+        "{}",
+        run.stdout
+    );
+    let report = run.report(&out);
+    let c = cuda_of(&report, "python3");
+    let lib_entry = c["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["kind"] == "runtime")
+        .unwrap_or_else(|| panic!("runtime not found: {:#}", c["libraries"]));
+    assert!(lib_entry["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("libcudart.so.12"));
+    assert!(
+        lib_entry["failed"].as_array().unwrap().is_empty(),
+        "{lib_entry}"
+    );
+    for (f, n) in [
+        ("cudaMalloc", 3),
+        ("cudaMemcpy", 2),
+        ("cudaLaunchKernel", 4),
+        ("cudaDeviceSynchronize", 1),
+    ] {
+        assert_eq!(count(&c, f), n, "{f}: {:#}", c["api"]);
+        assert_eq!(errors(&c, f), vec![(35, n)], "{f}");
+        assert_eq!(
+            api(&c, f).unwrap()["errors"][0]["name"],
+            "cudaErrorInsufficientDriver"
+        );
+    }
+    // Failed launches and copies are not kernels or bytes.
+    assert!(c["kernels"].as_array().unwrap().is_empty());
+    assert!(c["copies"].as_array().unwrap().is_empty());
+}
+
+fn trace_sleep(env_lib: &Path, name: &str) -> (Run, Value) {
+    let out = common::out_dir(name);
+    let run = run_traced(
+        &[
+            "--nvml-interval",
+            "50ms",
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            "sleep",
+            "0.6",
+        ],
+        &[(nvml_env(), env_lib.to_str().unwrap())],
+    );
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    (run, report)
+}
+
+#[test]
+fn nvml_fake_library_is_sampled() {
+    let _g = serial();
+    if !require_root("nvml_fake_library_is_sampled") {
+        return;
+    }
+    let dir = fake_cuda();
+    let (run, report) = trace_sleep(&dir.join("libnvidia-ml.so.1"), "nvml-fake");
+    let n = &report["nvml"];
+    assert_eq!(n["available"], true, "{n:#}");
+    assert_eq!(n["interval_ms"], 50);
+    let g = &n["gpus"][0];
+    assert_eq!(g["name"], "Fake GPU 9000");
+    assert_eq!(n["gpus"].as_array().unwrap().len(), 1);
+    let samples = g["samples"].as_array().unwrap();
+    // 0.6 s at 50 ms: about 12; at least a handful however loaded the machine is.
+    assert!(samples.len() >= 4, "{} samples", samples.len());
+    let s = &samples[0];
+    assert_eq!(s["util_gpu"], 42);
+    assert_eq!(s["util_mem"], 17);
+    assert_eq!(s["mem_total_bytes"], 16u64 << 30);
+    assert_eq!(s["mem_used_bytes"], 3u64 << 30);
+    assert_eq!(s["pcie_tx_kbps"], 1000);
+    assert_eq!(s["pcie_rx_kbps"], 2000);
+    assert_eq!(s["sm_clock_mhz"], 1410);
+    assert_eq!(s["power_mw"], 250000);
+    assert_eq!(g["mean_util_percent"], 42.0);
+    assert!(run.stdout.contains("GPU 0 Fake GPU 9000"), "{}", run.stdout);
+    assert!(!run.stderr.contains("NVML unavailable"), "{}", run.stderr);
+}
+
+#[test]
+fn no_nvml_is_said_once_and_the_trace_goes_on() {
+    let _g = serial();
+    if !require_root("no_nvml_is_said_once_and_the_trace_goes_on") {
+        return;
+    }
+    let (run, report) = trace_sleep(Path::new("/nonexistent/libnvidia-ml.so.1"), "nvml-none");
+    let n = &report["nvml"];
+    assert_eq!(n["available"], false);
+    assert!(n["reason"].as_str().unwrap().contains("NVML"), "{n:#}");
+    assert!(n["gpus"].as_array().unwrap().is_empty());
+    assert_eq!(
+        run.stderr.matches("NVML unavailable").count(),
+        1,
+        "{}",
+        run.stderr
+    );
+    assert!(run.stdout.contains("NVML: not sampled"), "{}", run.stdout);
+}

@@ -1,0 +1,290 @@
+//! CUDA runtime/driver API probes: the per-attachment cookie, the aggregation maps' keys and
+//! values, and the ordered events (allocations, frees, kernel names).
+//!
+//! One entry and one return program serve every probed function. What a function's arguments
+//! mean is told to them by the attachment's cookie ([`Cookie`]), so adding a function is one row
+//! in the user-side table, not a new program.
+
+pub const API_MAP: &str = "CUDA_API";
+pub const ERRS_MAP: &str = "CUDA_ERRS";
+pub const LAUNCH_MAP: &str = "CUDA_LAUNCH";
+pub const COPY_MAP: &str = "CUDA_COPY";
+pub const EVENTS_MAP: &str = "CUDA_EVENTS";
+pub const ENTRY_PROG: &str = "cuda_entry";
+pub const RET_PROG: &str = "cuda_ret";
+/// Global: 1 counts calls at entry only (no return probe, no durations), for cost measurement.
+pub const GLOBAL_ENTRY_ONLY: &str = "CUDA_ENTRY_ONLY";
+
+pub const API_ENTRIES: u32 = 16_384;
+pub const ERRS_ENTRIES: u32 = 4_096;
+pub const LAUNCH_ENTRIES: u32 = 16_384;
+pub const COPY_ENTRIES: u32 = 1_024;
+pub const STASH_ENTRIES: u32 = 16_384;
+pub const EVENTS_BYTES: u32 = 4 * 1024 * 1024;
+/// Nesting deeper than this (runtime -> driver -> ...) is not followed.
+pub const MAX_DEPTH: u32 = 4;
+pub const HIST_BUCKETS: usize = 32;
+pub const NAME_BYTES: usize = 256;
+
+/// How the return program reads a function's arguments and result.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// Only count, duration and error code.
+    Plain = 0,
+    /// `cudaLaunchKernel(func, dim3 grid, dim3 block, ...)`: dim3 by value in rsi/rdx, rcx/r8.
+    LaunchRt = 1,
+    /// `cudaLaunchKernelExC(const cudaLaunchConfig_t*, func, ...)`.
+    LaunchRtEx = 2,
+    /// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz /* stack */, ...)`.
+    LaunchDrv = 3,
+    /// `cuLaunchKernelEx(const CUlaunchConfig*, f, ...)`.
+    LaunchDrvEx = 4,
+    /// `cudaMemcpy(dst, src, count, kind)` and the Async variant.
+    CopyRt = 5,
+    /// `cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind /* stack */)`.
+    Copy2dRt = 6,
+    /// Bytes in the third argument, direction from the cookie (`cuMemcpyHtoD_v2`, ...).
+    CopyBytes3 = 7,
+    /// Bytes in the fifth argument, direction from the cookie (peer copies).
+    CopyBytes5 = 8,
+    /// `cudaMalloc(void **out, size)`: pointer written through the first argument.
+    AllocOut = 9,
+    /// `cudaMallocPitch(void **out, size_t *pitch, width, height)`.
+    AllocPitch = 10,
+    /// `cudaFree(ptr)`.
+    Free = 11,
+    /// `cuModuleGetFunction(CUfunction *out, mod, const char *name)` (and cuLibraryGetKernel).
+    NameOut = 12,
+    /// `cuKernelGetFunction(CUfunction *out, CUkernel k)`: an alias of a named handle.
+    AliasOut = 13,
+    /// `__cudaRegisterFunction(handle, const char *hostFun, char *deviceFun, ...)`.
+    Register = 14,
+}
+
+impl Shape {
+    pub fn from_u8(v: u8) -> Option<Shape> {
+        use Shape::*;
+        [
+            Plain,
+            LaunchRt,
+            LaunchRtEx,
+            LaunchDrv,
+            LaunchDrvEx,
+            CopyRt,
+            Copy2dRt,
+            CopyBytes3,
+            CopyBytes5,
+            AllocOut,
+            AllocPitch,
+            Free,
+            NameOut,
+            AliasOut,
+            Register,
+        ]
+        .get(v as usize)
+        .copied()
+    }
+}
+
+/// Copy directions, numbered as `cudaMemcpyKind` (0..=4).
+pub const DIR_H2H: u8 = 0;
+pub const DIR_H2D: u8 = 1;
+pub const DIR_D2H: u8 = 2;
+pub const DIR_D2D: u8 = 3;
+pub const DIR_DEFAULT: u8 = 4;
+/// Not a copy.
+pub const DIR_NONE: u8 = 0xff;
+
+/// The attach cookie, packed into a u64:
+/// bits 0..16 function id, 16..24 [`Shape`], 24..32 time category, 32..40 copy direction,
+/// 40..48 flags ([`FLAG_ASYNC`], [`FLAG_NO_RESULT`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cookie {
+    pub fid: u16,
+    pub shape: u8,
+    pub category: u8,
+    pub dir: u8,
+    pub flags: u8,
+}
+
+pub const FLAG_ASYNC: u8 = 1;
+/// The function returns nothing (or nothing that is an error code).
+pub const FLAG_NO_RESULT: u8 = 2;
+
+impl Cookie {
+    #[inline(always)]
+    pub const fn pack(self) -> u64 {
+        (self.fid as u64)
+            | (self.shape as u64) << 16
+            | (self.category as u64) << 24
+            | (self.dir as u64) << 32
+            | (self.flags as u64) << 40
+    }
+    #[inline(always)]
+    pub const fn unpack(v: u64) -> Cookie {
+        Cookie {
+            fid: v as u16,
+            shape: (v >> 16) as u8,
+            category: (v >> 24) as u8,
+            dir: (v >> 32) as u8,
+            flags: (v >> 40) as u8,
+        }
+    }
+}
+
+/// Per (process, thread, function).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ApiKey {
+    pub pid: u32,
+    pub tid: u32,
+    pub fid: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ApiVal {
+    pub count: u64,
+    pub total_ns: u64,
+    pub min_ns: u64,
+    pub max_ns: u64,
+    pub errors: u64,
+    /// Bucket i counts durations in [2^i, 2^(i+1)) ns (bucket 0 also holds 0).
+    pub hist: [u64; HIST_BUCKETS],
+}
+
+/// Failed calls per (process, function, result code).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ErrKey {
+    pub pid: u32,
+    pub fid: u32,
+    pub code: i32,
+    pub _pad: u32,
+}
+
+/// Launches per (process, launching function, kernel handle or host stub, dimensions).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LaunchKey {
+    pub pid: u32,
+    pub fid: u32,
+    /// Host stub pointer (runtime) or CUfunction handle (driver).
+    pub func: u64,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LaunchVal {
+    pub count: u64,
+    pub total_ns: u64,
+}
+
+/// Copies per (process, direction, sync/async).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CopyKey {
+    pub pid: u32,
+    pub dir: u32,
+    /// 1 for async.
+    pub asynchronous: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CopyVal {
+    pub count: u64,
+    pub bytes: u64,
+    pub total_ns: u64,
+}
+
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// `addr` allocated `size` bytes.
+    Alloc = 1,
+    /// `addr` freed.
+    Free = 2,
+    /// Handle `addr` is named `name`.
+    Name = 3,
+    /// Handle `addr` is the same kernel as handle `size`.
+    Alias = 4,
+}
+
+impl EventKind {
+    pub fn from_u32(v: u32) -> Option<EventKind> {
+        match v {
+            1 => Some(EventKind::Alloc),
+            2 => Some(EventKind::Free),
+            3 => Some(EventKind::Name),
+            4 => Some(EventKind::Alias),
+            _ => None,
+        }
+    }
+}
+
+/// Ordered events on the `CUDA_EVENTS` ring buffer. `name` is only filled for [`EventKind::Name`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CudaEvent {
+    pub kind: u32,
+    pub pid: u32,
+    pub tid: u32,
+    pub fid: u32,
+    pub ts_ns: u64,
+    pub addr: u64,
+    pub size: u64,
+    pub name: [u8; NAME_BYTES],
+}
+
+/// Bytes of an event without a name (allocations are the common case).
+pub const EVENT_HEADER_BYTES: usize = 40;
+
+/// log2 bucket of a duration.
+#[inline(always)]
+pub fn log2_bucket(ns: u64) -> usize {
+    if ns == 0 {
+        return 0;
+    }
+    let b = 63 - ns.leading_zeros() as usize;
+    if b >= HIST_BUCKETS {
+        HIST_BUCKETS - 1
+    } else {
+        b
+    }
+}
+
+crate::user_pod!(ApiKey, ApiVal, ErrKey, LaunchKey, LaunchVal, CopyKey, CopyVal, CudaEvent);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookie_roundtrip() {
+        let c = Cookie {
+            fid: 513,
+            shape: Shape::Copy2dRt as u8,
+            category: 11,
+            dir: DIR_D2H,
+            flags: FLAG_ASYNC,
+        };
+        assert_eq!(Cookie::unpack(c.pack()), c);
+        assert_eq!(Shape::from_u8(14), Some(Shape::Register));
+        assert_eq!(Shape::from_u8(15), None);
+    }
+
+    #[test]
+    fn buckets() {
+        assert_eq!(log2_bucket(0), 0);
+        assert_eq!(log2_bucket(1), 0);
+        assert_eq!(log2_bucket(1024), 10);
+        assert_eq!(log2_bucket(2047), 10);
+        assert_eq!(log2_bucket(u64::MAX), HIST_BUCKETS - 1);
+    }
+}

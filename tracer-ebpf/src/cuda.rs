@@ -1,0 +1,444 @@
+//! CUDA runtime and driver API probes: one entry and one return program for every function,
+//! told apart by the attachment cookie (`tracer_common::cuda::Cookie`).
+//!
+//! The entry stashes the arguments keyed by (thread, nesting depth); the return does the work.
+//! A runtime call that enters the driver (cudaLaunchKernel -> cuLaunchKernel) is counted once,
+//! at the outermost level; inner levels only contribute kernel names, which are wanted whoever
+//! asks for them (the runtime's lazy module loading calls cuModuleGetFunction itself).
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_attach_cookie, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
+    },
+    macros::{map, tracepoint, uprobe, uretprobe},
+    maps::{HashMap, PerCpuArray, RingBuf},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    EbpfContext, Global,
+};
+use tracer_common::{
+    cuda::{
+        log2_bucket, ApiKey, ApiVal, Cookie, CopyKey, CopyVal, CudaEvent, ErrKey, EventKind,
+        LaunchKey, LaunchVal, Shape, API_ENTRIES, COPY_ENTRIES, DIR_NONE, ERRS_ENTRIES,
+        EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCH_ENTRIES, MAX_DEPTH,
+        STASH_ENTRIES,
+    },
+    drops::Drop,
+};
+
+use crate::{
+    account,
+    maps::{add_to, atomic_add, count_drop, current_ids, is_traced},
+};
+
+#[no_mangle]
+static CUDA_ENTRY_ONLY: Global<u32> = Global::new(0);
+
+#[map(name = "CUDA_API")]
+static CUDA_API: HashMap<ApiKey, ApiVal> = HashMap::with_max_entries(API_ENTRIES, 0);
+#[map(name = "CUDA_ERRS")]
+static CUDA_ERRS: HashMap<ErrKey, u64> = HashMap::with_max_entries(ERRS_ENTRIES, 0);
+#[map(name = "CUDA_LAUNCH")]
+static CUDA_LAUNCH: HashMap<LaunchKey, LaunchVal> = HashMap::with_max_entries(LAUNCH_ENTRIES, 0);
+#[map(name = "CUDA_COPY")]
+static CUDA_COPY: HashMap<CopyKey, CopyVal> = HashMap::with_max_entries(COPY_ENTRIES, 0);
+#[map(name = "CUDA_EVENTS")]
+static CUDA_EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+
+/// pid_tgid -> current nesting depth of probed calls.
+#[map(name = "CUDA_DEPTH")]
+static CUDA_DEPTH: HashMap<u64, u32> = HashMap::with_max_entries(STASH_ENTRIES, 0);
+#[map(name = "CUDA_STASH")]
+static CUDA_STASH: HashMap<StashKey, Stash> = HashMap::with_max_entries(STASH_ENTRIES, 0);
+/// A zeroed ApiVal to insert from (too big for comfort on the 512-byte stack).
+#[map(name = "CUDA_ZERO")]
+static CUDA_ZERO: PerCpuArray<ApiVal> = PerCpuArray::with_max_entries(1, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct StashKey {
+    pid_tgid: u64,
+    depth: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Stash {
+    ts: u64,
+    args: [u64; 6],
+    /// The first stack argument (the 7th), read at entry while the frame is intact.
+    arg7: u64,
+}
+
+#[uprobe]
+pub fn cuda_entry(ctx: ProbeContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if !is_traced(tgid) {
+        return 0;
+    }
+    let cookie = Cookie::unpack(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    if CUDA_ENTRY_ONLY.load() != 0 {
+        if let Some(v) = api_val(tgid, tid, cookie.fid as u32) {
+            unsafe { (*v).count += 1 };
+        }
+        return 0;
+    }
+    let pid_tgid = ((tgid as u64) << 32) | tid as u64;
+    let depth = unsafe { CUDA_DEPTH.get(&pid_tgid) }.copied().unwrap_or(0) + 1;
+    if CUDA_DEPTH.insert(&pid_tgid, &depth, 0).is_err() {
+        count_drop(Drop::CudaFull);
+        return 0;
+    }
+    if depth > MAX_DEPTH {
+        return 0;
+    }
+    let mut args = [0u64; 6];
+    let mut i = 0;
+    while i < 6 {
+        args[i] = ctx.arg::<u64>(i).unwrap_or(0);
+        i += 1;
+    }
+    let mut arg7 = 0;
+    if cookie.shape == Shape::LaunchDrv as u8 || cookie.shape == Shape::Copy2dRt as u8 {
+        let sp = unsafe { (*ctx.regs).rsp };
+        arg7 = unsafe { bpf_probe_read_user((sp + 8) as *const u64) }.unwrap_or(0);
+    }
+    let key = StashKey {
+        pid_tgid,
+        depth,
+        _pad: 0,
+    };
+    let stash = Stash {
+        ts: unsafe { bpf_ktime_get_ns() },
+        args,
+        arg7,
+    };
+    if CUDA_STASH.insert(&key, &stash, 0).is_err() {
+        count_drop(Drop::CudaFull);
+        return 0;
+    }
+    if depth == 1 {
+        account::enter_override(tid, cookie.category as u32);
+    }
+    0
+}
+
+#[uretprobe]
+pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if !is_traced(tgid) {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let cookie = Cookie::unpack(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    let pid_tgid = ((tgid as u64) << 32) | tid as u64;
+    let Some(&depth) = (unsafe { CUDA_DEPTH.get(&pid_tgid) }) else {
+        // Attached while the call was already running: no entry was seen.
+        return 0;
+    };
+    if depth <= 1 {
+        let _ = CUDA_DEPTH.remove(&pid_tgid);
+    } else {
+        let _ = CUDA_DEPTH.insert(&pid_tgid, &(depth - 1), 0);
+    }
+    if depth == 0 || depth > MAX_DEPTH {
+        return 0;
+    }
+    let key = StashKey {
+        pid_tgid,
+        depth,
+        _pad: 0,
+    };
+    let Some(&stash) = (unsafe { CUDA_STASH.get(&key) }) else {
+        return 0;
+    };
+    let _ = CUDA_STASH.remove(&key);
+    let rc: i64 = ctx.ret();
+    let code = if cookie.flags & FLAG_NO_RESULT != 0 {
+        0
+    } else {
+        rc as i32
+    };
+    let ok = code == 0;
+    let shape = cookie.shape;
+    // Names are useful from any level; everything else only from the outermost call.
+    if ok {
+        if shape == Shape::NameOut as u8 {
+            emit_name(
+                tgid,
+                tid,
+                cookie.fid as u32,
+                read_u64(stash.args[0]),
+                stash.args[2],
+            );
+        } else if shape == Shape::Register as u8 {
+            emit_name(tgid, tid, cookie.fid as u32, stash.args[1], stash.args[2]);
+        } else if shape == Shape::AliasOut as u8 {
+            emit(
+                EventKind::Alias,
+                tgid,
+                tid,
+                cookie.fid as u32,
+                read_u64(stash.args[0]),
+                stash.args[1],
+            );
+        }
+    }
+    if depth != 1 {
+        return 0;
+    }
+    account::exit_override(tid);
+    let dur = now.saturating_sub(stash.ts);
+    let fid = cookie.fid as u32;
+    if let Some(v) = api_val(tgid, tid, fid) {
+        // Only this thread writes this key, and a thread runs on one CPU at a time.
+        let v = unsafe { &mut *v };
+        v.count += 1;
+        v.total_ns += dur;
+        if v.min_ns == 0 || dur < v.min_ns {
+            v.min_ns = dur;
+        }
+        if dur > v.max_ns {
+            v.max_ns = dur;
+        }
+        let b = log2_bucket(dur);
+        if b < HIST_BUCKETS {
+            v.hist[b] += 1;
+        }
+        if !ok {
+            v.errors += 1;
+        }
+    }
+    if !ok {
+        let k = ErrKey {
+            pid: tgid,
+            fid,
+            code,
+            _pad: 0,
+        };
+        add_to(&CUDA_ERRS, &k, 1, Drop::CudaFull);
+        return 0;
+    }
+    let a = &stash.args;
+    if shape == Shape::LaunchRt as u8 {
+        // dim3 is 12 bytes, passed by value in two registers: (x | y << 32), z.
+        let grid = [a[1] as u32, (a[1] >> 32) as u32, a[2] as u32];
+        let block = [a[3] as u32, (a[3] >> 32) as u32, a[4] as u32];
+        launch(tgid, fid, a[0], grid, block, dur);
+    } else if shape == Shape::LaunchRtEx as u8 {
+        // cudaLaunchConfig_t starts with dim3 gridDim, dim3 blockDim.
+        let dims: [u32; 6] =
+            unsafe { bpf_probe_read_user(a[0] as *const [u32; 6]) }.unwrap_or([0; 6]);
+        launch(
+            tgid,
+            fid,
+            a[1],
+            [dims[0], dims[1], dims[2]],
+            [dims[3], dims[4], dims[5]],
+            dur,
+        );
+    } else if shape == Shape::LaunchDrv as u8 {
+        let grid = [a[1] as u32, a[2] as u32, a[3] as u32];
+        let block = [a[4] as u32, a[5] as u32, stash.arg7 as u32];
+        launch(tgid, fid, a[0], grid, block, dur);
+    } else if shape == Shape::LaunchDrvEx as u8 {
+        // CUlaunchConfig starts with gridDimX..Z, blockDimX..Z (unsigned int).
+        let dims: [u32; 6] =
+            unsafe { bpf_probe_read_user(a[0] as *const [u32; 6]) }.unwrap_or([0; 6]);
+        launch(
+            tgid,
+            fid,
+            a[1],
+            [dims[0], dims[1], dims[2]],
+            [dims[3], dims[4], dims[5]],
+            dur,
+        );
+    } else if shape == Shape::CopyRt as u8 {
+        copy(tgid, a[3] as u32, cookie.flags, a[2], dur);
+    } else if shape == Shape::Copy2dRt as u8 {
+        copy(
+            tgid,
+            stash.arg7 as u32,
+            cookie.flags,
+            a[4].wrapping_mul(a[5]),
+            dur,
+        );
+    } else if shape == Shape::CopyBytes3 as u8 {
+        copy(tgid, cookie.dir as u32, cookie.flags, a[2], dur);
+    } else if shape == Shape::CopyBytes5 as u8 {
+        copy(tgid, cookie.dir as u32, cookie.flags, a[4], dur);
+    } else if shape == Shape::AllocOut as u8 {
+        emit(EventKind::Alloc, tgid, tid, fid, read_u64(a[0]), a[1]);
+    } else if shape == Shape::AllocPitch as u8 {
+        let pitch = read_u64(a[1]);
+        emit(
+            EventKind::Alloc,
+            tgid,
+            tid,
+            fid,
+            read_u64(a[0]),
+            pitch.wrapping_mul(a[3]),
+        );
+    } else if shape == Shape::Free as u8 && a[0] != 0 {
+        emit(EventKind::Free, tgid, tid, fid, a[0], 0);
+    }
+    0
+}
+
+/// A thread that exits inside a probed call (killed, `pthread_exit` in a callback) never
+/// returns; its depth must not survive into a later thread that reuses the id.
+#[tracepoint]
+pub fn cuda_thread_exit(_ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if !is_traced(tgid) {
+        return 0;
+    }
+    let pid_tgid = ((tgid as u64) << 32) | tid as u64;
+    if CUDA_DEPTH.remove(&pid_tgid).is_ok() {
+        let mut depth = 1;
+        while depth <= MAX_DEPTH {
+            let _ = CUDA_STASH.remove(&StashKey {
+                pid_tgid,
+                depth,
+                _pad: 0,
+            });
+            depth += 1;
+        }
+    }
+    0
+}
+
+#[inline(always)]
+fn api_val(pid: u32, tid: u32, fid: u32) -> Option<*mut ApiVal> {
+    let key = ApiKey {
+        pid,
+        tid,
+        fid,
+        _pad: 0,
+    };
+    if let Some(v) = CUDA_API.get_ptr_mut(&key) {
+        return Some(v);
+    }
+    let zero = CUDA_ZERO.get_ptr(0)?;
+    if CUDA_API.insert(&key, unsafe { &*zero }, 1).is_err() && CUDA_API.get_ptr(&key).is_none() {
+        count_drop(Drop::CudaFull);
+        return None;
+    }
+    CUDA_API.get_ptr_mut(&key)
+}
+
+#[inline(always)]
+fn read_u64(ptr: u64) -> u64 {
+    if ptr == 0 {
+        return 0;
+    }
+    unsafe { bpf_probe_read_user(ptr as *const u64) }.unwrap_or(0)
+}
+
+#[inline(always)]
+fn launch(pid: u32, fid: u32, func: u64, grid: [u32; 3], block: [u32; 3], dur: u64) {
+    let key = LaunchKey {
+        pid,
+        fid,
+        func,
+        grid,
+        block,
+    };
+    if let Some(v) = CUDA_LAUNCH.get_ptr_mut(&key) {
+        // Several threads may launch the same kernel at once.
+        unsafe {
+            atomic_add(&raw mut (*v).count, 1);
+            atomic_add(&raw mut (*v).total_ns, dur);
+        }
+        return;
+    }
+    let val = LaunchVal {
+        count: 1,
+        total_ns: dur,
+    };
+    if CUDA_LAUNCH.insert(&key, &val, 1).is_err() {
+        match CUDA_LAUNCH.get_ptr_mut(&key) {
+            Some(v) => unsafe {
+                atomic_add(&raw mut (*v).count, 1);
+                atomic_add(&raw mut (*v).total_ns, dur);
+            },
+            None => count_drop(Drop::CudaFull),
+        }
+    }
+}
+
+#[inline(always)]
+fn copy(pid: u32, dir: u32, flags: u8, bytes: u64, dur: u64) {
+    if dir == DIR_NONE as u32 {
+        return;
+    }
+    let key = CopyKey {
+        pid,
+        dir,
+        asynchronous: (flags & FLAG_ASYNC) as u32,
+        _pad: 0,
+    };
+    let add = |v: *mut CopyVal| unsafe {
+        atomic_add(&raw mut (*v).count, 1);
+        atomic_add(&raw mut (*v).bytes, bytes);
+        atomic_add(&raw mut (*v).total_ns, dur);
+    };
+    if let Some(v) = CUDA_COPY.get_ptr_mut(&key) {
+        add(v);
+        return;
+    }
+    let val = CopyVal {
+        count: 1,
+        bytes,
+        total_ns: dur,
+    };
+    if CUDA_COPY.insert(&key, &val, 1).is_err() {
+        match CUDA_COPY.get_ptr_mut(&key) {
+            Some(v) => add(v),
+            None => count_drop(Drop::CudaFull),
+        }
+    }
+}
+
+#[inline(always)]
+fn emit(kind: EventKind, pid: u32, tid: u32, fid: u32, addr: u64, size: u64) {
+    let Some(mut entry) = CUDA_EVENTS.reserve::<[u64; 5]>(0) else {
+        count_drop(Drop::CudaFull);
+        return;
+    };
+    // The header of a CudaEvent, without the name.
+    entry.write([
+        (kind as u64) | ((pid as u64) << 32),
+        (tid as u64) | ((fid as u64) << 32),
+        unsafe { bpf_ktime_get_ns() },
+        addr,
+        size,
+    ]);
+    entry.submit(0);
+}
+
+#[inline(always)]
+fn emit_name(pid: u32, tid: u32, fid: u32, handle: u64, name_ptr: u64) {
+    if handle == 0 || name_ptr == 0 {
+        return;
+    }
+    let Some(mut entry) = CUDA_EVENTS.reserve::<CudaEvent>(0) else {
+        count_drop(Drop::CudaFull);
+        return;
+    };
+    let ev = entry.as_mut_ptr();
+    unsafe {
+        (*ev).kind = EventKind::Name as u32;
+        (*ev).pid = pid;
+        (*ev).tid = tid;
+        (*ev).fid = fid;
+        (*ev).ts_ns = bpf_ktime_get_ns();
+        (*ev).addr = handle;
+        (*ev).size = 0;
+        let name = &mut (*ev).name;
+        if bpf_probe_read_user_str_bytes(name_ptr as *const u8, name).is_err() {
+            name[0] = 0;
+        }
+    }
+    entry.submit(0);
+}

@@ -1,0 +1,226 @@
+//! Finding the CUDA libraries a process really loaded (pip wheels, conda, renamed copies such as
+//! `libcudart-d0da41ae.so.11.0`) from its memory maps, and the file offsets of their exported
+//! functions.
+
+use std::{
+    collections::HashMap,
+    fs,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result};
+use object::{Object, ObjectSection, ObjectSymbol};
+
+use super::table::Layer;
+use crate::procfs::{self, Mapping};
+
+/// The layer a library file name belongs to, if it is a CUDA runtime or driver library.
+pub fn classify(path: &str) -> Option<Layer> {
+    let base = Path::new(path).file_name()?.to_str()?;
+    if !base.contains(".so") {
+        return None;
+    }
+    if base.starts_with("libcudart.so") || base.starts_with("libcudart-") {
+        Some(Layer::Runtime)
+    } else if base.starts_with("libcuda.so") || base.starts_with("libcuda-") {
+        Some(Layer::Driver)
+    } else {
+        None
+    }
+}
+
+/// One CUDA library file mapped by a process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub layer: Layer,
+    /// The path as the process sees it.
+    pub path: String,
+    pub inode: u64,
+    /// A path this process can open: the same path when it is the same file here, otherwise
+    /// the process's /proc/PID/map_files link (another mount namespace, a deleted file).
+    pub open_path: PathBuf,
+    /// Not a libcudart but an object with its own (statically linked) runtime.
+    pub embedded: bool,
+}
+
+/// The CUDA libraries in `maps` of process `pid`, each once. Other executable objects are
+/// asked `embedded(open_path)` (once each: the caller caches) whether they carry their own
+/// CUDA runtime; those are returned as runtime libraries too.
+pub fn scan(
+    pid: u32,
+    maps: &[Mapping],
+    mut embedded: impl FnMut(u64, &str, &Path) -> bool,
+) -> Vec<Found> {
+    let mut out: Vec<Found> = Vec::new();
+    for m in maps.iter().filter(|m| m.is_file()) {
+        let (layer, is_embedded) = match classify(&m.path) {
+            Some(l) => (l, false),
+            None if m.is_exec() => {
+                if !embedded(m.inode, &m.path, &procfs::map_file_path(pid, m)) {
+                    continue;
+                }
+                (Layer::Runtime, true)
+            }
+            None => continue,
+        };
+        if out.iter().any(|f| f.inode == m.inode && f.path == m.path) {
+            continue;
+        }
+        let same_here = fs::metadata(&m.path).is_ok_and(|md| md.ino() == m.inode);
+        let open_path = if same_here {
+            PathBuf::from(&m.path)
+        } else {
+            procfs::map_file_path(pid, m)
+        };
+        out.push(Found {
+            layer,
+            path: m.path.clone(),
+            inode: m.inode,
+            open_path,
+            embedded: is_embedded,
+        });
+    }
+    out
+}
+
+/// A library named on the command line (`--libcudart`, `--libcuda`).
+pub fn from_path(path: &Path, layer: Layer) -> Result<Found> {
+    let md = fs::metadata(path).with_context(|| format!("CUDA library {}", path.display()))?;
+    Ok(Found {
+        layer,
+        path: path.display().to_string(),
+        inode: md.ino(),
+        open_path: path.to_path_buf(),
+        embedded: false,
+    })
+}
+
+/// A read-only private mapping of a whole file: libcuda is ~100 MB and libtorch_cuda ~1 GB, of
+/// which parsing the symbol tables touches a small part.
+struct Mmap {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Mmap {
+    fn open(path: &Path) -> Result<Mmap> {
+        let file = fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+        let len = file.metadata()?.len() as usize;
+        if len == 0 {
+            anyhow::bail!("{} is empty", path.display());
+        }
+        use std::os::fd::AsRawFd;
+        // SAFETY: a fresh private read-only mapping of a file we opened; unmapped in Drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("mmap {}", path.display()));
+        }
+        Ok(Mmap { ptr, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes long and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl Drop for Mmap {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len come from a successful mmap.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+/// True when `path` defines (not imports) one of the runtime's launch functions: a library
+/// with its own copy of the CUDA runtime (static cudart), which must be probed by itself.
+pub fn embeds_runtime(path: &Path) -> bool {
+    const MARKERS: &[&str] = &["cudaLaunchKernel", "cudaMemcpy", "cudaMalloc"];
+    symbol_offsets(path, MARKERS).is_ok_and(|o| !o.is_empty())
+}
+
+/// File offsets (what a uprobe is attached at) of the defined functions among `names`.
+pub fn symbol_offsets(path: &Path, names: &[&str]) -> Result<HashMap<String, u64>> {
+    let map = Mmap::open(path)?;
+    let obj = object::File::parse(map.bytes())
+        .with_context(|| format!("{} is not an ELF object", path.display()))?;
+    let mut out = HashMap::new();
+    for sym in obj.dynamic_symbols().chain(obj.symbols()) {
+        if sym.is_undefined() {
+            continue;
+        }
+        let Ok(name) = sym.name() else { continue };
+        // Versioned duplicates (name@VERSION) name the same code.
+        let name = name.split('@').next().unwrap_or(name);
+        if out.contains_key(name) || !names.contains(&name) {
+            continue;
+        }
+        let Some(section) = sym
+            .section_index()
+            .and_then(|i| obj.section_by_index(i).ok())
+        else {
+            continue;
+        };
+        let Some((file_off, _)) = section.file_range() else {
+            continue;
+        };
+        out.insert(
+            name.to_string(),
+            sym.address() - section.address() + file_off,
+        );
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_library_names() {
+        let r = Some(Layer::Runtime);
+        let d = Some(Layer::Driver);
+        assert_eq!(classify("/usr/lib/libcudart.so.12"), r);
+        assert_eq!(
+            classify("/venv/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12.9.79"),
+            r
+        );
+        assert_eq!(classify("/x/torch/lib/libcudart-d0da41ae.so.11.0"), r);
+        assert_eq!(classify("/usr/lib/x86_64-linux-gnu/libcuda.so.1"), d);
+        assert_eq!(
+            classify("/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05"),
+            d
+        );
+        assert_eq!(classify("/usr/lib/libcudnn.so.9"), None);
+        assert_eq!(classify("/usr/lib/libcudart_static.a"), None);
+        assert_eq!(classify("/usr/lib/libcuda_stub.txt"), None);
+    }
+
+    #[test]
+    fn finds_offsets_of_own_libc_functions() {
+        // libc is mapped into every test process: its `malloc` must resolve to an offset that
+        // lies inside an executable mapping of libc.
+        let maps = procfs::read_maps(std::process::id()).unwrap();
+        let libc = maps
+            .iter()
+            .find(|m| m.is_file() && m.path.contains("libc.so"))
+            .expect("libc mapped");
+        let offs = symbol_offsets(Path::new(&libc.path), &["malloc", "no_such_fn"]).unwrap();
+        let off = offs["malloc"];
+        assert!(!offs.contains_key("no_such_fn"));
+        assert!(maps.iter().any(|m| m.path == libc.path
+            && m.is_exec()
+            && m.offset <= off
+            && off < m.offset + (m.end - m.start)));
+    }
+}

@@ -1,0 +1,426 @@
+//! CUDA runtime and driver API tracing (issue 4): library discovery, uprobe attachment, kernel
+//! names, and the per-process CUDA section of the report; NVML sampling alongside.
+
+pub mod aggregate;
+pub mod discover;
+pub mod errors;
+pub mod nvml;
+pub mod table;
+pub mod terminal;
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    path::PathBuf,
+};
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, RingBuf},
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        UProbe,
+    },
+    Ebpf, Pod,
+};
+use tracer_common::cuda::{
+    ApiKey, ApiVal, CopyKey, CopyVal, ErrKey, EventKind, LaunchKey, LaunchVal, API_MAP, COPY_MAP,
+    ENTRY_PROG, ERRS_MAP, EVENTS_MAP, EVENT_HEADER_BYTES, GLOBAL_ENTRY_ONLY, LAUNCH_MAP, RET_PROG,
+};
+
+use self::{
+    aggregate::MemEvent,
+    discover::Found,
+    table::{Layer, FUNCS},
+};
+use crate::{
+    bpf::load_error,
+    cli::TraceArgs,
+    probes::{AttachCtx, FinishCtx, ProbeFamily},
+    procfs,
+    report::{model::cuda::CudaLibrary, model::cuda::ProcessCuda, ReportData},
+    tracker::Tracker,
+};
+
+/// Libraries are looked for in every traced process this often (ticks of 100 ms), so one
+/// loaded after attach (`import torch`) is probed within a second.
+const SCAN_EVERY_TICKS: u64 = 5;
+
+pub struct CudaFamily {
+    entry_only: u32,
+    overrides: Vec<(PathBuf, Layer)>,
+    nvml_interval: std::time::Duration,
+    nvml: Option<nvml::Sampler>,
+    /// Library files attached to, by (inode, path): attached once whoever maps them.
+    libs: Vec<Lib>,
+    /// Which processes map which library (indices into `libs`).
+    users: BTreeMap<u32, HashSet<usize>>,
+    events: Option<RingBuf<MapData>>,
+    raw: RawEvents,
+    ticks: u64,
+    warnings: Vec<String>,
+    /// Other mapped objects checked for an embedded CUDA runtime: (inode, path) -> verdict.
+    checked: HashMap<(u64, String), bool>,
+}
+
+struct Lib {
+    found: Found,
+    attached: Vec<String>,
+    failed: Vec<String>,
+}
+
+#[derive(Default)]
+struct RawEvents {
+    /// pid -> allocation events in order.
+    mem: BTreeMap<u32, Vec<MemEvent>>,
+    /// (pid, handle) -> name.
+    names: HashMap<(u32, u64), String>,
+    /// (pid, function handle) -> kernel handle.
+    aliases: HashMap<(u32, u64), u64>,
+}
+
+impl CudaFamily {
+    pub fn new(args: &TraceArgs) -> Self {
+        let mut overrides = Vec::new();
+        if let Some(p) = &args.libcudart {
+            overrides.push((p.clone(), Layer::Runtime));
+        }
+        if let Some(p) = &args.libcuda {
+            overrides.push((p.clone(), Layer::Driver));
+        }
+        Self {
+            entry_only: args.cuda_entry_only.into(),
+            overrides,
+            nvml_interval: args.nvml_interval,
+            nvml: None,
+            libs: Vec::new(),
+            users: BTreeMap::new(),
+            events: None,
+            raw: RawEvents::default(),
+            ticks: 0,
+            warnings: Vec::new(),
+            checked: HashMap::new(),
+        }
+    }
+
+    /// Attaches to `found` unless already done; returns its index.
+    fn ensure(&mut self, ebpf: &mut Ebpf, found: Found) -> usize {
+        if let Some(i) = self
+            .libs
+            .iter()
+            .position(|l| l.found.inode == found.inode && l.found.path == found.path)
+        {
+            return i;
+        }
+        let (attached, failed) = attach_library(ebpf, &found, self.entry_only != 0);
+        self.libs.push(Lib {
+            found,
+            attached,
+            failed,
+        });
+        self.libs.len() - 1
+    }
+
+    fn scan(&mut self, ebpf: &mut Ebpf, pids: &[u32]) {
+        for &pid in pids {
+            let Some(maps) = procfs::read_maps(pid) else {
+                continue;
+            };
+            let checked = &mut self.checked;
+            let found_libs = discover::scan(pid, &maps, |inode, path, open| {
+                *checked
+                    .entry((inode, path.to_string()))
+                    .or_insert_with(|| discover::embeds_runtime(open))
+            });
+            for found in found_libs {
+                let i = self.ensure(ebpf, found);
+                self.users.entry(pid).or_default().insert(i);
+            }
+        }
+    }
+
+    fn drain(&mut self) {
+        let Some(ring) = self.events.as_mut() else {
+            return;
+        };
+        while let Some(item) = ring.next() {
+            if item.len() < EVENT_HEADER_BYTES {
+                continue;
+            }
+            let u32_at = |o: usize| u32::from_ne_bytes(item[o..o + 4].try_into().unwrap());
+            let u64_at = |o: usize| u64::from_ne_bytes(item[o..o + 8].try_into().unwrap());
+            let (kind, pid, fid) = (u32_at(0), u32_at(4), u32_at(12));
+            let (ts, addr, size) = (u64_at(16), u64_at(24), u64_at(32));
+            match EventKind::from_u32(kind) {
+                Some(EventKind::Alloc) => self.raw.mem.entry(pid).or_default().push(MemEvent {
+                    ts_ns: ts,
+                    fid,
+                    addr,
+                    size: Some(size),
+                }),
+                Some(EventKind::Free) => self.raw.mem.entry(pid).or_default().push(MemEvent {
+                    ts_ns: ts,
+                    fid,
+                    addr,
+                    size: None,
+                }),
+                Some(EventKind::Name) => {
+                    let name = &item[EVENT_HEADER_BYTES..];
+                    let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+                    if end > 0 {
+                        let name = String::from_utf8_lossy(&name[..end]).into_owned();
+                        self.raw.names.insert((pid, addr), name);
+                    }
+                }
+                Some(EventKind::Alias) => {
+                    self.raw.aliases.insert((pid, addr), size);
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+/// Attaches the entry (and return) program at every table function the library exports.
+fn attach_library(ebpf: &mut Ebpf, lib: &Found, entry_only: bool) -> (Vec<String>, Vec<String>) {
+    let ids: Vec<usize> = table::of_layer(lib.layer).collect();
+    let names: Vec<&str> = ids.iter().map(|&i| FUNCS[i].name).collect();
+    let offsets = match discover::symbol_offsets(&lib.open_path, &names) {
+        Ok(o) => o,
+        Err(e) => return (vec![], vec![format!("{}: {e:#}", lib.path)]),
+    };
+    let mut attached = Vec::new();
+    let mut failed = Vec::new();
+    for &fid in &ids {
+        let f = &FUNCS[fid];
+        let Some(&off) = offsets.get(f.name) else {
+            continue;
+        };
+        let cookie = table::cookie(fid);
+        let mut progs = vec![ENTRY_PROG];
+        if !entry_only {
+            progs.push(RET_PROG);
+        }
+        let mut ok = true;
+        for prog in progs {
+            let r = ebpf
+                .program_mut(prog)
+                .and_then(|p| <&mut UProbe>::try_from(p).ok())
+                .map(|p| {
+                    p.attach(
+                        UProbeAttachPoint {
+                            location: UProbeAttachLocation::AbsoluteOffset(off),
+                            cookie: Some(cookie),
+                        },
+                        &lib.open_path,
+                        UProbeScope::AllProcesses,
+                    )
+                });
+            match r {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    failed.push(format!("{} ({prog}): {e}", f.name));
+                    ok = false;
+                    break;
+                }
+                None => {
+                    failed.push(format!("{}: program {prog} missing", f.name));
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        if ok {
+            attached.push(f.name.to_string());
+        }
+    }
+    (attached, failed)
+}
+
+fn read_map<K: Pod, V: Pod>(ebpf: &Ebpf, name: &str) -> Result<Vec<(K, V)>> {
+    let m: BpfHashMap<_, K, V> = BpfHashMap::try_from(
+        ebpf.map(name)
+            .with_context(|| format!("map {name} missing"))?,
+    )?;
+    Ok(m.iter().filter_map(Result::ok).collect())
+}
+
+impl ProbeFamily for CudaFamily {
+    fn name(&self) -> &'static str {
+        "CUDA"
+    }
+
+    fn configure<'a>(&'a self, loader: &mut aya::EbpfLoader<'a>) -> Result<()> {
+        loader.override_global(GLOBAL_ENTRY_ONLY, &self.entry_only, true);
+        Ok(())
+    }
+
+    fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()> {
+        for prog in [ENTRY_PROG, RET_PROG] {
+            let p: &mut UProbe = ebpf
+                .program_mut(prog)
+                .with_context(|| format!("program {prog} missing from the object"))?
+                .try_into()?;
+            p.load().map_err(|e| load_error(prog, e))?;
+        }
+        crate::bpf::attach_tracepoint(ebpf, "cuda_thread_exit", "sched", "sched_process_exit")?;
+        for (path, layer) in self.overrides.clone() {
+            let found = discover::from_path(&path, layer)?;
+            let i = self.ensure(ebpf, found);
+            if self.libs[i].attached.is_empty() {
+                anyhow::bail!(
+                    "{} exports none of the CUDA functions gputrace probes{}",
+                    path.display(),
+                    self.libs[i]
+                        .failed
+                        .first()
+                        .map(|f| format!(" ({f})"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        self.scan(ebpf, ctx.pids);
+        self.events = Some(RingBuf::try_from(
+            ebpf.take_map(EVENTS_MAP)
+                .context("map CUDA_EVENTS missing")?,
+        )?);
+        self.nvml = Some(nvml::Sampler::start(self.nvml_interval));
+        Ok(())
+    }
+
+    fn tick(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
+        self.ticks += 1;
+        self.drain();
+        if self.ticks.is_multiple_of(SCAN_EVERY_TICKS) {
+            let live: Vec<u32> = tracker
+                .procs
+                .iter()
+                .filter(|(_, t)| !t.info.exited)
+                .map(|(pid, _)| *pid)
+                .collect();
+            self.scan(ebpf, &live);
+        }
+        Ok(())
+    }
+
+    fn finish(
+        &mut self,
+        ebpf: &mut Ebpf,
+        ctx: &mut FinishCtx<'_>,
+        data: &mut ReportData,
+    ) -> Result<()> {
+        self.drain();
+        let api: Vec<(ApiKey, ApiVal)> = read_map(ebpf, API_MAP)?;
+        let errs: Vec<(ErrKey, u64)> = read_map(ebpf, ERRS_MAP)?;
+        let launches: Vec<(LaunchKey, LaunchVal)> = read_map(ebpf, LAUNCH_MAP)?;
+        let copies: Vec<(CopyKey, CopyVal)> = read_map(ebpf, COPY_MAP)?;
+        let pids: Vec<u32> = data.report.processes.iter().map(|p| p.pid).collect();
+        for p in data.report.processes.iter_mut() {
+            let pid = p.pid;
+            let libraries: Vec<CudaLibrary> = self
+                .users
+                .get(&pid)
+                .map(|set| {
+                    let mut v: Vec<usize> = set.iter().copied().collect();
+                    v.sort_unstable();
+                    v.into_iter()
+                        .map(|i| library_report(&self.libs[i]))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let api_stats = aggregate::api_stats(pid, &api, &errs);
+            if libraries.is_empty() && api_stats.is_empty() {
+                continue;
+            }
+            let (maps, alive) = match ctx.tracker.procs.get(&pid) {
+                Some(t) => (t.maps.as_slice(), !t.info.exited),
+                None => (&[][..], false),
+            };
+            let raw = &self.raw;
+            let sym = &mut *ctx.symbolizer;
+            let kernels = aggregate::kernels(pid, &launches, |fid, func| {
+                kernel_name(raw, sym, pid, maps, alive, fid, func)
+            });
+            let memory = aggregate::memory(
+                raw.mem.get(&pid).map(Vec::as_slice).unwrap_or(&[]),
+                ctx.window_start_ktime,
+            );
+            p.cuda = Some(ProcessCuda {
+                libraries,
+                api: api_stats,
+                copies: aggregate::copy_stats(pid, &copies),
+                kernels,
+                memory,
+                threads: aggregate::thread_stats(pid, &api),
+            });
+        }
+        for l in self.libs.iter().filter(|l| l.found.embedded) {
+            data.report.blind_spots.push(format!(
+                "{} carries its own CUDA runtime (statically linked); probed through its \
+                 symbol table",
+                l.found.path
+            ));
+        }
+        if !self.libs.is_empty() {
+            data.report.blind_spots.push(
+                "CUDA runtimes linked statically into stripped objects (no symbol table) are \
+                 not probed; their work is still seen at the driver (libcuda)"
+                    .into(),
+            );
+        }
+        for l in &self.libs {
+            for f in &l.failed {
+                data.report
+                    .blind_spots
+                    .push(format!("CUDA probe not attached in {}: {f}", l.found.path));
+            }
+        }
+        data.report.warnings.append(&mut self.warnings);
+        if let Some(s) = self.nvml.take() {
+            data.report.nvml = Some(s.finish(ctx.window_start_ktime, &pids));
+        }
+        Ok(())
+    }
+}
+
+fn library_report(l: &Lib) -> CudaLibrary {
+    CudaLibrary {
+        path: l.found.path.clone(),
+        kind: l.found.layer.name().into(),
+        attached: l.attached.clone(),
+        failed: l.failed.clone(),
+    }
+}
+
+/// A launched kernel's name: the registered device name of a runtime host stub, else the stub's
+/// symbol in whichever object it lives; for a driver handle the name given at
+/// cuModuleGetFunction / cuLibraryGetKernel; else `library+offset` or the handle.
+fn kernel_name(
+    raw: &RawEvents,
+    sym: &mut crate::symbolize::Symbolizer,
+    pid: u32,
+    maps: &[procfs::Mapping],
+    alive: bool,
+    fid: u32,
+    func: u64,
+) -> String {
+    let mut handle = func;
+    for _ in 0..4 {
+        if let Some(n) = raw.names.get(&(pid, handle)) {
+            return aggregate::demangle(n);
+        }
+        match raw.aliases.get(&(pid, handle)) {
+            Some(&k) => handle = k,
+            None => break,
+        }
+    }
+    let runtime = table::func(fid).is_some_and(|f| f.layer == Layer::Runtime);
+    if runtime && crate::symbolize::find_mapping(maps, func).is_some() {
+        let f = sym.user(pid, maps, alive, &[func]);
+        if let Some(f) = f.into_iter().next() {
+            if f.name != "[unknown]" {
+                return aggregate::demangle(&f.name);
+            }
+        }
+    }
+    format!("handle {func:#x}")
+}
