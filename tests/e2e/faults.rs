@@ -673,3 +673,61 @@ pub fn assert_no_orphans() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+fn children_of(pid: i32) -> Vec<(u32, String)> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse::<u32>().ok())
+        .map(|c| {
+            let comm = std::fs::read_to_string(format!("/proc/{c}/comm")).unwrap_or_default();
+            (c, comm.trim().to_string())
+        })
+        .collect()
+}
+
+/// SIGKILL while the launched command still waits to be released (probes being loaded): the
+/// command must not hang forever nor run untraced; it exits.
+#[test]
+fn sigkill_before_release_does_not_strand_the_command() {
+    let _g = serial();
+    if !require_root("sigkill_before_release_does_not_strand_the_command") {
+        return;
+    }
+    let spin = build_c("spin", &[]);
+    for _attempt in 0..20 {
+        let mut live = Live::start(&["--", spin.to_str().unwrap(), "30"]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut waiting = None;
+        while Instant::now() < deadline && waiting.is_none() {
+            waiting = children_of(live.pid())
+                .into_iter()
+                .find(|(_, comm)| comm == "gputrace")
+                .map(|(c, _)| c);
+        }
+        let Some(child) = waiting else {
+            continue;
+        };
+        live.signal(libc::SIGKILL);
+        live.wait_for(Duration::from_secs(5)).expect("SIGKILL");
+        let gone = Instant::now() + Duration::from_secs(5);
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+            if stat.is_empty() || stat.contains(") Z ") {
+                break;
+            }
+            assert!(
+                !stat.contains("(spin)"),
+                "the command ran after gputrace died"
+            );
+            assert!(
+                Instant::now() < gone,
+                "launched child {child} stranded: {stat}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_no_orphans();
+        return;
+    }
+    panic!("never caught the launched command before its release");
+}

@@ -1,6 +1,7 @@
 //! `cargo xtask setup | run | test | bench`: what a build script should not do.
 
 mod setup;
+mod workloads;
 
 use std::process::{Command, ExitCode};
 
@@ -47,6 +48,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Setup => setup::run(),
         Cmd::Run { args } => {
             setup::run()?;
+            workloads::build(&workspace_root())?;
             cargo(&["build", "--release", "-p", "gputrace"])?;
             let bin = workspace_root().join("target/release/gputrace");
             let mut cmd = if is_root() {
