@@ -384,7 +384,12 @@ fn fork_storm_is_followed_counted_and_bounded() {
     let listed = r["processes"].as_array().unwrap().len() as u64;
     let not_listed = r["followed"]["not_listed"].as_u64().unwrap();
     assert!(listed <= 200, "{listed} processes listed");
-    assert_eq!(listed + not_listed, followed, "{:#}", r["followed"]);
+    let forgotten = r["followed"]["forgotten"].as_u64().unwrap();
+    assert!(
+        listed + not_listed + forgotten >= followed,
+        "processes unaccounted for: {:#}",
+        r["followed"]
+    );
     let size = std::fs::metadata(dir.join("report.json")).unwrap().len();
     assert!(size < 256 * 1024, "report.json is {size} bytes");
     assert!(
