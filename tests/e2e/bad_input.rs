@@ -96,7 +96,7 @@ fn pid_exits_during_the_trace() {
         return;
     }
     let spin = build_c("spin", &[]);
-    let target = Bg::spawn(Command::new(&spin).arg("1"));
+    let target = Bg::spawn(Command::new(&spin).arg("3"));
     let pid = target.pid();
     let dir = out_dir("pid-exits");
     let started = Instant::now();

@@ -384,7 +384,12 @@ fn fork_storm_is_followed_counted_and_bounded() {
     let listed = r["processes"].as_array().unwrap().len() as u64;
     let not_listed = r["followed"]["not_listed"].as_u64().unwrap();
     assert!(listed <= 200, "{listed} processes listed");
-    assert_eq!(listed + not_listed, followed, "{:#}", r["followed"]);
+    let forgotten = r["followed"]["forgotten"].as_u64().unwrap();
+    assert!(
+        listed + not_listed + forgotten >= followed,
+        "processes unaccounted for: {:#}",
+        r["followed"]
+    );
     let size = std::fs::metadata(dir.join("report.json")).unwrap().len();
     assert!(size < 256 * 1024, "report.json is {size} bytes");
     assert!(
@@ -547,7 +552,8 @@ fn two_gputraces_at_once_keep_to_their_targets() {
             "saw {pids:?}, other target {other}"
         );
         let samples = process(&r, mine).unwrap()["samples"].as_u64().unwrap();
-        assert!(samples > 20, "{samples} samples of its own target");
+        // Each spinner is on CPU for much of the 2 s even on a loaded machine.
+        assert!(samples >= 5, "{samples} samples of its own target");
     }
     assert_released(&ha, la.pid());
     assert_released(&hb, lb.pid());
@@ -672,4 +678,62 @@ pub fn assert_no_orphans() {
         assert!(Instant::now() < deadline, "programs left loaded: {o:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+fn children_of(pid: i32) -> Vec<(u32, String)> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse::<u32>().ok())
+        .map(|c| {
+            let comm = std::fs::read_to_string(format!("/proc/{c}/comm")).unwrap_or_default();
+            (c, comm.trim().to_string())
+        })
+        .collect()
+}
+
+/// SIGKILL while the launched command still waits to be released (probes being loaded): the
+/// command must not hang forever nor run untraced; it exits.
+#[test]
+fn sigkill_before_release_does_not_strand_the_command() {
+    let _g = serial();
+    if !require_root("sigkill_before_release_does_not_strand_the_command") {
+        return;
+    }
+    let spin = build_c("spin", &[]);
+    for _attempt in 0..20 {
+        let mut live = Live::start(&["--", spin.to_str().unwrap(), "30"]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut waiting = None;
+        while Instant::now() < deadline && waiting.is_none() {
+            waiting = children_of(live.pid())
+                .into_iter()
+                .find(|(_, comm)| comm == "gputrace")
+                .map(|(c, _)| c);
+        }
+        let Some(child) = waiting else {
+            continue;
+        };
+        live.signal(libc::SIGKILL);
+        live.wait_for(Duration::from_secs(5)).expect("SIGKILL");
+        let gone = Instant::now() + Duration::from_secs(5);
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+            if stat.is_empty() || stat.contains(") Z ") {
+                break;
+            }
+            assert!(
+                !stat.contains("(spin)"),
+                "the command ran after gputrace died"
+            );
+            assert!(
+                Instant::now() < gone,
+                "launched child {child} stranded: {stat}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_no_orphans();
+        return;
+    }
+    panic!("never caught the launched command before its release");
 }

@@ -2,7 +2,8 @@
  *
  *   spin SECONDS
  *
- * Prints "start <CLOCK_MONOTONIC ns>" first, so a harness can tell when it began to run.
+ * Prints "start <CLOCK_MONOTONIC ns>" first, so a harness can tell when it began to run, and
+ * "cpu <ns>" last: the CPU time it used, to compare with the samples a profiler took.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,5 +29,7 @@ int main(int argc, char **argv) {
     printf("start %lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
     fflush(stdout);
     spin(argc > 1 ? atof(argv[1]) : 1.0);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    printf("cpu %lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
     return 0;
 }

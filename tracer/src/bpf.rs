@@ -65,8 +65,10 @@ pub fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, category: &str, name: &str
         .with_context(|| format!("program {prog} missing from the object"))?
         .try_into()?;
     p.load().map_err(|e| load_error(prog, e))?;
-    p.attach(category, name)
-        .with_context(|| format!("attach {prog} to tracepoint {category}/{name}"))?;
+    p.attach(category, name).map_err(|e| TraceError::Attach {
+        what: format!("{prog} to tracepoint {category}/{name}"),
+        reason: format!("{:#}", anyhow::Error::from(e)),
+    })?;
     Ok(())
 }
 
@@ -87,7 +89,10 @@ pub fn attach_cpu_sampler(ebpf: &mut Ebpf, frequency_hz: u64) -> Result<usize> {
             SamplePolicy::Period(1_000_000_000 / frequency_hz),
             false,
         )
-        .with_context(|| format!("attach the CPU sampler (cpu-clock) on CPU {cpu}"))?;
+        .map_err(|e| TraceError::Attach {
+            what: format!("the CPU sampler (cpu-clock) on CPU {cpu}"),
+            reason: format!("{:#}", anyhow::Error::from(e)),
+        })?;
     }
     Ok(cpus.len())
 }

@@ -27,6 +27,8 @@ pub enum TraceError {
     OutputFile { path: PathBuf, reason: String },
     #[error("loading the eBPF programs failed: {0}")]
     BpfLoad(String),
+    #[error("the kernel refused to attach {what}: {reason}")]
+    Attach { what: String, reason: String },
     #[error("refusing to run: {0}")]
     Refused(String),
 }
@@ -38,7 +40,7 @@ impl TraceError {
             TraceError::NoSuchProcess(_) => exit::NO_SUCH_PROCESS,
             TraceError::Exec { .. } => exit::EXEC_FAILED,
             TraceError::Output { .. } | TraceError::OutputFile { .. } => exit::OUTPUT,
-            TraceError::BpfLoad(_) => exit::BPF,
+            TraceError::BpfLoad(_) | TraceError::Attach { .. } => exit::BPF,
             TraceError::Refused(_) => exit::PERMISSION,
         }
     }
@@ -50,4 +52,47 @@ pub fn exit_code_of(err: &anyhow::Error) -> u8 {
         .find_map(|e| e.downcast_ref::<TraceError>())
         .map(TraceError::exit_code)
         .unwrap_or(exit::FAILURE)
+}
+
+#[cfg(test)]
+mod tests {
+    use anyhow::Context;
+
+    use super::*;
+
+    #[test]
+    fn the_trace_error_in_the_chain_decides_the_exit_code() {
+        let e = Err::<(), _>(TraceError::Attach {
+            what: "x".into(),
+            reason: "y".into(),
+        })
+        .context("attach the core probes")
+        .unwrap_err();
+        assert_eq!(exit_code_of(&e), exit::BPF);
+        let e = anyhow::anyhow!("something else").context("outer");
+        assert_eq!(exit_code_of(&e), exit::FAILURE);
+        let e: anyhow::Error = TraceError::OutputFile {
+            path: "out/cpu.svg".into(),
+            reason: "disk full".into(),
+        }
+        .into();
+        assert_eq!(exit_code_of(&e), exit::OUTPUT);
+        assert_eq!(format!("{e:#}"), "cannot write out/cpu.svg: disk full");
+    }
+
+    #[test]
+    fn exit_codes_are_distinct() {
+        let mut codes = [
+            exit::FAILURE,
+            exit::USAGE,
+            exit::PERMISSION,
+            exit::NO_SUCH_PROCESS,
+            exit::EXEC_FAILED,
+            exit::OUTPUT,
+            exit::BPF,
+        ];
+        codes.sort_unstable();
+        assert!(codes.windows(2).all(|w| w[0] != w[1]));
+        assert!(!codes.contains(&0));
+    }
 }

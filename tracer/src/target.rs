@@ -84,6 +84,10 @@ pub fn spawn_paused(argv: &[String]) -> Result<Launched> {
     }
     if pid == 0 {
         unsafe {
+            // Only gputrace may hold the write end: if it dies before the release (even by
+            // SIGKILL), the read below sees EOF and the command is never run untraced.
+            libc::close(go_w.as_raw_fd());
+            libc::close(err_r.as_raw_fd());
             let mut b = 0u8;
             loop {
                 let n = libc::read(go_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1);

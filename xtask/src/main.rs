@@ -5,6 +5,7 @@ mod bench_cuda;
 mod bench_sched;
 mod setup;
 mod test_deps;
+mod workloads;
 
 use std::process::{Command, ExitCode};
 
@@ -76,6 +77,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::BenchSchedWorker { mode, n, out } => bench_sched::worker(&mode, n, &out),
         Cmd::Run { args } => {
             setup::run()?;
+            workloads::build(&workspace_root())?;
             cargo(&["build", "--release", "-p", "gputrace"])?;
             let bin = workspace_root().join("target/release/gputrace");
             let mut cmd = if is_root() {
