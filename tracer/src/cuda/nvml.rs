@@ -91,9 +91,9 @@ fn run(interval: Duration, lib: Option<OsString>, stop: &AtomicBool) -> Sampled 
     let nvml = match init {
         Ok(n) => n,
         Err(e) => {
-            let reason = format!("no NVIDIA driver or NVML library ({e})");
-            eprintln!("gputrace: NVML unavailable: {reason}; GPU utilisation is not sampled");
-            out.nvml.reason = Some(reason);
+            // Said once, in the report (terminal summary and report.json), not on stderr: a
+            // CPU-only target on a machine without a GPU is not an error.
+            out.nvml.reason = Some(format!("no NVIDIA driver or NVML library ({e})"));
             return out;
         }
     };

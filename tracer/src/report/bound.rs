@@ -6,24 +6,25 @@ use super::model::{ProcessReport, Report};
 /// Processes with nothing to show that are still listed (a few show that children were seen).
 pub const MAX_IDLE_PROCESSES: usize = 32;
 
-fn is_idle(p: &ProcessReport) -> bool {
+/// A process is idle (worth counting, not listing) when it has no CPU samples, no CUDA, no
+/// block I/O, and lived for only a sliver of the window: what a fork storm's children look like.
+fn is_idle(p: &ProcessReport, window_ns: u64) -> bool {
+    let short = (window_ns / 200).max(10_000_000);
     p.samples == 0
-        && p.threads.is_empty()
-        && p.time.is_none()
-        && p.syscalls.is_empty()
-        && p.files.is_empty()
         && p.block_io.is_empty()
         && p.cuda.is_none()
+        && p.time.as_ref().is_none_or(|t| t.alive_ns < short)
 }
 
 /// Removes idle processes beyond `max_idle` (targets always stay); returns how many it removed
 /// and records the number in `report.followed.not_listed`.
 pub fn limit_idle_processes(report: &mut Report, max_idle: usize) -> u64 {
     let roots = report.target.pids.clone();
+    let window_ns = report.window.duration_ns;
     let mut idle_kept = 0usize;
     let before = report.processes.len();
     report.processes.retain(|p| {
-        if roots.contains(&p.pid) || !is_idle(p) {
+        if roots.contains(&p.pid) || !is_idle(p, window_ns) {
             return true;
         }
         idle_kept += 1;
@@ -76,6 +77,25 @@ mod tests {
         assert_eq!(pids, vec![1, 2, 3, 4, 5000]);
         assert_eq!(removed, 1995);
         assert_eq!(r.followed.not_listed, 1995);
+    }
+
+    #[test]
+    fn short_lived_children_are_idle_long_lived_ones_are_not() {
+        let alive = |pid: u32, ns: u64| {
+            let mut p = process(pid, 0);
+            p.time = Some(crate::report::model::time::TimeBreakdown {
+                alive_ns: ns,
+                ..Default::default()
+            });
+            p
+        };
+        let mut ps = vec![process(1, 0), alive(7, 8_000_000_000)];
+        ps.extend((10..20).map(|pid| alive(pid, 1_000_000)));
+        let mut r = report(ps);
+        r.window.duration_ns = 10_000_000_000;
+        assert_eq!(limit_idle_processes(&mut r, 2), 8);
+        let pids: Vec<u32> = r.processes.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, vec![1, 7, 10, 11]);
     }
 
     #[test]

@@ -70,8 +70,10 @@ impl Exporter for Json {
         "report.json"
     }
     fn write(&self, data: &ReportData, out: &mut dyn Write) -> Result<()> {
-        serde_json::to_writer_pretty(&mut *out, &data.report)?;
-        writeln!(out)?;
+        // Serialised first so that a write error stays an io::Error (disk full is told apart).
+        let mut text = serde_json::to_vec_pretty(&data.report)?;
+        text.push(b'\n');
+        out.write_all(&text)?;
         Ok(())
     }
 }
