@@ -70,6 +70,22 @@ fn bytes_read(ps: &[&ProcessReport]) -> u64 {
         .sum()
 }
 
+/// Every traced descendant of `pid`: DataLoader workers are children of the trainer, or
+/// grandchildren under the forkserver start method.
+fn descendants(r: &Report, pid: u32) -> Vec<&ProcessReport> {
+    let mut out: Vec<&ProcessReport> = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for c in r.processes.iter().filter(|c| c.ppid == Some(parent)) {
+            if c.pid != pid && !out.iter().any(|o| o.pid == c.pid) {
+                out.push(c);
+                frontier.push(c.pid);
+            }
+        }
+    }
+    out
+}
+
 /// The thread of `p` that waits most on lock/ipc/poll, with its wait share.
 fn most_waiting(p: &ProcessReport) -> Option<(&ThreadReport, f64)> {
     p.threads
@@ -90,10 +106,9 @@ pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
         if wait < DATA_WAIT_MIN {
             continue;
         }
-        let children: Vec<&ProcessReport> = r
-            .processes
-            .iter()
-            .filter(|c| c.ppid == Some(p.pid) && c.time.is_some())
+        let children: Vec<&ProcessReport> = descendants(r, p.pid)
+            .into_iter()
+            .filter(|c| c.time.is_some())
             .collect();
         let (sum, n, what, explained, read) = if !children.is_empty() {
             let s = sum_processes(&children);
@@ -285,12 +300,28 @@ pub fn io_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
 }
 
 /// On-CPU share of a thread: from time accounting when present, else from its samples.
-fn on_cpu(r: &Report, t: &ThreadReport) -> Option<f64> {
+/// Time inside CUDA calls is the CUDA rules' business: when the accounting did not charge it
+/// to the cuda_* categories (or there is no accounting), the process's CUDA call time is taken
+/// off, so a launch- or copy-bound thread is not also called CPU-bound.
+fn on_cpu(r: &Report, p: &ProcessReport, t: &ThreadReport) -> Option<f64> {
+    let cuda_ns: u64 = p.cuda.iter().flat_map(|c| &c.api).map(|a| a.total_ns).sum();
     if let Some(tb) = &t.time {
-        return Some(cat_pct(tb, &["cpu"]));
+        let charged = tb
+            .categories
+            .iter()
+            .any(|c| c.category.starts_with("cuda_"));
+        let cpu = cat_ns(tb, &["cpu"]);
+        let cpu = if charged {
+            cpu
+        } else {
+            cpu.saturating_sub(cuda_ns)
+        };
+        return Some(units::pct(cpu, tb.alive_ns));
     }
     let possible = r.sampling.frequency_hz as f64 * r.window.duration_ns as f64 / 1e9;
-    (possible > 0.0 && t.samples > 0).then(|| (t.samples as f64 * 100.0 / possible).min(100.0))
+    let in_cuda = units::pct(cuda_ns, r.window.duration_ns);
+    (possible > 0.0 && t.samples > 0)
+        .then(|| ((t.samples as f64 * 100.0 / possible).min(100.0) - in_cuda).max(0.0))
 }
 
 /// cpu-bound: a thread is on CPU nearly all of its time; names the functions that burn it.
@@ -301,7 +332,7 @@ pub fn cpu_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
             .threads
             .iter()
             .filter(|t| !explained.contains(&t.tid))
-            .filter_map(|t| on_cpu(r, t).map(|c| (t, c)))
+            .filter_map(|t| on_cpu(r, p, t).map(|c| (t, c)))
             .max_by(|a, b| a.1.total_cmp(&b.1));
         let Some((t, cpu)) = best else { continue };
         if cpu < CPU_MIN {

@@ -374,3 +374,35 @@ fn several_rules_fire_and_rank_by_impact() {
     apply(&mut r2);
     assert_eq!(r2.findings, fs);
 }
+
+#[test]
+fn forkserver_grandchildren_count_as_workers() {
+    let mut r = data_loading_job();
+    let mut fs = process(
+        99,
+        Some(100),
+        "forkserver",
+        vec![thread(99, "forkserver", &[])],
+    );
+    fs.time = None;
+    r.processes.insert(1, fs);
+    for p in r.processes.iter_mut().skip(2) {
+        p.ppid = Some(99);
+    }
+    let f = &evaluate(&r)[0];
+    assert_eq!(f.rule, "data-loading-bound");
+    assert!(f.title.contains("its 2 worker processes"), "{}", f.title);
+}
+
+#[test]
+fn cuda_time_not_charged_to_cuda_is_not_cpu_bound() {
+    // No cuda_* categories: the 80% "cpu" is mostly inside 7 s of cudaLaunchKernel.
+    let c = ProcessCuda {
+        api: vec![api("cudaLaunchKernel", 500_000, 7 * SEC)],
+        ..Default::default()
+    };
+    let r = cuda_job(&[("cpu", 80.0)], c);
+    let fs = evaluate(&r);
+    assert_eq!(rules(&r), vec!["launch-bound"], "{fs:#?}");
+    assert_eq!(fs[0].impact_percent, 70.0);
+}
