@@ -235,6 +235,7 @@ fn trace(
         timeline: report::timeline::Timeline::with_limit(args.timeline_limit),
         flames: Vec::new(),
     };
+    report::timeline::add_lifecycle(&mut data.timeline, &tracker.lifecycle, window_start_ktime);
     let mut finish_ctx = FinishCtx {
         args,
         tracker: &tracker,

@@ -24,7 +24,12 @@ pub struct Tracker {
     pub exited_roots: Vec<u32>,
     pub roots: Vec<u32>,
     pub events: u64,
+    /// Fork/exec/exit events as they came, for the timeline (bounded by LIFECYCLE_MAX).
+    pub lifecycle: Vec<ProcEvent>,
 }
+
+/// Process lifecycle events kept for the timeline; a fork bomb must not grow memory unbounded.
+pub const LIFECYCLE_MAX: usize = 10_000;
 
 impl Tracker {
     pub fn new(roots: &[u32]) -> Self {
@@ -58,6 +63,9 @@ impl Tracker {
 
     pub fn on_event(&mut self, ev: &ProcEvent) {
         self.events += 1;
+        if self.lifecycle.len() < LIFECYCLE_MAX {
+            self.lifecycle.push(*ev);
+        }
         match ProcEventKind::from_u32(ev.kind) {
             Some(ProcEventKind::Fork) => {
                 self.add(ev.pid, Some(ev.ppid));

@@ -104,9 +104,95 @@ impl Timeline {
     }
 }
 
+/// Fork, exec and exit of traced processes as instants; `window_start_ktime` is the ktime of
+/// the window start (events before it are put at 0).
+pub fn add_lifecycle(
+    t: &mut Timeline,
+    events: &[tracer_common::proc::ProcEvent],
+    window_start_ktime: u64,
+) {
+    use tracer_common::proc::ProcEventKind as K;
+    for ev in events {
+        let comm = {
+            let end = ev
+                .comm
+                .iter()
+                .position(|b| *b == 0)
+                .unwrap_or(ev.comm.len());
+            String::from_utf8_lossy(&ev.comm[..end]).into_owned()
+        };
+        let (name, pid, args) = match K::from_u32(ev.kind) {
+            Some(K::Fork) => (
+                format!("fork {}", ev.pid),
+                ev.ppid,
+                vec![("child".to_string(), ev.pid.to_string())],
+            ),
+            Some(K::Exec) => (format!("exec {comm}"), ev.pid, vec![]),
+            Some(K::Exit) => (
+                "exit".to_string(),
+                ev.pid,
+                vec![("code".to_string(), ev.exit_code.to_string())],
+            ),
+            Some(K::ThreadExit) | None => continue,
+        };
+        t.push(TimelineEvent {
+            ts_ns: ev.ts_ns.saturating_sub(window_start_ktime),
+            dur_ns: 0,
+            pid,
+            tid: if matches!(K::from_u32(ev.kind), Some(K::Fork)) {
+                ev.ppid
+            } else {
+                ev.tid
+            },
+            kind: EventKind::Instant,
+            name,
+            args,
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lifecycle_becomes_instants() {
+        use tracer_common::proc::{ProcEvent, ProcEventKind as K};
+        let ev = |kind: K, pid, ts_ns| ProcEvent {
+            kind: kind as u32,
+            pid,
+            tid: pid,
+            ppid: 1,
+            ts_ns,
+            exit_code: 0,
+            _pad: 0,
+            comm: *b"worker\0\0\0\0\0\0\0\0\0\0",
+        };
+        let mut t = Timeline::with_limit(10);
+        add_lifecycle(
+            &mut t,
+            &[
+                ev(K::Fork, 5, 900),
+                ev(K::Exec, 5, 2_000),
+                ev(K::ThreadExit, 5, 2_500),
+                ev(K::Exit, 5, 3_000),
+            ],
+            1_000,
+        );
+        let names: Vec<(&str, u32, u64)> = t
+            .events
+            .iter()
+            .map(|e| (e.name.as_str(), e.pid, e.ts_ns))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("fork 5", 1, 0),
+                ("exec worker", 5, 1_000),
+                ("exit", 5, 2_000)
+            ]
+        );
+    }
 
     #[test]
     fn limit_counts_what_is_cut() {
