@@ -104,6 +104,47 @@ impl Timeline {
     }
 }
 
+/// Syscalls at least this long are worth a timeline event; shorter ones only count in the
+/// per-syscall statistics (a default for the families that stream syscalls).
+pub const SYSCALL_EVENT_MIN_NS: u64 = 100_000;
+
+/// NVML samples as counter tracks (one per GPU), when no family pushed counters itself.
+pub fn add_nvml(t: &mut Timeline, nvml: &crate::report::model::cuda::Nvml) {
+    if !t.counters.is_empty() || !nvml.available {
+        return;
+    }
+    for g in &nvml.gpus {
+        for s in &g.samples {
+            t.push_counter(CounterSample {
+                ts_ns: s.t_ns,
+                name: format!("GPU {} utilisation %", g.index),
+                values: vec![
+                    ("gpu".into(), s.util_gpu as f64),
+                    ("memory".into(), s.util_mem as f64),
+                ],
+            });
+            t.push_counter(CounterSample {
+                ts_ns: s.t_ns,
+                name: format!("GPU {} memory used MB", g.index),
+                values: vec![("used".into(), s.mem_used_bytes as f64 / 1e6)],
+            });
+            t.push_counter(CounterSample {
+                ts_ns: s.t_ns,
+                name: format!("GPU {} PCIe MB/s", g.index),
+                values: vec![
+                    ("tx".into(), s.pcie_tx_kbps as f64 / 1e3),
+                    ("rx".into(), s.pcie_rx_kbps as f64 / 1e3),
+                ],
+            });
+            t.push_counter(CounterSample {
+                ts_ns: s.t_ns,
+                name: format!("GPU {} power W", g.index),
+                values: vec![("power".into(), s.power_mw as f64 / 1e3)],
+            });
+        }
+    }
+}
+
 /// Fork, exec and exit of traced processes as instants; `window_start_ktime` is the ktime of
 /// the window start (events before it are put at 0).
 pub fn add_lifecycle(
@@ -154,6 +195,18 @@ pub fn add_lifecycle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvml_samples_become_counters_once() {
+        let nvml = crate::report::fixtures::nvml(60.0);
+        let mut t = Timeline::with_limit(100);
+        add_nvml(&mut t, &nvml);
+        assert_eq!(t.counters.len(), 40, "4 tracks x 10 samples");
+        assert_eq!(t.counters[0].name, "GPU 0 utilisation %");
+        assert_eq!(t.counters[0].values[0], ("gpu".to_string(), 60.0));
+        add_nvml(&mut t, &nvml);
+        assert_eq!(t.counters.len(), 40, "not twice");
+    }
 
     #[test]
     fn lifecycle_becomes_instants() {
