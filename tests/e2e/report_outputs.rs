@@ -23,6 +23,10 @@ fn traced(name: &str) -> std::path::PathBuf {
         run.stderr
     );
     assert!(run.stdout.contains("VERDICT"), "{}", run.stdout);
+    assert!(
+        !run.stdout.contains('\x1b'),
+        "no colour when stdout is not a terminal"
+    );
     dir
 }
 
