@@ -20,16 +20,14 @@ pub struct Tracked {
 
 #[derive(Debug, Default)]
 pub struct Tracker {
+    /// Fork/exec/exit events as they came, for the timeline (bounded by
+    /// `report::timeline::LIFECYCLE_MAX`: a fork storm must not grow memory unbounded).
+    pub lifecycle: Vec<ProcEvent>,
     pub procs: BTreeMap<u32, Tracked>,
     pub exited_roots: Vec<u32>,
     pub roots: Vec<u32>,
     pub events: u64,
-    /// Fork/exec/exit events as they came, for the timeline (bounded by LIFECYCLE_MAX).
-    pub lifecycle: Vec<ProcEvent>,
 }
-
-/// Process lifecycle events kept for the timeline; a fork bomb must not grow memory unbounded.
-pub const LIFECYCLE_MAX: usize = 10_000;
 
 impl Tracker {
     pub fn new(roots: &[u32]) -> Self {
@@ -63,7 +61,7 @@ impl Tracker {
 
     pub fn on_event(&mut self, ev: &ProcEvent) {
         self.events += 1;
-        if self.lifecycle.len() < LIFECYCLE_MAX {
+        if self.lifecycle.len() < crate::report::timeline::LIFECYCLE_MAX {
             self.lifecycle.push(*ev);
         }
         match ProcEventKind::from_u32(ev.kind) {

@@ -104,6 +104,9 @@ impl Timeline {
     }
 }
 
+/// Process lifecycle events the tracker keeps for the timeline.
+pub const LIFECYCLE_MAX: usize = 10_000;
+
 /// Syscalls at least this long are worth a timeline event; shorter ones only count in the
 /// per-syscall statistics (a default for the families that stream syscalls).
 pub const SYSCALL_EVENT_MIN_NS: u64 = 100_000;
