@@ -21,24 +21,17 @@ struct Sum {
     busy: u64,
 }
 
-fn sum_processes(ps: &[&ProcessReport]) -> Sum {
-    let mut s = Sum {
-        alive: 0,
-        io: 0,
-        cpu: 0,
-        runqueue: 0,
-        busy: 0,
-    };
-    for p in ps {
-        if let Some(t) = &p.time {
-            s.alive += t.alive_ns;
-            s.io += cat_ns(t, &["io"]);
-            s.cpu += cat_ns(t, &["cpu"]);
-            s.runqueue += cat_ns(t, &["runqueue"]);
-            s.busy += cat_ns(t, &BUSY);
-        }
-    }
-    s
+/// The worker threads of worker processes: those alive long enough and busy (a queue feeder
+/// thread idling beside the reading thread would dilute the shares).
+fn worker_threads<'a>(r: &Report, ps: &[&'a ProcessReport]) -> Vec<&'a ThreadReport> {
+    ps.iter()
+        .flat_map(|p| &p.threads)
+        .filter(|t| {
+            t.time
+                .as_ref()
+                .is_some_and(|tb| substantial(r, tb) && cat_pct(tb, &BUSY) >= WORKER_MIN_BUSY)
+        })
+        .collect()
 }
 
 fn sum_threads(ts: &[&ThreadReport]) -> Sum {
@@ -141,7 +134,7 @@ pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
             })
             .collect();
         let (sum, n, what, explained, read) = if !children.is_empty() {
-            let s = sum_processes(&children);
+            let s = sum_threads(&worker_threads(r, &children));
             let ids = children.iter().map(|c| c.pid).collect::<Vec<_>>();
             let read = bytes_read(&children);
             (s, children.len(), "worker processes", ids, read)
@@ -213,7 +206,11 @@ pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
                 units::dur(sum.alive)
             ),
         ];
-        let reasons = top_reasons(tb, &WAIT, 3);
+        let mut waits = tb.clone();
+        waits
+            .reasons
+            .retain(|r| !NOT_DATA.contains(&r.reason.as_str()));
+        let reasons = top_reasons(&waits, &WAIT, 3);
         if !reasons.is_empty() {
             evidence.push(format!("waits: {reasons}"));
         }

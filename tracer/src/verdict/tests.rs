@@ -489,3 +489,26 @@ fn oversubscribed_workers_get_cpu_advice() {
     );
     assert!(dl.suggestions[0].contains("oversubscribed"));
 }
+
+#[test]
+fn idle_feeder_threads_do_not_dilute_worker_shares() {
+    let mut r = data_loading_job();
+    for p in r.processes.iter_mut().skip(1) {
+        let pid = p.pid;
+        let block_io = p.block_io.clone();
+        *p = process(
+            pid,
+            Some(100),
+            "pt_data_worker",
+            vec![
+                thread(pid, "pt_data_worker", &[("io", 70.0), ("cpu", 20.0)]),
+                thread(pid + 10, "QueueFeederThread", &[("lock", 2.0)]),
+            ],
+        );
+        p.block_io = block_io;
+    }
+    let f = &evaluate(&r)[0];
+    assert_eq!(f.rule, "data-loading-bound");
+    assert!(f.title.contains("spent 70% in disk I/O"), "{}", f.title);
+    assert!(f.evidence[1].contains("over 20.00 s"), "{:?}", f.evidence);
+}
