@@ -23,6 +23,10 @@ fn traced(name: &str) -> std::path::PathBuf {
         run.stderr
     );
     assert!(run.stdout.contains("VERDICT"), "{}", run.stdout);
+    assert!(
+        !run.stdout.contains('\x1b'),
+        "no colour when stdout is not a terminal"
+    );
     dir
 }
 
@@ -55,6 +59,20 @@ fn output_dir_has_html_trace_and_csv() {
         .iter()
         .all(|e| e.get("ph").is_some() && e.get("pid").is_some()));
     assert!(events.iter().any(|e| e["name"] == "process_name"));
+    // hot_threads forks a child; both processes exit inside the window.
+    let instants: Vec<&str> = events
+        .iter()
+        .filter(|e| e["ph"] == "i")
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert!(
+        instants.iter().any(|n| n.starts_with("fork ")),
+        "{instants:?}"
+    );
+    assert!(
+        instants.iter().filter(|n| **n == "exit").count() >= 2,
+        "{instants:?}"
+    );
 
     let functions = read(&dir, "functions.csv");
     assert!(functions.starts_with("pid,tid,kind,function,module,samples,percent\n"));

@@ -239,6 +239,7 @@ fn trace(
         flames: Vec::new(),
         time: Default::default(),
     };
+    report::timeline::add_lifecycle(&mut data.timeline, &tracker.lifecycle, window_start_ktime);
     let mut finish_ctx = FinishCtx {
         args,
         tracker: &tracker,

@@ -31,6 +31,9 @@ pub const MAX_EXITED_MAPS: usize = 256;
 
 #[derive(Debug, Default)]
 pub struct Tracker {
+    /// Fork/exec/exit events as they came, for the timeline (bounded by
+    /// `report::timeline::LIFECYCLE_MAX`: a fork storm must not grow memory unbounded).
+    pub lifecycle: Vec<ProcEvent>,
     pub procs: BTreeMap<u32, Tracked>,
     pub exited_roots: Vec<u32>,
     pub roots: Vec<u32>,
@@ -85,6 +88,9 @@ impl Tracker {
 
     pub fn on_event(&mut self, ev: &ProcEvent) {
         self.events += 1;
+        if self.lifecycle.len() < crate::report::timeline::LIFECYCLE_MAX {
+            self.lifecycle.push(*ev);
+        }
         match ProcEventKind::from_u32(ev.kind) {
             Some(ProcEventKind::Fork) => {
                 self.add(ev.pid, Some(ev.ppid));

@@ -14,6 +14,9 @@ fn changes(o: &mut String, title: &str, list: &[Change]) {
         .take(ROWS)
         .collect();
     if shown.is_empty() {
+        if !list.is_empty() {
+            let _ = writeln!(o, "\n{title}: no change of 0.1 pt or more");
+        }
         return;
     }
     let _ = writeln!(

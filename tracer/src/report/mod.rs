@@ -54,6 +54,9 @@ pub struct Flame {
 /// Last step before rendering, after every probe family has finished: the verdicts and what
 /// the report says about the timeline.
 pub fn finalize(data: &mut ReportData) {
+    if let Some(n) = &data.report.nvml {
+        timeline::add_nvml(&mut data.timeline, n);
+    }
     data.report.timeline = Some(data.timeline.summary());
     crate::verdict::apply(&mut data.report);
 }

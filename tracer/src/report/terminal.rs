@@ -237,13 +237,18 @@ fn bars(o: &mut String, t: &TimeBreakdown, n: usize, indent: &str, st: Style) {
             st.category(&c.category, &"█".repeat(filled)),
             st.dim(&"·".repeat(BAR - filled))
         );
-        let reasons: Vec<&str> = t
+        let mut reasons: Vec<String> = t
             .reasons
             .iter()
             .filter(|r| r.category == c.category)
             .take(2)
-            .map(|r| r.reason.as_str())
+            .map(|r| r.reason.clone())
             .collect();
+        if c.category == "cpu" {
+            if let Some(u) = t.cpu_user_percent {
+                reasons.insert(0, format!("{u:.0}% user"));
+            }
+        }
         // The bar is BAR columns whatever its escape codes; only the reasons may be cut.
         let room = WIDTH.saturating_sub(indent.len() + 11 + 1 + BAR + 1 + 6 + 1 + 9 + 2);
         let why = if reasons.is_empty() {

@@ -104,9 +104,151 @@ impl Timeline {
     }
 }
 
+/// Process lifecycle events the tracker keeps for the timeline.
+pub const LIFECYCLE_MAX: usize = 10_000;
+
+/// Syscalls at least this long are worth a timeline event; shorter ones only count in the
+/// per-syscall statistics (a default for the families that stream syscalls).
+pub const SYSCALL_EVENT_MIN_NS: u64 = 100_000;
+
+/// NVML samples as counter tracks (one per GPU), when no family pushed counters itself.
+pub fn add_nvml(t: &mut Timeline, nvml: &crate::report::model::cuda::Nvml) {
+    if !t.counters.is_empty() || !nvml.available {
+        return;
+    }
+    for g in &nvml.gpus {
+        for s in &g.samples {
+            t.push_counter(CounterSample {
+                ts_ns: s.t_ns,
+                name: format!("GPU {} utilisation %", g.index),
+                values: vec![
+                    ("gpu".into(), s.util_gpu as f64),
+                    ("memory".into(), s.util_mem as f64),
+                ],
+            });
+            t.push_counter(CounterSample {
+                ts_ns: s.t_ns,
+                name: format!("GPU {} memory used MB", g.index),
+                values: vec![("used".into(), s.mem_used_bytes as f64 / 1e6)],
+            });
+            t.push_counter(CounterSample {
+                ts_ns: s.t_ns,
+                name: format!("GPU {} PCIe MB/s", g.index),
+                values: vec![
+                    ("tx".into(), s.pcie_tx_kbps as f64 / 1e3),
+                    ("rx".into(), s.pcie_rx_kbps as f64 / 1e3),
+                ],
+            });
+            t.push_counter(CounterSample {
+                ts_ns: s.t_ns,
+                name: format!("GPU {} power W", g.index),
+                values: vec![("power".into(), s.power_mw as f64 / 1e3)],
+            });
+        }
+    }
+}
+
+/// Fork, exec and exit of traced processes as instants; `window_start_ktime` is the ktime of
+/// the window start (events before it are put at 0).
+pub fn add_lifecycle(
+    t: &mut Timeline,
+    events: &[tracer_common::proc::ProcEvent],
+    window_start_ktime: u64,
+) {
+    use tracer_common::proc::ProcEventKind as K;
+    for ev in events {
+        let comm = {
+            let end = ev
+                .comm
+                .iter()
+                .position(|b| *b == 0)
+                .unwrap_or(ev.comm.len());
+            String::from_utf8_lossy(&ev.comm[..end]).into_owned()
+        };
+        let (name, pid, args) = match K::from_u32(ev.kind) {
+            Some(K::Fork) => (
+                format!("fork {}", ev.pid),
+                ev.ppid,
+                vec![("child".to_string(), ev.pid.to_string())],
+            ),
+            Some(K::Exec) => (format!("exec {comm}"), ev.pid, vec![]),
+            Some(K::Exit) => (
+                "exit".to_string(),
+                ev.pid,
+                vec![("code".to_string(), ev.exit_code.to_string())],
+            ),
+            Some(K::ThreadExit) | None => continue,
+        };
+        t.push(TimelineEvent {
+            ts_ns: ev.ts_ns.saturating_sub(window_start_ktime),
+            dur_ns: 0,
+            pid,
+            tid: if matches!(K::from_u32(ev.kind), Some(K::Fork)) {
+                ev.ppid
+            } else {
+                ev.tid
+            },
+            kind: EventKind::Instant,
+            name,
+            args,
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvml_samples_become_counters_once() {
+        let nvml = crate::report::fixtures::nvml(60.0);
+        let mut t = Timeline::with_limit(100);
+        add_nvml(&mut t, &nvml);
+        assert_eq!(t.counters.len(), 40, "4 tracks x 10 samples");
+        assert_eq!(t.counters[0].name, "GPU 0 utilisation %");
+        assert_eq!(t.counters[0].values[0], ("gpu".to_string(), 60.0));
+        add_nvml(&mut t, &nvml);
+        assert_eq!(t.counters.len(), 40, "not twice");
+    }
+
+    #[test]
+    fn lifecycle_becomes_instants() {
+        use tracer_common::proc::{ProcEvent, ProcEventKind as K};
+        let ev = |kind: K, pid, ts_ns| ProcEvent {
+            kind: kind as u32,
+            pid,
+            tid: pid,
+            ppid: 1,
+            ts_ns,
+            exit_code: 0,
+            _pad: 0,
+            comm: *b"worker\0\0\0\0\0\0\0\0\0\0",
+        };
+        let mut t = Timeline::with_limit(10);
+        add_lifecycle(
+            &mut t,
+            &[
+                ev(K::Fork, 5, 900),
+                ev(K::Exec, 5, 2_000),
+                ev(K::ThreadExit, 5, 2_500),
+                ev(K::Exit, 5, 3_000),
+            ],
+            1_000,
+        );
+        let names: Vec<(&str, u32, u64)> = t
+            .events
+            .iter()
+            .map(|e| (e.name.as_str(), e.pid, e.ts_ns))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("fork 5", 1, 0),
+                ("exec worker", 5, 1_000),
+                ("exit", 5, 2_000)
+            ]
+        );
+    }
 
     #[test]
     fn limit_counts_what_is_cut() {

@@ -272,6 +272,10 @@ mod tests {
             .push(fixtures::thread(101, "pt_pin", &[]));
         let mut buf = Vec::new();
         write(&timeline(), &r, &mut buf).unwrap();
+        // A sample to check against docs/trace-event.schema.json, written only when asked.
+        if let Some(path) = std::env::var_os("GPUTRACE_TRACE_SAMPLE") {
+            std::fs::write(path, &buf).unwrap();
+        }
         let evs = validate(std::str::from_utf8(&buf).unwrap());
         let xs: Vec<&Value> = evs.iter().filter(|e| e["ph"] == "X").collect();
         assert_eq!(xs.len(), 6);

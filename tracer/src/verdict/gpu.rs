@@ -1,7 +1,7 @@
 //! Rules on CUDA and NVML data: GPU-bound, launch-bound, transfer-bound, sync-heavy,
 //! allocation churn, memory never freed, failing calls, GPU idle.
 
-use super::{cat_pct, finding, host::capitalize, thread_label, thresholds::*};
+use super::{cat_pct, finding, host::capitalize, substantial, thread_label, thresholds::*, weight};
 use crate::report::{
     model::{
         cuda::{ApiStat, ProcessCuda},
@@ -34,10 +34,13 @@ fn api(c: &ProcessCuda, pred: fn(&str) -> bool) -> impl Iterator<Item = &ApiStat
 /// Where a process spends a CUDA category: the share of its busiest thread (with that thread's
 /// label) from time accounting, else the API calls' summed time over the window.
 fn share(r: &Report, p: &ProcessReport, category: &str, api_ns: u64) -> (f64, Option<u32>, String) {
+    // Shares of the window: a thread alive half the window counts half.
     let best = p
         .threads
         .iter()
-        .filter_map(|t| t.time.as_ref().map(|tb| (t, cat_pct(tb, &[category]))))
+        .filter_map(|t| t.time.as_ref().map(|tb| (t, tb)))
+        .filter(|(_, tb)| substantial(r, tb))
+        .map(|(t, tb)| (t, cat_pct(tb, &[category]) * weight(r, tb.alive_ns)))
         .max_by(|a, b| a.1.total_cmp(&b.1));
     match best {
         Some((t, pct)) if pct > 0.0 => (pct, Some(t.tid), thread_label(p, t)),

@@ -1,8 +1,11 @@
 //! Rules on host time: data loading, I/O, CPU, contention.
 
-use super::{cat_ns, cat_pct, finding, thread_label, thresholds::*, top_reasons};
+use super::{
+    cat_ns, cat_pct, finding, of_life, substantial, thread_label, thresholds::*, top_reasons,
+    weight,
+};
 use crate::report::{
-    model::{verdict::Finding, ProcessReport, Report, ThreadReport},
+    model::{time::TimeBreakdown, verdict::Finding, ProcessReport, Report, ThreadReport},
     units,
 };
 
@@ -14,25 +17,21 @@ struct Sum {
     alive: u64,
     io: u64,
     cpu: u64,
+    runqueue: u64,
     busy: u64,
 }
 
-fn sum_processes(ps: &[&ProcessReport]) -> Sum {
-    let mut s = Sum {
-        alive: 0,
-        io: 0,
-        cpu: 0,
-        busy: 0,
-    };
-    for p in ps {
-        if let Some(t) = &p.time {
-            s.alive += t.alive_ns;
-            s.io += cat_ns(t, &["io"]);
-            s.cpu += cat_ns(t, &["cpu"]);
-            s.busy += cat_ns(t, &BUSY);
-        }
-    }
-    s
+/// The worker threads of worker processes: those alive long enough and busy (a queue feeder
+/// thread idling beside the reading thread would dilute the shares).
+fn worker_threads<'a>(r: &Report, ps: &[&'a ProcessReport]) -> Vec<&'a ThreadReport> {
+    ps.iter()
+        .flat_map(|p| &p.threads)
+        .filter(|t| {
+            t.time
+                .as_ref()
+                .is_some_and(|tb| substantial(r, tb) && cat_pct(tb, &BUSY) >= WORKER_MIN_BUSY)
+        })
+        .collect()
 }
 
 fn sum_threads(ts: &[&ThreadReport]) -> Sum {
@@ -40,6 +39,7 @@ fn sum_threads(ts: &[&ThreadReport]) -> Sum {
         alive: 0,
         io: 0,
         cpu: 0,
+        runqueue: 0,
         busy: 0,
     };
     for th in ts {
@@ -47,6 +47,7 @@ fn sum_threads(ts: &[&ThreadReport]) -> Sum {
             s.alive += t.alive_ns;
             s.io += cat_ns(t, &["io"]);
             s.cpu += cat_ns(t, &["cpu"]);
+            s.runqueue += cat_ns(t, &["runqueue"]);
             s.busy += cat_ns(t, &BUSY);
         }
     }
@@ -70,11 +71,43 @@ fn bytes_read(ps: &[&ProcessReport]) -> u64 {
         .sum()
 }
 
-/// The thread of `p` that waits most on lock/ipc/poll, with its wait share.
-fn most_waiting(p: &ProcessReport) -> Option<(&ThreadReport, f64)> {
+/// Every traced descendant of `pid`: DataLoader workers are children of the trainer, or
+/// grandchildren under the forkserver start method.
+fn descendants(r: &Report, pid: u32) -> Vec<&ProcessReport> {
+    let mut out: Vec<&ProcessReport> = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for c in r.processes.iter().filter(|c| c.ppid == Some(parent)) {
+            if c.pid != pid && !out.iter().any(|o| o.pid == c.pid) {
+                out.push(c);
+                frontier.push(c.pid);
+            }
+        }
+    }
+    out
+}
+
+/// Waiting for a child to exit (a shell, a launcher) is not waiting for data.
+const NOT_DATA: [&str; 3] = ["wait4", "waitid", "waitpid"];
+
+/// ns a thread waited on queues, pipes, locks and polls, less waits for child exits.
+fn data_wait_ns(t: &TimeBreakdown) -> u64 {
+    let child_waits: u64 = t
+        .reasons
+        .iter()
+        .filter(|r| WAIT.contains(&r.category.as_str()) && NOT_DATA.contains(&r.reason.as_str()))
+        .map(|r| r.ns)
+        .sum();
+    cat_ns(t, &WAIT).saturating_sub(child_waits)
+}
+
+/// The thread of `p` alive long enough that waits most for data, with its wait share.
+fn most_waiting<'a>(r: &Report, p: &'a ProcessReport) -> Option<(&'a ThreadReport, f64)> {
     p.threads
         .iter()
-        .filter_map(|t| t.time.as_ref().map(|tb| (t, cat_pct(tb, &WAIT))))
+        .filter_map(|t| t.time.as_ref().map(|tb| (t, tb)))
+        .filter(|(_, tb)| substantial(r, tb))
+        .map(|(t, tb)| (t, units::pct(data_wait_ns(tb), tb.alive_ns)))
         .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
@@ -84,31 +117,38 @@ fn most_waiting(p: &ProcessReport) -> Option<(&ThreadReport, f64)> {
 pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
     let mut out = Vec::new();
     for p in &r.processes {
-        let Some((trainer, wait)) = most_waiting(p) else {
+        let Some((trainer, wait)) = most_waiting(r, p) else {
             continue;
         };
         if wait < DATA_WAIT_MIN {
             continue;
         }
-        let children: Vec<&ProcessReport> = r
-            .processes
-            .iter()
-            .filter(|c| c.ppid == Some(p.pid) && c.time.is_some())
+        let children: Vec<&ProcessReport> = descendants(r, p.pid)
+            .into_iter()
+            .filter(|c| {
+                // Idle helpers (a forkserver, a resource tracker) are no workers.
+                c.threads
+                    .iter()
+                    .filter_map(|t| t.time.as_ref())
+                    .any(|tb| substantial(r, tb) && cat_pct(tb, &BUSY) >= WORKER_MIN_BUSY)
+            })
             .collect();
         let (sum, n, what, explained, read) = if !children.is_empty() {
-            let s = sum_processes(&children);
+            let s = sum_threads(&worker_threads(r, &children));
             let ids = children.iter().map(|c| c.pid).collect::<Vec<_>>();
             let read = bytes_read(&children);
             (s, children.len(), "worker processes", ids, read)
-        } else {
+        } else if trainer.tid == p.pid {
+            // Only the main thread: in a worker process, a helper thread (a queue feeder)
+            // waiting on a condition variable while the main thread reads is no trainer.
             let loaders: Vec<&ThreadReport> = p
                 .threads
                 .iter()
                 .filter(|t| t.tid != trainer.tid)
                 .filter(|t| {
-                    t.time
-                        .as_ref()
-                        .is_some_and(|tb| cat_pct(tb, &["io"]) >= WORKER_THREAD_IO_MIN)
+                    t.time.as_ref().is_some_and(|tb| {
+                        substantial(r, tb) && cat_pct(tb, &["io"]) >= WORKER_THREAD_IO_MIN
+                    })
                 })
                 .collect();
             if loaders.is_empty() {
@@ -117,6 +157,8 @@ pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
             let s = sum_threads(&loaders);
             let ids = loaders.iter().map(|t| t.tid).collect();
             (s, loaders.len(), "loader threads", ids, bytes_read(&[p]))
+        } else {
+            continue;
         };
         let busy = units::pct(sum.busy, sum.alive);
         if busy < WORKER_BUSY_MIN {
@@ -124,6 +166,7 @@ pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
         }
         let io = units::pct(sum.io, sum.alive);
         let cpu = units::pct(sum.cpu, sum.alive);
+        let rq = units::pct(sum.runqueue, sum.alive);
         let tb = trainer.time.as_ref().expect("filtered on time");
         let rate = if read > 0 {
             format!(" at {}", units::rate(read, r.window.duration_ns))
@@ -131,10 +174,11 @@ pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
             String::new()
         };
         let title = format!(
-            "{} waited {:.0}% of wall time for data; its {} {} spent {:.0}% in disk I/O{} \
+            "{} waited {:.0}% {} for data; its {} {} spent {:.0}% in disk I/O{} \
              and {:.0}% on CPU",
             capitalize(&thread_label(p, trainer)),
             wait,
+            of_life(r, tb),
             n,
             what,
             io,
@@ -150,14 +194,23 @@ pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
                 units::dur(tb.alive_ns)
             ),
             format!(
-                "{what}: {:.0}% busy (io {:.0}%, cpu {:.0}%) over {}",
+                "{what}: {:.0}% busy (io {:.0}%, cpu {:.0}%{}) over {}",
                 busy,
                 io,
                 cpu,
+                if rq >= 1.0 {
+                    format!(", waiting for a CPU {rq:.0}%")
+                } else {
+                    String::new()
+                },
                 units::dur(sum.alive)
             ),
         ];
-        let reasons = top_reasons(tb, &WAIT, 3);
+        let mut waits = tb.clone();
+        waits
+            .reasons
+            .retain(|r| !NOT_DATA.contains(&r.reason.as_str()));
+        let reasons = top_reasons(&waits, &WAIT, 3);
         if !reasons.is_empty() {
             evidence.push(format!("waits: {reasons}"));
         }
@@ -169,7 +222,12 @@ pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
             ));
         }
         let mut sugg = vec![];
-        if io >= cpu {
+        if rq > io && rq > cpu {
+            sugg.push(
+                "The workers mostly wait for a CPU: the machine is oversubscribed. Use fewer \
+                 workers than free cores, or give the job more CPUs.",
+            );
+        } else if io >= cpu {
             sugg.push(
                 "Loading is I/O-bound: cache or pre-shard the dataset on local NVMe or in RAM, \
                  read larger sequential chunks, and raise DataLoader prefetch_factor.",
@@ -191,7 +249,7 @@ pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
         out.push((
             finding(
                 "data-loading-bound",
-                wait,
+                wait * weight(r, tb.alive_ns),
                 title,
                 evidence,
                 sugg,
@@ -212,13 +270,16 @@ pub fn io_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
             .threads
             .iter()
             .filter(|t| !explained.contains(&t.tid))
-            .filter_map(|t| t.time.as_ref().map(|tb| (t, cat_pct(tb, &["io"]))))
+            .filter_map(|t| t.time.as_ref().map(|tb| (t, tb)))
+            .filter(|(_, tb)| substantial(r, tb))
+            .map(|(t, tb)| (t, cat_pct(tb, &["io"])))
             .max_by(|a, b| a.1.total_cmp(&b.1));
         let Some((t, io)) = best else { continue };
         if io < IO_MIN {
             continue;
         }
         let tb = t.time.as_ref().expect("filtered on time");
+        let life = of_life(r, tb);
         let read = bytes_read(&[p]);
         let mut evidence = vec![format!(
             "io {} of {} alive",
@@ -262,9 +323,9 @@ pub fn io_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
         };
         out.push(finding(
             "io-bound",
-            io,
+            io * weight(r, tb.alive_ns),
             format!(
-                "{} spent {:.0}% of wall time blocked on disk I/O{}",
+                "{} spent {:.0}% {life} blocked on disk I/O{}",
                 capitalize(&thread_label(p, t)),
                 io,
                 rate
@@ -285,12 +346,31 @@ pub fn io_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
 }
 
 /// On-CPU share of a thread: from time accounting when present, else from its samples.
-fn on_cpu(r: &Report, t: &ThreadReport) -> Option<f64> {
+/// Time inside CUDA calls is the CUDA rules' business: when the accounting did not charge it
+/// to the cuda_* categories (or there is no accounting), the process's CUDA call time is taken
+/// off, so a launch- or copy-bound thread is not also called CPU-bound.
+fn on_cpu(r: &Report, p: &ProcessReport, t: &ThreadReport) -> Option<f64> {
+    let cuda_ns: u64 = p.cuda.iter().flat_map(|c| &c.api).map(|a| a.total_ns).sum();
     if let Some(tb) = &t.time {
-        return Some(cat_pct(tb, &["cpu"]));
+        if !substantial(r, tb) {
+            return None;
+        }
+        let charged = tb
+            .categories
+            .iter()
+            .any(|c| c.category.starts_with("cuda_"));
+        let cpu = cat_ns(tb, &["cpu"]);
+        let cpu = if charged {
+            cpu
+        } else {
+            cpu.saturating_sub(cuda_ns)
+        };
+        return Some(units::pct(cpu, tb.alive_ns) * weight(r, tb.alive_ns));
     }
     let possible = r.sampling.frequency_hz as f64 * r.window.duration_ns as f64 / 1e9;
-    (possible > 0.0 && t.samples > 0).then(|| (t.samples as f64 * 100.0 / possible).min(100.0))
+    let in_cuda = units::pct(cuda_ns, r.window.duration_ns);
+    (possible > 0.0 && t.samples > 0)
+        .then(|| ((t.samples as f64 * 100.0 / possible).min(100.0) - in_cuda).max(0.0))
 }
 
 /// cpu-bound: a thread is on CPU nearly all of its time; names the functions that burn it.
@@ -301,7 +381,7 @@ pub fn cpu_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
             .threads
             .iter()
             .filter(|t| !explained.contains(&t.tid))
-            .filter_map(|t| on_cpu(r, t).map(|c| (t, c)))
+            .filter_map(|t| on_cpu(r, p, t).map(|c| (t, c)))
             .max_by(|a, b| a.1.total_cmp(&b.1));
         let Some((t, cpu)) = best else { continue };
         if cpu < CPU_MIN {
@@ -392,8 +472,11 @@ pub fn cpu_contention(r: &Report) -> Vec<Finding> {
     for p in &r.processes {
         for t in &p.threads {
             let Some(tb) = &t.time else { continue };
-            let rq = cat_pct(tb, &["runqueue"]);
             cpu_ns += cat_ns(tb, &["cpu"]);
+            if !substantial(r, tb) {
+                continue;
+            }
+            let rq = cat_pct(tb, &["runqueue"]);
             if rq >= RUNQUEUE_MIN / 2.0 {
                 waiting_threads += 1;
             }
@@ -410,6 +493,7 @@ pub fn cpu_contention(r: &Report) -> Vec<Finding> {
     }
     let tb = t.time.as_ref().expect("filtered on time");
     let demand = cpu_ns as f64 / r.window.duration_ns.max(1) as f64;
+    let life = of_life(r, tb);
     let evidence = vec![
         format!(
             "runnable but not running {} of {} alive",
@@ -427,9 +511,9 @@ pub fn cpu_contention(r: &Report) -> Vec<Finding> {
     ];
     vec![finding(
         "cpu-contention",
-        rq,
+        rq * weight(r, tb.alive_ns),
         format!(
-            "{} waited {:.0}% of wall time for a CPU (runnable, not running)",
+            "{} waited {:.0}% {life} for a CPU (runnable, not running)",
             capitalize(&thread_label(p, t)),
             rq
         ),

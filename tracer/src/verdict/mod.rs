@@ -80,6 +80,25 @@ pub(crate) fn severity(impact: f64) -> &'static str {
     }
 }
 
+/// Share of the window a thread (or process) was alive, 0..1: scales its impact.
+pub(crate) fn weight(r: &Report, alive_ns: u64) -> f64 {
+    (units::pct(alive_ns, r.window.duration_ns) / 100.0).min(1.0)
+}
+
+/// Alive long enough in the window to be judged at all.
+pub(crate) fn substantial(r: &Report, t: &TimeBreakdown) -> bool {
+    units::pct(t.alive_ns, r.window.duration_ns) >= thresholds::MIN_ALIVE_SHARE
+}
+
+/// "of wall time" for a thread alive the whole window, "of its 1.20 s" for a shorter one.
+pub(crate) fn of_life(r: &Report, t: &TimeBreakdown) -> String {
+    if weight(r, t.alive_ns) >= 0.9 {
+        "of wall time".into()
+    } else {
+        format!("of its {} alive", units::dur(t.alive_ns))
+    }
+}
+
 /// ns of the named categories.
 pub(crate) fn cat_ns(t: &TimeBreakdown, names: &[&str]) -> u64 {
     t.categories

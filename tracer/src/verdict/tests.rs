@@ -374,3 +374,141 @@ fn several_rules_fire_and_rank_by_impact() {
     apply(&mut r2);
     assert_eq!(r2.findings, fs);
 }
+
+#[test]
+fn forkserver_grandchildren_count_as_workers() {
+    let mut r = data_loading_job();
+    let mut fs = process(
+        99,
+        Some(100),
+        "forkserver",
+        vec![thread(99, "forkserver", &[])],
+    );
+    fs.time = None;
+    r.processes.insert(1, fs);
+    for p in r.processes.iter_mut().skip(2) {
+        p.ppid = Some(99);
+    }
+    let f = &evaluate(&r)[0];
+    assert_eq!(f.rule, "data-loading-bound");
+    assert!(f.title.contains("its 2 worker processes"), "{}", f.title);
+}
+
+#[test]
+fn cuda_time_not_charged_to_cuda_is_not_cpu_bound() {
+    // No cuda_* categories: the 80% "cpu" is mostly inside 7 s of cudaLaunchKernel.
+    let c = ProcessCuda {
+        api: vec![api("cudaLaunchKernel", 500_000, 7 * SEC)],
+        ..Default::default()
+    };
+    let r = cuda_job(&[("cpu", 80.0)], c);
+    let fs = evaluate(&r);
+    assert_eq!(rules(&r), vec!["launch-bound"], "{fs:#?}");
+    assert_eq!(fs[0].impact_percent, 70.0);
+}
+
+/// What a real `python3` launched through a shell wrapper looks like: short-lived shells
+/// waiting in wait4 for their children, and queue feeder threads in the workers.
+#[test]
+fn shells_and_feeder_threads_are_not_trainers() {
+    let mut r = report();
+    let mut shell = thread(50, "bash", &[]);
+    shell.time = Some(time(SEC / 20, &[("ipc", 95.0)]));
+    shell.time.as_mut().unwrap().reasons[0].reason = "wait4".into();
+    let mut sh = process(50, None, "bash", vec![shell]);
+    sh.time = None;
+    r.processes.push(sh);
+    let mut child = thread(51, "bash", &[]);
+    child.time = Some(time(SEC / 20, &[("cpu", 50.0), ("runqueue", 50.0)]));
+    r.processes.push(process(51, Some(50), "bash", vec![child]));
+    // A worker process: the main thread reads, the feeder thread waits on a futex.
+    r.processes.push(process(
+        60,
+        None,
+        "python3",
+        vec![
+            thread(60, "python3", &[("io", 60.0), ("cpu", 20.0)]),
+            thread(61, "python3", &[("lock", 95.0)]),
+        ],
+    ));
+    let rs = rules(&r);
+    assert_eq!(rs, vec!["io-bound"], "{:#?}", evaluate(&r));
+
+    // A long-lived launcher waiting for its child in wait4 is not waiting for data either.
+    let mut r = report();
+    let mut launcher = thread(50, "bash", &[("ipc", 95.0)]);
+    launcher.time.as_mut().unwrap().reasons[0].reason = "wait4".into();
+    r.processes.push(process(50, None, "bash", vec![launcher]));
+    r.processes.push(process(
+        51,
+        Some(50),
+        "tar",
+        vec![thread(51, "tar", &[("io", 20.0), ("cpu", 20.0)])],
+    ));
+    assert!(evaluate(&r).is_empty(), "{:#?}", evaluate(&r));
+}
+
+#[test]
+fn impact_is_scaled_by_the_share_of_the_window_alive() {
+    let mut r = report();
+    let mut t = thread(100, "reader", &[]);
+    t.time = Some(time(5 * SEC, &[("io", 60.0)]));
+    r.processes.push(process(100, None, "reader", vec![t]));
+    let fs = evaluate(&r);
+    assert_eq!(fs[0].rule, "io-bound");
+    assert_eq!(fs[0].impact_percent, 30.0);
+    assert_eq!(fs[0].severity, "high");
+    assert!(
+        fs[0].title.contains("60% of its 5.00 s alive"),
+        "{}",
+        fs[0].title
+    );
+}
+
+#[test]
+fn oversubscribed_workers_get_cpu_advice() {
+    let mut r = data_loading_job();
+    for p in r.processes.iter_mut().skip(1) {
+        *p = process(
+            p.pid,
+            Some(100),
+            "w",
+            vec![thread(
+                p.pid,
+                "w",
+                &[("io", 20.0), ("cpu", 10.0), ("runqueue", 50.0)],
+            )],
+        );
+    }
+    let fs = evaluate(&r);
+    let dl = fs.iter().find(|f| f.rule == "data-loading-bound").unwrap();
+    assert!(
+        dl.evidence[1].contains("waiting for a CPU 50%"),
+        "{:?}",
+        dl.evidence
+    );
+    assert!(dl.suggestions[0].contains("oversubscribed"));
+}
+
+#[test]
+fn idle_feeder_threads_do_not_dilute_worker_shares() {
+    let mut r = data_loading_job();
+    for p in r.processes.iter_mut().skip(1) {
+        let pid = p.pid;
+        let block_io = p.block_io.clone();
+        *p = process(
+            pid,
+            Some(100),
+            "pt_data_worker",
+            vec![
+                thread(pid, "pt_data_worker", &[("io", 70.0), ("cpu", 20.0)]),
+                thread(pid + 10, "QueueFeederThread", &[("lock", 2.0)]),
+            ],
+        );
+        p.block_io = block_io;
+    }
+    let f = &evaluate(&r)[0];
+    assert_eq!(f.rule, "data-loading-bound");
+    assert!(f.title.contains("spent 70% in disk I/O"), "{}", f.title);
+    assert!(f.evidence[1].contains("over 20.00 s"), "{:?}", f.evidence);
+}

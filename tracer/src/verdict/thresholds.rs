@@ -5,11 +5,19 @@ pub const SEVERITY_CRITICAL: f64 = 40.0;
 pub const SEVERITY_HIGH: f64 = 20.0;
 pub const SEVERITY_MEDIUM: f64 = 10.0;
 
+/// A thread (or worker process) alive for less than this share of the window is not judged:
+/// a 30 ms shell that waited for its child is no bottleneck. Impacts are also scaled by the
+/// share of the window a thread was alive.
+pub const MIN_ALIVE_SHARE: f64 = 10.0;
+
 /// data-loading-bound: a thread waits on lock/ipc/poll at least this share of its time...
 pub const DATA_WAIT_MIN: f64 = 20.0;
 /// ...while its worker processes (or sibling threads) are busy (cpu + io + runqueue) at least
 /// this share of theirs.
 pub const WORKER_BUSY_MIN: f64 = 30.0;
+/// A descendant process counts as a worker when one of its threads is busy at least this much
+/// (idle helpers such as a forkserver do not).
+pub const WORKER_MIN_BUSY: f64 = 5.0;
 /// Threads of the same process count as loader workers when they spend this much in io.
 pub const WORKER_THREAD_IO_MIN: f64 = 20.0;
 
