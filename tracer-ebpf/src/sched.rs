@@ -96,9 +96,14 @@ fn switch_out(ctx: &TracePointContext, tgid: u32, tid: u32, now: u64) {
     } else {
         PHASE_BLOCKED
     };
-    if OFFCPU_STACKS.load() != 0 {
+    // Stack walks are most of this program's cost: only for blocking switch-outs, whose
+    // kernel stack says what the thread waits for. A preempted thread is simply runnable.
+    if st.phase == PHASE_BLOCKED && OFFCPU_STACKS.load() != 0 {
         st.off_kstack = stack_id(ctx, 0);
         st.off_ustack = stack_id(ctx, BPF_F_USER_STACK as u64);
+    } else {
+        st.off_kstack = -1;
+        st.off_ustack = -1;
     }
 }
 

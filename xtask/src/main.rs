@@ -32,7 +32,11 @@ enum Cmd {
         args: Vec<String>,
     },
     /// Per-event cost of the scheduler and syscall programs (root): builds gputrace (release).
-    BenchSched,
+    BenchSched {
+        /// Use this gputrace binary instead of building the release one.
+        #[arg(long)]
+        gputrace: Option<std::path::PathBuf>,
+    },
     #[command(hide = true)]
     BenchSchedWorker {
         mode: String,
@@ -54,9 +58,15 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Setup => setup::run(),
-        Cmd::BenchSched => {
-            cargo(&["build", "--release", "-p", "gputrace"])?;
-            bench_sched::run(workspace_root().join("target/release/gputrace"))
+        Cmd::BenchSched { gputrace } => {
+            let bin = match gputrace {
+                Some(b) => b,
+                None => {
+                    cargo(&["build", "--release", "-p", "gputrace"])?;
+                    workspace_root().join("target/release/gputrace")
+                }
+            };
+            bench_sched::run(bin)
         }
         Cmd::BenchSchedWorker { mode, n, out } => bench_sched::worker(&mode, n, &out),
         Cmd::Run { args } => {

@@ -64,7 +64,11 @@ impl Offsets {
         let tn = Format::read("task", "task_newtask")?;
         let enter = Format::read("raw_syscalls", "sys_enter")?;
         let exit = Format::read("raw_syscalls", "sys_exit")?;
+        // GPUTRACE_OFFCPU_STACKS=0 turns off the stack walks at switch-out (cheaper; off-CPU
+        // time is then classified by syscall only and the off-CPU graphs have no stacks).
+        let stacks = std::env::var("GPUTRACE_OFFCPU_STACKS").map_or(1, |v| u32::from(v != "0"));
         let mut v = vec![
+            ("OFFCPU_STACKS", stacks),
             ("OFF_SW_PREV_STATE", sw.offset("prev_state")?),
             ("OFF_SW_NEXT_PID", sw.offset("next_pid")?),
             ("OFF_WAKE_PID", wake.offset("pid")?),
@@ -98,6 +102,8 @@ pub struct Accounting {
     fds: BTreeMap<(u32, i32), String>,
     attached: Vec<&'static str>,
     ticks: u64,
+    /// Held while `-v` asks for the programs' own run time (kernel.bpf_stats_enabled).
+    stats: Option<std::os::fd::OwnedFd>,
 }
 
 impl Accounting {
@@ -108,6 +114,7 @@ impl Accounting {
             fds: BTreeMap::new(),
             attached: Vec::new(),
             ticks: 0,
+            stats: None,
         }
     }
 
@@ -175,6 +182,10 @@ impl ProbeFamily for Accounting {
     }
 
     fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()> {
+        if ctx.args.verbose {
+            // The per-event cost of our own programs, printed at the end (xtask bench-sched).
+            self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+        }
         for (prog, cat, name) in SCHED_PROGRAMS {
             bpf::attach_tracepoint(ebpf, prog, cat, name)?;
             self.attached.push(prog);
@@ -231,6 +242,20 @@ impl ProbeFamily for Accounting {
         data: &mut ReportData,
     ) -> Result<()> {
         self.learn(ebpf);
+        if self.stats.is_some() {
+            for prog in &self.attached {
+                if let Some(p) = ebpf.program(prog) {
+                    let p: &TracePoint = p.try_into()?;
+                    if let Ok(info) = p.info() {
+                        let runs = info.run_count();
+                        eprintln!(
+                            "gputrace: program {prog}: {runs} runs, {:.1} ns/run",
+                            info.run_time().as_nanos() as f64 / runs.max(1) as f64
+                        );
+                    }
+                }
+            }
+        }
         // Stop the programs so that the sums and the open intervals are read at one instant.
         for prog in self.attached.drain(..) {
             if let Some(p) = ebpf.program_mut(prog) {
