@@ -21,6 +21,9 @@ const SYSCALLS: u64 = 2_000_000;
 const ROUND_TRIPS: u64 = 200_000;
 const RUNS: usize = 5;
 
+/// (program name, ns per run) as gputrace -v reports them.
+type ProgramCosts = Vec<(String, f64)>;
+
 /// Runs one workload and prints ns per operation (stdout of the worker, one number).
 pub fn worker(mode: &str, n: u64, out: &Path) -> Result<()> {
     let ns_per_op = match mode {
@@ -69,7 +72,7 @@ fn run_once(
     stacks: bool,
     mode: &str,
     n: u64,
-) -> Result<(f64, Vec<(String, f64)>)> {
+) -> Result<(f64, ProgramCosts)> {
     let out = std::env::temp_dir().join(format!("bench-sched-{}-{mode}", std::process::id()));
     let me = std::env::current_exe()?;
     let worker: Vec<String> = vec![
@@ -118,12 +121,7 @@ fn run_once(
 
 /// Best untraced and traced times, runs interleaved so that load changes hit both alike, and
 /// the programs' own ns/run from the fastest traced run.
-fn best(
-    gputrace: &Path,
-    stacks: bool,
-    mode: &str,
-    n: u64,
-) -> Result<(f64, f64, Vec<(String, f64)>)> {
+fn best(gputrace: &Path, stacks: bool, mode: &str, n: u64) -> Result<(f64, f64, ProgramCosts)> {
     let (mut base, mut traced, mut progs) = (f64::MAX, f64::MAX, Vec::new());
     for _ in 0..RUNS {
         base = base.min(run_once(None, stacks, mode, n)?.0);
