@@ -48,7 +48,9 @@ const SCHED_PROGRAMS: [(&str, &str, &str); 6] = [
     ("sys_enter", "raw_syscalls", "sys_enter"),
     ("sys_exit", "raw_syscalls", "sys_exit"),
 ];
-const BLOCK_PROGRAMS: [(&str, &str, &str); 3] = [
+const BLOCK_PROGRAMS: [(&str, &str, &str); 5] = [
+    ("block_bio_queue", "block", "block_bio_queue"),
+    ("block_split", "block", "block_split"),
     ("block_rq_insert", "block", "block_rq_insert"),
     ("block_rq_issue", "block", "block_rq_issue"),
     ("block_rq_complete", "block", "block_rq_complete"),
@@ -81,12 +83,21 @@ impl Offsets {
         if tracefs::exists("block", "block_rq_issue") {
             let issue = Format::read("block", "block_rq_issue")?;
             let done = Format::read("block", "block_rq_complete")?;
+            let bio = Format::read("block", "block_bio_queue")?;
+            let split = Format::read("block", "block_split")?;
             v.extend([
                 ("OFF_RQ_DEV", issue.offset("dev")?),
                 ("OFF_RQ_SECTOR", issue.offset("sector")?),
                 ("OFF_RQ_BYTES", issue.offset("bytes")?),
                 ("OFF_RQ_RWBS", issue.offset("rwbs")?),
                 ("OFF_RQC_DEV", done.offset("dev")?),
+                ("OFF_RQC_NR_SECTOR", done.offset("nr_sector")?),
+                ("OFF_BIO_SECTOR", bio.offset("sector")?),
+                ("OFF_BIO_DEV", bio.offset("dev")?),
+                ("OFF_BIO_NR_SECTOR", bio.offset("nr_sector")?),
+                ("OFF_BIO_RWBS", bio.offset("rwbs")?),
+                ("OFF_SPLIT_SECTOR", split.offset("sector")?),
+                ("OFF_SPLIT_NEW", split.offset("new_sector")?),
                 ("OFF_RQC_SECTOR", done.offset("sector")?),
             ]);
         }
@@ -219,6 +230,12 @@ impl ProbeFamily for Accounting {
                     off_sys_nr: nr,
                     off_kstack: -1,
                     off_ustack: -1,
+                    stack_ns: 0,
+                    stack_arg0: 0,
+                    stack_sys_nr: -1,
+                    stack_k: -1,
+                    stack_u: -1,
+                    _pad: 0,
                 };
                 let _ = threads.insert(tid, st, 1);
             }
