@@ -69,7 +69,18 @@ pub struct ThreadState {
     pub off_sys_nr: i32,
     pub off_kstack: i32,
     pub off_ustack: i32,
+    /// The last stacks walked, and the wait they were walked for (syscall, its first argument,
+    /// when): blocking again in the same wait soon after reuses them instead of walking again.
+    pub stack_ns: u64,
+    pub stack_arg0: u64,
+    pub stack_sys_nr: i32,
+    pub stack_k: i32,
+    pub stack_u: i32,
+    pub _pad: u32,
 }
+
+/// How long walked stacks are reused for the same wait (ns).
+pub const STACK_REUSE_NS: u64 = 10_000_000;
 
 /// One row of the time sums.
 #[repr(C)]

@@ -117,6 +117,12 @@ pub fn born(tid: u32, tgid: u32, now: u64) {
         off_sys_nr: -1,
         off_kstack: -1,
         off_ustack: -1,
+        stack_ns: 0,
+        stack_arg0: 0,
+        stack_sys_nr: -1,
+        stack_k: -1,
+        stack_u: -1,
+        _pad: 0,
     };
     if THREADS.insert(&tid, &st, 0).is_err() {
         count_drop(Drop::ThreadStateFull);

@@ -21,6 +21,9 @@ const SYSCALLS: u64 = 2_000_000;
 const ROUND_TRIPS: u64 = 200_000;
 const RUNS: usize = 5;
 
+/// (program name, ns per run) as gputrace -v reports them.
+type ProgramCosts = Vec<(String, f64)>;
+
 /// Runs one workload and prints ns per operation (stdout of the worker, one number).
 pub fn worker(mode: &str, n: u64, out: &Path) -> Result<()> {
     let ns_per_op = match mode {
@@ -62,7 +65,14 @@ pub fn worker(mode: &str, n: u64, out: &Path) -> Result<()> {
     Ok(())
 }
 
-fn run_once(gputrace: Option<&Path>, mode: &str, n: u64) -> Result<f64> {
+/// One run: the worker's ns per operation and, when traced, gputrace's `-v` lines giving each
+/// program's own run time ("program NAME: R runs, X ns/run").
+fn run_once(
+    gputrace: Option<&Path>,
+    stacks: bool,
+    mode: &str,
+    n: u64,
+) -> Result<(f64, ProgramCosts)> {
     let out = std::env::temp_dir().join(format!("bench-sched-{}-{mode}", std::process::id()));
     let me = std::env::current_exe()?;
     let worker: Vec<String> = vec![
@@ -75,48 +85,88 @@ fn run_once(gputrace: Option<&Path>, mode: &str, n: u64) -> Result<f64> {
         n.to_string(),
         out.display().to_string(),
     ];
-    let status = match gputrace {
-        None => Command::new(&worker[0]).args(&worker[1..]).status(),
+    let output = match gputrace {
+        None => Command::new(&worker[0]).args(&worker[1..]).output(),
         Some(g) => Command::new(g)
+            .arg("-v")
             .arg("--")
             .args(&worker)
-            .stdout(std::process::Stdio::null())
-            .status(),
+            .env("GPUTRACE_OFFCPU_STACKS", if stacks { "1" } else { "0" })
+            .output(),
     }
     .context("run the benchmark worker")?;
-    if !status.success() {
-        bail!("benchmark worker failed ({status})");
+    if !output.status.success() {
+        bail!(
+            "benchmark worker failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
     let text = std::fs::read_to_string(&out).context("read the worker's result")?;
     let _ = std::fs::remove_file(&out);
-    text.trim().parse().context("parse the worker's result")
+    let progs = String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("gputrace: program ")?;
+            let (name, rest) = rest.split_once(": ")?;
+            let ns = rest.split(", ").nth(1)?.strip_suffix(" ns/run")?;
+            Some((name.to_string(), ns.parse().ok()?))
+        })
+        .collect();
+    Ok((
+        text.trim().parse().context("parse the worker's result")?,
+        progs,
+    ))
 }
 
-fn best(gputrace: Option<&Path>, mode: &str, n: u64) -> Result<f64> {
-    let mut best = f64::MAX;
+/// Best untraced and traced times, runs interleaved so that load changes hit both alike, and
+/// the programs' own ns/run from the fastest traced run.
+fn best(gputrace: &Path, stacks: bool, mode: &str, n: u64) -> Result<(f64, f64, ProgramCosts)> {
+    let (mut base, mut traced, mut progs) = (f64::MAX, f64::MAX, Vec::new());
     for _ in 0..RUNS {
-        best = best.min(run_once(gputrace, mode, n)?);
+        base = base.min(run_once(None, stacks, mode, n)?.0);
+        let (t, p) = run_once(Some(gputrace), stacks, mode, n)?;
+        if t < traced {
+            traced = t;
+            progs = p;
+        }
     }
-    Ok(best)
+    Ok((base, traced, progs))
 }
 
 pub fn run(gputrace: PathBuf) -> Result<()> {
     if !crate::is_root() {
         bail!("bench-sched loads eBPF programs: run it as root");
     }
-    let sys_base = best(None, "syscalls", SYSCALLS)?;
-    let sys_traced = best(Some(&gputrace), "syscalls", SYSCALLS)?;
-    let pp_base = best(None, "pingpong", ROUND_TRIPS)?;
-    let pp_traced = best(Some(&gputrace), "pingpong", ROUND_TRIPS)?;
-    let per_syscall = sys_traced - sys_base;
-    // A round trip is 2 switches (each with its wakeup) and 4 syscalls.
-    let per_switch = ((pp_traced - pp_base) - 4.0 * per_syscall) / 2.0;
-    println!("bench-sched (best of {RUNS}, pinned to CPU 0)");
-    println!(
-        "  syscall (getppid):      {sys_base:8.1} ns untraced, {sys_traced:8.1} ns traced: +{per_syscall:.1} ns per syscall"
-    );
-    println!(
-        "  pipe ping-pong (round): {pp_base:8.1} ns untraced, {pp_traced:8.1} ns traced: +{per_switch:.1} ns per context switch (wakeup included)"
-    );
+    println!("bench-sched (best of {RUNS}, pinned to CPU 0; untraced and traced runs interleaved)");
+    for stacks in [true, false] {
+        let (sys_base, sys_traced, sys_progs) = best(&gputrace, stacks, "syscalls", SYSCALLS)?;
+        let (pp_base, pp_traced, pp_progs) = best(&gputrace, stacks, "pingpong", ROUND_TRIPS)?;
+        let per_syscall = sys_traced - sys_base;
+        // A round trip is 2 switches (each with its wakeup) and 4 syscalls.
+        let per_switch = ((pp_traced - pp_base) - 4.0 * per_syscall) / 2.0;
+        println!(
+            "off-CPU stacks {}:",
+            if stacks { "on (default)" } else { "off" }
+        );
+        println!(
+            "  syscall (getppid):      {sys_base:8.1} ns untraced, {sys_traced:8.1} ns traced: {per_syscall:+.1} ns per syscall"
+        );
+        println!(
+            "  pipe ping-pong (round): {pp_base:8.1} ns untraced, {pp_traced:8.1} ns traced: {per_switch:+.1} ns per context switch (wakeup included)"
+        );
+        println!("  the programs' own run time (kernel.bpf_stats_enabled), averaged over all CPUs' events:");
+        for (name, ns) in sys_progs
+            .iter()
+            .filter(|(n, _)| n.starts_with("sys_"))
+            .chain(
+                pp_progs
+                    .iter()
+                    .filter(|(n, _)| n == "sched_switch" || n == "sched_wakeup"),
+            )
+        {
+            println!("    {name:<14} {ns:7.1} ns/run");
+        }
+    }
     Ok(())
 }

@@ -44,7 +44,11 @@ enum Cmd {
         quick: bool,
     },
     /// Per-event cost of the scheduler and syscall programs (root): builds gputrace (release).
-    BenchSched,
+    BenchSched {
+        /// Use this gputrace binary instead of building the release one.
+        #[arg(long)]
+        gputrace: Option<std::path::PathBuf>,
+    },
     #[command(hide = true)]
     BenchSchedWorker {
         mode: String,
@@ -70,9 +74,15 @@ fn run(cli: Cli) -> Result<()> {
             setup::run()?;
             bench::run(quick)
         }
-        Cmd::BenchSched => {
-            cargo(&["build", "--release", "-p", "gputrace"])?;
-            bench_sched::run(workspace_root().join("target/release/gputrace"))
+        Cmd::BenchSched { gputrace } => {
+            let bin = match gputrace {
+                Some(b) => b,
+                None => {
+                    cargo(&["build", "--release", "-p", "gputrace"])?;
+                    workspace_root().join("target/release/gputrace")
+                }
+            };
+            bench_sched::run(bin)
         }
         Cmd::BenchSchedWorker { mode, n, out } => bench_sched::worker(&mode, n, &out),
         Cmd::Run { args } => {

@@ -227,6 +227,12 @@ mod tests {
             off_sys_nr: 230,
             off_kstack: -1,
             off_ustack: -1,
+            stack_ns: 0,
+            stack_arg0: 0,
+            stack_sys_nr: -1,
+            stack_k: -1,
+            stack_u: -1,
+            _pad: 0,
         }
     }
 

@@ -48,7 +48,9 @@ const SCHED_PROGRAMS: [(&str, &str, &str); 6] = [
     ("sys_enter", "raw_syscalls", "sys_enter"),
     ("sys_exit", "raw_syscalls", "sys_exit"),
 ];
-const BLOCK_PROGRAMS: [(&str, &str, &str); 3] = [
+const BLOCK_PROGRAMS: [(&str, &str, &str); 5] = [
+    ("block_bio_queue", "block", "block_bio_queue"),
+    ("block_split", "block", "block_split"),
     ("block_rq_insert", "block", "block_rq_insert"),
     ("block_rq_issue", "block", "block_rq_issue"),
     ("block_rq_complete", "block", "block_rq_complete"),
@@ -64,7 +66,11 @@ impl Offsets {
         let tn = Format::read("task", "task_newtask")?;
         let enter = Format::read("raw_syscalls", "sys_enter")?;
         let exit = Format::read("raw_syscalls", "sys_exit")?;
+        // GPUTRACE_OFFCPU_STACKS=0 turns off the stack walks at switch-out (cheaper; off-CPU
+        // time is then classified by syscall only and the off-CPU graphs have no stacks).
+        let stacks = std::env::var("GPUTRACE_OFFCPU_STACKS").map_or(1, |v| u32::from(v != "0"));
         let mut v = vec![
+            ("OFFCPU_STACKS", stacks),
             ("OFF_SW_PREV_STATE", sw.offset("prev_state")?),
             ("OFF_SW_NEXT_PID", sw.offset("next_pid")?),
             ("OFF_WAKE_PID", wake.offset("pid")?),
@@ -77,12 +83,21 @@ impl Offsets {
         if tracefs::exists("block", "block_rq_issue") {
             let issue = Format::read("block", "block_rq_issue")?;
             let done = Format::read("block", "block_rq_complete")?;
+            let bio = Format::read("block", "block_bio_queue")?;
+            let split = Format::read("block", "block_split")?;
             v.extend([
                 ("OFF_RQ_DEV", issue.offset("dev")?),
                 ("OFF_RQ_SECTOR", issue.offset("sector")?),
                 ("OFF_RQ_BYTES", issue.offset("bytes")?),
                 ("OFF_RQ_RWBS", issue.offset("rwbs")?),
                 ("OFF_RQC_DEV", done.offset("dev")?),
+                ("OFF_RQC_NR_SECTOR", done.offset("nr_sector")?),
+                ("OFF_BIO_SECTOR", bio.offset("sector")?),
+                ("OFF_BIO_DEV", bio.offset("dev")?),
+                ("OFF_BIO_NR_SECTOR", bio.offset("nr_sector")?),
+                ("OFF_BIO_RWBS", bio.offset("rwbs")?),
+                ("OFF_SPLIT_SECTOR", split.offset("sector")?),
+                ("OFF_SPLIT_NEW", split.offset("new_sector")?),
                 ("OFF_RQC_SECTOR", done.offset("sector")?),
             ]);
         }
@@ -98,6 +113,8 @@ pub struct Accounting {
     fds: BTreeMap<(u32, i32), String>,
     attached: Vec<&'static str>,
     ticks: u64,
+    /// Held while `-v` asks for the programs' own run time (kernel.bpf_stats_enabled).
+    stats: Option<std::os::fd::OwnedFd>,
 }
 
 impl Accounting {
@@ -108,6 +125,7 @@ impl Accounting {
             fds: BTreeMap::new(),
             attached: Vec::new(),
             ticks: 0,
+            stats: None,
         }
     }
 
@@ -175,6 +193,10 @@ impl ProbeFamily for Accounting {
     }
 
     fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()> {
+        if ctx.args.verbose {
+            // The per-event cost of our own programs, printed at the end (xtask bench-sched).
+            self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+        }
         for (prog, cat, name) in SCHED_PROGRAMS {
             bpf::attach_tracepoint(ebpf, prog, cat, name)?;
             self.attached.push(prog);
@@ -208,6 +230,12 @@ impl ProbeFamily for Accounting {
                     off_sys_nr: nr,
                     off_kstack: -1,
                     off_ustack: -1,
+                    stack_ns: 0,
+                    stack_arg0: 0,
+                    stack_sys_nr: -1,
+                    stack_k: -1,
+                    stack_u: -1,
+                    _pad: 0,
                 };
                 let _ = threads.insert(tid, st, 1);
             }
@@ -231,6 +259,20 @@ impl ProbeFamily for Accounting {
         data: &mut ReportData,
     ) -> Result<()> {
         self.learn(ebpf);
+        if self.stats.is_some() {
+            for prog in &self.attached {
+                if let Some(p) = ebpf.program(prog) {
+                    let p: &TracePoint = p.try_into()?;
+                    if let Ok(info) = p.info() {
+                        let runs = info.run_count();
+                        eprintln!(
+                            "gputrace: program {prog}: {runs} runs, {:.1} ns/run",
+                            info.run_time().as_nanos() as f64 / runs.max(1) as f64
+                        );
+                    }
+                }
+            }
+        }
         // Stop the programs so that the sums and the open intervals are read at one instant.
         for prog in self.attached.drain(..) {
             if let Some(p) = ebpf.program_mut(prog) {

@@ -91,6 +91,8 @@ pub fn folded(
     }
 }
 
+const MAX_THREADS: usize = 12;
+
 fn secs(ns: u64) -> String {
     format!("{:.2}s", ns as f64 / 1e9)
 }
@@ -123,9 +125,18 @@ pub fn terminal_section(r: &Report) -> String {
             100.0 * b.accounted_ns as f64 / b.alive_ns.max(1) as f64
         );
         let _ = writeln!(o, "  {}", split(b, 8));
-        for t in &p.threads {
-            let Some(tb) = &t.time else { continue };
-            let _ = writeln!(o, "  {:>7} {:<15} {}", t.tid, t.comm, split(tb, 4));
+        // The threads that lived longest first; a process with hundreds of threads stays short.
+        let mut threads: Vec<(&str, u32, &TimeBreakdown)> = p
+            .threads
+            .iter()
+            .filter_map(|t| t.time.as_ref().map(|b| (t.comm.as_str(), t.tid, b)))
+            .collect();
+        threads.sort_by_key(|(_, tid, b)| (std::cmp::Reverse(b.alive_ns), *tid));
+        for (comm, tid, tb) in threads.iter().take(MAX_THREADS) {
+            let _ = writeln!(o, "  {tid:>7} {comm:<15} {}", split(tb, 4));
+        }
+        if threads.len() > MAX_THREADS {
+            let _ = writeln!(o, "  … {} more threads", threads.len() - MAX_THREADS);
         }
         if !p.syscalls.is_empty() {
             let calls: Vec<String> = p
@@ -201,5 +212,34 @@ impl Exporter for WallSvg {
             &data.time.wall,
             out,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::model::time::CategoryTime;
+
+    #[test]
+    fn split_lists_the_largest_categories() {
+        let b = TimeBreakdown {
+            alive_ns: 100,
+            accounted_ns: 100,
+            categories: vec![
+                CategoryTime {
+                    category: "sleep".into(),
+                    ns: 60,
+                    percent: 60.0,
+                },
+                CategoryTime {
+                    category: "cpu".into(),
+                    ns: 40,
+                    percent: 40.0,
+                },
+            ],
+            ..Default::default()
+        };
+        assert_eq!(split(&b, 4), "sleep 60.0%, cpu 40.0%");
+        assert_eq!(split(&b, 1), "sleep 60.0%, …");
     }
 }
