@@ -21,8 +21,6 @@ pub const LAUNCH_ENTRIES: u32 = 16_384;
 pub const COPY_ENTRIES: u32 = 1_024;
 pub const STASH_ENTRIES: u32 = 16_384;
 pub const EVENTS_BYTES: u32 = 4 * 1024 * 1024;
-/// Nesting deeper than this (runtime -> driver -> ...) is not followed.
-pub const MAX_DEPTH: u32 = 4;
 pub const HIST_BUCKETS: usize = 32;
 pub const NAME_BYTES: usize = 256;
 

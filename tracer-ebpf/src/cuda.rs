@@ -19,8 +19,7 @@ use tracer_common::{
     cuda::{
         log2_bucket, ApiKey, ApiVal, Cookie, CopyKey, CopyVal, CudaEvent, ErrKey, EventKind,
         LaunchKey, LaunchVal, Shape, API_ENTRIES, COPY_ENTRIES, DIR_NONE, ERRS_ENTRIES,
-        EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCH_ENTRIES, MAX_DEPTH,
-        STASH_ENTRIES,
+        EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCH_ENTRIES, STASH_ENTRIES,
     },
     drops::Drop,
 };
@@ -44,31 +43,38 @@ static CUDA_COPY: HashMap<CopyKey, CopyVal> = HashMap::with_max_entries(COPY_ENT
 #[map(name = "CUDA_EVENTS")]
 static CUDA_EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
 
-/// pid_tgid -> current nesting depth of probed calls.
-#[map(name = "CUDA_DEPTH")]
-static CUDA_DEPTH: HashMap<u64, u32> = HashMap::with_max_entries(STASH_ENTRIES, 0);
-#[map(name = "CUDA_STASH")]
-static CUDA_STASH: HashMap<StashKey, Stash> = HashMap::with_max_entries(STASH_ENTRIES, 0);
+/// pid_tgid -> the thread's call state. Entries live until the thread exits (removed by
+/// `cuda_thread_exit`), so a call costs lookups and stores, never a map insert or delete.
+#[map(name = "CUDA_THREAD")]
+static CUDA_THREAD: HashMap<u64, ThreadState> = HashMap::with_max_entries(STASH_ENTRIES, 0);
 /// A zeroed ApiVal to insert from (too big for comfort on the 512-byte stack).
 #[map(name = "CUDA_ZERO")]
 static CUDA_ZERO: PerCpuArray<ApiVal> = PerCpuArray::with_max_entries(1, 0);
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct StashKey {
-    pid_tgid: u64,
+struct ThreadState {
+    /// Probed calls in progress on this thread (runtime -> driver nesting).
     depth: u32,
     _pad: u32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Stash {
+    /// The outermost call: entry time and register arguments.
     ts: u64,
     args: [u64; 6],
     /// The first stack argument (the 7th), read at entry while the frame is intact.
     arg7: u64,
+    /// The innermost nested call's first three arguments: nested calls matter only for names
+    /// (cuModuleGetFunction inside the runtime's lazy loading), which need no more.
+    inner: [u64; 3],
 }
+
+const FRESH: ThreadState = ThreadState {
+    depth: 0,
+    _pad: 0,
+    ts: 0,
+    args: [0; 6],
+    arg7: 0,
+    inner: [0; 3],
+};
 
 #[uprobe]
 pub fn cuda_entry(ctx: ProbeContext) -> u32 {
@@ -84,43 +90,52 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let pid_tgid = ((tgid as u64) << 32) | tid as u64;
-    let depth = unsafe { CUDA_DEPTH.get(&pid_tgid) }.copied().unwrap_or(0) + 1;
-    if CUDA_DEPTH.insert(&pid_tgid, &depth, 0).is_err() {
-        count_drop(Drop::CudaFull);
+    let st = match CUDA_THREAD.get_ptr_mut(&pid_tgid) {
+        Some(p) => p,
+        None => {
+            if CUDA_THREAD.insert(&pid_tgid, &FRESH, 0).is_err() {
+                count_drop(Drop::CudaFull);
+                return 0;
+            }
+            match CUDA_THREAD.get_ptr_mut(&pid_tgid) {
+                Some(p) => p,
+                None => return 0,
+            }
+        }
+    };
+    // Only this thread touches its state.
+    let st = unsafe { &mut *st };
+    st.depth += 1;
+    if st.depth > 1 {
+        if is_name_shape(cookie.shape) {
+            st.inner = [
+                ctx.arg::<u64>(0).unwrap_or(0),
+                ctx.arg::<u64>(1).unwrap_or(0),
+                ctx.arg::<u64>(2).unwrap_or(0),
+            ];
+        }
         return 0;
     }
-    if depth > MAX_DEPTH {
-        return 0;
-    }
-    let mut args = [0u64; 6];
     let mut i = 0;
     while i < 6 {
-        args[i] = ctx.arg::<u64>(i).unwrap_or(0);
+        st.args[i] = ctx.arg::<u64>(i).unwrap_or(0);
         i += 1;
     }
-    let mut arg7 = 0;
+    st.arg7 = 0;
     if cookie.shape == Shape::LaunchDrv as u8 || cookie.shape == Shape::Copy2dRt as u8 {
         let sp = unsafe { (*ctx.regs).rsp };
-        arg7 = unsafe { bpf_probe_read_user((sp + 8) as *const u64) }.unwrap_or(0);
+        st.arg7 = unsafe { bpf_probe_read_user((sp + 8) as *const u64) }.unwrap_or(0);
     }
-    let key = StashKey {
-        pid_tgid,
-        depth,
-        _pad: 0,
-    };
-    let stash = Stash {
-        ts: unsafe { bpf_ktime_get_ns() },
-        args,
-        arg7,
-    };
-    if CUDA_STASH.insert(&key, &stash, 0).is_err() {
-        count_drop(Drop::CudaFull);
-        return 0;
-    }
-    if depth == 1 {
-        account::enter_override(tid, cookie.category as u32);
-    }
+    account::enter_override(tid, cookie.category as u32);
+    st.ts = unsafe { bpf_ktime_get_ns() };
     0
+}
+
+#[inline(always)]
+fn is_name_shape(shape: u8) -> bool {
+    shape == Shape::NameOut as u8
+        || shape == Shape::AliasOut as u8
+        || shape == Shape::Register as u8
 }
 
 #[uretprobe]
@@ -132,27 +147,24 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let cookie = Cookie::unpack(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
     let pid_tgid = ((tgid as u64) << 32) | tid as u64;
-    let Some(&depth) = (unsafe { CUDA_DEPTH.get(&pid_tgid) }) else {
+    let Some(st) = CUDA_THREAD.get_ptr_mut(&pid_tgid) else {
         // Attached while the call was already running: no entry was seen.
         return 0;
     };
-    if depth <= 1 {
-        let _ = CUDA_DEPTH.remove(&pid_tgid);
+    let st = unsafe { &mut *st };
+    if st.depth == 0 {
+        return 0;
+    }
+    let depth = st.depth;
+    st.depth = depth - 1;
+    // The arguments of this level: the outermost call's, or the innermost nested call's.
+    let stash_args = if depth == 1 {
+        st.args
     } else {
-        let _ = CUDA_DEPTH.insert(&pid_tgid, &(depth - 1), 0);
-    }
-    if depth == 0 || depth > MAX_DEPTH {
-        return 0;
-    }
-    let key = StashKey {
-        pid_tgid,
-        depth,
-        _pad: 0,
+        [st.inner[0], st.inner[1], st.inner[2], 0, 0, 0]
     };
-    let Some(&stash) = (unsafe { CUDA_STASH.get(&key) }) else {
-        return 0;
-    };
-    let _ = CUDA_STASH.remove(&key);
+    let stash_ts = st.ts;
+    let stash_arg7 = st.arg7;
     let rc: i64 = ctx.ret();
     let code = if cookie.flags & FLAG_NO_RESULT != 0 {
         0
@@ -168,19 +180,19 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
                 tgid,
                 tid,
                 cookie.fid as u32,
-                read_u64(stash.args[0]),
-                stash.args[2],
+                read_u64(stash_args[0]),
+                stash_args[2],
             );
         } else if shape == Shape::Register as u8 {
-            emit_name(tgid, tid, cookie.fid as u32, stash.args[1], stash.args[2]);
+            emit_name(tgid, tid, cookie.fid as u32, stash_args[1], stash_args[2]);
         } else if shape == Shape::AliasOut as u8 {
             emit(
                 EventKind::Alias,
                 tgid,
                 tid,
                 cookie.fid as u32,
-                read_u64(stash.args[0]),
-                stash.args[1],
+                read_u64(stash_args[0]),
+                stash_args[1],
             );
         }
     }
@@ -188,7 +200,7 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
         return 0;
     }
     account::exit_override(tid);
-    let dur = now.saturating_sub(stash.ts);
+    let dur = now.saturating_sub(stash_ts);
     let fid = cookie.fid as u32;
     if let Some(v) = api_val(tgid, tid, fid) {
         // Only this thread writes this key, and a thread runs on one CPU at a time.
@@ -219,7 +231,7 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
         add_to(&CUDA_ERRS, &k, 1, Drop::CudaFull);
         return 0;
     }
-    let a = &stash.args;
+    let a = &stash_args;
     if shape == Shape::LaunchRt as u8 {
         // dim3 is 12 bytes, passed by value in two registers: (x | y << 32), z.
         let grid = [a[1] as u32, (a[1] >> 32) as u32, a[2] as u32];
@@ -239,7 +251,7 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
         );
     } else if shape == Shape::LaunchDrv as u8 {
         let grid = [a[1] as u32, a[2] as u32, a[3] as u32];
-        let block = [a[4] as u32, a[5] as u32, stash.arg7 as u32];
+        let block = [a[4] as u32, a[5] as u32, stash_arg7 as u32];
         launch(tgid, fid, a[0], grid, block, dur);
     } else if shape == Shape::LaunchDrvEx as u8 {
         // CUlaunchConfig starts with gridDimX..Z, blockDimX..Z (unsigned int).
@@ -258,7 +270,7 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
     } else if shape == Shape::Copy2dRt as u8 {
         copy(
             tgid,
-            stash.arg7 as u32,
+            stash_arg7 as u32,
             cookie.flags,
             a[4].wrapping_mul(a[5]),
             dur,
@@ -294,17 +306,7 @@ pub fn cuda_thread_exit(_ctx: TracePointContext) -> u32 {
         return 0;
     }
     let pid_tgid = ((tgid as u64) << 32) | tid as u64;
-    if CUDA_DEPTH.remove(&pid_tgid).is_ok() {
-        let mut depth = 1;
-        while depth <= MAX_DEPTH {
-            let _ = CUDA_STASH.remove(&StashKey {
-                pid_tgid,
-                depth,
-                _pad: 0,
-            });
-            depth += 1;
-        }
-    }
+    let _ = CUDA_THREAD.remove(&pid_tgid);
     0
 }
 

@@ -196,10 +196,13 @@ fn attach_library(ebpf: &mut Ebpf, lib: &Found, entry_only: bool) -> (Vec<String
             continue;
         };
         let cookie = table::cookie(fid);
-        let mut progs = vec![ENTRY_PROG];
+        // The return probe first: a call entered between the two attachments would otherwise
+        // raise the thread's depth with no return to lower it, and hide its later calls.
+        let mut progs = vec![];
         if !entry_only {
             progs.push(RET_PROG);
         }
+        progs.push(ENTRY_PROG);
         let mut ok = true;
         for prog in progs {
             let r = ebpf
