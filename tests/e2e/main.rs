@@ -5,5 +5,7 @@
 //! broken tracer. They share kernel state (perf events, tracepoints) and CPU time, so each one
 //! holds a global lock while it runs.
 
+mod check;
 mod common;
 mod cpu_profile;
+mod demo;

@@ -2,7 +2,7 @@
 
 use std::{io::Write, path::PathBuf, process::ExitCode, time::Duration};
 
-use clap::{Args, Parser};
+use clap::{Args, Parser, Subcommand};
 
 use crate::error::{exit, exit_code_of};
 
@@ -14,9 +14,21 @@ use crate::error::{exit, exit_code_of};
              running processes with eBPF, with zero code changes.",
     after_help = "Examples:\n  sudo gputrace --pid 1234 --duration 10s\n  sudo gputrace --output out -- python train.py\n\nExit codes: 0 ok (also after Ctrl-C or when the target exits), 1 failure, 2 usage,\n3 not root, 4 no such process, 5 command cannot be executed, 6 output not writable,\n7 eBPF load/attach failure."
 )]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(flatten)]
     pub trace: TraceArgs,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Can this machine trace? One line per check; non-zero exit when tracing cannot work.
+    Check(crate::check::CheckArgs),
+    /// Run a bundled synthetic training job, trace it and print the verdict.
+    Demo(crate::demo::DemoArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -84,7 +96,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             if is_broken_pipe(&err) {
                 return ExitCode::SUCCESS;
@@ -95,7 +107,12 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Some(Command::Check(a)) => return crate::check::run(&a),
+        Some(Command::Demo(a)) => return crate::demo::run(&a),
+        None => {}
+    }
     let args = cli.trace;
     if args.pids.is_empty() && args.command.is_empty() {
         let _ = writeln!(
@@ -111,7 +128,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         );
         std::process::exit(exit::USAGE as i32);
     }
-    crate::session::run(&args)
+    crate::session::run(&args)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {

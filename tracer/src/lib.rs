@@ -5,8 +5,10 @@
 
 pub mod aggregate;
 pub mod bpf;
+pub mod check;
 pub mod cli;
 pub mod collect;
+pub mod demo;
 pub mod error;
 pub mod probes;
 pub mod procfs;

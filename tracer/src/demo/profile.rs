@@ -1,0 +1,189 @@
+//! What each demo mode's synthetic job does per step: pure numbers, so what makes a mode
+//! data-, launch-, transfer- or GPU-bound is written down in one place and unit-tested.
+
+use clap::ValueEnum;
+
+/// What the demo's training job is bound by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Slow data-loader workers (direct disk reads); the trainer waits on their pipe.
+    Data,
+    /// Thousands of tiny kernel launches per step; the CPU cost of launching dominates.
+    Launch,
+    /// Big pageable host-to-device cudaMemcpy every step.
+    Transfer,
+    /// Long kernels; the trainer waits in cudaDeviceSynchronize.
+    Gpu,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Data => "data",
+            Mode::Launch => "launch",
+            Mode::Transfer => "transfer",
+            Mode::Gpu => "gpu",
+        }
+    }
+
+    /// The verdict rule (docs/verdicts.md) this mode is built to trigger first.
+    pub fn expected_rule(self) -> &'static str {
+        match self {
+            Mode::Data => "data-loading-bound",
+            Mode::Launch => "launch-bound",
+            Mode::Transfer => "transfer-bound",
+            Mode::Gpu => "gpu-bound",
+        }
+    }
+
+    pub fn profile(self) -> Profile {
+        const KIB: u64 = 1024;
+        const MIB: u64 = 1024 * KIB;
+        // Simulated kernel time is 2 us + 0.5 ns per thread (assets/fake_cudart.c).
+        match self {
+            // Each worker reads 8 MiB per batch in 32 KiB O_DIRECT reads (~20-40 ms on a
+            // virtio disk, still > 5 ms on a fast NVMe); the trainer needs ~1.5 ms per step.
+            Mode::Data => Profile {
+                workers: 2,
+                read_per_batch: 8 * MIB,
+                read_chunk: 32 * KIB,
+                direct_io: true,
+                batch_bytes: 256 * KIB,
+                h2d_bytes: 256 * KIB,
+                h2d_sync: false,
+                kernels: 30,
+                kernel_threads: 64 * 1024,
+            },
+            // 2000 launches of 2 us kernels: ~5 us of CPU each in the runtime, so the GPU
+            // idles while the CPU launches.
+            Mode::Launch => Profile {
+                workers: 1,
+                read_per_batch: 256 * KIB,
+                read_chunk: 256 * KIB,
+                direct_io: false,
+                batch_bytes: 64 * KIB,
+                h2d_bytes: 64 * KIB,
+                h2d_sync: false,
+                kernels: 2000,
+                kernel_threads: 32,
+            },
+            // 32 MiB pageable copy per step at 3 GB/s: ~11 ms, against ~2 ms of kernels.
+            Mode::Transfer => Profile {
+                workers: 1,
+                read_per_batch: 256 * KIB,
+                read_chunk: 256 * KIB,
+                direct_io: false,
+                batch_bytes: 64 * KIB,
+                h2d_bytes: 32 * MIB,
+                h2d_sync: true,
+                kernels: 20,
+                kernel_threads: 128 * 1024,
+            },
+            // 20 kernels of ~2 ms: ~40 ms of GPU work per step, the CPU waits in sync.
+            Mode::Gpu => Profile {
+                workers: 1,
+                read_per_batch: 256 * KIB,
+                read_chunk: 256 * KIB,
+                direct_io: false,
+                batch_bytes: 64 * KIB,
+                h2d_bytes: 64 * KIB,
+                h2d_sync: false,
+                kernels: 20,
+                kernel_threads: 4 * 1024 * 1024,
+            },
+        }
+    }
+}
+
+/// One training step: read a batch from a worker, copy it to the "GPU", launch kernels, sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Profile {
+    /// Data-loader worker processes (batches are taken from them in turn, as PyTorch does).
+    pub workers: u32,
+    /// Bytes a worker reads from disk to build one batch.
+    pub read_per_batch: u64,
+    /// Size of each read() of a worker.
+    pub read_chunk: u64,
+    /// O_DIRECT reads (real disk I/O every time) instead of the page cache.
+    pub direct_io: bool,
+    /// Bytes of one batch sent through the worker's pipe.
+    pub batch_bytes: u64,
+    /// Host-to-device bytes per step.
+    pub h2d_bytes: u64,
+    /// Synchronous (pageable) cudaMemcpy instead of cudaMemcpyAsync.
+    pub h2d_sync: bool,
+    /// Kernel launches per step.
+    pub kernels: u32,
+    /// Threads per kernel (grid x block); sets the simulated kernel time.
+    pub kernel_threads: u64,
+}
+
+impl Profile {
+    /// Files in the data set and the size of each: enough for a few batches per worker, so
+    /// reads cycle over several files.
+    pub fn dataset(&self) -> (u32, u64) {
+        let size = self.read_per_batch.max(1024 * 1024);
+        (4 * self.workers, size)
+    }
+
+    /// Simulated GPU time of one step's kernels (ns).
+    pub fn kernel_ns_per_step(&self) -> u64 {
+        self.kernels as u64 * (2_000 + self.kernel_threads / 2)
+    }
+
+    /// Grid and block dimensions whose product is `kernel_threads`.
+    pub fn launch_dims(&self) -> ([u32; 3], [u32; 3]) {
+        let block = self.kernel_threads.clamp(1, 256);
+        let grid = self.kernel_threads.div_ceil(block);
+        ([grid as u32, 1, 1], [block as u32, 1, 1])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [Mode; 4] = [Mode::Data, Mode::Launch, Mode::Transfer, Mode::Gpu];
+
+    #[test]
+    fn each_mode_is_bound_by_what_it_says() {
+        let launch_cpu_ns = 5_000u64;
+        for m in ALL {
+            let p = m.profile();
+            let kernels = p.kernel_ns_per_step();
+            let launches = p.kernels as u64 * launch_cpu_ns;
+            let copy = if p.h2d_sync { p.h2d_bytes / 3 } else { 0 };
+            match m {
+                Mode::Launch => assert!(launches > 2 * kernels.max(copy), "{m:?}"),
+                Mode::Transfer => assert!(copy > 3 * kernels.max(launches), "{m:?}"),
+                Mode::Gpu => assert!(kernels > 10 * launches.max(copy), "{m:?}"),
+                Mode::Data => {
+                    assert!(p.direct_io);
+                    // Even at 1 GB/s the workers together need longer per batch than a step.
+                    let per_batch = p.read_per_batch / p.workers as u64;
+                    assert!(per_batch > 2 * (kernels + launches), "{m:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn launch_dims_cover_the_threads() {
+        for m in ALL {
+            let p = m.profile();
+            let (g, b) = p.launch_dims();
+            assert_eq!(g[0] as u64 * b[0] as u64, p.kernel_threads, "{m:?}");
+        }
+    }
+
+    #[test]
+    fn direct_reads_are_aligned() {
+        for m in ALL {
+            let p = m.profile();
+            let (_, size) = p.dataset();
+            assert_eq!(p.read_chunk % 4096, 0);
+            assert_eq!(size % p.read_chunk, 0);
+            assert!(p.batch_bytes <= p.read_per_batch);
+        }
+    }
+}
