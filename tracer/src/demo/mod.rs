@@ -94,15 +94,15 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     dataset::create(&data_dir, files, size).context("write the demo's data set")?;
 
     eprintln!(
-        "gputrace demo: a synthetic training job built to be {} for {} s: a trainer calling a \
-         stand-in CUDA runtime ({}) and {} data-loader worker process(es) reading {} files of \
-         {} MiB. Expected first finding: {}.",
+        "gputrace demo: a synthetic training job, {}, for {} s:\n  a trainer and {} data-loader \
+         worker process(es) reading {} files of {} MiB, CUDA stand-in\n  {}\n  Expected first \
+         finding: {}",
         describe(args.mode),
         args.seconds,
-        lib.display(),
         p.workers,
         files,
         size >> 20,
+        lib.display(),
         args.mode.expected_rule()
     );
 
@@ -175,6 +175,7 @@ impl WorkDir {
         let base = std::env::var_os("TMPDIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/var/tmp"));
+        remove_stale(&base);
         let path = base.join(format!("gputrace-demo-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::DirBuilder::new()
@@ -182,6 +183,26 @@ impl WorkDir {
             .create(&path)
             .with_context(|| format!("create {}", path.display()))?;
         Ok(WorkDir { path })
+    }
+}
+
+/// Removes the scratch directories of demos that were killed before they could clean up.
+fn remove_stale(base: &Path) {
+    let Ok(rd) = std::fs::read_dir(base) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("gputrace-demo-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !procfs::is_alive(pid) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
     }
 }
 
