@@ -464,10 +464,13 @@ fn nvml() -> Check {
     }
 }
 
-/// True for the CUDA runtime (`libcudart.so*`) and driver (`libcuda.so*`) libraries.
+/// True for the CUDA runtime (`libcudart.so*`) and driver (`libcuda.so*`) libraries, also
+/// under the hashed names pip wheels give them (`libcudart-d0da41ae.so.11.0`).
 pub fn is_cuda_library(path: &str) -> bool {
     let base = path.rsplit('/').next().unwrap_or(path);
-    base.starts_with("libcudart.so") || base.starts_with("libcuda.so")
+    ["libcudart.so", "libcudart-", "libcuda.so", "libcuda-"]
+        .iter()
+        .any(|p| base.starts_with(p))
 }
 
 /// The CUDA libraries a process has mapped (deduplicated, in map order).
@@ -564,6 +567,7 @@ mod tests {
              7f0000001000-7f0000002000 r-xp 00001000 08:01 11 /opt/venv/nvidia/cuda_runtime/lib/libcudart.so.12\n\
              7f0000003000-7f0000004000 r-xp 00000000 08:01 12 /usr/lib/x86_64-linux-gnu/libcuda.so.565.57.01\n\
              7f0000005000-7f0000006000 r-xp 00000000 08:01 13 /usr/lib/libcudnn.so.9\n\
+             7f0000006000-7f0000007000 r-xp 00000000 08:01 15 /venv/torch/lib/libcudart-d0da41ae.so.11.0\n\
              7f0000007000-7f0000008000 r-xp 00000000 08:01 14 /usr/lib/libcudart_static_helper.a\n\
              7f0000009000-7f000000a000 rw-p 00000000 00:00 0 \n",
         );
@@ -572,6 +576,7 @@ mod tests {
             vec![
                 "/opt/venv/nvidia/cuda_runtime/lib/libcudart.so.12".to_string(),
                 "/usr/lib/x86_64-linux-gnu/libcuda.so.565.57.01".to_string(),
+                "/venv/torch/lib/libcudart-d0da41ae.so.11.0".to_string(),
             ]
         );
     }

@@ -67,14 +67,16 @@ impl Mode {
                 kernels: 2000,
                 kernel_threads: 32,
             },
-            // 32 MiB pageable copy per step at 3 GB/s: ~11 ms, against ~2 ms of kernels.
+            // 24 MiB pageable copy per step at 2 GB/s: ~13 ms, a third of it the CPU's staging
+            // memcpy (less CPU than a faster copy would take, so the verdict survives a busy
+            // machine), against ~1.4 ms of kernels.
             Mode::Transfer => Profile {
                 workers: 1,
                 read_per_batch: 256 * KIB,
                 read_chunk: 256 * KIB,
                 direct_io: false,
                 batch_bytes: 64 * KIB,
-                h2d_bytes: 32 * MIB,
+                h2d_bytes: 24 * MIB,
                 h2d_sync: true,
                 kernels: 20,
                 kernel_threads: 128 * 1024,
@@ -152,7 +154,7 @@ mod tests {
             let p = m.profile();
             let kernels = p.kernel_ns_per_step();
             let launches = p.kernels as u64 * launch_cpu_ns;
-            let copy = if p.h2d_sync { p.h2d_bytes / 3 } else { 0 };
+            let copy = if p.h2d_sync { p.h2d_bytes / 2 } else { 0 };
             match m {
                 Mode::Launch => assert!(launches > 2 * kernels.max(copy), "{m:?}"),
                 Mode::Transfer => assert!(copy > 3 * kernels.max(launches), "{m:?}"),

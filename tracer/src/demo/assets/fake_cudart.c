@@ -8,7 +8,7 @@
  *   - a kernel takes 2 us + 0.5 ns per thread (grid x block), so tiny launches are cheap for the
  *     "GPU" while each launch still costs the CPU ~5 us (the driver's work, spun here);
  *   - a synchronous cudaMemcpy waits for the stream, copies the bytes with the CPU (the staging
- *     copy of pageable memory) and then waits out the rest of bytes / 3 GB/s (the DMA);
+ *     copy of pageable memory) and then waits out the rest of bytes / 2 GB/s (the DMA);
  *   - cudaMemcpyAsync queues bytes / 12 GB/s (pinned memory) and returns;
  *   - cudaDeviceSynchronize / cudaStreamSynchronize sleep until the timeline is idle. A real
  *     runtime spins by default; sleeping (cudaDeviceScheduleBlockingSync) keeps the demo from
@@ -33,7 +33,7 @@ enum { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToH
 
 #define LAUNCH_CPU_NS 5000ULL
 #define KERNEL_BASE_NS 2000ULL
-#define PAGEABLE_BYTES_PER_US 3000ULL /* 3 GB/s */
+#define PAGEABLE_BYTES_PER_US 2000ULL /* 2 GB/s */
 #define PINNED_BYTES_PER_US 12000ULL  /* 12 GB/s */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
