@@ -6,6 +6,8 @@
 //! - `demo_<mode>_verdict`: the mode's rule is the first finding. These need time accounting
 //!   (issue 3), CUDA tracing (issue 4) and the verdict engine (issue 5) merged; before that,
 //!   the report has no findings and they fail.
+//! - `demo_<mode>_fixed`: with `--fixed` the job is faster (holds today) and the mode's rule
+//!   is gone from the findings (trivially true before the verdict engine is merged).
 
 use std::{
     collections::HashMap,
@@ -23,18 +25,23 @@ struct DemoRun {
     report: Value,
 }
 
-/// Runs `gputrace demo --mode MODE` once per test process and shares the result between the
-/// mode's profile and verdict tests.
+/// Runs `gputrace demo --mode MODE [--fixed]` once per test process and shares the result
+/// between the tests that look at it.
 fn demo(mode: &str) -> Arc<DemoRun> {
+    demo_run(mode, false)
+}
+
+fn demo_run(mode: &str, fixed: bool) -> Arc<DemoRun> {
+    let key = format!("{mode}{}", if fixed { "-fixed" } else { "" });
     static RUNS: OnceLock<Mutex<HashMap<String, Arc<DemoRun>>>> = OnceLock::new();
     let runs = RUNS.get_or_init(Default::default);
     // Taken first, so that a mode's two tests wait for one run instead of making two.
     let _g = serial();
-    if let Some(r) = runs.lock().unwrap().get(mode) {
+    if let Some(r) = runs.lock().unwrap().get(&key) {
         return r.clone();
     }
-    let dir = out_dir(&format!("demo-{mode}"));
-    let run = gputrace(&[
+    let dir = out_dir(&format!("demo-{key}"));
+    let mut args = vec![
         "demo",
         "--mode",
         mode,
@@ -42,17 +49,21 @@ fn demo(mode: &str) -> Arc<DemoRun> {
         SECONDS,
         "-o",
         dir.to_str().unwrap(),
-    ]);
+    ];
+    if fixed {
+        args.push("--fixed");
+    }
+    let run = gputrace(&args);
     assert_eq!(
         run.code(),
         0,
-        "demo --mode {mode} failed\nstdout:\n{}\nstderr:\n{}",
+        "demo --mode {key} failed\nstdout:\n{}\nstderr:\n{}",
         run.stdout,
         run.stderr
     );
     let report = run.report(&dir);
     let r = Arc::new(DemoRun { run, report });
-    runs.lock().unwrap().insert(mode.into(), r.clone());
+    runs.lock().unwrap().insert(key, r.clone());
     r
 }
 
@@ -104,13 +115,7 @@ fn check_job(mode: &str, workers: usize) -> Arc<DemoRun> {
         );
     }
     assert!(r["sampling"]["samples"].as_u64().unwrap() > 0);
-    let steps = d
-        .run
-        .stderr
-        .lines()
-        .find(|l| l.starts_with("demo trainer:"))
-        .unwrap_or_else(|| panic!("no step summary:\n{}", d.run.stderr));
-    assert!(!steps.starts_with("demo trainer: 0 steps"), "{steps}");
+    assert!(steps_per_second(&d) > 0.0);
     assert!(
         d.run
             .stderr
@@ -119,6 +124,75 @@ fn check_job(mode: &str, workers: usize) -> Arc<DemoRun> {
         d.run.stderr
     );
     d
+}
+
+/// The trainer's throughput from its summary line (`demo trainer: N steps in S s (X steps/s`).
+fn steps_per_second(d: &DemoRun) -> f64 {
+    let line = d
+        .run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("demo trainer:"))
+        .unwrap_or_else(|| panic!("no step summary:\n{}", d.run.stderr));
+    line.split('(')
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("bad step summary: {line}"))
+}
+
+/// `--fixed` applies the mode's usual fix: the job gets faster, and (once verdicts exist) the
+/// mode's rule no longer fires, except for gpu, whose fix keeps it healthily GPU-bound.
+fn check_fixed(mode: &str) {
+    if !require_root(&format!("demo_{mode}_fixed")) {
+        return;
+    }
+    let before = demo(mode);
+    let after = demo_run(mode, true);
+    let (b, a) = (steps_per_second(&before), steps_per_second(&after));
+    assert!(
+        a > 1.3 * b,
+        "demo --mode {mode}: {b:.1} steps/s, with --fixed only {a:.1}"
+    );
+    assert!(
+        after.run.stderr.contains("with the fix applied"),
+        "{}",
+        after.run.stderr
+    );
+    if mode == "gpu" {
+        return;
+    }
+    let rules: Vec<&str> = after.report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["rule"].as_str())
+        .collect();
+    assert!(
+        !rules.contains(&expected_rule(mode)),
+        "demo --mode {mode} --fixed still has {}: {rules:?}",
+        expected_rule(mode)
+    );
+}
+
+#[test]
+fn demo_data_fixed() {
+    check_fixed("data");
+}
+
+#[test]
+fn demo_launch_fixed() {
+    check_fixed("launch");
+}
+
+#[test]
+fn demo_transfer_fixed() {
+    check_fixed("transfer");
+}
+
+#[test]
+fn demo_gpu_fixed() {
+    check_fixed("gpu");
 }
 
 fn expected_rule(mode: &str) -> &'static str {

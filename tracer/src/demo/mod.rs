@@ -35,6 +35,11 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
     pub seconds: u64,
 
+    /// Apply the usual fix for the mode (more workers and a cached data set, fused kernels,
+    /// pinned async copies, half-time kernels), e.g. to compare runs with `gputrace diff`.
+    #[arg(long)]
+    pub fixed: bool,
+
     /// Also write the report files into this directory (as `gputrace --output`).
     #[arg(short = 'o', long, value_name = "DIR")]
     pub output: Option<PathBuf>,
@@ -65,6 +70,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         Some(Role::Trainer) => {
             workload::trainer(
                 args.mode,
+                args.fixed,
                 args.seconds,
                 required(&args.data_dir, "--data-dir")?,
                 required(&args.lib, "--lib")?,
@@ -74,6 +80,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
         Some(Role::Loader) => {
             workload::loader(
                 args.mode,
+                args.fixed,
                 required(&args.data_dir, "--data-dir")?,
                 args.worker,
             )?;
@@ -89,21 +96,31 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     let lib = cudart::write_library(&work.path)?;
     let data_dir = work.path.join("data");
     std::fs::create_dir(&data_dir).with_context(|| format!("create {}", data_dir.display()))?;
-    let p = args.mode.profile();
+    let p = args.mode.profile_with(args.fixed);
     let (files, size) = p.dataset();
     dataset::create(&data_dir, files, size).context("write the demo's data set")?;
 
     eprintln!(
         "gputrace demo: a synthetic training job, {}, for {} s:\n  a trainer and {} data-loader \
-         worker process(es) reading {} files of {} MiB, CUDA stand-in\n  {}\n  Expected first \
-         finding: {}",
-        describe(args.mode),
+         worker process(es) reading {} files of {} MiB, CUDA stand-in\n  {}\n  {}",
+        if args.fixed {
+            format!("{} with the fix applied", args.mode.name())
+        } else {
+            describe(args.mode).to_string()
+        },
         args.seconds,
         p.workers,
         files,
         size >> 20,
         lib.display(),
-        args.mode.expected_rule()
+        if args.fixed {
+            format!(
+                "Fixed: {} should not be a finding",
+                args.mode.expected_rule()
+            )
+        } else {
+            format!("Expected first finding: {}", args.mode.expected_rule())
+        }
     );
 
     // The runtime is mapped from the job's first instruction, as when a real job links it, so
@@ -144,9 +161,12 @@ fn trace_args(args: &DemoArgs, data_dir: &Path, lib: &Path) -> Result<crate::cli
     }
     argv.push("--".into());
     argv.push(exe.to_string_lossy().into_owned());
+    argv.push("demo".into());
+    if args.fixed {
+        argv.push("--fixed".into());
+    }
     argv.extend(
         [
-            "demo",
             "--role",
             "trainer",
             "--mode",
@@ -221,6 +241,7 @@ mod tests {
         let args = DemoArgs {
             mode: Mode::Launch,
             seconds: 3,
+            fixed: false,
             output: Some(PathBuf::from("out")),
             json: false,
             role: None,

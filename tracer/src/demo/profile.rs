@@ -97,6 +97,46 @@ impl Mode {
     }
 }
 
+impl Mode {
+    /// The profile with the usual fix for what the mode is bound by applied (`--fixed`), for
+    /// before/after comparisons (`gputrace diff`).
+    pub fn fixed_profile(self) -> Profile {
+        let p = self.profile();
+        match self {
+            // More workers, and a data set that stays in the page cache.
+            Mode::Data => Profile {
+                workers: 4,
+                direct_io: false,
+                ..p
+            },
+            // The step's work fused into 20 kernels (what CUDA graphs / torch.compile give).
+            Mode::Launch => Profile {
+                kernels: 20,
+                kernel_threads: p.kernels as u64 * p.kernel_threads / 20,
+                ..p
+            },
+            // Pinned memory and non_blocking copies: queued on the stream, no CPU staging.
+            Mode::Transfer => Profile {
+                h2d_sync: false,
+                ..p
+            },
+            // Mixed precision: the same kernels in half the time (still GPU-bound, faster).
+            Mode::Gpu => Profile {
+                kernel_threads: p.kernel_threads / 2,
+                ..p
+            },
+        }
+    }
+
+    pub fn profile_with(self, fixed: bool) -> Profile {
+        if fixed {
+            self.fixed_profile()
+        } else {
+            self.profile()
+        }
+    }
+}
+
 /// One training step: read a batch from a worker, copy it to the "GPU", launch kernels, sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Profile {
@@ -135,8 +175,14 @@ impl Profile {
 
     /// Grid and block dimensions whose product is `kernel_threads`.
     pub fn launch_dims(&self) -> ([u32; 3], [u32; 3]) {
-        let block = self.kernel_threads.clamp(1, 256);
-        let grid = self.kernel_threads.div_ceil(block);
+        let threads = self.kernel_threads.max(1);
+        // The largest power-of-two block up to 256 that divides the threads exactly.
+        let block = (0..=8)
+            .rev()
+            .map(|s| 1u64 << s)
+            .find(|b| threads.is_multiple_of(*b))
+            .unwrap_or(1);
+        let grid = threads / block;
         ([grid as u32, 1, 1], [block as u32, 1, 1])
     }
 }
@@ -170,18 +216,36 @@ mod tests {
     }
 
     #[test]
-    fn launch_dims_cover_the_threads() {
+    fn fixes_remove_the_bottleneck() {
         for m in ALL {
-            let p = m.profile();
+            let (p, f) = (m.profile(), m.fixed_profile());
+            assert_ne!(p, f, "{m:?}");
+            match m {
+                Mode::Data => assert!(f.workers > p.workers && !f.direct_io),
+                Mode::Launch => {
+                    assert!(f.kernels * 50 <= p.kernels);
+                    assert_eq!(
+                        f.kernels as u64 * f.kernel_threads,
+                        p.kernels as u64 * p.kernel_threads
+                    );
+                }
+                Mode::Transfer => assert!(p.h2d_sync && !f.h2d_sync),
+                Mode::Gpu => assert!(f.kernel_ns_per_step() * 3 < p.kernel_ns_per_step() * 2),
+            }
+        }
+    }
+
+    #[test]
+    fn launch_dims_cover_the_threads() {
+        for p in ALL.iter().flat_map(|m| [m.profile(), m.fixed_profile()]) {
             let (g, b) = p.launch_dims();
-            assert_eq!(g[0] as u64 * b[0] as u64, p.kernel_threads, "{m:?}");
+            assert_eq!(g[0] as u64 * b[0] as u64, p.kernel_threads, "{p:?}");
         }
     }
 
     #[test]
     fn direct_reads_are_aligned() {
-        for m in ALL {
-            let p = m.profile();
+        for p in ALL.iter().flat_map(|m| [m.profile(), m.fixed_profile()]) {
             let (_, size) = p.dataset();
             assert_eq!(p.read_chunk % 4096, 0);
             assert_eq!(size % p.read_chunk, 0);

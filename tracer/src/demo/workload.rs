@@ -33,12 +33,16 @@ struct Worker {
     pipe: ChildStdout,
 }
 
-fn spawn_workers(mode: Mode, p: &Profile, data_dir: &Path) -> Result<Vec<Worker>> {
+fn spawn_workers(mode: Mode, fixed: bool, p: &Profile, data_dir: &Path) -> Result<Vec<Worker>> {
     let exe = std::env::current_exe().context("find the gputrace binary")?;
     (0..p.workers)
         .map(|i| {
-            let mut child = Command::new(&exe)
-                .args(["demo", "--role", "loader", "--mode", mode.name()])
+            let mut cmd = Command::new(&exe);
+            cmd.args(["demo", "--role", "loader", "--mode", mode.name()]);
+            if fixed {
+                cmd.arg("--fixed");
+            }
+            let mut child = cmd
                 .arg("--data-dir")
                 .arg(data_dir)
                 .args(["--worker", &i.to_string()])
@@ -63,12 +67,12 @@ fn collate_batch(batch: &[u8], host_input: &mut [u8]) -> u64 {
     batch.iter().step_by(64).map(|&b| b as u64).sum()
 }
 
-pub fn trainer(mode: Mode, seconds: u64, data_dir: &Path, lib: &Path) -> Result<()> {
+pub fn trainer(mode: Mode, fixed: bool, seconds: u64, data_dir: &Path, lib: &Path) -> Result<()> {
     set_thread_name("trainer");
-    let p = mode.profile();
+    let p = mode.profile_with(fixed);
     let cuda = Cudart::open(lib)?;
     cuda.set_device(0)?;
-    let mut workers = spawn_workers(mode, &p, data_dir)?;
+    let mut workers = spawn_workers(mode, fixed, &p, data_dir)?;
 
     let dev_input = cuda.malloc(p.h2d_bytes as usize)?;
     let dev_loss = cuda.malloc(4)?;
@@ -142,9 +146,9 @@ fn decode_batch(raw: &[u8], out: &mut [u8]) {
     }
 }
 
-pub fn loader(mode: Mode, data_dir: &Path, worker: u32) -> Result<()> {
+pub fn loader(mode: Mode, fixed: bool, data_dir: &Path, worker: u32) -> Result<()> {
     set_thread_name("dataloader");
-    let p = mode.profile();
+    let p = mode.profile_with(fixed);
     let (files, file_size) = p.dataset();
     let mut buf = AlignedBuf::new(p.read_chunk as usize);
     let mut batch = vec![0u8; p.batch_bytes as usize];

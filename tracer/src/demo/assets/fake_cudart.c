@@ -9,7 +9,7 @@
  *     "GPU" while each launch still costs the CPU ~5 us (the driver's work, spun here);
  *   - a synchronous cudaMemcpy waits for the stream, copies the bytes with the CPU (the staging
  *     copy of pageable memory) and then waits out the rest of bytes / 2 GB/s (the DMA);
- *   - cudaMemcpyAsync queues bytes / 12 GB/s (pinned memory) and returns;
+ *   - cudaMemcpyAsync queues bytes / 12 GB/s (pinned memory, no CPU copy) and returns;
  *   - cudaDeviceSynchronize / cudaStreamSynchronize sleep until the timeline is idle. A real
  *     runtime spins by default; sleeping (cudaDeviceScheduleBlockingSync) keeps the demo from
  *     burning a CPU while it waits.
@@ -113,10 +113,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind,
                             cudaStream_t stream) {
     if ((!dst || !src) && count)
         return cudaErrorInvalidValue;
-    (void)kind; (void)stream;
-    /* The bytes are moved now (there is no device to do it later); the stream is charged the
-     * time a pinned DMA would take. */
-    memmove(dst, src, count);
+    (void)dst; (void)src; (void)kind; (void)stream;
+    /* A DMA engine moves pinned memory without the CPU: only the stream is charged its time
+     * (nothing reads the "device" bytes, so none are copied). */
     enqueue((uint64_t)count * 1000ULL / PINNED_BYTES_PER_US);
     return cudaSuccess;
 }
