@@ -6,8 +6,8 @@
 //! - `demo_<mode>_verdict`: the mode's rule is the first finding. These need time accounting
 //!   (issue 3), CUDA tracing (issue 4) and the verdict engine (issue 5) merged; before that,
 //!   the report has no findings and they fail.
-//! - `demo_<mode>_fixed`: with `--fixed` the job is faster (holds today) and the mode's rule
-//!   is gone from the findings (trivially true before the verdict engine is merged).
+//! - `demo_<mode>_fixed`: with `--fixed` the job is faster (holds today) and the mode's finding
+//!   loses at least half its impact (trivially true before the verdict engine is merged).
 
 use std::{
     collections::HashMap,
@@ -142,7 +142,8 @@ fn steps_per_second(d: &DemoRun) -> f64 {
 }
 
 /// `--fixed` applies the mode's usual fix: the job gets faster, and (once verdicts exist) the
-/// mode's rule no longer fires, except for gpu, whose fix keeps it healthily GPU-bound.
+/// mode's finding loses at least half its impact, except for gpu, whose fix keeps it healthily
+/// GPU-bound.
 fn check_fixed(mode: &str) {
     if !require_root(&format!("demo_{mode}_fixed")) {
         return;
@@ -162,16 +163,23 @@ fn check_fixed(mode: &str) {
     if mode == "gpu" {
         return;
     }
-    let rules: Vec<&str> = after.report["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|f| f["rule"].as_str())
-        .collect();
+    // The bottleneck may move (a faster trainer now waits on its loader), but the mode's own
+    // finding is gone or at most half what it was.
+    let impact = |d: &DemoRun| -> f64 {
+        d.report["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["rule"] == expected_rule(mode))
+            .filter_map(|f| f["impact_percent"].as_f64())
+            .fold(0.0, f64::max)
+    };
+    let (ib, ia) = (impact(&before), impact(&after));
     assert!(
-        !rules.contains(&expected_rule(mode)),
-        "demo --mode {mode} --fixed still has {}: {rules:?}",
-        expected_rule(mode)
+        ia <= ib / 2.0,
+        "demo --mode {mode}: {} impact {ib:.1}% before, {ia:.1}% with --fixed\n{:#}",
+        expected_rule(mode),
+        after.report["findings"]
     );
 }
 

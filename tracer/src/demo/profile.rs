@@ -103,16 +103,19 @@ impl Mode {
     pub fn fixed_profile(self) -> Profile {
         let p = self.profile();
         match self {
-            // More workers, and a data set that stays in the page cache.
+            // More workers reading pre-processed shards from the page cache: only the batch's
+            // bytes, no direct I/O.
             Mode::Data => Profile {
                 workers: 4,
                 direct_io: false,
+                read_per_batch: p.batch_bytes,
+                read_chunk: p.batch_bytes,
                 ..p
             },
-            // The step's work fused into 20 kernels (what CUDA graphs / torch.compile give).
+            // The same GPU work fused into 20 kernels (what CUDA graphs / torch.compile give).
             Mode::Launch => Profile {
                 kernels: 20,
-                kernel_threads: p.kernels as u64 * p.kernel_threads / 20,
+                kernel_threads: (p.kernel_ns_per_step() / 20 - 2_000) * 2,
                 ..p
             },
             // Pinned memory and non_blocking copies: queued on the stream, no CPU staging.
@@ -224,10 +227,7 @@ mod tests {
                 Mode::Data => assert!(f.workers > p.workers && !f.direct_io),
                 Mode::Launch => {
                     assert!(f.kernels * 50 <= p.kernels);
-                    assert_eq!(
-                        f.kernels as u64 * f.kernel_threads,
-                        p.kernels as u64 * p.kernel_threads
-                    );
+                    assert_eq!(f.kernel_ns_per_step(), p.kernel_ns_per_step());
                 }
                 Mode::Transfer => assert!(p.h2d_sync && !f.h2d_sync),
                 Mode::Gpu => assert!(f.kernel_ns_per_step() * 3 < p.kernel_ns_per_step() * 2),
