@@ -336,3 +336,22 @@ fn demo_rejects_an_unknown_mode() {
     assert_eq!(run.code(), 2, "{}", run.stderr);
     assert!(run.stderr.contains("bogus"), "{}", run.stderr);
 }
+
+#[test]
+fn demo_unwritable_output_fails_before_any_work() {
+    if !require_root("demo_unwritable_output_fails_before_any_work") {
+        return;
+    }
+    let run = gputrace(&["demo", "--seconds", "1", "-o", "/proc/gputrace-no-such-dir"]);
+    assert_eq!(run.code(), 6, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("cannot write output directory"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !run.stderr.contains("gputrace demo:"),
+        "wrote the data set first:\n{}",
+        run.stderr
+    );
+}

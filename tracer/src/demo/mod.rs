@@ -92,6 +92,9 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     if !procfs::is_privileged() {
         return Err(TraceError::NotPrivileged.into());
     }
+    if let Some(dir) = &args.output {
+        crate::report::prepare_output_dir(dir)?;
+    }
     let work = WorkDir::create()?;
     let lib = cudart::write_library(&work.path)?;
     let data_dir = work.path.join("data");
