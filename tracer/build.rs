@@ -17,12 +17,17 @@ use std::{
 
 const OBJECT_NAME: &str = "gputrace.bpf.o";
 
+// Not part of the eBPF build: the demo's stand-in CUDA runtime (see the file).
+#[path = "build/demo_cudart.rs"]
+mod demo_cudart;
+
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest.parent().unwrap().to_path_buf();
     let ebpf_dir = root.join("tracer-ebpf");
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     let out_obj = out_dir.join(OBJECT_NAME);
+    demo_cudart::build(&manifest, &out_dir);
 
     for p in [
         "tracer-ebpf/src",

@@ -6,9 +6,11 @@
 //! holds a global lock while it runs.
 
 mod bad_input;
+mod check;
 mod common;
 mod cpu_profile;
 mod cuda;
+mod demo;
 mod faults;
 mod report_outputs;
 mod security;
