@@ -53,15 +53,6 @@ pub fn text(d: &Diff, before: &str, after: &str) -> String {
             None => "  (no speedup: a run did not end with its target)".into(),
         }
     );
-    // Fixed-length runs (a --duration, a demo) show no run-time change; the kernel launch
-    // rate then stands in for the step rate.
-    if let Some(k) = d.rates.iter().find(|r| r.name == "kernel launches/s") {
-        let _ = writeln!(
-            o,
-            "throughput: {:.2}x (kernel launches per second, a proxy for steps per second)",
-            k.ratio
-        );
-    }
     for r in &d.rates {
         let _ = writeln!(
             o,
@@ -145,10 +136,6 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("kernel launches/s: 100.0 -> 250.0  (2.50x)"));
-        assert!(
-            t.contains("throughput: 2.50x (kernel launches per second"),
-            "{t}"
-        );
         assert!(t.contains("  ipc "));
         assert!(t.contains("-40.0pt"));
         assert!(t.contains("gone:    data-loading-bound (55%, critical)"));
