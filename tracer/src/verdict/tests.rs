@@ -502,7 +502,12 @@ fn idle_feeder_threads_do_not_dilute_worker_shares() {
             "pt_data_worker",
             vec![
                 thread(pid, "pt_data_worker", &[("io", 70.0), ("cpu", 20.0)]),
-                thread(pid + 10, "QueueFeederThread", &[("lock", 2.0)]),
+                // Mostly blocked on its condition variable, a little runnable and on CPU.
+                thread(
+                    pid + 10,
+                    "QueueFeederThread",
+                    &[("lock", 90.0), ("runqueue", 6.0), ("cpu", 1.0)],
+                ),
             ],
         );
         p.block_io = block_io;

@@ -17,7 +17,7 @@ pub const DATA_WAIT_MIN: f64 = 20.0;
 pub const WORKER_BUSY_MIN: f64 = 30.0;
 /// A descendant process counts as a worker when one of its threads is busy at least this much
 /// (idle helpers such as a forkserver do not).
-pub const WORKER_MIN_BUSY: f64 = 5.0;
+pub const WORKER_MIN_BUSY: f64 = 20.0;
 /// Threads of the same process count as loader workers when they spend this much in io.
 pub const WORKER_THREAD_IO_MIN: f64 = 20.0;
 
