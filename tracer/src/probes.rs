@@ -10,6 +10,8 @@ pub struct AttachCtx<'a> {
     pub args: &'a TraceArgs,
     /// Processes traced at attach time (roots and their existing descendants).
     pub pids: &'a [u32],
+    /// The `-- CMD` child, still waiting to exec: its life in the trace starts at the release.
+    pub launched: Option<u32>,
 }
 
 pub struct FinishCtx<'a> {

@@ -135,6 +135,7 @@ fn trace(
     let attach_ctx = AttachCtx {
         args,
         pids: &initial,
+        launched: launched.as_ref().map(|l| l.pid),
     };
     for f in families.iter_mut() {
         f.attach(&mut ebpf, &attach_ctx)
@@ -256,6 +257,11 @@ fn trace(
     bound_report(&mut data.report, &tracker);
     report::finalize(&mut data);
 
+    // Files first: a reader that closes stdout early (`| head`) must not cost the report.
+    let written = args
+        .output
+        .as_ref()
+        .map(|dir| (dir, report::write_all(dir, &data)));
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &data.report)?;
@@ -264,8 +270,8 @@ fn trace(
         let color = std::io::IsTerminal::is_terminal(&std::io::stdout());
         write!(out, "{}", report::terminal::render(&data.report, color))?;
     }
-    if let Some(dir) = &args.output {
-        let written = report::write_all(dir, &data)?;
+    if let Some((dir, res)) = written {
+        let written = res?;
         if !args.json {
             writeln!(out, "Wrote {} files to {}", written.len(), dir.display())?;
         }

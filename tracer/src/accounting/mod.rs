@@ -212,7 +212,9 @@ impl ProbeFamily for Accounting {
         let now = ktime_now();
         let mut threads: HashMap<&mut MapData, u32, ThreadState> =
             HashMap::try_from(ebpf.map_mut(THREADS_MAP).context("map THREADS missing")?)?;
-        for &pid in ctx.pids {
+        // The launched command is left out: until its release it only waits on our pipe, and
+        // the kernel side starts its state when it wakes up to exec.
+        for &pid in ctx.pids.iter().filter(|&&p| Some(p) != ctx.launched) {
             for tid in procfs::tasks(pid) {
                 let Some((phase, state, nr)) = thread_now(pid, tid) else {
                     continue;

@@ -54,6 +54,21 @@ pub struct Flame {
 /// Last step before rendering, after every probe family has finished: the verdicts and what
 /// the report says about the timeline.
 pub fn finalize(data: &mut ReportData) {
+    for (title, lines) in [
+        ("Off-CPU time by reason", &data.time.offcpu),
+        (
+            "Wall-clock time: on-CPU and off-CPU by category",
+            &data.time.wall,
+        ),
+    ] {
+        if !lines.is_empty() {
+            data.flames.push(Flame {
+                title: title.into(),
+                count_name: "us".into(),
+                lines: lines.clone(),
+            });
+        }
+    }
     if let Some(n) = &data.report.nvml {
         timeline::add_nvml(&mut data.timeline, n);
     }
