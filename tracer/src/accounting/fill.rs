@@ -73,6 +73,8 @@ pub fn fill(
     let mut stacks = Stacks::new(ebpf)?;
     let mut kframes: StdHashMap<i32, Vec<String>> = StdHashMap::new();
     let mut verdicts: StdHashMap<WallKey, Category> = StdHashMap::new();
+    let mut uframes: StdHashMap<(u32, i32), Vec<String>> = StdHashMap::new();
+    let tracker = ctx.tracker;
     let sym = &mut *ctx.symbolizer;
     let threads = aggregate::threads(&rows, &[], &deaths, end, |k| {
         let v = if k.kind == KIND_BLOCKED {
@@ -84,7 +86,24 @@ pub fn fill(
                     .unwrap_or_default()
             });
             let names: Vec<&str> = frames.iter().map(String::as_str).collect();
-            classify::blocked(k.sys_nr, k.state, &names)
+            let user = uframes.entry((k.tgid, k.ustack)).or_insert_with(|| {
+                let (maps, alive) = match tracker.procs.get(&k.tgid) {
+                    Some(t) => (t.maps.as_slice(), !t.info.exited),
+                    None => (&[][..], false),
+                };
+                stacks
+                    .get(k.ustack)
+                    .map(<[u64]>::to_vec)
+                    .map(|ips| {
+                        sym.user(k.tgid, maps, alive, &ips)
+                            .into_iter()
+                            .map(|f| f.name)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            });
+            let unames: Vec<&str> = user.iter().map(String::as_str).collect();
+            classify::blocked_with_user(k.sys_nr, k.state, &names, &unames)
         } else if k.kind == Category::Runqueue as u32 {
             Verdict {
                 category: Category::Runqueue,
