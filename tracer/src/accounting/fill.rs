@@ -156,7 +156,13 @@ fn fill_time(data: &mut ReportData, threads: &[ThreadTime], comms: &BTreeMap<u32
                 None => {
                     p.threads.push(ThreadReport {
                         tid,
-                        comm: comms.get(&tid).map(|c| c.1.clone()).unwrap_or_default(),
+                        // A thread that lived less than the 500 ms between /proc reads has
+                        // no name of its own; the main thread has the process's.
+                        comm: comms
+                            .get(&tid)
+                            .map(|c| c.1.clone())
+                            .or_else(|| (tid == p.pid).then(|| p.comm.clone()))
+                            .unwrap_or_default(),
                         samples: 0,
                         kernel_samples: 0,
                         top_self: Vec::new(),
