@@ -180,6 +180,18 @@ fn ground_truth_time_split() {
         ));
     }
 
+    // The pipe's fd number was used by another file before: per-open accounting keeps them apart.
+    let files = main["files"].as_array().expect("files");
+    let pipe = files
+        .iter()
+        .find(|f| f["file"].as_str().is_some_and(|n| n.starts_with("pipe:")))
+        .unwrap_or_else(|| panic!("no pipe among the files: {files:#?}"));
+    if pipe["bytes"].as_u64() != Some(60) || pipe["calls"].as_u64() != Some(60) {
+        failures.push(format!(
+            "pipe I/O {pipe}, the reader made 60 one-byte reads"
+        ));
+    }
+
     let offcpu = std::fs::read_to_string(out.join("offcpu.folded")).expect("offcpu.folded");
     for (thread, cat) in [
         ("gt_pipe", "[ipc]"),

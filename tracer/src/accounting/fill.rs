@@ -10,9 +10,9 @@ use aya::{
 use tracer_common::{
     time::Category,
     wall::{
-        BlkKey, BlkStat, ErrnoKey, FdKey, FdStat, LifeKey, LifeVal, SysKey, SysStat, ThreadState,
-        WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FILEIO_MAP, KIND_BLOCKED, LIFE_MAP, SYSCALLS_MAP,
-        THREADS_MAP, WALL_MAP,
+        BlkKey, BlkStat, ErrnoKey, FdGenKey, FdKey, FdStat, LifeKey, LifeVal, SysKey, SysStat,
+        ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FILEIO_MAP, KIND_BLOCKED,
+        LIFE_MAP, SYSCALLS_MAP, THREADS_MAP, WALL_MAP,
     },
 };
 
@@ -45,9 +45,19 @@ fn read_map<K: aya::Pod, V: aya::Pod>(ebpf: &Ebpf, name: &str) -> Result<Vec<(K,
     Ok(out)
 }
 
-pub fn fd_keys(ebpf: &Ebpf) -> Vec<(u32, i32)> {
+/// The fds seen doing I/O whose file is still the one open now (no close since): those can
+/// be resolved from /proc.
+pub fn open_fds(ebpf: &Ebpf) -> Vec<FdKey> {
+    let gens: BTreeMap<(u32, i32), u32> = read_map::<FdGenKey, u32>(ebpf, FD_GEN_MAP)
+        .map(|v| v.into_iter().map(|(k, g)| ((k.tgid, k.fd), g)).collect())
+        .unwrap_or_default();
     read_map::<FdKey, FdStat>(ebpf, FILEIO_MAP)
-        .map(|v| v.into_iter().map(|(k, _)| (k.tgid, k.fd)).collect())
+        .map(|v| {
+            v.into_iter()
+                .map(|(k, _)| k)
+                .filter(|k| gens.get(&(k.tgid, k.fd)).copied().unwrap_or(0) == k.gen)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -57,7 +67,7 @@ pub fn fill(
     data: &mut ReportData,
     end: u64,
     comms: &BTreeMap<u32, (u32, String)>,
-    fds: &BTreeMap<(u32, i32), String>,
+    fds: &BTreeMap<FdKey, String>,
 ) -> Result<()> {
     let mut rows: Vec<Row> = read_map::<WallKey, WallVal>(ebpf, WALL_MAP)?
         .into_iter()
@@ -312,21 +322,18 @@ fn fill_syscalls(ebpf: &Ebpf, data: &mut ReportData) -> Result<()> {
 fn fill_files(
     ebpf: &Ebpf,
     data: &mut ReportData,
-    fds: &BTreeMap<(u32, i32), String>,
+    fds: &BTreeMap<FdKey, String>,
     top: usize,
 ) -> Result<()> {
     let rows: Vec<(FdKey, FdStat)> = read_map(ebpf, FILEIO_MAP)?;
     for p in data.report.processes.iter_mut() {
         let mut files: BTreeMap<String, FileIo> = BTreeMap::new();
         for (k, s) in rows.iter().filter(|(k, _)| k.tgid == p.pid) {
+            // Resolved while it was open, or never: a later file under the same fd number
+            // must not lend it its name.
             let name = fds
-                .get(&(k.tgid, k.fd))
+                .get(k)
                 .cloned()
-                .or_else(|| {
-                    std::fs::read_link(format!("/proc/{}/fd/{}", k.tgid, k.fd))
-                        .ok()
-                        .map(|p| p.display().to_string())
-                })
                 .unwrap_or_else(|| format!("<closed fd {}>", k.fd));
             let f = files.entry(name.clone()).or_insert_with(|| FileIo {
                 file: name,
