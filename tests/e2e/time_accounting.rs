@@ -180,6 +180,18 @@ fn ground_truth_time_split() {
         ));
     }
 
+    // The pipe's fd number was used by another file before: per-open accounting keeps them apart.
+    let files = main["files"].as_array().expect("files");
+    let pipe = files
+        .iter()
+        .find(|f| f["file"].as_str().is_some_and(|n| n.starts_with("pipe:")))
+        .unwrap_or_else(|| panic!("no pipe among the files: {files:#?}"));
+    if pipe["bytes"].as_u64() != Some(60) || pipe["calls"].as_u64() != Some(60) {
+        failures.push(format!(
+            "pipe I/O {pipe}, the reader made 60 one-byte reads"
+        ));
+    }
+
     let offcpu = std::fs::read_to_string(out.join("offcpu.folded")).expect("offcpu.folded");
     for (thread, cat) in [
         ("gt_pipe", "[ipc]"),
@@ -209,4 +221,61 @@ fn ground_truth_time_split() {
         failures.join("\n"),
         run.stdout
     );
+}
+
+/// A thread already blocked when gputrace attaches (`--pid`) is seeded from /proc: its interval
+/// straddles the window start and the end, and it is charged from the attach to the end.
+#[test]
+fn attached_sleeper_straddles_the_window() {
+    let _g = serial();
+    if !require_root("attached_sleeper_straddles_the_window") {
+        return;
+    }
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .expect("spawn sleep");
+    // Let it reach its clock_nanosleep before we attach.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let out = out_dir("time-pid");
+    let pid = child.id();
+    let run = gputrace(&[
+        "-p",
+        &pid.to_string(),
+        "-d",
+        "1s",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        run.code(),
+        0,
+        "stdout:\n{}\nstderr:\n{}",
+        run.stdout,
+        run.stderr
+    );
+    let report = run.report(&out);
+    let p = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid as u64))
+        .unwrap_or_else(|| panic!("no process {pid}: {report:#}"));
+    let time = &p["time"];
+    let alive = time["alive_ns"].as_f64().unwrap();
+    let accounted = time["accounted_ns"].as_f64().unwrap();
+    assert!(
+        (0.9e9..2.0e9).contains(&alive),
+        "alive {alive} ns for a 1 s window"
+    );
+    assert!((alive - accounted).abs() <= 0.01 * alive, "{time:#}");
+    let sleep = categories(time).get("sleep").copied().unwrap_or(0.0);
+    assert!(
+        sleep >= 99.0,
+        "sleep {sleep:.1}% for a thread asleep all along: {time:#}"
+    );
+    let reason = &time["reasons"][0];
+    assert_eq!(reason["reason"], "clock_nanosleep", "{time:#}");
 }

@@ -11,6 +11,7 @@ pub const LIFE_MAP: &str = "LIFE";
 pub const SYSCALLS_MAP: &str = "SYSCALLS";
 pub const ERRNOS_MAP: &str = "ERRNOS";
 pub const FILEIO_MAP: &str = "FILEIO";
+pub const FD_GEN_MAP: &str = "FD_GEN";
 pub const BLOCK_MAP: &str = "BLOCK_IO";
 
 pub const THREADS_ENTRIES: u32 = 65_536;
@@ -155,10 +156,21 @@ pub struct ErrnoKey {
     pub errno: i32,
 }
 
-/// I/O syscalls per file descriptor (resolved to a path in user space).
+/// I/O syscalls per file descriptor (resolved to a path in user space). `gen` counts the
+/// successful `close`s of this fd number before the calls, so a reused fd number is a new row.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FdKey {
+    pub tgid: u32,
+    pub fd: i32,
+    pub gen: u32,
+    pub _pad: u32,
+}
+
+/// (tgid, fd) -> closes of that fd number so far, in `FD_GEN`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FdGenKey {
     pub tgid: u32,
     pub fd: i32,
 }
@@ -220,6 +232,7 @@ crate::user_pod!(
     SysStat,
     ErrnoKey,
     FdKey,
+    FdGenKey,
     FdStat,
     BlkKey,
     BlkStat

@@ -143,7 +143,13 @@ fn start(ctx: &TracePointContext, insert: bool) {
     // A request already seen keeps its owner: a requeued request is inserted and issued again,
     // possibly from a kernel worker.
     if let Some(r) = BLK_INFLIGHT.get_ptr_mut(&key) {
-        if !insert {
+        if insert {
+            // A requeue, or a stale entry of a request merged away: queued from now.
+            unsafe {
+                (*r).insert_ns = now;
+                (*r).issue_ns = 0;
+            }
+        } else {
             // Bios merged into the request after its insert made it larger.
             let bytes: u32 = unsafe { ctx.read_at(OFF_RQ_BYTES.load() as usize) }.unwrap_or(0);
             unsafe {

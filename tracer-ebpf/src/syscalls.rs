@@ -14,7 +14,7 @@ use aya_ebpf::{
 use tracer_common::{
     drops::Drop,
     wall::{
-        log2_bucket, ErrnoKey, FdKey, FdStat, SysKey, SysStat, ERRNOS_ENTRIES, FILEIO_ENTRIES,
+        log2_bucket, ErrnoKey, FdGenKey, FdKey, FdStat, SysKey, SysStat, ERRNOS_ENTRIES, FILEIO_ENTRIES,
         HIST_BUCKETS, NO_SYSCALL, SYSCALLS_ENTRIES,
     },
 };
@@ -32,6 +32,11 @@ static ERRNOS: HashMap<ErrnoKey, u64> = HashMap::with_max_entries(ERRNOS_ENTRIES
 
 #[map(name = "FILEIO")]
 static FILEIO: HashMap<FdKey, FdStat> = HashMap::with_max_entries(FILEIO_ENTRIES, 0);
+
+#[map(name = "FD_GEN")]
+static FD_GEN: HashMap<FdGenKey, u32> = HashMap::with_max_entries(FILEIO_ENTRIES, 0);
+
+const SYS_CLOSE: i32 = 3;
 
 /// A zeroed `SysStat` to insert from (too big for the 512-byte stack with everything else).
 #[map(name = "SYS_ZERO")]
@@ -123,10 +128,28 @@ pub fn sys_exit(ctx: TracePointContext) -> u32 {
     } else if moves_bytes(nr) {
         s.bytes += ret as u64;
     }
-    if per_fd(nr) {
-        let fk = FdKey {
+    if nr == SYS_CLOSE && ret == 0 {
+        let gk = FdGenKey {
             tgid,
             fd: st.sys_arg0 as i32,
+        };
+        match FD_GEN.get_ptr_mut(&gk) {
+            Some(g) => unsafe { *g += 1 },
+            None => {
+                let _ = FD_GEN.insert(&gk, &1, 0);
+            }
+        }
+    }
+    if per_fd(nr) {
+        let fd = st.sys_arg0 as i32;
+        let gen = unsafe { FD_GEN.get(&FdGenKey { tgid, fd }) }
+            .copied()
+            .unwrap_or(0);
+        let fk = FdKey {
+            tgid,
+            fd,
+            gen,
+            _pad: 0,
         };
         let bytes = if ret > 0 && moves_bytes(nr) {
             ret as u64

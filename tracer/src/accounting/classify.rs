@@ -42,6 +42,13 @@ pub const STACK_RULES: &[(&str, Category)] = &[
     ("io_cqring_wait", Category::Io),
 ];
 
+/// User functions that name the wait more precisely than the kernel can, matched exactly from the
+/// innermost user frame outwards; checked before the kernel rules (the GIL is a futex underneath).
+pub const USER_RULES: &[(&str, Category)] = &[
+    // CPython 3.x: threads waiting for the GIL sit in take_gil (ceval_gil.c).
+    ("take_gil", Category::Gil),
+];
+
 /// When the stack says nothing (or was not captured): the syscall in progress.
 pub const SYSCALL_RULES: &[(&str, Category)] = &[
     ("futex", Category::Lock),
@@ -98,8 +105,19 @@ pub struct Verdict {
     pub reason: String,
 }
 
-/// Classifies blocked time. `kernel_frames` are function names, innermost first.
+/// Classifies blocked time from the kernel stack and the syscall only.
 pub fn blocked(sys_nr: i32, state: u32, kernel_frames: &[&str]) -> Verdict {
+    blocked_with_user(sys_nr, state, kernel_frames, &[])
+}
+
+/// Classifies blocked time. `kernel_frames` and `user_frames` are function names, innermost
+/// first.
+pub fn blocked_with_user(
+    sys_nr: i32,
+    state: u32,
+    kernel_frames: &[&str],
+    user_frames: &[&str],
+) -> Verdict {
     let reason = if sys_nr >= 0 {
         syscall_names::name(sys_nr as i64)
     } else if state & TASK_UNINTERRUPTIBLE != 0 {
@@ -107,6 +125,14 @@ pub fn blocked(sys_nr: i32, state: u32, kernel_frames: &[&str]) -> Verdict {
     } else {
         "no syscall".to_string()
     };
+    for f in user_frames {
+        if let Some((_, c)) = USER_RULES.iter().find(|(n, _)| f == n) {
+            return Verdict {
+                category: *c,
+                reason,
+            };
+        }
+    }
     for f in kernel_frames {
         if let Some((_, c)) = STACK_RULES.iter().find(|(p, _)| f.starts_with(p)) {
             return Verdict {
@@ -193,6 +219,16 @@ mod tests {
         assert_eq!(v.category, Category::Io);
         assert_eq!(v.reason, "D state");
         assert_eq!(blocked(-1, 1, &[]).reason, "no syscall");
+    }
+
+    #[test]
+    fn python_gil_wait_is_gil_not_lock() {
+        let k = ["schedule", "futex_wait_queue", "__futex_wait"];
+        let v = blocked_with_user(nr("futex"), 1, &k, &["pthread_cond_timedwait", "take_gil"]);
+        assert_eq!(v.category, Category::Gil);
+        assert_eq!(v.reason, "futex");
+        let v = blocked_with_user(nr("futex"), 1, &k, &["pthread_cond_wait", "queue_get"]);
+        assert_eq!(v.category, Category::Lock);
     }
 
     #[test]

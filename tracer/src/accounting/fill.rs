@@ -10,9 +10,9 @@ use aya::{
 use tracer_common::{
     time::Category,
     wall::{
-        BlkKey, BlkStat, ErrnoKey, FdKey, FdStat, LifeKey, LifeVal, SysKey, SysStat, ThreadState,
-        WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FILEIO_MAP, KIND_BLOCKED, LIFE_MAP, SYSCALLS_MAP,
-        THREADS_MAP, WALL_MAP,
+        BlkKey, BlkStat, ErrnoKey, FdGenKey, FdKey, FdStat, LifeKey, LifeVal, SysKey, SysStat,
+        ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FILEIO_MAP, KIND_BLOCKED,
+        LIFE_MAP, SYSCALLS_MAP, THREADS_MAP, WALL_MAP,
     },
 };
 
@@ -45,9 +45,19 @@ fn read_map<K: aya::Pod, V: aya::Pod>(ebpf: &Ebpf, name: &str) -> Result<Vec<(K,
     Ok(out)
 }
 
-pub fn fd_keys(ebpf: &Ebpf) -> Vec<(u32, i32)> {
+/// The fds seen doing I/O whose file is still the one open now (no close since): those can
+/// be resolved from /proc.
+pub fn open_fds(ebpf: &Ebpf) -> Vec<FdKey> {
+    let gens: BTreeMap<(u32, i32), u32> = read_map::<FdGenKey, u32>(ebpf, FD_GEN_MAP)
+        .map(|v| v.into_iter().map(|(k, g)| ((k.tgid, k.fd), g)).collect())
+        .unwrap_or_default();
     read_map::<FdKey, FdStat>(ebpf, FILEIO_MAP)
-        .map(|v| v.into_iter().map(|(k, _)| (k.tgid, k.fd)).collect())
+        .map(|v| {
+            v.into_iter()
+                .map(|(k, _)| k)
+                .filter(|k| gens.get(&(k.tgid, k.fd)).copied().unwrap_or(0) == k.gen)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -57,7 +67,7 @@ pub fn fill(
     data: &mut ReportData,
     end: u64,
     comms: &BTreeMap<u32, (u32, String)>,
-    fds: &BTreeMap<(u32, i32), String>,
+    fds: &BTreeMap<FdKey, String>,
 ) -> Result<()> {
     let mut rows: Vec<Row> = read_map::<WallKey, WallVal>(ebpf, WALL_MAP)?
         .into_iter()
@@ -73,6 +83,8 @@ pub fn fill(
     let mut stacks = Stacks::new(ebpf)?;
     let mut kframes: StdHashMap<i32, Vec<String>> = StdHashMap::new();
     let mut verdicts: StdHashMap<WallKey, Category> = StdHashMap::new();
+    let mut uframes: StdHashMap<(u32, i32), Vec<String>> = StdHashMap::new();
+    let tracker = ctx.tracker;
     let sym = &mut *ctx.symbolizer;
     let threads = aggregate::threads(&rows, &[], &deaths, end, |k| {
         let v = if k.kind == KIND_BLOCKED {
@@ -84,7 +96,24 @@ pub fn fill(
                     .unwrap_or_default()
             });
             let names: Vec<&str> = frames.iter().map(String::as_str).collect();
-            classify::blocked(k.sys_nr, k.state, &names)
+            let user = uframes.entry((k.tgid, k.ustack)).or_insert_with(|| {
+                let (maps, alive) = match tracker.procs.get(&k.tgid) {
+                    Some(t) => (t.maps.as_slice(), !t.info.exited),
+                    None => (&[][..], false),
+                };
+                stacks
+                    .get(k.ustack)
+                    .map(<[u64]>::to_vec)
+                    .map(|ips| {
+                        sym.user(k.tgid, maps, alive, &ips)
+                            .into_iter()
+                            .map(|f| f.name)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            });
+            let unames: Vec<&str> = user.iter().map(String::as_str).collect();
+            classify::blocked_with_user(k.sys_nr, k.state, &names, &unames)
         } else if k.kind == Category::Runqueue as u32 {
             Verdict {
                 category: Category::Runqueue,
@@ -137,7 +166,13 @@ fn fill_time(data: &mut ReportData, threads: &[ThreadTime], comms: &BTreeMap<u32
                 None => {
                     p.threads.push(ThreadReport {
                         tid,
-                        comm: comms.get(&tid).map(|c| c.1.clone()).unwrap_or_default(),
+                        // A thread that lived less than the 500 ms between /proc reads has
+                        // no name of its own; the main thread has the process's.
+                        comm: comms
+                            .get(&tid)
+                            .map(|c| c.1.clone())
+                            .or_else(|| (tid == p.pid).then(|| p.comm.clone()))
+                            .unwrap_or_default(),
                         samples: 0,
                         kernel_samples: 0,
                         top_self: Vec::new(),
@@ -287,21 +322,18 @@ fn fill_syscalls(ebpf: &Ebpf, data: &mut ReportData) -> Result<()> {
 fn fill_files(
     ebpf: &Ebpf,
     data: &mut ReportData,
-    fds: &BTreeMap<(u32, i32), String>,
+    fds: &BTreeMap<FdKey, String>,
     top: usize,
 ) -> Result<()> {
     let rows: Vec<(FdKey, FdStat)> = read_map(ebpf, FILEIO_MAP)?;
     for p in data.report.processes.iter_mut() {
         let mut files: BTreeMap<String, FileIo> = BTreeMap::new();
         for (k, s) in rows.iter().filter(|(k, _)| k.tgid == p.pid) {
+            // Resolved while it was open, or never: a later file under the same fd number
+            // must not lend it its name.
             let name = fds
-                .get(&(k.tgid, k.fd))
+                .get(k)
                 .cloned()
-                .or_else(|| {
-                    std::fs::read_link(format!("/proc/{}/fd/{}", k.tgid, k.fd))
-                        .ok()
-                        .map(|p| p.display().to_string())
-                })
                 .unwrap_or_else(|| format!("<closed fd {}>", k.fd));
             let f = files.entry(name.clone()).or_insert_with(|| FileIo {
                 file: name,

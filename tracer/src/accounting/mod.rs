@@ -109,8 +109,8 @@ pub struct Accounting {
     offsets: std::result::Result<Offsets, String>,
     /// (tgid, tid) -> thread name, read while the threads are alive.
     comms: BTreeMap<u32, (u32, String)>,
-    /// (tgid, fd) -> what the fd pointed to when first seen.
-    fds: BTreeMap<(u32, i32), String>,
+    /// (tgid, fd, generation) -> the file, read from /proc while that generation was open.
+    fds: BTreeMap<tracer_common::wall::FdKey, String>,
     attached: Vec<&'static str>,
     ticks: u64,
     /// Held while `-v` asks for the programs' own run time (kernel.bpf_stats_enabled).
@@ -142,9 +142,9 @@ impl Accounting {
                 }
             }
         }
-        for (tgid, fd) in fill::fd_keys(ebpf) {
-            if let std::collections::btree_map::Entry::Vacant(e) = self.fds.entry((tgid, fd)) {
-                if let Ok(p) = std::fs::read_link(format!("/proc/{tgid}/fd/{fd}")) {
+        for k in fill::open_fds(ebpf) {
+            if let std::collections::btree_map::Entry::Vacant(e) = self.fds.entry(k) {
+                if let Ok(p) = std::fs::read_link(format!("/proc/{}/fd/{}", k.tgid, k.fd)) {
                     e.insert(p.display().to_string());
                 }
             }

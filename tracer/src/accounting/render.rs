@@ -92,6 +92,7 @@ pub fn folded(
 }
 
 const MAX_THREADS: usize = 12;
+const MAX_PROCESSES: usize = 6;
 
 fn secs(ns: u64) -> String {
     format!("{:.2}s", ns as f64 / 1e9)
@@ -113,8 +114,16 @@ fn split(b: &TimeBreakdown, max: usize) -> String {
 /// "Where the time went", per process and thread; empty when accounting did not run.
 pub fn terminal_section(r: &Report) -> String {
     let mut o = String::new();
-    for p in &r.processes {
-        let Some(b) = &p.time else { continue };
+    // The processes that lived longest first; short-lived helpers (shell scripts, launchers)
+    // are only counted here and are all in report.json.
+    let mut procs: Vec<_> = r
+        .processes
+        .iter()
+        .filter_map(|p| p.time.as_ref().map(|b| (p, b)))
+        .collect();
+    procs.sort_by_key(|(p, b)| (std::cmp::Reverse(b.alive_ns), p.pid));
+    let more = procs.len().saturating_sub(MAX_PROCESSES);
+    for (p, b) in procs.into_iter().take(MAX_PROCESSES) {
         let _ = writeln!(
             o,
             "wall time of pid {} {}: {} alive over {} threads, {:.1}% accounted",
@@ -168,6 +177,12 @@ pub fn terminal_section(r: &Report) -> String {
                 secs(d.total_ns)
             );
         }
+    }
+    if more > 0 {
+        let _ = writeln!(
+            o,
+            "… and {more} shorter-lived processes (their time is in report.json)"
+        );
     }
     o
 }
