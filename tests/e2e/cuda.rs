@@ -297,6 +297,37 @@ fn runtime_linked_into_the_executable_is_found_and_probed() {
     );
 }
 
+#[test]
+fn running_process_is_traced_by_pid() {
+    let _g = serial();
+    if !require_root("running_process_is_traced_by_pid") {
+        return;
+    }
+    let dir = fake_cuda();
+    // Started first: its libraries are already mapped when gputrace attaches.
+    let mut child = Command::new(dir.join("workload"))
+        .arg("2000")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the workload");
+    let pid = child.id().to_string();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = common::out_dir("cuda-pid");
+    let run = run_traced(
+        &["-o", out.to_str().unwrap(), "--pid", &pid],
+        &[(nvml_env(), "/nonexistent/libnvidia-ml.so.1")],
+    );
+    let status = child.wait().unwrap();
+    assert!(status.success());
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    let c = cuda_of(&report, "workload");
+    assert_eq!(count(&c, "cudaLaunchKernel"), 153);
+    assert_eq!(count(&c, "cuLaunchKernel"), 25);
+    assert_eq!(count(&c, "cudaMemcpy"), 17);
+    assert_eq!(c["memory"]["allocs"], 4);
+}
+
 fn nvml_env() -> &'static str {
     "GPUTRACE_NVML_LIB"
 }

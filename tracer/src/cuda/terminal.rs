@@ -76,29 +76,28 @@ fn process(o: &mut String, c: &ProcessCuda) {
         line(
             o,
             format!(
-                "  {:<32} {:>9} {:>11} {:>10} {:>10}  errors",
-                "API function", "calls", "total ms", "mean us", "max us"
+                "  {:<32} {:>9} {:>11} {:>10} {:>10} {:>9}",
+                "API function", "calls", "total ms", "mean us", "max us", "errors"
             ),
         );
     }
     for a in c.api.iter().take(TOP) {
-        let errs: Vec<String> = a
-            .errors
-            .iter()
-            .map(|e| format!("{}x {} ({})", e.count, e.name, e.code))
-            .collect();
+        let failed: u64 = a.errors.iter().map(|e| e.count).sum();
         line(
             o,
             format!(
-                "  {:<32} {:>9} {:>11.3} {:>10.1} {:>10.1}  {}",
+                "  {:<32} {:>9} {:>11.3} {:>10.1} {:>10.1} {:>9}",
                 a.function,
                 a.count,
                 a.total_ns as f64 / 1e6,
                 a.total_ns as f64 / a.count.max(1) as f64 / 1e3,
                 a.max_ns as f64 / 1e3,
-                errs.join(", ")
+                failed
             ),
         );
+        for e in &a.errors {
+            line(o, format!("      {} x {} ({})", e.count, e.name, e.code));
+        }
     }
     for cp in &c.copies {
         line(
