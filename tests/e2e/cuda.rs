@@ -153,6 +153,7 @@ fn fake_cuda_calls_are_counted_exactly() {
     assert_eq!(err_name, "cudaErrorInvalidMemcpyDirection");
     assert_eq!(count(&c, "cudaMemcpyAsync"), 4);
     assert_eq!(count(&c, "cudaMemcpy2D"), 1);
+    assert_eq!(count(&c, "cudaMemcpy3D"), 1);
     assert_eq!(count(&c, "cuMemcpyHtoD_v2"), 3);
     assert_eq!(count(&c, "cuModuleGetFunction"), 1);
     assert_eq!(count(&c, "__cudaRegisterFunction"), 1);
@@ -173,7 +174,8 @@ fn fake_cuda_calls_are_counted_exactly() {
     assert_eq!(ssync["count"], 2);
     assert!(ssync["min_ns"].as_u64().unwrap() >= 10_000_000);
 
-    // Copies: H2D = 10 x 1 MiB + 2D 64 x 32 + 3 x 1000 (driver); D2H 5 x 4096; D2D async 4 x 512.
+    // Copies: H2D = 10 x 1 MiB + 2D 64 x 32 + 3 x 1000 (driver); D2H 5 x 4096 + 3D 16 x 8 x 4;
+    // D2D async 4 x 512.
     let copy = |dir: &str, mode: &str| -> (u64, u64) {
         c["copies"]
             .as_array()
@@ -184,7 +186,7 @@ fn fake_cuda_calls_are_counted_exactly() {
             .unwrap_or((0, 0))
     };
     assert_eq!(copy("H2D", "sync"), (14, 10 * 1048576 + 64 * 32 + 3 * 1000));
-    assert_eq!(copy("D2H", "sync"), (5, 5 * 4096));
+    assert_eq!(copy("D2H", "sync"), (6, 5 * 4096 + 16 * 8 * 4));
     assert_eq!(copy("D2D", "async"), (4, 4 * 512));
     assert_eq!(
         c["copies"].as_array().unwrap().len(),
