@@ -330,6 +330,64 @@ fn running_process_is_traced_by_pid() {
     assert_eq!(c["memory"]["allocs"], 4);
 }
 
+/// A library whose path no longer leads to the mapped file (replaced on disk after loading; the
+/// same happens for a file in another mount namespace) is probed through /proc/PID/map_files.
+#[test]
+fn replaced_library_is_probed_through_map_files() {
+    let _g = serial();
+    if !require_root("replaced_library_is_probed_through_map_files") {
+        return;
+    }
+    let fake = fake_cuda();
+    let dir = tmp_dir().join("fake_cuda_replaced");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["libcudart.so.12", "libcuda.so.1"] {
+        std::fs::copy(fake.join(f), dir.join(f)).unwrap();
+    }
+    let st = Command::new("gcc")
+        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(dir.join("workload"))
+        .arg(repo_root().join("tests/workloads/fake_cuda/workload.c"))
+        .arg(dir.join("libcudart.so.12"))
+        .arg("-ldl")
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut child = Command::new(dir.join("workload"))
+        .arg("2000")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the workload");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Another file renamed over the path: the process keeps the old, now deleted, inode.
+    std::fs::copy(fake.join("libcuda.so.1"), dir.join("replacement.tmp")).unwrap();
+    std::fs::rename(dir.join("replacement.tmp"), dir.join("libcudart.so.12")).unwrap();
+    let out = common::out_dir("cuda-replaced");
+    let pid = child.id().to_string();
+    let run = run_traced(
+        &["-o", out.to_str().unwrap(), "--pid", &pid],
+        &[(nvml_env(), "/nonexistent/libnvidia-ml.so.1")],
+    );
+    assert!(child.wait().unwrap().success());
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    let c = cuda_of(&report, "workload");
+    let runtime = c["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["kind"] == "runtime")
+        .unwrap_or_else(|| panic!("{:#}", c["libraries"]));
+    assert!(
+        runtime["path"].as_str().unwrap().ends_with("(deleted)"),
+        "{runtime}"
+    );
+    assert_eq!(count(&c, "cudaLaunchKernel"), 153);
+    assert_eq!(count(&c, "cudaMalloc"), 4);
+}
+
 fn nvml_env() -> &'static str {
     "GPUTRACE_NVML_LIB"
 }
