@@ -388,6 +388,50 @@ fn replaced_library_is_probed_through_map_files() {
     assert_eq!(count(&c, "cudaMalloc"), 4);
 }
 
+/// `--libcudart`/`--libcuda` attach before the command starts, so calls made from its first
+/// instruction are counted, and a symlinked path is the same library as the mapped one.
+#[test]
+fn named_libraries_are_probed_from_the_start() {
+    let _g = serial();
+    if !require_root("named_libraries_are_probed_from_the_start") {
+        return;
+    }
+    let dir = fake_cuda();
+    let link = tmp_dir().join("libcudart.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(dir.join("libcudart.so.12"), &link).unwrap();
+    let out = common::out_dir("cuda-named");
+    let workload = dir.join("workload").display().to_string();
+    let libcuda = dir.join("libcuda.so.1").display().to_string();
+    let run = run_traced(
+        &[
+            "-o",
+            out.to_str().unwrap(),
+            "--libcudart",
+            link.to_str().unwrap(),
+            "--libcuda",
+            &libcuda,
+            "--",
+            &workload,
+            "0",
+        ],
+        &[(nvml_env(), "/nonexistent/libnvidia-ml.so.1")],
+    );
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    let c = cuda_of(&report, "workload");
+    let runtimes = c["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["kind"] == "runtime")
+        .count();
+    assert_eq!(runtimes, 1, "{:#}", c["libraries"]);
+    assert_eq!(count(&c, "cudaLaunchKernel"), 153);
+    assert_eq!(count(&c, "cuLaunchKernel"), 25);
+    assert_eq!(count(&c, "__cudaRegisterFunction"), 1);
+}
+
 fn nvml_env() -> &'static str {
     "GPUTRACE_NVML_LIB"
 }

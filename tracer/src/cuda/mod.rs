@@ -60,6 +60,8 @@ pub struct CudaFamily {
     warnings: Vec<String>,
     /// Other mapped objects checked for an embedded CUDA runtime: (inode, path) -> verdict.
     checked: HashMap<(u64, String), bool>,
+    /// Libraries named with --libcudart/--libcuda (indices into `libs`).
+    named: Vec<usize>,
 }
 
 struct Lib {
@@ -99,6 +101,7 @@ impl CudaFamily {
             ticks: 0,
             warnings: Vec::new(),
             checked: HashMap::new(),
+            named: Vec::new(),
         }
     }
 
@@ -269,6 +272,7 @@ impl ProbeFamily for CudaFamily {
         for (path, layer) in self.overrides.clone() {
             let found = discover::from_path(&path, layer)?;
             let i = self.ensure(ebpf, found);
+            self.named.push(i);
             if self.libs[i].attached.is_empty() {
                 anyhow::bail!(
                     "{} exports none of the CUDA functions gputrace probes{}",
@@ -319,18 +323,23 @@ impl ProbeFamily for CudaFamily {
         let pids: Vec<u32> = data.report.processes.iter().map(|p| p.pid).collect();
         for p in data.report.processes.iter_mut() {
             let pid = p.pid;
-            let libraries: Vec<CudaLibrary> = self
+            let api_stats = aggregate::api_stats(pid, &api, &errs);
+            let mut lib_ids: Vec<usize> = self
                 .users
                 .get(&pid)
-                .map(|set| {
-                    let mut v: Vec<usize> = set.iter().copied().collect();
-                    v.sort_unstable();
-                    v.into_iter()
-                        .map(|i| library_report(&self.libs[i]))
-                        .collect()
-                })
+                .map(|set| set.iter().copied().collect())
                 .unwrap_or_default();
-            let api_stats = aggregate::api_stats(pid, &api, &errs);
+            // A process that exited before any scan saw its maps made its calls through the
+            // named libraries, attached before it started.
+            if !api_stats.is_empty() {
+                lib_ids.extend(&self.named);
+            }
+            lib_ids.sort_unstable();
+            lib_ids.dedup();
+            let libraries: Vec<CudaLibrary> = lib_ids
+                .into_iter()
+                .map(|i| library_report(&self.libs[i]))
+                .collect();
             if libraries.is_empty() && api_stats.is_empty() {
                 continue;
             }
