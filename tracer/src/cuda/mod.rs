@@ -1,5 +1,18 @@
 //! CUDA runtime and driver API tracing (issue 4): library discovery, uprobe attachment, kernel
 //! names, and the per-process CUDA section of the report; NVML sampling alongside.
+//!
+//! - Discovery: every 0.5 s the maps of each live traced process are read; libcudart*/libcuda*
+//!   files, and any other executable object that defines the runtime's launch functions (static
+//!   cudart), are attached once per file (inode + path), opened through /proc/PID/map_files
+//!   when the path no longer leads to the mapped file.
+//! - Probes: one entry and one return program for all functions (tracer-ebpf/src/cuda.rs); the
+//!   attach cookie carries the function id, argument shape, time category and copy direction
+//!   (`table.rs`). Return probes are attached before entry probes.
+//! - Scope: `UProbeScope::AllProcesses` with the traced-set filter in the kernel. Untraced
+//!   processes that map the same library file pay the trap (~1 us per call) while gputrace runs.
+//! - Cost on the development VM (`cargo xtask bench-cuda`, a launch = cudaLaunchKernel calling
+//!   cuLaunchKernel, so two probed functions): untraced 10 ns; entry probes only +2.1 us;
+//!   entry + return probes +4.5 us per launch. bpftrace's minimal programs cost the same there.
 
 pub mod aggregate;
 pub mod discover;
