@@ -153,6 +153,7 @@ fn fake_cuda_calls_are_counted_exactly() {
     assert_eq!(err_name, "cudaErrorInvalidMemcpyDirection");
     assert_eq!(count(&c, "cudaMemcpyAsync"), 4);
     assert_eq!(count(&c, "cudaMemcpy2D"), 1);
+    assert_eq!(count(&c, "cudaMemcpy3D"), 1);
     assert_eq!(count(&c, "cuMemcpyHtoD_v2"), 3);
     assert_eq!(count(&c, "cuModuleGetFunction"), 1);
     assert_eq!(count(&c, "__cudaRegisterFunction"), 1);
@@ -173,7 +174,8 @@ fn fake_cuda_calls_are_counted_exactly() {
     assert_eq!(ssync["count"], 2);
     assert!(ssync["min_ns"].as_u64().unwrap() >= 10_000_000);
 
-    // Copies: H2D = 10 x 1 MiB + 2D 64 x 32 + 3 x 1000 (driver); D2H 5 x 4096; D2D async 4 x 512.
+    // Copies: H2D = 10 x 1 MiB + 2D 64 x 32 + 3 x 1000 (driver); D2H 5 x 4096 + 3D 16 x 8 x 4;
+    // D2D async 4 x 512.
     let copy = |dir: &str, mode: &str| -> (u64, u64) {
         c["copies"]
             .as_array()
@@ -184,7 +186,7 @@ fn fake_cuda_calls_are_counted_exactly() {
             .unwrap_or((0, 0))
     };
     assert_eq!(copy("H2D", "sync"), (14, 10 * 1048576 + 64 * 32 + 3 * 1000));
-    assert_eq!(copy("D2H", "sync"), (5, 5 * 4096));
+    assert_eq!(copy("D2H", "sync"), (6, 5 * 4096 + 16 * 8 * 4));
     assert_eq!(copy("D2D", "async"), (4, 4 * 512));
     assert_eq!(
         c["copies"].as_array().unwrap().len(),
@@ -295,6 +297,139 @@ fn runtime_linked_into_the_executable_is_found_and_probed() {
             .any(|s| s.as_str().unwrap().contains("carries its own CUDA runtime")),
         "{spots:#?}"
     );
+}
+
+#[test]
+fn running_process_is_traced_by_pid() {
+    let _g = serial();
+    if !require_root("running_process_is_traced_by_pid") {
+        return;
+    }
+    let dir = fake_cuda();
+    // Started first: its libraries are already mapped when gputrace attaches.
+    let mut child = Command::new(dir.join("workload"))
+        .arg("2000")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the workload");
+    let pid = child.id().to_string();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = common::out_dir("cuda-pid");
+    let run = run_traced(
+        &["-o", out.to_str().unwrap(), "--pid", &pid],
+        &[(nvml_env(), "/nonexistent/libnvidia-ml.so.1")],
+    );
+    let status = child.wait().unwrap();
+    assert!(status.success());
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    let c = cuda_of(&report, "workload");
+    assert_eq!(count(&c, "cudaLaunchKernel"), 153);
+    assert_eq!(count(&c, "cuLaunchKernel"), 25);
+    assert_eq!(count(&c, "cudaMemcpy"), 17);
+    assert_eq!(c["memory"]["allocs"], 4);
+}
+
+/// A library whose path no longer leads to the mapped file (replaced on disk after loading; the
+/// same happens for a file in another mount namespace) is probed through /proc/PID/map_files.
+#[test]
+fn replaced_library_is_probed_through_map_files() {
+    let _g = serial();
+    if !require_root("replaced_library_is_probed_through_map_files") {
+        return;
+    }
+    let fake = fake_cuda();
+    let dir = tmp_dir().join("fake_cuda_replaced");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["libcudart.so.12", "libcuda.so.1"] {
+        std::fs::copy(fake.join(f), dir.join(f)).unwrap();
+    }
+    let st = Command::new("gcc")
+        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(dir.join("workload"))
+        .arg(repo_root().join("tests/workloads/fake_cuda/workload.c"))
+        .arg(dir.join("libcudart.so.12"))
+        .arg("-ldl")
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut child = Command::new(dir.join("workload"))
+        .arg("2000")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the workload");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Another file renamed over the path: the process keeps the old, now deleted, inode.
+    std::fs::copy(fake.join("libcuda.so.1"), dir.join("replacement.tmp")).unwrap();
+    std::fs::rename(dir.join("replacement.tmp"), dir.join("libcudart.so.12")).unwrap();
+    let out = common::out_dir("cuda-replaced");
+    let pid = child.id().to_string();
+    let run = run_traced(
+        &["-o", out.to_str().unwrap(), "--pid", &pid],
+        &[(nvml_env(), "/nonexistent/libnvidia-ml.so.1")],
+    );
+    assert!(child.wait().unwrap().success());
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    let c = cuda_of(&report, "workload");
+    let runtime = c["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["kind"] == "runtime")
+        .unwrap_or_else(|| panic!("{:#}", c["libraries"]));
+    assert!(
+        runtime["path"].as_str().unwrap().ends_with("(deleted)"),
+        "{runtime}"
+    );
+    assert_eq!(count(&c, "cudaLaunchKernel"), 153);
+    assert_eq!(count(&c, "cudaMalloc"), 4);
+}
+
+/// `--libcudart`/`--libcuda` attach before the command starts, so calls made from its first
+/// instruction are counted, and a symlinked path is the same library as the mapped one.
+#[test]
+fn named_libraries_are_probed_from_the_start() {
+    let _g = serial();
+    if !require_root("named_libraries_are_probed_from_the_start") {
+        return;
+    }
+    let dir = fake_cuda();
+    let link = tmp_dir().join("libcudart.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(dir.join("libcudart.so.12"), &link).unwrap();
+    let out = common::out_dir("cuda-named");
+    let workload = dir.join("workload").display().to_string();
+    let libcuda = dir.join("libcuda.so.1").display().to_string();
+    let run = run_traced(
+        &[
+            "-o",
+            out.to_str().unwrap(),
+            "--libcudart",
+            link.to_str().unwrap(),
+            "--libcuda",
+            &libcuda,
+            "--",
+            &workload,
+            "0",
+        ],
+        &[(nvml_env(), "/nonexistent/libnvidia-ml.so.1")],
+    );
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    let c = cuda_of(&report, "workload");
+    let runtimes = c["libraries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["kind"] == "runtime")
+        .count();
+    assert_eq!(runtimes, 1, "{:#}", c["libraries"]);
+    assert_eq!(count(&c, "cudaLaunchKernel"), 153);
+    assert_eq!(count(&c, "cuLaunchKernel"), 25);
+    assert_eq!(count(&c, "__cudaRegisterFunction"), 1);
 }
 
 fn nvml_env() -> &'static str {

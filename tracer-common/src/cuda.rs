@@ -58,6 +58,8 @@ pub enum Shape {
     AliasOut = 13,
     /// `__cudaRegisterFunction(handle, const char *hostFun, char *deviceFun, ...)`.
     Register = 14,
+    /// `cudaMemcpy3D(const cudaMemcpy3DParms *p)`: extent and kind read from the struct.
+    Copy3dRt = 15,
 }
 
 impl Shape {
@@ -79,6 +81,7 @@ impl Shape {
             NameOut,
             AliasOut,
             Register,
+            Copy3dRt,
         ]
         .get(v as usize)
         .copied()
@@ -274,7 +277,8 @@ mod tests {
         };
         assert_eq!(Cookie::unpack(c.pack()), c);
         assert_eq!(Shape::from_u8(14), Some(Shape::Register));
-        assert_eq!(Shape::from_u8(15), None);
+        assert_eq!(Shape::from_u8(15), Some(Shape::Copy3dRt));
+        assert_eq!(Shape::from_u8(16), None);
     }
 
     #[test]

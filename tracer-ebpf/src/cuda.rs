@@ -275,6 +275,13 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
             a[4].wrapping_mul(a[5]),
             dur,
         );
+    } else if shape == Shape::Copy3dRt as u8 {
+        // cudaMemcpy3DParms: srcArray, srcPos (3 x size_t), srcPtr (4 x 8), dstArray, dstPos,
+        // dstPtr, then extent {width, height, depth} at 128 and kind at 152.
+        let ext: [u64; 4] =
+            unsafe { bpf_probe_read_user((a[0] + 128) as *const [u64; 4]) }.unwrap_or([0; 4]);
+        let bytes = ext[0].wrapping_mul(ext[1]).wrapping_mul(ext[2]);
+        copy(tgid, ext[3] as u32, cookie.flags, bytes, dur);
     } else if shape == Shape::CopyBytes3 as u8 {
         copy(tgid, cookie.dir as u32, cookie.flags, a[2], dur);
     } else if shape == Shape::CopyBytes5 as u8 {

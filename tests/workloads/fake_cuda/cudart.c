@@ -86,6 +86,27 @@ cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitc
     return cudaSuccess;
 }
 
+struct cudaPos { size_t x, y, z; };
+struct cudaPitchedPtr { void *ptr; size_t pitch, xsize, ysize; };
+struct cudaExtent { size_t width, height, depth; };
+struct cudaMemcpy3DParms {
+    void *srcArray;
+    struct cudaPos srcPos;
+    struct cudaPitchedPtr srcPtr;
+    void *dstArray;
+    struct cudaPos dstPos;
+    struct cudaPitchedPtr dstPtr;
+    struct cudaExtent extent;
+    int kind;
+};
+
+cudaError_t cudaMemcpy3D(const struct cudaMemcpy3DParms *p) {
+    if (p->kind < 0 || p->kind > 4) return cudaErrorInvalidMemcpyDirection;
+    size_t n = p->extent.width * p->extent.height * p->extent.depth;
+    memcpy(p->dstPtr.ptr, p->srcPtr.ptr, n);
+    return cudaSuccess;
+}
+
 cudaError_t cudaMemset(void *p, int v, size_t n) { memset(p, v, n); return cudaSuccess; }
 
 cudaError_t cudaMalloc(void **p, size_t size) {

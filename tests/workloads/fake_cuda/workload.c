@@ -28,6 +28,20 @@ int cudaMemcpy(void *dst, const void *src, size_t count, int kind);
 int cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, void *s);
 int cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t w, size_t h,
                  int kind);
+struct cudaPos { size_t x, y, z; };
+struct cudaPitchedPtr { void *ptr; size_t pitch, xsize, ysize; };
+struct cudaExtent { size_t width, height, depth; };
+struct cudaMemcpy3DParms {
+    void *srcArray;
+    struct cudaPos srcPos;
+    struct cudaPitchedPtr srcPtr;
+    void *dstArray;
+    struct cudaPos dstPos;
+    struct cudaPitchedPtr dstPtr;
+    struct cudaExtent extent;
+    int kind;
+};
+int cudaMemcpy3D(const struct cudaMemcpy3DParms *p);
 int cudaMalloc(void **p, size_t size);
 int cudaFree(void *p);
 int cudaDeviceSynchronize(void);
@@ -113,7 +127,7 @@ int main(int argc, char **argv) {
     check(cudaFree(p[2]), 0, "cudaFree");
 
     /* Copies: 10 x 1 MiB H2D, 5 x 4096 D2H, 4 x 512 D2D async, 2 with a bad kind (21),
-     * 1 2D copy of 64 x 32 bytes H2D, 3 x 1000 bytes through the driver. */
+     * 1 2D copy of 64 x 32 bytes H2D, 1 3D copy D2H, 3 x 1000 bytes through the driver. */
     char *host = malloc(1 << 20);
     memset(host, 1, 1 << 20);
     for (int i = 0; i < 10; i++) check(cudaMemcpy(p[1], host, 1 << 20, 1), 0, "H2D");
@@ -121,6 +135,15 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 4; i++) check(cudaMemcpyAsync(p[3], p[1], 512, 3, 0), 0, "D2D");
     for (int i = 0; i < 2; i++) check(cudaMemcpy(host, p[1], 8, 7), 21, "bad copy");
     check(cudaMemcpy2D(p[1], 128, host, 64, 64, 32, 1), 0, "2D");
+    /* 3D: 16 x 8 x 4 bytes D2H. */
+    struct cudaMemcpy3DParms p3 = {0};
+    p3.srcPtr.ptr = p[1];
+    p3.dstPtr.ptr = host;
+    p3.extent.width = 16;
+    p3.extent.height = 8;
+    p3.extent.depth = 4;
+    p3.kind = 2;
+    check(cudaMemcpy3D(&p3), 0, "3D");
     for (int i = 0; i < 3; i++) check(htod((uint64_t)p[3], host, 1000), 0, "cuMemcpyHtoD");
 
     /* Syncs of known length: 5 x 20 ms device, 2 x 10 ms stream. */

@@ -86,12 +86,16 @@ pub fn scan(
 
 /// A library named on the command line (`--libcudart`, `--libcuda`).
 pub fn from_path(path: &Path, layer: Layer) -> Result<Found> {
-    let md = fs::metadata(path).with_context(|| format!("CUDA library {}", path.display()))?;
+    // The real path, as /proc/PID/maps will show it: a symlink (libcudart.so ->
+    // libcudart.so.12.4.127) must not make the same file look like a second library.
+    let real =
+        fs::canonicalize(path).with_context(|| format!("CUDA library {}", path.display()))?;
+    let md = fs::metadata(&real).with_context(|| format!("CUDA library {}", path.display()))?;
     Ok(Found {
         layer,
-        path: path.display().to_string(),
+        path: real.display().to_string(),
         inode: md.ino(),
-        open_path: path.to_path_buf(),
+        open_path: real,
         embedded: false,
     })
 }
