@@ -19,7 +19,6 @@ pub mod discover;
 pub mod errors;
 pub mod nvml;
 pub mod table;
-pub mod terminal;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
