@@ -7,6 +7,7 @@
 pub mod cpu;
 pub mod drops;
 pub mod proc;
+pub mod python;
 pub mod time;
 
 /// Implements `aya::Pod` for the user side only.

@@ -8,6 +8,7 @@
 mod account;
 mod maps;
 mod proc;
+mod python;
 mod sampler;
 
 #[cfg(not(test))]

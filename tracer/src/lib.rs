@@ -10,6 +10,7 @@ pub mod collect;
 pub mod error;
 pub mod probes;
 pub mod procfs;
+pub mod python;
 pub mod report;
 pub mod session;
 pub mod symbolize;

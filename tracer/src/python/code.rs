@@ -1,0 +1,124 @@
+//! Reading interpreter objects out of a live process: the thread list and code objects
+//! (qualified name, file, first line, line table). Everything read is checked (type pointer,
+//! string kinds, sizes) so a freed or reused object yields an error, never a wrong name.
+
+use std::io;
+
+use super::{detect::Interpreter, memory::Memory, offsets::VersionOffsets};
+
+/// Bounds that keep a corrupted list or object from running away.
+const MAX_INTERPRETERS: usize = 64;
+const MAX_THREADS: usize = 16_384;
+const MAX_STRING: u64 = 4_096;
+const MAX_LINETABLE: u64 = 1 << 20;
+
+/// `(native thread id, PyThreadState address)` of every thread of every interpreter.
+pub fn thread_states(
+    mem: &dyn Memory,
+    interp: &Interpreter,
+    off: &VersionOffsets,
+) -> io::Result<Vec<(u32, u64)>> {
+    let mut out = Vec::new();
+    let mut is = mem.u64(interp.runtime + off.runtime_interp_head)?;
+    for _ in 0..MAX_INTERPRETERS {
+        if is == 0 {
+            break;
+        }
+        let mut t = mem.u64(is + off.interp_threads_head)?;
+        while t != 0 && out.len() < MAX_THREADS {
+            let native = mem.u64(t + off.tstate_native_id)?;
+            if native != 0 && native <= u32::MAX as u64 {
+                out.push((native as u32, t));
+            }
+            t = mem.u64(t + off.tstate_next)?;
+        }
+        is = mem.u64(is + off.interp_next)?;
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeInfo {
+    pub qualname: String,
+    pub filename: String,
+    pub first_line: i32,
+    pub linetable: Vec<u8>,
+}
+
+pub fn read_code(
+    mem: &dyn Memory,
+    interp: &Interpreter,
+    off: &VersionOffsets,
+    code: u64,
+) -> io::Result<CodeInfo> {
+    let ob_type = mem.u64(code + 8)?;
+    if ob_type != interp.code_type {
+        return Err(bad(format!("{code:#x} is not a code object")));
+    }
+    let first_line = mem.i32(code + off.code_firstlineno)?;
+    let qualname = match read_str(mem, off, mem.u64(code + off.code_qualname)?) {
+        Ok(s) => s,
+        Err(_) => read_str(mem, off, mem.u64(code + off.code_name)?)?,
+    };
+    let filename = read_str(mem, off, mem.u64(code + off.code_filename)?)?;
+    let linetable = read_bytes(mem, mem.u64(code + off.code_linetable)?)?;
+    Ok(CodeInfo {
+        qualname,
+        filename,
+        first_line,
+        linetable,
+    })
+}
+
+fn bad(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// A `str` object: compact (the data follows the header), of kind 1, 2 or 4 bytes per char.
+fn read_str(mem: &dyn Memory, off: &VersionOffsets, obj: u64) -> io::Result<String> {
+    if obj == 0 {
+        return Err(bad("null string".into()));
+    }
+    let len = mem.u64(obj + 16)?;
+    let state = mem.u32(obj + 32)?;
+    let kind = (state >> 2) & 7;
+    let compact = (state >> 5) & 1;
+    let ascii = (state >> 6) & 1;
+    if compact == 0 || !matches!(kind, 1 | 2 | 4) || len > MAX_STRING || (ascii == 1 && kind != 1) {
+        return Err(bad(format!("unexpected str object at {obj:#x}")));
+    }
+    let data = obj
+        + if ascii == 1 {
+            off.unicode_ascii_size
+        } else {
+            off.unicode_compact_size
+        };
+    let mut buf = vec![0u8; (len * kind as u64) as usize];
+    mem.read(data, &mut buf)?;
+    let chars: Option<String> = match kind {
+        1 => Some(buf.iter().map(|&b| b as char).collect()),
+        2 => buf
+            .chunks_exact(2)
+            .map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32))
+            .collect(),
+        _ => buf
+            .chunks_exact(4)
+            .map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect(),
+    };
+    chars.ok_or_else(|| bad(format!("invalid characters in str at {obj:#x}")))
+}
+
+/// A `bytes` object: `ob_size` at 16, data at 32.
+fn read_bytes(mem: &dyn Memory, obj: u64) -> io::Result<Vec<u8>> {
+    if obj == 0 {
+        return Err(bad("null bytes".into()));
+    }
+    let len = mem.u64(obj + 16)?;
+    if len > MAX_LINETABLE {
+        return Err(bad(format!("bytes object at {obj:#x} too large")));
+    }
+    let mut buf = vec![0u8; len as usize];
+    mem.read(obj + 32, &mut buf)?;
+    Ok(buf)
+}

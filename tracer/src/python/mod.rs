@@ -1,0 +1,409 @@
+//! CPython frames in CPU stacks (issue 7). User space detects CPython in each traced process,
+//! keeps the kernel's tid -> `PyThreadState` map current, reads the Python stacks the sampler
+//! recorded while the process is alive (code objects can be freed once it exits) and splices
+//! them into the native stacks at symbolisation time.
+
+pub mod code;
+pub mod detect;
+pub mod linetable;
+pub mod memory;
+pub mod merge;
+pub mod offsets;
+
+use std::{
+    cell::RefCell,
+    collections::{BTreeMap, HashMap, HashSet},
+    path::Path,
+    rc::Rc,
+};
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
+    Ebpf,
+};
+use tracer_common::python::{
+    PyStack, PyStat, PY_FRAME_ENTRY, PY_PROCS_MAP, PY_STACKS_MAP, PY_STATS_MAP, PY_TSTATE_MAP,
+};
+
+use self::{
+    code::CodeInfo,
+    detect::Interpreter,
+    memory::ProcessMemory,
+    merge::{Merge, PyFrameSym},
+    offsets::VersionOffsets,
+};
+use crate::{
+    probes::{AttachCtx, FinishCtx, ProbeFamily},
+    report::ReportData,
+    symbolize::Frame,
+    tracker::Tracker,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PythonMode {
+    /// Python frames for every CPython process found among the targets.
+    #[default]
+    Auto,
+    /// As auto, and the report warns when no traced process runs CPython.
+    On,
+    /// Native frames only.
+    Off,
+}
+
+enum ProcState {
+    /// Not CPython (as of the maps with this many entries; re-checked when they change).
+    NotPython(usize),
+    Unsupported,
+    Python {
+        interp: Interpreter,
+        off: &'static VersionOffsets,
+        tids: HashSet<u32>,
+    },
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MergeStats {
+    pub exact: u64,
+    pub approximate: u64,
+    pub no_eval_frame: u64,
+    /// Samples with a Python stack whose code objects could not all be read (process gone,
+    /// object freed): native frames only.
+    pub unresolved: u64,
+}
+
+#[derive(Default)]
+pub struct PyState {
+    mode: PythonMode,
+    procs: HashMap<u32, ProcState>,
+    stacks: HashMap<u64, PyStack>,
+    codes: HashMap<(u32, u64), Option<CodeInfo>>,
+    pub notes: Vec<String>,
+    pub merge: MergeStats,
+}
+
+/// Shared between the probe family (attach/tick/finish) and the session's symbolisation.
+#[derive(Clone, Default)]
+pub struct Python(pub Rc<RefCell<PyState>>);
+
+impl Python {
+    pub fn new(mode: PythonMode) -> Self {
+        Python(Rc::new(RefCell::new(PyState {
+            mode,
+            ..PyState::default()
+        })))
+    }
+
+    pub fn family(&self) -> Box<dyn ProbeFamily> {
+        Box::new(PythonFamily(self.clone()))
+    }
+
+    /// Reads the stacks recorded since the last tick (call once more before symbolising).
+    pub fn sync(&self, ebpf: &Ebpf) -> Result<()> {
+        self.0.borrow_mut().sync_stacks(ebpf)
+    }
+
+    /// Splices the Python stack `key` of process `pid` into `native` (root first).
+    pub fn merge(&self, pid: u32, key: u64, native: Vec<Frame>) -> Vec<Frame> {
+        let mut st = self.0.borrow_mut();
+        if key == 0 {
+            return native;
+        }
+        let Some(py) = st.resolve(pid, key) else {
+            st.merge.unresolved += 1;
+            return native;
+        };
+        let (out, how) = merge::merge(&native, &py);
+        match how {
+            Merge::Exact => st.merge.exact += 1,
+            Merge::Approximate => st.merge.approximate += 1,
+            Merge::NoEvalFrame => st.merge.no_eval_frame += 1,
+        }
+        out
+    }
+}
+
+impl PyState {
+    fn refresh(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
+        let mut procs: BpfHashMap<&mut MapData, u32, tracer_common::python::PyOffsets> =
+            BpfHashMap::try_from(ebpf.map_mut(PY_PROCS_MAP).context("map PY_PROCS missing")?)?;
+        let mut gone: Vec<u32> = Vec::new();
+        for (&pid, t) in &tracker.procs {
+            if t.info.exited {
+                if self.procs.contains_key(&pid) {
+                    gone.push(pid);
+                }
+                continue;
+            }
+            let stale = match self.procs.get(&pid) {
+                None => true,
+                Some(ProcState::NotPython(n)) => *n != t.maps.len(),
+                Some(_) => false,
+            };
+            if !stale {
+                continue;
+            }
+            let mem = ProcessMemory(pid);
+            let state = match detect::detect(pid, &t.maps, &mem) {
+                Ok(None) => ProcState::NotPython(t.maps.len()),
+                Err(e) => {
+                    self.notes.push(format!("python: pid {pid}: {e}"));
+                    ProcState::Unsupported
+                }
+                Ok(Some(interp)) => {
+                    let (a, b, c) = interp.version;
+                    match offsets::for_version(a, b) {
+                        None => {
+                            self.notes.push(format!(
+                                "python: pid {pid} runs CPython {a}.{b}.{c} ({}), a version without \
+                                 verified offsets: native frames only",
+                                interp.module
+                            ));
+                            ProcState::Unsupported
+                        }
+                        Some(off) => {
+                            procs
+                                .insert(pid, off.bpf, 0)
+                                .with_context(|| format!("add pid {pid} to PY_PROCS"))?;
+                            self.notes.push(format!(
+                                "python: pid {pid} runs CPython {a}.{b}.{c} ({}); offsets verified",
+                                interp.module
+                            ));
+                            ProcState::Python {
+                                interp,
+                                off,
+                                tids: HashSet::new(),
+                            }
+                        }
+                    }
+                }
+            };
+            self.procs.insert(pid, state);
+        }
+        for pid in &gone {
+            let _ = procs.remove(pid);
+        }
+        let mut tstates: BpfHashMap<&mut MapData, u32, u64> = BpfHashMap::try_from(
+            ebpf.map_mut(PY_TSTATE_MAP)
+                .context("map PY_TSTATE missing")?,
+        )?;
+        for (pid, state) in self.procs.iter_mut() {
+            let ProcState::Python { interp, off, tids } = state else {
+                continue;
+            };
+            let now: Vec<(u32, u64)> = if gone.contains(pid) {
+                Vec::new()
+            } else {
+                // A read that races with thread creation/exit fails; the next tick retries.
+                match code::thread_states(&ProcessMemory(*pid), interp, off) {
+                    Ok(v) => v,
+                    Err(_) => continue,
+                }
+            };
+            let live: HashSet<u32> = now.iter().map(|(t, _)| *t).collect();
+            for (tid, ts) in now {
+                if tstates.get(&tid, 0).ok() != Some(ts) {
+                    let _ = tstates.insert(tid, ts, 0);
+                }
+                tids.insert(tid);
+            }
+            for tid in tids.iter().filter(|t| !live.contains(t)) {
+                let _ = tstates.remove(tid);
+            }
+            tids.retain(|t| live.contains(t));
+        }
+        for pid in gone {
+            self.procs.remove(&pid);
+        }
+        Ok(())
+    }
+
+    fn sync_stacks(&mut self, ebpf: &Ebpf) -> Result<()> {
+        let Some(map) = ebpf.map(PY_STACKS_MAP) else {
+            return Ok(());
+        };
+        let map: BpfHashMap<&MapData, u64, PyStack> = BpfHashMap::try_from(map)?;
+        let new: Vec<u64> = map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !self.stacks.contains_key(k))
+            .collect();
+        for k in new {
+            let Ok(st) = map.get(&k, 0) else { continue };
+            let len = (st.len as usize).min(st.frames.len());
+            for f in &st.frames[..len] {
+                let key = (st.pid, f.code);
+                if self.codes.contains_key(&key) {
+                    continue;
+                }
+                let info = match self.procs.get(&st.pid) {
+                    Some(ProcState::Python { interp, off, .. }) => {
+                        code::read_code(&ProcessMemory(st.pid), interp, off, f.code).ok()
+                    }
+                    _ => None,
+                };
+                // A failed read is retried next time only if the process is still known.
+                if info.is_some() {
+                    self.codes.insert(key, info);
+                }
+            }
+            self.stacks.insert(k, st);
+        }
+        Ok(())
+    }
+
+    /// Python frames of stack `key`, root first; `None` when any frame is unknown.
+    fn resolve(&self, pid: u32, key: u64) -> Option<Vec<PyFrameSym>> {
+        let st = self.stacks.get(&key)?;
+        if st.pid != pid {
+            return None;
+        }
+        let bytecode = self.bytecode_offset(pid)?;
+        let len = (st.len as usize).min(st.frames.len());
+        let mut out = Vec::with_capacity(len);
+        for f in st.frames[..len].iter().rev() {
+            let info = self.codes.get(&(pid, f.code))?.as_ref()?;
+            out.push(PyFrameSym {
+                frame: py_frame(info, f.instr_off, bytecode),
+                entry: f.flags & PY_FRAME_ENTRY != 0,
+            });
+        }
+        Some(out)
+    }
+
+    fn bytecode_offset(&self, pid: u32) -> Option<u32> {
+        match self.procs.get(&pid) {
+            Some(ProcState::Python { off, .. }) => Some(off.code_bytecode as u32),
+            // The process exited: its version's offsets are what we recorded for the stack.
+            _ => Some(offsets::PY311.code_bytecode as u32),
+        }
+    }
+
+    fn python_seen(&self) -> bool {
+        self.procs
+            .values()
+            .any(|p| matches!(p, ProcState::Python { .. } | ProcState::Unsupported))
+            || !self.notes.is_empty()
+    }
+}
+
+/// `qualname (file.py:line)`; the line is left out when the table gives none.
+pub fn py_frame(info: &CodeInfo, instr_off: u32, bytecode: u32) -> Frame {
+    let file = Path::new(&info.filename)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| info.filename.clone());
+    // `prev_instr` sits one code unit before the bytecode until the first instruction runs.
+    let line = if instr_off < bytecode {
+        Some(info.first_line)
+    } else {
+        linetable::line_for(&info.linetable, info.first_line, instr_off - bytecode)
+    };
+    let name = match line {
+        Some(l) => format!("{} ({file}:{l})", info.qualname),
+        None => format!("{} ({file})", info.qualname),
+    };
+    Frame {
+        name,
+        module: Some(info.filename.clone()),
+        kernel: false,
+    }
+}
+
+struct PythonFamily(Python);
+
+impl ProbeFamily for PythonFamily {
+    fn name(&self) -> &'static str {
+        "python"
+    }
+
+    fn attach(&mut self, _ebpf: &mut Ebpf, _ctx: &AttachCtx<'_>) -> Result<()> {
+        // The walk runs inside the CPU sampler; the first tick fills the maps.
+        Ok(())
+    }
+
+    fn tick(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
+        let mut st = self.0 .0.borrow_mut();
+        if st.mode == PythonMode::Off {
+            return Ok(());
+        }
+        st.refresh(ebpf, tracker)?;
+        st.sync_stacks(ebpf)
+    }
+
+    fn finish(
+        &mut self,
+        ebpf: &mut Ebpf,
+        _ctx: &mut FinishCtx<'_>,
+        data: &mut ReportData,
+    ) -> Result<()> {
+        let st = self.0 .0.borrow();
+        if st.mode == PythonMode::Off {
+            return Ok(());
+        }
+        let mut lines = st.notes.clone();
+        let stats = walk_stats(ebpf)?;
+        let total: u64 = stats.values().sum();
+        if total > 0 {
+            let m = st.merge;
+            lines.push(format!(
+                "python: {} of {total} samples of Python processes walked ({}), merged exactly {}, \
+                 approximately {}, without an eval frame {}, unresolved code objects {}",
+                stats.get("Walked").copied().unwrap_or(0),
+                stats
+                    .iter()
+                    .filter(|(k, v)| **v > 0 && k.as_str() != "Walked")
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                m.exact,
+                m.approximate,
+                m.no_eval_frame,
+                m.unresolved,
+            ));
+        }
+        if st.mode == PythonMode::On && !st.python_seen() {
+            lines.push("python: --python on, but no traced process runs CPython".into());
+        }
+        data.report.warnings.extend(lines);
+        Ok(())
+    }
+}
+
+fn walk_stats(ebpf: &Ebpf) -> Result<BTreeMap<String, u64>> {
+    let map: PerCpuArray<&MapData, u64> =
+        PerCpuArray::try_from(ebpf.map(PY_STATS_MAP).context("map PY_STATS missing")?)?;
+    let mut out = BTreeMap::new();
+    for s in PyStat::ALL {
+        let v = map.get(&(s as u32), 0).context("read PY_STATS")?;
+        out.insert(format!("{s:?}"), v.iter().sum());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_names_with_lines() {
+        let info = CodeInfo {
+            qualname: "Worker.run".into(),
+            filename: "/srv/app/worker.py".into(),
+            first_line: 1,
+            linetable: include_bytes!("testdata/linetable_311.bin").to_vec(),
+        };
+        // Offset 30 bytes into the bytecode is on line 4 of the fixture (see linetable tests).
+        assert_eq!(
+            py_frame(&info, 184 + 30, 184).name,
+            "Worker.run (worker.py:4)"
+        );
+        // Before the first instruction: the def line.
+        assert_eq!(py_frame(&info, 182, 184).name, "Worker.run (worker.py:1)");
+        // Beyond the table: no line rather than a wrong one.
+        assert_eq!(
+            py_frame(&info, 184 + 10_000, 184).name,
+            "Worker.run (worker.py)"
+        );
+    }
+}
