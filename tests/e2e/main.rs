@@ -7,3 +7,4 @@
 
 mod common;
 mod cpu_profile;
+mod python;

@@ -1,6 +1,7 @@
-"""Known CPU split for the Python-stack tests: hot_a burns 70% and hot_b 30% of the thread CPU
-time (spinning on time.thread_time(), so the split holds whatever the scheduler does), while a
-third thread blocks on queue.get. Usage: py_hot.py SECONDS."""
+"""Known CPU split for the Python-stack tests: two worker threads each alternate hot_a for 7 ms
+and hot_b for 3 ms of their own CPU time (spinning on time.thread_time(), so the 70/30 split holds
+whatever the scheduler and the GIL do), while a third thread blocks on queue.get.
+Usage: py_hot.py SECONDS."""
 
 import queue
 import sys
@@ -26,9 +27,10 @@ def hot_b(share):
     return x
 
 
-def worker(fn, share, stop):
+def worker(stop):
     while not stop.is_set():
-        fn(SLICE * share)
+        hot_a(SLICE * 0.7)
+        hot_b(SLICE * 0.3)
 
 
 def blocked(q):
@@ -40,8 +42,8 @@ def main():
     stop = threading.Event()
     q = queue.Queue()
     threads = [
-        threading.Thread(target=worker, args=(hot_a, 0.7, stop), name="worker_a"),
-        threading.Thread(target=worker, args=(hot_b, 0.3, stop), name="worker_b"),
+        threading.Thread(target=worker, args=(stop,), name="worker_1"),
+        threading.Thread(target=worker, args=(stop,), name="worker_2"),
         threading.Thread(target=blocked, args=(q,), name="blocked"),
     ]
     for t in threads:

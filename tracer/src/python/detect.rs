@@ -72,7 +72,11 @@ pub fn detect(pid: u32, maps: &[Mapping], mem: &dyn Memory) -> Result<Option<Int
     let inspector = Inspector::new();
     for m in paths {
         let open: PathBuf = procfs::map_file_path(pid, m);
-        let src = Source::from(Elf::new(open));
+        let mut elf = Elf::new(open);
+        // The symbols needed are in the ELF symbol tables; parsing DWARF (pyenv builds carry it)
+        // would take seconds.
+        elf.debug_syms = false;
+        let src = Source::from(elf);
         let found = match inspector.lookup(&src, &["_PyRuntime", "Py_Version", "PyCode_Type"]) {
             Ok(f) => f,
             Err(_) => continue,

@@ -35,6 +35,7 @@ use self::{
 };
 use crate::{
     probes::{AttachCtx, FinishCtx, ProbeFamily},
+    procfs,
     report::ReportData,
     symbolize::Frame,
     tracker::Tracker,
@@ -52,8 +53,10 @@ pub enum PythonMode {
 }
 
 enum ProcState {
-    /// Not CPython (as of the maps with this many entries; re-checked when they change).
-    NotPython(usize),
+    /// Not CPython as of the maps with this many entries, checked this many times: re-checked
+    /// every tick while young (the dynamic loader maps libpython after exec), then only when the
+    /// tracker's maps change.
+    NotPython(usize, u32),
     Unsupported,
     Python {
         interp: Interpreter,
@@ -61,6 +64,9 @@ enum ProcState {
         tids: HashSet<u32>,
     },
 }
+
+/// Ticks (100 ms each) during which a process not yet found to be CPython is re-checked.
+const YOUNG_CHECKS: u32 = 30;
 
 #[derive(Debug, Default, Clone, Copy)]
 pub struct MergeStats {
@@ -135,17 +141,22 @@ impl PyState {
                 }
                 continue;
             }
-            let stale = match self.procs.get(&pid) {
-                None => true,
-                Some(ProcState::NotPython(n)) => *n != t.maps.len(),
-                Some(_) => false,
+            let checks = match self.procs.get(&pid) {
+                None => 0,
+                Some(ProcState::NotPython(n, c)) if *n != t.maps.len() || *c < YOUNG_CHECKS => *c,
+                Some(_) => continue,
             };
-            if !stale {
-                continue;
-            }
+            let fresh;
+            let maps = if checks > 0 && checks < YOUNG_CHECKS {
+                fresh = procfs::read_maps(pid).unwrap_or_default();
+                &fresh
+            } else {
+                &t.maps
+            };
             let mem = ProcessMemory(pid);
-            let state = match detect::detect(pid, &t.maps, &mem) {
-                Ok(None) => ProcState::NotPython(t.maps.len()),
+            let det = detect::detect(pid, maps, &mem);
+            let state = match det {
+                Ok(None) => ProcState::NotPython(t.maps.len(), checks + 1),
                 Err(e) => {
                     self.notes.push(format!("python: pid {pid}: {e}"));
                     ProcState::Unsupported
