@@ -29,8 +29,15 @@ pub struct PyOffsets {
     pub frame_code: u32,
     pub frame_previous: u32,
     pub frame_prev_instr: u32,
-    /// Byte that marks the first frame run by one `_PyEval_EvalFrameDefault` activation.
+    /// Byte that marks the first frame run by one `_PyEval_EvalFrameDefault` activation (3.11),
+    /// or [`PY_NO_OFFSET`].
     pub frame_is_entry: u32,
+    /// Byte saying who owns the frame (3.12+), or [`PY_NO_OFFSET`]. A frame owned by the C stack
+    /// is the shim each `_PyEval_EvalFrameDefault` activation pushes first: it is not recorded,
+    /// and the frame it called is marked as the activation's entry frame.
+    pub frame_owner: u32,
+    /// The `owner` value of those shim frames (`FRAME_OWNED_BY_CSTACK`).
+    pub owner_cstack: u32,
 }
 
 /// Bit in [`PyFrame::flags`]: the frame is an entry frame (a C -> Python boundary).

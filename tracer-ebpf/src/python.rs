@@ -3,7 +3,8 @@
 //! `PY_PROCS` (tgid -> offsets) current; this side only follows pointers, bounded.
 
 use aya_ebpf::{
-    helpers::bpf_probe_read_user,
+    cty::c_void,
+    helpers::{bpf_loop, bpf_probe_read_user},
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -31,6 +32,9 @@ static PY_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PyStat::COUNT,
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 const EEXIST: i32 = 17;
+/// Mixed into the hash where a shim frame was skipped (it changes which frames are entries).
+const SHIM_MARK: u64 = 0x5;
+const PY_MAX_STEPS: u32 = PY_MAX_FRAMES as u32 + 16;
 
 #[inline(always)]
 fn stat(s: PyStat) {
@@ -38,6 +42,11 @@ fn stat(s: PyStat) {
         // Per-CPU slot, and perf_event programs do not nest on one CPU.
         unsafe { *slot += 1 };
     }
+}
+
+#[inline(always)]
+fn read_u8(addr: u64) -> Result<u8, PyStat> {
+    unsafe { bpf_probe_read_user(addr as *const u8) }.map_err(|_| PyStat::ReadFailed)
 }
 
 #[inline(always)]
@@ -69,49 +78,62 @@ pub fn python_stack(tgid: u32, tid: u32) -> u64 {
     }
 }
 
+/// State of one walk, shared with the `bpf_loop` callback (one callback verified once, instead of
+/// an unrolled loop whose branches the verifier would explore per iteration).
+#[repr(C)]
+struct Walk {
+    off: PyOffsets,
+    frame: u64,
+    hash: u64,
+    n: u64,
+    /// 0 while walking; otherwise the [`PyStat`] that ended it.
+    err: u64,
+}
+
+const WALK_OK: u64 = u64::MAX;
+
 #[inline(always)]
 fn walk(off: &PyOffsets, tgid: u32, tstate: u64) -> Result<u64, PyStat> {
+    let mut frame =
+        read_u64(tstate.wrapping_add(off.tstate_frame as u64)).ok_or(PyStat::ReadFailed)?;
+    if off.cframe_current != PY_NO_OFFSET && frame != 0 {
+        frame =
+            read_u64(frame.wrapping_add(off.cframe_current as u64)).ok_or(PyStat::ReadFailed)?;
+    }
+    let mut w = Walk {
+        off: *off,
+        frame,
+        hash: (FNV_OFFSET ^ tgid as u64).wrapping_mul(FNV_PRIME),
+        n: 0,
+        err: WALK_OK,
+    };
+    // Shim frames (3.12+) are walked but not recorded, so allow a few more steps than frames.
+    unsafe {
+        bpf_loop(
+            PY_MAX_STEPS,
+            step as *mut c_void,
+            (&mut w as *mut Walk).cast(),
+            0,
+        )
+    };
+    if w.err != WALK_OK {
+        return Err(match w.err {
+            x if x == PyStat::StacksFull as u64 => PyStat::StacksFull,
+            _ => PyStat::ReadFailed,
+        });
+    }
+    if w.n == 0 {
+        return Err(PyStat::NoFrames);
+    }
     let st = match PY_SCRATCH.get_ptr_mut(0) {
         Some(p) => unsafe { &mut *p },
         None => return Err(PyStat::StacksFull),
     };
-    let mut frame =
-        read_u64(tstate.wrapping_add(off.tstate_frame as u64)).ok_or(PyStat::ReadFailed)?;
-    if off.cframe_current != PY_NO_OFFSET && frame != 0 {
-        frame = read_u64(frame.wrapping_add(off.cframe_current as u64)).ok_or(PyStat::ReadFailed)?;
-    }
-    let mut hash = (FNV_OFFSET ^ tgid as u64).wrapping_mul(FNV_PRIME);
-    let mut n: u32 = 0;
-    for i in 0..PY_MAX_FRAMES {
-        if frame == 0 {
-            break;
-        }
-        let code = read_u64(frame.wrapping_add(off.frame_code as u64)).ok_or(PyStat::ReadFailed)?;
-        let instr =
-            read_u64(frame.wrapping_add(off.frame_prev_instr as u64)).ok_or(PyStat::ReadFailed)?;
-        let entry: u8 =
-            unsafe { bpf_probe_read_user(frame.wrapping_add(off.frame_is_entry as u64) as *const u8) }
-                .map_err(|_| PyStat::ReadFailed)?;
-        let flags = if entry != 0 { PY_FRAME_ENTRY } else { 0 };
-        let instr_off = instr.wrapping_sub(code) as u32;
-        st.frames[i] = PyFrame {
-            code,
-            instr_off,
-            flags,
-        };
-        hash = (hash ^ code).wrapping_mul(FNV_PRIME);
-        hash = (hash ^ (((instr_off as u64) << 1) | flags as u64)).wrapping_mul(FNV_PRIME);
-        frame =
-            read_u64(frame.wrapping_add(off.frame_previous as u64)).ok_or(PyStat::ReadFailed)?;
-        n += 1;
-    }
-    if n == 0 {
-        return Err(PyStat::NoFrames);
-    }
-    st.len = n;
+    let mut hash = w.hash;
+    st.len = w.n as u32;
     st.pid = tgid;
     st.status = 0;
-    if frame != 0 {
+    if w.frame != 0 {
         st.status = PY_STACK_TRUNCATED;
         stat(PyStat::Truncated);
         hash = (hash ^ 1).wrapping_mul(FNV_PRIME);
@@ -127,4 +149,67 @@ fn walk(off: &PyOffsets, tgid: u32, tstate: u64) -> Result<u64, PyStat> {
     }
     stat(PyStat::Walked);
     Ok(hash)
+}
+
+/// One frame of the walk; returns 1 to stop.
+extern "C" fn step(_index: u64, ctx: *mut c_void) -> i64 {
+    let w = unsafe { &mut *(ctx as *mut Walk) };
+    match step_inner(w) {
+        Ok(true) => 0,
+        Ok(false) => 1,
+        Err(s) => {
+            w.err = s as u64;
+            1
+        }
+    }
+}
+
+#[inline(always)]
+fn step_inner(w: &mut Walk) -> Result<bool, PyStat> {
+    let frame = w.frame;
+    if frame == 0 {
+        return Ok(false);
+    }
+    let n = w.n as usize;
+    if n >= PY_MAX_FRAMES {
+        return Ok(false);
+    }
+    let st = match PY_SCRATCH.get_ptr_mut(0) {
+        Some(p) => unsafe { &mut *p },
+        None => return Err(PyStat::StacksFull),
+    };
+    let off = &w.off;
+    let code = read_u64(frame.wrapping_add(off.frame_code as u64)).ok_or(PyStat::ReadFailed)?;
+    let prev = read_u64(frame.wrapping_add(off.frame_previous as u64)).ok_or(PyStat::ReadFailed)?;
+    if off.frame_owner != PY_NO_OFFSET {
+        let owner = read_u8(frame.wrapping_add(off.frame_owner as u64))?;
+        if owner as u32 == off.owner_cstack {
+            // The frame recorded just before (its callee) starts an activation.
+            if n > 0 {
+                st.frames[n - 1].flags |= PY_FRAME_ENTRY;
+            }
+            w.hash = (w.hash ^ SHIM_MARK).wrapping_mul(FNV_PRIME);
+            w.frame = prev;
+            return Ok(true);
+        }
+    }
+    let instr =
+        read_u64(frame.wrapping_add(off.frame_prev_instr as u64)).ok_or(PyStat::ReadFailed)?;
+    let mut flags = 0;
+    if off.frame_is_entry != PY_NO_OFFSET
+        && read_u8(frame.wrapping_add(off.frame_is_entry as u64))? != 0
+    {
+        flags = PY_FRAME_ENTRY;
+    }
+    let instr_off = instr.wrapping_sub(code) as u32;
+    st.frames[n] = PyFrame {
+        code,
+        instr_off,
+        flags,
+    };
+    w.hash = (w.hash ^ code).wrapping_mul(FNV_PRIME);
+    w.hash = (w.hash ^ (((instr_off as u64) << 1) | flags as u64)).wrapping_mul(FNV_PRIME);
+    w.frame = prev;
+    w.n += 1;
+    Ok(true)
 }

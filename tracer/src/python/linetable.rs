@@ -70,33 +70,45 @@ fn svarint(t: &[u8], i: &mut usize) -> Option<i32> {
 mod tests {
     use super::*;
 
-    // From CPython 3.11.2 (/usr/bin/python3.11):
+    // Fixtures from CPython 3.11.2 (/usr/bin/python3.11) and 3.12.1 (pyenv) for
     //   def f(x):          # line 1
     //       y = x + 1      # line 2
     //       if y > 3:
     //           return [i for i in range(y)]
     //       return -y
     // f.__code__.co_linetable and [(start, end, line) for ... in co_lines()].
-    const TABLE: &[u8] = include_bytes!("testdata/linetable_311.bin");
-    const LINES: &str = include_str!("testdata/linetable_311.lines");
-
-    #[test]
-    fn matches_cpython_co_lines() {
+    fn check_fixture(table: &[u8], lines: &str) {
         let mut checked = 0;
-        for l in LINES.lines() {
+        for l in lines.lines() {
             let v: Vec<&str> = l.split_whitespace().collect();
             let (start, end): (u32, u32) = (v[0].parse().unwrap(), v[1].parse().unwrap());
             let want: Option<i32> = v[2].parse().ok();
             let mut a = start;
             while a < end {
-                assert_eq!(line_for(TABLE, 1, a), want, "offset {a} in {l}");
+                assert_eq!(line_for(table, 1, a), want, "offset {a} in {l}");
                 a += 2;
                 checked += 1;
             }
         }
         assert!(checked > 10, "fixture too small: {checked}");
         // Past the end of the table there is no line.
-        assert_eq!(line_for(TABLE, 1, 100_000), None);
+        assert_eq!(line_for(table, 1, 100_000), None);
+    }
+
+    #[test]
+    fn matches_cpython_311_co_lines() {
+        check_fixture(
+            include_bytes!("testdata/linetable_311.bin"),
+            include_str!("testdata/linetable_311.lines"),
+        );
+    }
+
+    #[test]
+    fn matches_cpython_312_co_lines() {
+        check_fixture(
+            include_bytes!("testdata/linetable_312.bin"),
+            include_str!("testdata/linetable_312.lines"),
+        );
     }
 
     #[test]

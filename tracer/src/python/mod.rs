@@ -84,6 +84,8 @@ pub struct PyState {
     procs: HashMap<u32, ProcState>,
     stacks: HashMap<u64, PyStack>,
     codes: HashMap<(u32, u64), Option<CodeInfo>>,
+    /// Start of the bytecode in code objects, per process; kept after the process exits.
+    bytecode: HashMap<u32, u32>,
     pub notes: Vec<String>,
     pub merge: MergeStats,
 }
@@ -173,6 +175,7 @@ impl PyState {
                             ProcState::Unsupported
                         }
                         Some(off) => {
+                            self.bytecode.insert(pid, off.code_bytecode as u32);
                             procs
                                 .insert(pid, off.bpf, 0)
                                 .with_context(|| format!("add pid {pid} to PY_PROCS"))?;
@@ -283,11 +286,7 @@ impl PyState {
     }
 
     fn bytecode_offset(&self, pid: u32) -> Option<u32> {
-        match self.procs.get(&pid) {
-            Some(ProcState::Python { off, .. }) => Some(off.code_bytecode as u32),
-            // The process exited: its version's offsets are what we recorded for the stack.
-            _ => Some(offsets::PY311.code_bytecode as u32),
-        }
+        self.bytecode.get(&pid).copied()
     }
 
     fn python_seen(&self) -> bool {

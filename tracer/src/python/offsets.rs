@@ -2,11 +2,12 @@
 //! interpreters are walked; any other version is reported as unsupported rather than guessed.
 //!
 //! 3.11 was checked on Debian's /usr/bin/python3.11 (3.11.2, static, non-PIE) and pyenv's 3.11.7
-//! (shared libpython): from inside each interpreter with ctypes (`PyThreadState_Get`,
-//! `PyInterpreterState_Get`, `_PyRuntime`, `sys._getframe()`, `f_lasti`), and by the e2e test,
-//! which reads a live process from outside and compares with what it prints.
+//! (shared libpython), 3.12 on pyenv's 3.12.1: from inside each interpreter with ctypes
+//! (`PyThreadState_Get`, `PyInterpreterState_Get`, `_PyRuntime`, `sys._getframe()`, `f_lasti`,
+//! a second thread for the list links, a method for `co_qualname`), and end to end by the e2e
+//! tests (tests/e2e/python.rs), which trace each of them.
 
-use tracer_common::python::PyOffsets;
+use tracer_common::python::{PyOffsets, PY_NO_OFFSET};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VersionOffsets {
@@ -54,6 +55,34 @@ pub const PY311: VersionOffsets = VersionOffsets {
         frame_previous: 48,
         frame_prev_instr: 56,
         frame_is_entry: 68,
+        frame_owner: PY_NO_OFFSET,
+        owner_cstack: 0,
+    },
+};
+
+pub const PY312: VersionOffsets = VersionOffsets {
+    runtime_interp_head: 40,
+    interp_next: 0,
+    interp_threads_head: 72,
+    tstate_next: 8,
+    tstate_native_id: 144,
+    code_firstlineno: 68,
+    code_filename: 112,
+    code_name: 120,
+    code_qualname: 128,
+    code_linetable: 136,
+    code_bytecode: 192,
+    unicode_ascii_size: 40,
+    unicode_compact_size: 56,
+    bpf: PyOffsets {
+        tstate_frame: 56,
+        cframe_current: 0,
+        frame_code: 0,
+        frame_previous: 8,
+        frame_prev_instr: 56,
+        frame_is_entry: PY_NO_OFFSET,
+        frame_owner: 70,
+        owner_cstack: 3,
     },
 };
 
@@ -61,6 +90,7 @@ pub const PY311: VersionOffsets = VersionOffsets {
 pub fn for_version(major: u8, minor: u8) -> Option<&'static VersionOffsets> {
     match (major, minor) {
         (3, 11) => Some(&PY311),
+        (3, 12) => Some(&PY312),
         _ => None,
     }
 }
