@@ -126,7 +126,7 @@ fn python_frames_via_command() {
     let w = workload();
     let run = gputrace(&[
         "-F",
-        "199",
+        "499",
         "-o",
         dir.to_str().unwrap(),
         "--",
@@ -161,7 +161,7 @@ fn python_frames_via_pid() {
         "-d",
         "4s",
         "-F",
-        "199",
+        "499",
         "-o",
         dir.to_str().unwrap(),
     ]);
@@ -182,7 +182,7 @@ fn python_312_frames_via_command() {
     let w = workload();
     let run = gputrace(&[
         "-F",
-        "199",
+        "499",
         "-o",
         dir.to_str().unwrap(),
         "--",
