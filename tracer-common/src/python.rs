@@ -13,6 +13,10 @@ pub const PY_TSTATE_ENTRIES: u32 = 16_384;
 pub const PY_PROCS_ENTRIES: u32 = 1_024;
 pub const PY_STACKS_ENTRIES: u32 = 8_192;
 
+/// Bytes of each `_PyInterpreterFrame` read in one go; every frame offset in [`PyOffsets`] lies
+/// within them, and pointer fields are 8-aligned.
+pub const PY_FRAME_WINDOW: usize = 80;
+
 /// An offset that does not apply to this version.
 pub const PY_NO_OFFSET: u32 = u32::MAX;
 

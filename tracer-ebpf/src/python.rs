@@ -4,12 +4,12 @@
 
 use aya_ebpf::{
     cty::c_void,
-    helpers::{bpf_loop, bpf_probe_read_user},
+    helpers::{bpf_loop, bpf_probe_read_user, bpf_probe_read_user_buf},
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
 use tracer_common::python::{
-    PyFrame, PyOffsets, PyStack, PyStat, PY_FRAME_ENTRY, PY_MAX_FRAMES, PY_NO_OFFSET,
+    PyFrame, PyOffsets, PyStack, PyStat, PY_FRAME_ENTRY, PY_FRAME_WINDOW, PY_MAX_FRAMES, PY_NO_OFFSET,
     PY_PROCS_ENTRIES, PY_STACKS_ENTRIES, PY_STACK_TRUNCATED, PY_TSTATE_ENTRIES,
 };
 
@@ -26,6 +26,10 @@ static PY_STACKS: HashMap<u64, PyStack> = HashMap::with_max_entries(PY_STACKS_EN
 #[map(name = "PY_SCRATCH")]
 static PY_SCRATCH: PerCpuArray<PyStack> = PerCpuArray::with_max_entries(1, 0);
 
+/// The first bytes of the frame being walked: one read per frame instead of one per field.
+#[map(name = "PY_WINDOW")]
+static PY_WINDOW: PerCpuArray<[u64; WINDOW_WORDS]> = PerCpuArray::with_max_entries(1, 0);
+
 #[map(name = "PY_STATS")]
 static PY_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PyStat::COUNT, 0);
 
@@ -34,6 +38,10 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 const EEXIST: i32 = 17;
 /// Mixed into the hash where a shim frame was skipped (it changes which frames are entries).
 const SHIM_MARK: u64 = 0x5;
+/// The window buffer is larger than what is read (16 words, a power of two) so that masking the
+/// word index proves the access in bounds to the verifier.
+const WINDOW_WORDS: usize = 16;
+const _: () = assert!(PY_FRAME_WINDOW <= WINDOW_WORDS * 8);
 const PY_MAX_STEPS: u32 = PY_MAX_FRAMES as u32 + 16;
 
 #[inline(always)]
@@ -44,9 +52,21 @@ fn stat(s: PyStat) {
     }
 }
 
+/// The pointer-sized field at byte `off` of the frame window (offsets are 8-aligned).
 #[inline(always)]
-fn read_u8(addr: u64) -> Result<u8, PyStat> {
-    unsafe { bpf_probe_read_user(addr as *const u8) }.map_err(|_| PyStat::ReadFailed)
+fn word(win: &[u64; WINDOW_WORDS], off: u32) -> Result<u64, PyStat> {
+    if off as usize + 8 > PY_FRAME_WINDOW {
+        return Err(PyStat::ReadFailed);
+    }
+    Ok(win[(off / 8) as usize & (WINDOW_WORDS - 1)])
+}
+
+#[inline(always)]
+fn byte(win: &[u64; WINDOW_WORDS], off: u32) -> Result<u8, PyStat> {
+    if off as usize >= PY_FRAME_WINDOW {
+        return Err(PyStat::ReadFailed);
+    }
+    Ok((win[(off / 8) as usize & (WINDOW_WORDS - 1)] >> ((off % 8) * 8)) as u8)
 }
 
 #[inline(always)]
@@ -178,11 +198,22 @@ fn step_inner(w: &mut Walk) -> Result<bool, PyStat> {
         Some(p) => unsafe { &mut *p },
         None => return Err(PyStat::StacksFull),
     };
+    let win = match PY_WINDOW.get_ptr_mut(0) {
+        Some(p) => unsafe { &mut *p },
+        None => return Err(PyStat::StacksFull),
+    };
+    unsafe {
+        bpf_probe_read_user_buf(
+            frame as *const u8,
+            core::slice::from_raw_parts_mut(win.as_mut_ptr().cast::<u8>(), PY_FRAME_WINDOW),
+        )
+    }
+    .map_err(|_| PyStat::ReadFailed)?;
     let off = &w.off;
-    let code = read_u64(frame.wrapping_add(off.frame_code as u64)).ok_or(PyStat::ReadFailed)?;
-    let prev = read_u64(frame.wrapping_add(off.frame_previous as u64)).ok_or(PyStat::ReadFailed)?;
+    let code = word(win, off.frame_code)?;
+    let prev = word(win, off.frame_previous)?;
     if off.frame_owner != PY_NO_OFFSET {
-        let owner = read_u8(frame.wrapping_add(off.frame_owner as u64))?;
+        let owner = byte(win, off.frame_owner)?;
         if owner as u32 == off.owner_cstack {
             // The frame recorded just before (its callee) starts an activation.
             if n > 0 {
@@ -193,12 +224,9 @@ fn step_inner(w: &mut Walk) -> Result<bool, PyStat> {
             return Ok(true);
         }
     }
-    let instr =
-        read_u64(frame.wrapping_add(off.frame_prev_instr as u64)).ok_or(PyStat::ReadFailed)?;
+    let instr = word(win, off.frame_prev_instr)?;
     let mut flags = 0;
-    if off.frame_is_entry != PY_NO_OFFSET
-        && read_u8(frame.wrapping_add(off.frame_is_entry as u64))? != 0
-    {
+    if off.frame_is_entry != PY_NO_OFFSET && byte(win, off.frame_is_entry)? != 0 {
         flags = PY_FRAME_ENTRY;
     }
     let instr_off = instr.wrapping_sub(code) as u32;

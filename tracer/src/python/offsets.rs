@@ -94,3 +94,29 @@ pub fn for_version(major: u8, minor: u8) -> Option<&'static VersionOffsets> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::python::PY_FRAME_WINDOW;
+
+    use super::*;
+
+    /// The kernel reads each frame as one window and indexes it by 8-byte words.
+    #[test]
+    fn frame_fields_fit_the_kernel_window() {
+        for v in [&PY311, &PY312] {
+            let b = v.bpf;
+            for ptr in [b.frame_code, b.frame_previous, b.frame_prev_instr] {
+                assert_eq!(ptr % 8, 0, "{b:?}");
+                assert!(ptr as usize + 8 <= PY_FRAME_WINDOW, "{b:?}");
+            }
+            for byte in [b.frame_is_entry, b.frame_owner] {
+                assert!(
+                    byte == PY_NO_OFFSET || (byte as usize) < PY_FRAME_WINDOW,
+                    "{b:?}"
+                );
+            }
+        }
+        assert!(for_version(3, 13).is_none() && for_version(3, 10).is_none());
+    }
+}
