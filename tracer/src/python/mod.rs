@@ -65,6 +65,9 @@ enum ProcState {
     },
 }
 
+/// A stack whose code objects cannot be read this many times (process gone) stays native-only.
+const MAX_ATTEMPTS: u32 = 3;
+
 /// Ticks (100 ms each) during which a process not yet found to be CPython is re-checked.
 const YOUNG_CHECKS: u32 = 30;
 
@@ -82,10 +85,11 @@ pub struct MergeStats {
 pub struct PyState {
     mode: PythonMode,
     procs: HashMap<u32, ProcState>,
-    stacks: HashMap<u64, PyStack>,
-    codes: HashMap<(u32, u64), Option<CodeInfo>>,
-    /// Start of the bytecode in code objects, per process; kept after the process exits.
-    bytecode: HashMap<u32, u32>,
+    /// Symbolised stacks by their `PY_STACKS` key, with their process.
+    stacks: HashMap<u64, (u32, Vec<PyFrameSym>)>,
+    /// Stacks that could not be symbolised yet, and how often that was tried.
+    attempts: HashMap<u64, u32>,
+    codes: HashMap<(u32, u64), CodeInfo>,
     pub notes: Vec<String>,
     pub merge: MergeStats,
 }
@@ -136,12 +140,27 @@ impl PyState {
         let mut procs: BpfHashMap<&mut MapData, u32, tracer_common::python::PyOffsets> =
             BpfHashMap::try_from(ebpf.map_mut(PY_PROCS_MAP).context("map PY_PROCS missing")?)?;
         let mut gone: Vec<u32> = Vec::new();
+        let mut stale_tids: Vec<u32> = Vec::new();
         for (&pid, t) in &tracker.procs {
             if t.info.exited {
                 if self.procs.contains_key(&pid) {
                     gone.push(pid);
                 }
                 continue;
+            }
+            // After an exec the old interpreter's addresses mean nothing: detect again.
+            if let Some(ProcState::Python { interp, .. }) = self.procs.get(&pid) {
+                let still = crate::symbolize::find_mapping(&t.maps, interp.runtime)
+                    .is_some_and(|m| m.path == interp.module);
+                if !still {
+                    let _ = procs.remove(&pid);
+                    if let Some(ProcState::Python { tids, .. }) = self.procs.remove(&pid) {
+                        stale_tids.extend(tids);
+                    }
+                    // Code objects of the old image; samples taken before the exec whose
+                    // objects were not read yet stay native-only.
+                    self.codes.retain(|(p, _), _| *p != pid);
+                }
             }
             let checks = match self.procs.get(&pid) {
                 None => 0,
@@ -175,7 +194,6 @@ impl PyState {
                             ProcState::Unsupported
                         }
                         Some(off) => {
-                            self.bytecode.insert(pid, off.code_bytecode as u32);
                             procs
                                 .insert(pid, off.bpf, 0)
                                 .with_context(|| format!("add pid {pid} to PY_PROCS"))?;
@@ -232,6 +250,8 @@ impl PyState {
         Ok(())
     }
 
+    /// Reads the stacks recorded since the last call and symbolises them now, while the
+    /// process is alive and before an exec can replace its code objects.
     fn sync_stacks(&mut self, ebpf: &Ebpf) -> Result<()> {
         let Some(map) = ebpf.map(PY_STACKS_MAP) else {
             return Ok(());
@@ -241,52 +261,47 @@ impl PyState {
             .keys()
             .filter_map(Result::ok)
             .filter(|k| !self.stacks.contains_key(k))
+            .filter(|k| self.attempts.get(k).copied().unwrap_or(0) < MAX_ATTEMPTS)
             .collect();
         for k in new {
             let Ok(st) = map.get(&k, 0) else { continue };
-            let len = (st.len as usize).min(st.frames.len());
-            for f in &st.frames[..len] {
-                let key = (st.pid, f.code);
-                if self.codes.contains_key(&key) {
-                    continue;
+            match self.symbolise(&st) {
+                Some(frames) => {
+                    self.attempts.remove(&k);
+                    self.stacks.insert(k, (st.pid, frames));
                 }
-                let info = match self.procs.get(&st.pid) {
-                    Some(ProcState::Python { interp, off, .. }) => {
-                        code::read_code(&ProcessMemory(st.pid), interp, off, f.code).ok()
-                    }
-                    _ => None,
-                };
-                // A failed read is retried next time only if the process is still known.
-                if info.is_some() {
-                    self.codes.insert(key, info);
-                }
+                None => *self.attempts.entry(k).or_default() += 1,
             }
-            self.stacks.insert(k, st);
         }
         Ok(())
     }
 
-    /// Python frames of stack `key`, root first; `None` when any frame is unknown.
-    fn resolve(&self, pid: u32, key: u64) -> Option<Vec<PyFrameSym>> {
-        let st = self.stacks.get(&key)?;
-        if st.pid != pid {
+    /// Root-first Python frames of a recorded stack; `None` when any code object is unreadable.
+    fn symbolise(&mut self, st: &PyStack) -> Option<Vec<PyFrameSym>> {
+        let ProcState::Python { interp, off, .. } = self.procs.get(&st.pid)? else {
             return None;
-        }
-        let bytecode = self.bytecode_offset(pid)?;
+        };
         let len = (st.len as usize).min(st.frames.len());
         let mut out = Vec::with_capacity(len);
         for f in st.frames[..len].iter().rev() {
-            let info = self.codes.get(&(pid, f.code))?.as_ref()?;
+            let info = match self.codes.entry((st.pid, f.code)) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(code::read_code(&ProcessMemory(st.pid), interp, off, f.code).ok()?)
+                }
+            };
             out.push(PyFrameSym {
-                frame: py_frame(info, f.instr_off, bytecode),
+                frame: py_frame(info, f.instr_off, off.code_bytecode as u32),
                 entry: f.flags & PY_FRAME_ENTRY != 0,
             });
         }
         Some(out)
     }
 
-    fn bytecode_offset(&self, pid: u32) -> Option<u32> {
-        self.bytecode.get(&pid).copied()
+    /// Python frames of stack `key`, root first, when it was symbolised.
+    fn resolve(&self, pid: u32, key: u64) -> Option<Vec<PyFrameSym>> {
+        let (p, frames) = self.stacks.get(&key)?;
+        (*p == pid).then(|| frames.clone())
     }
 
     fn python_seen(&self) -> bool {
