@@ -14,6 +14,7 @@ const DEBIAN_311: &str = "/usr/bin/python3.11";
 const PYENV_311: &str = "/root/.pyenv/versions/3.11.7/bin/python3";
 const PYENV_312: &str = "/root/.pyenv/versions/3.12.1/bin/python3";
 const PYENV_313: &str = "/root/.pyenv/versions/3.13.0/bin/python3";
+const PYENV_310: &str = "/root/.pyenv/versions/3.10.13/bin/python3";
 
 fn workload() -> String {
     repo_root()
@@ -194,21 +195,44 @@ fn python_312_frames_via_command() {
 }
 
 #[test]
-fn python_unsupported_version_degrades() {
+fn python_313_frames_via_command() {
     let _g = serial();
-    if !require_root("python_unsupported_version_degrades")
-        || !interpreter(PYENV_313, "python_unsupported_version_degrades")
+    if !require_root("python_313_frames_via_command")
+        || !interpreter(PYENV_313, "python_313_frames_via_command")
     {
         return;
     }
     let dir = out_dir("py-313");
     let w = workload();
-    let run = gputrace(&["-o", dir.to_str().unwrap(), "--", PYENV_313, &w, "2"]);
+    let run = gputrace(&[
+        "-F",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        PYENV_313,
+        &w,
+        "4",
+    ]);
+    check_python(&dir, &run, "3.13.0");
+}
+
+#[test]
+fn python_unsupported_version_degrades() {
+    let _g = serial();
+    if !require_root("python_unsupported_version_degrades")
+        || !interpreter(PYENV_310, "python_unsupported_version_degrades")
+    {
+        return;
+    }
+    let dir = out_dir("py-310");
+    let w = workload();
+    let run = gputrace(&["-o", dir.to_str().unwrap(), "--", PYENV_310, &w, "2"]);
     assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
     let report = run.report(&dir);
     let warnings = report["warnings"].to_string();
     assert!(
-        warnings.contains("CPython 3.13.0") && warnings.contains("without verified offsets"),
+        warnings.contains("CPython 3.10.0") && warnings.contains("without verified offsets"),
         "{warnings}"
     );
     let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();

@@ -29,7 +29,7 @@ use tracer_common::python::{
 use self::{
     code::CodeInfo,
     detect::Interpreter,
-    memory::ProcessMemory,
+    memory::{Memory, ProcessMemory},
     merge::{Merge, PyFrameSym},
     offsets::VersionOffsets,
 };
@@ -184,7 +184,20 @@ impl PyState {
                 }
                 Ok(Some(interp)) => {
                     let (a, b, c) = interp.version;
-                    match offsets::for_version(a, b) {
+                    let off = offsets::for_version(a, b);
+                    let off = match off.map(|o| verify_at_runtime(&mem, &interp, o)) {
+                        Some(Err(e)) => {
+                            self.notes.push(format!(
+                                "python: pid {pid} runs CPython {a}.{b}.{c} ({}): {e}: native \
+                                 frames only",
+                                interp.module
+                            ));
+                            self.procs.insert(pid, ProcState::Unsupported);
+                            continue;
+                        }
+                        _ => off,
+                    };
+                    match off {
                         None => {
                             self.notes.push(format!(
                                 "python: pid {pid} runs CPython {a}.{b}.{c} ({}), a version without \
@@ -310,6 +323,25 @@ impl PyState {
             .any(|p| matches!(p, ProcState::Python { .. } | ProcState::Unsupported))
             || !self.notes.is_empty()
     }
+}
+
+/// 3.13+ carries its own offsets (`_Py_DebugOffsets`): the built-in table must agree with them.
+fn verify_at_runtime(
+    mem: &ProcessMemory,
+    interp: &Interpreter,
+    off: &VersionOffsets,
+) -> Result<(), String> {
+    if interp.version < (3, 13, 0) {
+        return Ok(());
+    }
+    let mut buf = vec![0u8; offsets::DEBUG_OFFSETS_WORDS * 8];
+    mem.read(interp.runtime, &mut buf)
+        .map_err(|e| format!("reading _Py_DebugOffsets: {e}"))?;
+    let words: Vec<u64> = buf
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    offsets::check_debug_offsets(&words, off)
 }
 
 /// `qualname (file.py:line)`; the line is left out when the table gives none.

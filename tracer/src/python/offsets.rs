@@ -86,11 +86,83 @@ pub const PY312: VersionOffsets = VersionOffsets {
     },
 };
 
+/// 3.13.0 (pyenv), checked with ctypes and against its own `_Py_DebugOffsets`; every 3.13
+/// process is checked against its `_Py_DebugOffsets` at detection ([`check_debug_offsets`]).
+pub const PY313: VersionOffsets = VersionOffsets {
+    runtime_interp_head: 632,
+    interp_next: 7264,
+    interp_threads_head: 7344,
+    tstate_next: 8,
+    tstate_native_id: 160,
+    code_firstlineno: 68,
+    code_filename: 112,
+    code_name: 120,
+    code_qualname: 128,
+    code_linetable: 136,
+    code_bytecode: 200,
+    unicode_ascii_size: 40,
+    unicode_compact_size: 56,
+    bpf: PyOffsets {
+        tstate_frame: 72,
+        cframe_current: PY_NO_OFFSET,
+        frame_code: 0,
+        frame_previous: 8,
+        frame_prev_instr: 56,
+        frame_is_entry: PY_NO_OFFSET,
+        frame_owner: 70,
+        owner_cstack: 3,
+    },
+};
+
+/// Words of `_Py_DebugOffsets` (3.13) read from the start of `_PyRuntime`.
+pub const DEBUG_OFFSETS_WORDS: usize = 44;
+
+/// Compares `table` with the `_Py_DebugOffsets` at the start of a 3.13 `_PyRuntime` (`words`:
+/// its first [`DEBUG_OFFSETS_WORDS`] u64s), field by field; any difference (another patch
+/// release's layout, a free-threaded build) makes the process unsupported.
+pub fn check_debug_offsets(words: &[u64], table: &VersionOffsets) -> Result<(), String> {
+    if words.len() < DEBUG_OFFSETS_WORDS || words[0].to_le_bytes() != *b"xdebugpy" {
+        return Err("no _Py_DebugOffsets at the start of _PyRuntime".into());
+    }
+    if words[2] != 0 {
+        return Err("a free-threaded build".into());
+    }
+    let b = &table.bpf;
+    let checks: [(&str, usize, u64); 16] = [
+        ("runtime.interpreters_head", 5, table.runtime_interp_head),
+        ("interpreter.next", 8, table.interp_next),
+        ("interpreter.threads_head", 9, table.interp_threads_head),
+        ("thread.next", 21, table.tstate_next),
+        ("thread.current_frame", 23, b.tstate_frame as u64),
+        ("thread.native_thread_id", 25, table.tstate_native_id),
+        ("frame.previous", 29, b.frame_previous as u64),
+        ("frame.executable", 30, b.frame_code as u64),
+        ("frame.instr_ptr", 31, b.frame_prev_instr as u64),
+        ("frame.owner", 33, b.frame_owner as u64),
+        ("code.filename", 35, table.code_filename),
+        ("code.name", 36, table.code_name),
+        ("code.qualname", 37, table.code_qualname),
+        ("code.linetable", 38, table.code_linetable),
+        ("code.firstlineno", 39, table.code_firstlineno),
+        ("code.co_code_adaptive", 43, table.code_bytecode),
+    ];
+    for (name, i, want) in checks {
+        if words[i] != want {
+            return Err(format!(
+                "_Py_DebugOffsets {name} is {}, the built-in table has {want}",
+                words[i]
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The offsets of `major.minor`, when they were verified.
 pub fn for_version(major: u8, minor: u8) -> Option<&'static VersionOffsets> {
     match (major, minor) {
         (3, 11) => Some(&PY311),
         (3, 12) => Some(&PY312),
+        (3, 13) => Some(&PY313),
         _ => None,
     }
 }
@@ -104,7 +176,7 @@ mod tests {
     /// The kernel reads each frame as one window and indexes it by 8-byte words.
     #[test]
     fn frame_fields_fit_the_kernel_window() {
-        for v in [&PY311, &PY312] {
+        for v in [&PY311, &PY312, &PY313] {
             let b = v.bpf;
             for ptr in [b.frame_code, b.frame_previous, b.frame_prev_instr] {
                 assert_eq!(ptr % 8, 0, "{b:?}");
@@ -117,6 +189,35 @@ mod tests {
                 );
             }
         }
-        assert!(for_version(3, 13).is_none() && for_version(3, 10).is_none());
+        assert!(for_version(3, 14).is_none() && for_version(3, 10).is_none());
+    }
+
+    /// The first words of pyenv 3.13.0's `_PyRuntime`.
+    const DEBUG_313_0: [u64; 43] = [
+        51183856, 0, 283320, 608, 632, 194968, 7272, 7264, 7344, 7400, 7656, 7640, 7648, 16, 7752,
+        0, 7768, 7760, 304, 0, 8, 16, 72, 152, 160, 232, 32, 80, 8, 0, 56, 72, 70, 208, 112, 120,
+        128, 136, 68, 52, 96, 104, 200,
+    ];
+
+    fn words() -> Vec<u64> {
+        let mut w = vec![u64::from_le_bytes(*b"xdebugpy")];
+        w.extend(DEBUG_313_0);
+        w
+    }
+
+    #[test]
+    fn table_313_matches_the_interpreters_debug_offsets() {
+        assert_eq!(check_debug_offsets(&words(), &PY313), Ok(()));
+        let mut w = words();
+        w[9] += 8;
+        assert!(check_debug_offsets(&w, &PY313)
+            .unwrap_err()
+            .contains("threads_head"));
+        let mut w = words();
+        w[2] = 1;
+        assert!(check_debug_offsets(&w, &PY313)
+            .unwrap_err()
+            .contains("free-threaded"));
+        assert!(check_debug_offsets(&words()[..10], &PY313).is_err());
     }
 }
