@@ -19,6 +19,7 @@ pub fn thread_states(
     off: &VersionOffsets,
 ) -> io::Result<Vec<(u32, u64)>> {
     let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     let mut is = mem.u64(interp.runtime + off.runtime_interp_head)?;
     for _ in 0..MAX_INTERPRETERS {
         if is == 0 {
@@ -26,6 +27,10 @@ pub fn thread_states(
         }
         let mut t = mem.u64(is + off.interp_threads_head)?;
         while t != 0 && out.len() < MAX_THREADS {
+            if !seen.insert(t) {
+                // Read while the list was being relinked: try again next time.
+                return Err(bad(format!("thread list loops at {t:#x}")));
+            }
             let native = mem.u64(t + off.tstate_native_id)?;
             if native != 0 && native <= u32::MAX as u64 {
                 out.push((native as u32, t));
@@ -121,4 +126,118 @@ fn read_bytes(mem: &dyn Memory, obj: u64) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; len as usize];
     mem.read(obj + 32, &mut buf)?;
     Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::python::offsets::PY311;
+
+    /// A sparse fake address space.
+    #[derive(Default)]
+    struct Fake(BTreeMap<u64, u8>);
+
+    impl Fake {
+        fn put(&mut self, addr: u64, bytes: &[u8]) {
+            for (i, b) in bytes.iter().enumerate() {
+                self.0.insert(addr + i as u64, *b);
+            }
+        }
+        fn put_u64(&mut self, addr: u64, v: u64) {
+            self.put(addr, &v.to_le_bytes());
+        }
+        /// A compact ASCII `str` in 3.11's layout.
+        fn put_str(&mut self, addr: u64, s: &str) {
+            self.put_u64(addr + 16, s.len() as u64);
+            let state: u32 = (1 << 2) | (1 << 5) | (1 << 6);
+            self.put(addr + 32, &state.to_le_bytes());
+            self.put(addr + PY311.unicode_ascii_size, s.as_bytes());
+        }
+    }
+
+    impl Memory for Fake {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = *self
+                    .0
+                    .get(&(addr + i as u64))
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+            }
+            Ok(())
+        }
+    }
+
+    const CODE_TYPE: u64 = 0x9000;
+
+    fn interp() -> Interpreter {
+        Interpreter {
+            module: "/usr/bin/python3.11".into(),
+            version: (3, 11, 2),
+            runtime: 0x1000,
+            code_type: CODE_TYPE,
+        }
+    }
+
+    fn code_object(m: &mut Fake, at: u64, ty: u64) {
+        let off = &PY311;
+        m.put_u64(at + 8, ty);
+        m.put(at + off.code_firstlineno, &12i32.to_le_bytes());
+        m.put_u64(at + off.code_qualname, 0x5000);
+        m.put_u64(at + off.code_name, 0x5100);
+        m.put_u64(at + off.code_filename, 0x5200);
+        m.put_u64(at + off.code_linetable, 0x5300);
+        m.put_str(0x5000, "Loader.next");
+        m.put_str(0x5100, "next");
+        m.put_str(0x5200, "/srv/data.py");
+        m.put_u64(0x5300 + 16, 2);
+        m.put(0x5300 + 32, &[0x80, 0x00]);
+    }
+
+    #[test]
+    fn reads_a_code_object() {
+        let mut m = Fake::default();
+        code_object(&mut m, 0x4000, CODE_TYPE);
+        let c = read_code(&m, &interp(), &PY311, 0x4000).unwrap();
+        assert_eq!(c.qualname, "Loader.next");
+        assert_eq!(c.filename, "/srv/data.py");
+        assert_eq!(c.first_line, 12);
+        assert_eq!(c.linetable, vec![0x80, 0x00]);
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_code_object() {
+        let mut m = Fake::default();
+        code_object(&mut m, 0x4000, 0x9999);
+        assert!(read_code(&m, &interp(), &PY311, 0x4000).is_err());
+        // A str whose state is not compact (freed or rewritten) is not read.
+        let mut m = Fake::default();
+        code_object(&mut m, 0x4000, CODE_TYPE);
+        m.put(0x5200 + 32, &0u32.to_le_bytes());
+        assert!(read_code(&m, &interp(), &PY311, 0x4000).is_err());
+        // Unmapped memory.
+        assert!(read_code(&Fake::default(), &interp(), &PY311, 0x4000).is_err());
+    }
+
+    #[test]
+    fn walks_interpreters_and_threads() {
+        let off = &PY311;
+        let mut m = Fake::default();
+        let i = interp();
+        m.put_u64(i.runtime + off.runtime_interp_head, 0x2000);
+        m.put_u64(0x2000 + off.interp_next, 0);
+        m.put_u64(0x2000 + off.interp_threads_head, 0x3000);
+        m.put_u64(0x3000 + off.tstate_native_id, 101);
+        m.put_u64(0x3000 + off.tstate_next, 0x3400);
+        m.put_u64(0x3400 + off.tstate_native_id, 100);
+        m.put_u64(0x3400 + off.tstate_next, 0);
+        assert_eq!(
+            thread_states(&m, &i, off).unwrap(),
+            vec![(101, 0x3000), (100, 0x3400)]
+        );
+        // A cycle (memory rewritten under us) is an error, not an endless or duplicated list.
+        m.put_u64(0x3400 + off.tstate_next, 0x3000);
+        assert!(thread_states(&m, &i, off).is_err());
+    }
 }
