@@ -275,3 +275,54 @@ fn python_on_for_a_native_process() {
     let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
     assert!(folded.contains(";hot_a;"), "native frames lost:\n{folded}");
 }
+
+/// A Python 3.11 process that execs Python 3.12: frames of both images, each with its own names.
+#[test]
+fn python_exec_into_another_version() {
+    let _g = serial();
+    if !require_root("python_exec_into_another_version")
+        || !interpreter(DEBIAN_311, "python_exec_into_another_version")
+        || !interpreter(PYENV_312, "python_exec_into_another_version")
+    {
+        return;
+    }
+    let dir = out_dir("py-exec");
+    let script = repo_root().join("tests/workloads/py_exec.py");
+    let run = gputrace(&[
+        "-F",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        DEBIAN_311,
+        script.to_str().unwrap(),
+        PYENV_312,
+        "3",
+    ]);
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let warnings = run.report(&dir)["warnings"].to_string();
+    assert!(
+        warnings.contains("CPython 3.11.2") && warnings.contains("CPython 3.12.1"),
+        "{warnings}"
+    );
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    let before: u64 = folded
+        .lines()
+        .filter(|l| l.contains(";before_exec (py_exec.py:"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(
+        before > 100,
+        "before_exec frames lost across the exec:\n{folded}"
+    );
+    let (a, _) = py_samples(&folded, "hot_a");
+    let (b, _) = py_samples(&folded, "hot_b");
+    assert!(a + b > 100, "no frames after the exec: a={a} b={b}");
+    // No stack mixes the two images.
+    assert!(
+        !folded
+            .lines()
+            .any(|l| l.contains("before_exec (") && l.contains("hot_")),
+        "{folded}"
+    );
+}
