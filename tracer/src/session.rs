@@ -196,7 +196,7 @@ fn trace(
     let samples = collect::cpu_counts(&ebpf)?;
     let drops = collect::drops(&ebpf)?;
     let mut symbolizer = Symbolizer::new();
-    python.sync(&ebpf)?;
+    python.sync(&mut ebpf)?;
     let cpu = symbolize_samples(&ebpf, &tracker, &samples, &mut symbolizer, &python)?;
 
     let infos: BTreeMap<u32, ProcessInfo> = tracker.infos();

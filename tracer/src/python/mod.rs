@@ -111,7 +111,7 @@ impl Python {
     }
 
     /// Reads the stacks recorded since the last tick (call once more before symbolising).
-    pub fn sync(&self, ebpf: &Ebpf) -> Result<()> {
+    pub fn sync(&self, ebpf: &mut Ebpf) -> Result<()> {
         self.0.borrow_mut().sync_stacks(ebpf)
     }
 
@@ -264,27 +264,35 @@ impl PyState {
     }
 
     /// Reads the stacks recorded since the last call and symbolises them now, while the
-    /// process is alive and before an exec can replace its code objects.
-    fn sync_stacks(&mut self, ebpf: &Ebpf) -> Result<()> {
-        let Some(map) = ebpf.map(PY_STACKS_MAP) else {
+    /// process is alive and before an exec can replace its code objects. Symbolised stacks are
+    /// deleted from the kernel map (the samples keep their keys), so a long trace with many
+    /// distinct (frame, instruction) stacks does not fill it.
+    fn sync_stacks(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+        let Some(map) = ebpf.map_mut(PY_STACKS_MAP) else {
             return Ok(());
         };
-        let map: BpfHashMap<&MapData, u64, PyStack> = BpfHashMap::try_from(map)?;
-        let new: Vec<u64> = map
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| !self.stacks.contains_key(k))
-            .filter(|k| self.attempts.get(k).copied().unwrap_or(0) < MAX_ATTEMPTS)
-            .collect();
-        for k in new {
-            let Ok(st) = map.get(&k, 0) else { continue };
-            match self.symbolise(&st) {
-                Some(frames) => {
-                    self.attempts.remove(&k);
-                    self.stacks.insert(k, (st.pid, frames));
+        let mut map: BpfHashMap<&mut MapData, u64, PyStack> = BpfHashMap::try_from(map)?;
+        let keys: Vec<u64> = map.keys().filter_map(Result::ok).collect();
+        for k in keys {
+            if !self.stacks.contains_key(&k) {
+                if self.attempts.get(&k).copied().unwrap_or(0) >= MAX_ATTEMPTS {
+                    // Its samples stay native-only; free the slot.
+                    let _ = map.remove(&k);
+                    continue;
                 }
-                None => *self.attempts.entry(k).or_default() += 1,
+                let Ok(st) = map.get(&k, 0) else { continue };
+                match self.symbolise(&st) {
+                    Some(frames) => {
+                        self.attempts.remove(&k);
+                        self.stacks.insert(k, (st.pid, frames));
+                    }
+                    None => {
+                        *self.attempts.entry(k).or_default() += 1;
+                        continue;
+                    }
+                }
             }
+            let _ = map.remove(&k);
         }
         Ok(())
     }
