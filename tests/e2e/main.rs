@@ -12,6 +12,7 @@ mod cpu_profile;
 mod cuda;
 mod demo;
 mod faults;
+mod python;
 mod report_outputs;
 mod security;
 mod time_accounting;

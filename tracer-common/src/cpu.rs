@@ -20,6 +20,8 @@ pub struct SampleKey {
     pub user_stack_id: i32,
     pub kernel_stack_id: i32,
     pub comm: [u8; 16],
+    /// Key of the Python stack in `PY_STACKS`, 0 when none was recorded.
+    pub py_stack: u64,
 }
 
 crate::user_pod!(SampleKey);

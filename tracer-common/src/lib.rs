@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod drops;
 pub mod proc;
+pub mod python;
 pub mod time;
 pub mod wall;
 

@@ -10,6 +10,7 @@ mod block;
 mod cuda;
 mod maps;
 mod proc;
+mod python;
 mod sampler;
 mod sched;
 mod syscalls;

@@ -35,6 +35,7 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
         user_stack_id,
         kernel_stack_id,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        py_stack: crate::python::python_stack(tgid, tid),
     };
     add_to(&CPU_COUNTS, &key, 1, Drop::CpuCountsFull);
     0

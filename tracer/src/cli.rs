@@ -107,6 +107,11 @@ pub struct TraceArgs {
     #[arg(long, hide = true)]
     pub cuda_entry_only: bool,
 
+    /// CPython frames (file:line function) in stacks: auto (when found), on (and warn when no
+    /// traced process runs CPython), off.
+    #[arg(long, value_enum, default_value_t = crate::python::PythonMode::Auto)]
+    pub python: crate::python::PythonMode,
+
     /// The command to launch and trace from its first instruction.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,

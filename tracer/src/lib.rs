@@ -15,6 +15,7 @@ pub mod diff;
 pub mod error;
 pub mod probes;
 pub mod procfs;
+pub mod python;
 pub mod report;
 pub mod session;
 pub mod symbolize;

@@ -103,6 +103,8 @@ fn trace(
     started: Instant,
 ) -> Result<()> {
     let mut families = probes::families(args);
+    let python = crate::python::Python::new(args.python);
+    families.push(python.family());
     let mut ebpf = bpf::load(
         &bpf::LoadOptions {
             follow_children: follow,
@@ -198,7 +200,8 @@ fn trace(
     let samples = collect::cpu_counts(&ebpf)?;
     let drops = collect::drops(&ebpf)?;
     let mut symbolizer = Symbolizer::new();
-    let cpu = symbolize_samples(&ebpf, &tracker, &samples, &mut symbolizer)?;
+    python.sync(&mut ebpf)?;
+    let cpu = symbolize_samples(&ebpf, &tracker, &samples, &mut symbolizer, &python)?;
 
     let infos: BTreeMap<u32, ProcessInfo> = tracker.infos();
     let report = report::build::build(BuildInput {
@@ -411,6 +414,7 @@ fn symbolize_samples(
     tracker: &Tracker,
     samples: &[collect::RawSample],
     sym: &mut Symbolizer,
+    python: &crate::python::Python,
 ) -> Result<CpuProfile> {
     let mut stacks = collect::Stacks::new(ebpf)?;
     let mut out = Vec::with_capacity(samples.len());
@@ -424,6 +428,7 @@ fn symbolize_samples(
             user.reverse();
             frames.extend(user);
         }
+        let mut frames = python.merge(pid, s.key.py_stack, frames);
         let kernel_mode = s.key.kernel_stack_id >= 0;
         if let Some(ips) = stacks.get(s.key.kernel_stack_id).map(<[u64]>::to_vec) {
             let mut k = sym.kernel(&ips);

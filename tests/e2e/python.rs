@@ -1,0 +1,328 @@
+//! Issue 7: CPython frames in CPU stacks. tests/workloads/py_hot.py splits each worker thread's
+//! CPU time 70/30 between hot_a and hot_b by construction; the Python frames must name them with
+//! their file:line, above the native and kernel frames they ran, and the split must hold.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use crate::common::*;
+
+const DEBIAN_311: &str = "/usr/bin/python3.11";
+const PYENV_311: &str = "/root/.pyenv/versions/3.11.7/bin/python3";
+const PYENV_312: &str = "/root/.pyenv/versions/3.12.1/bin/python3";
+const PYENV_313: &str = "/root/.pyenv/versions/3.13.0/bin/python3";
+const PYENV_310: &str = "/root/.pyenv/versions/3.10.13/bin/python3";
+
+fn workload() -> String {
+    repo_root()
+        .join("tests/workloads/py_hot.py")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Line range `def name` .. the next top-level `def` of the workload.
+fn def_lines(name: &str) -> (u32, u32) {
+    let src = std::fs::read_to_string(workload()).unwrap();
+    let lines: Vec<&str> = src.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with(&format!("def {name}(")))
+        .unwrap_or_else(|| panic!("no def {name}"));
+    let end = lines[start + 1..]
+        .iter()
+        .position(|l| l.starts_with("def "))
+        .map(|i| start + 1 + i)
+        .unwrap_or(lines.len());
+    (start as u32 + 1, end as u32)
+}
+
+fn interpreter(path: &str, test: &str) -> bool {
+    if Path::new(path).exists() {
+        return true;
+    }
+    let msg = format!("\n!!! SKIPPED {test}: {path} is not installed !!!\n");
+    if std::env::var_os("CI").is_some() {
+        panic!("{msg}");
+    }
+    eprintln!("{msg}");
+    false
+}
+
+/// Samples of stacks that hold a frame `name (py_hot.py:LINE)`, checking LINE lies in `name`.
+fn py_samples(folded: &str, name: &str) -> (u64, u64) {
+    let (lo, hi) = def_lines(name);
+    let prefix = format!("{name} (py_hot.py:");
+    let (mut n, mut with_native_below) = (0, 0);
+    for l in folded.lines() {
+        let (stack, count) = l.rsplit_once(' ').unwrap();
+        let count: u64 = count.parse().unwrap();
+        let frames: Vec<&str> = stack.split(';').collect();
+        let Some(i) = frames.iter().position(|f| f.starts_with(&prefix)) else {
+            continue;
+        };
+        let line: u32 = frames[i][prefix.len()..frames[i].len() - 1]
+            .parse()
+            .unwrap_or_else(|_| panic!("bad frame {}", frames[i]));
+        assert!(
+            (lo..hi).contains(&line),
+            "{name} at line {line}, outside its def ({lo}..{hi}): {l}"
+        );
+        assert!(
+            frames[..i]
+                .iter()
+                .any(|f| f.starts_with("worker (py_hot.py:")),
+            "{name} not called from worker: {l}"
+        );
+        n += count;
+        if i + 1 < frames.len() {
+            with_native_below += count;
+        }
+    }
+    (n, with_native_below)
+}
+
+fn check_python(dir: &Path, run: &Run, version: &str) {
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let report = run.report(dir);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).expect("cpu.folded");
+    let warnings = report["warnings"].to_string();
+    assert!(
+        warnings.contains(&format!("runs CPython {version}")) && warnings.contains("verified"),
+        "{warnings}"
+    );
+    let (a, a_native) = py_samples(&folded, "hot_a");
+    let (b, b_native) = py_samples(&folded, "hot_b");
+    assert!(a + b > 150, "too few Python samples: a={a} b={b}\n{folded}");
+    let share = 100.0 * a as f64 / (a + b) as f64;
+    assert!(
+        (share - 70.0).abs() <= 10.0,
+        "hot_a share {share:.1}% (a={a}, b={b}), expected 70 +/- 10"
+    );
+    // The spin calls time.thread_time(): clock_gettime and the kernel run below the Python line.
+    assert!(
+        a_native + b_native > (a + b) / 2,
+        "Python frames not merged with native ones: {a_native}+{b_native} of {}",
+        a + b
+    );
+    assert!(folded.contains("_[k]"), "no kernel frames");
+    let svg = std::fs::read_to_string(dir.join("cpu.svg")).expect("cpu.svg");
+    assert!(
+        svg.contains("hot_a (py_hot.py:"),
+        "flame graph lacks Python frames"
+    );
+}
+
+#[test]
+fn python_frames_via_command() {
+    let _g = serial();
+    if !require_root("python_frames_via_command")
+        || !interpreter(DEBIAN_311, "python_frames_via_command")
+    {
+        return;
+    }
+    let dir = out_dir("py-cmd");
+    let w = workload();
+    let run = gputrace(&[
+        "-F",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        DEBIAN_311,
+        &w,
+        "4",
+    ]);
+    check_python(&dir, &run, "3.11.");
+}
+
+#[test]
+fn python_frames_via_pid() {
+    let _g = serial();
+    if !require_root("python_frames_via_pid") || !interpreter(PYENV_311, "python_frames_via_pid") {
+        return;
+    }
+    let mut child = Command::new(PYENV_311)
+        .args([&workload(), "8"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready.trim(), "ready");
+    let dir = out_dir("py-pid");
+    let pid = child.id().to_string();
+    let run = gputrace(&[
+        "-p",
+        &pid,
+        "-d",
+        "4s",
+        "-F",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    let _ = child.kill();
+    let _ = child.wait();
+    check_python(&dir, &run, "3.11.7");
+}
+
+#[test]
+fn python_312_frames_via_command() {
+    let _g = serial();
+    if !require_root("python_312_frames_via_command")
+        || !interpreter(PYENV_312, "python_312_frames_via_command")
+    {
+        return;
+    }
+    let dir = out_dir("py-312");
+    let w = workload();
+    let run = gputrace(&[
+        "-F",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        PYENV_312,
+        &w,
+        "4",
+    ]);
+    check_python(&dir, &run, "3.12.1");
+}
+
+#[test]
+fn python_313_frames_via_command() {
+    let _g = serial();
+    if !require_root("python_313_frames_via_command")
+        || !interpreter(PYENV_313, "python_313_frames_via_command")
+    {
+        return;
+    }
+    let dir = out_dir("py-313");
+    let w = workload();
+    let run = gputrace(&[
+        "-F",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        PYENV_313,
+        &w,
+        "4",
+    ]);
+    check_python(&dir, &run, "3.13.0");
+}
+
+#[test]
+fn python_unsupported_version_degrades() {
+    let _g = serial();
+    if !require_root("python_unsupported_version_degrades")
+        || !interpreter(PYENV_310, "python_unsupported_version_degrades")
+    {
+        return;
+    }
+    let dir = out_dir("py-310");
+    let w = workload();
+    let run = gputrace(&["-o", dir.to_str().unwrap(), "--", PYENV_310, &w, "2"]);
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let report = run.report(&dir);
+    let warnings = report["warnings"].to_string();
+    assert!(
+        warnings.contains("CPython 3.10.0") && warnings.contains("without verified offsets"),
+        "{warnings}"
+    );
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    assert!(
+        !folded.contains(".py:"),
+        "Python frames from unverified offsets:\n{folded}"
+    );
+    assert!(
+        report["sampling"]["samples"].as_u64().unwrap() > 50,
+        "native samples missing"
+    );
+}
+
+#[test]
+fn python_on_for_a_native_process() {
+    let _g = serial();
+    if !require_root("python_on_for_a_native_process") {
+        return;
+    }
+    let bin = build_c("hot_threads", &[]);
+    let dir = out_dir("py-native");
+    let run = gputrace(&[
+        "--python",
+        "on",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "2",
+    ]);
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let report = run.report(&dir);
+    assert!(
+        report["warnings"]
+            .to_string()
+            .contains("no traced process runs CPython"),
+        "{}",
+        report["warnings"]
+    );
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    assert!(folded.contains(";hot_a;"), "native frames lost:\n{folded}");
+}
+
+/// A Python 3.11 process that execs Python 3.12: frames of both images, each with its own names.
+#[test]
+fn python_exec_into_another_version() {
+    let _g = serial();
+    if !require_root("python_exec_into_another_version")
+        || !interpreter(DEBIAN_311, "python_exec_into_another_version")
+        || !interpreter(PYENV_312, "python_exec_into_another_version")
+    {
+        return;
+    }
+    let dir = out_dir("py-exec");
+    let script = repo_root().join("tests/workloads/py_exec.py");
+    let run = gputrace(&[
+        "-F",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        DEBIAN_311,
+        script.to_str().unwrap(),
+        PYENV_312,
+        "3",
+    ]);
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let warnings = run.report(&dir)["warnings"].to_string();
+    assert!(
+        warnings.contains("CPython 3.11.2") && warnings.contains("CPython 3.12.1"),
+        "{warnings}"
+    );
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    let before: u64 = folded
+        .lines()
+        .filter(|l| l.contains(";before_exec (py_exec.py:"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(
+        before > 100,
+        "before_exec frames lost across the exec:\n{folded}"
+    );
+    let (a, _) = py_samples(&folded, "hot_a");
+    let (b, _) = py_samples(&folded, "hot_b");
+    assert!(a + b > 100, "no frames after the exec: a={a} b={b}");
+    // No stack mixes the two images.
+    assert!(
+        !folded
+            .lines()
+            .any(|l| l.contains("before_exec (") && l.contains("hot_")),
+        "{folded}"
+    );
+}

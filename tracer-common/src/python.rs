@@ -1,0 +1,106 @@
+//! CPython stacks: user space finds each thread's `PyThreadState` and the struct offsets of the
+//! process's interpreter version; the CPU sampler walks the frame chain and stores
+//! (code object, instruction offset) pairs, which user space turns into `file:line function`.
+
+pub const PY_TSTATE_MAP: &str = "PY_TSTATE";
+pub const PY_PROCS_MAP: &str = "PY_PROCS";
+pub const PY_STACKS_MAP: &str = "PY_STACKS";
+pub const PY_STATS_MAP: &str = "PY_STATS";
+
+/// Frames recorded per Python stack; deeper stacks keep their leaf-most frames and are flagged.
+pub const PY_MAX_FRAMES: usize = 64;
+pub const PY_TSTATE_ENTRIES: u32 = 16_384;
+pub const PY_PROCS_ENTRIES: u32 = 1_024;
+pub const PY_STACKS_ENTRIES: u32 = 8_192;
+
+/// Bytes of each `_PyInterpreterFrame` read in one go; every frame offset in [`PyOffsets`] lies
+/// within them, and pointer fields are 8-aligned.
+pub const PY_FRAME_WINDOW: usize = 80;
+
+/// An offset that does not apply to this version.
+pub const PY_NO_OFFSET: u32 = u32::MAX;
+
+/// Where the frame chain of one interpreter version lives, per traced process (`PY_PROCS`,
+/// keyed by tgid), so one object serves processes of several versions at once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PyOffsets {
+    /// `PyThreadState` -> pointer read first (3.11: `cframe`).
+    pub tstate_frame: u32,
+    /// Then, from that pointer, the current `_PyInterpreterFrame *` (3.11: `cframe->current_frame`),
+    /// or [`PY_NO_OFFSET`] when the first pointer already is the frame.
+    pub cframe_current: u32,
+    pub frame_code: u32,
+    pub frame_previous: u32,
+    pub frame_prev_instr: u32,
+    /// Byte that marks the first frame run by one `_PyEval_EvalFrameDefault` activation (3.11),
+    /// or [`PY_NO_OFFSET`].
+    pub frame_is_entry: u32,
+    /// Byte saying who owns the frame (3.12+), or [`PY_NO_OFFSET`]. A frame owned by the C stack
+    /// is the shim each `_PyEval_EvalFrameDefault` activation pushes first: it is not recorded,
+    /// and the frame it called is marked as the activation's entry frame.
+    pub frame_owner: u32,
+    /// The `owner` value of those shim frames (`FRAME_OWNED_BY_CSTACK`).
+    pub owner_cstack: u32,
+}
+
+/// Bit in [`PyFrame::flags`]: the frame is an entry frame (a C -> Python boundary).
+pub const PY_FRAME_ENTRY: u32 = 1;
+
+/// One recorded frame: the code object and the byte distance of the last instruction from it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PyFrame {
+    pub code: u64,
+    /// `prev_instr - code` (bytes); user space subtracts the offset of the bytecode.
+    pub instr_off: u32,
+    pub flags: u32,
+}
+
+/// Bit in [`PyStack::status`]: the chain was longer than [`PY_MAX_FRAMES`].
+pub const PY_STACK_TRUNCATED: u32 = 1;
+
+/// A Python stack, leaf first, as stored in `PY_STACKS` keyed by a hash of its frames.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PyStack {
+    pub len: u32,
+    pub status: u32,
+    /// The process the code objects belong to.
+    pub pid: u32,
+    pub _pad: u32,
+    pub frames: [PyFrame; PY_MAX_FRAMES],
+}
+
+/// Slots of the per-CPU `PY_STATS` counters: what happened to the Python walk of each sample of
+/// a Python process.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PyStat {
+    /// A Python stack was recorded.
+    Walked = 0,
+    /// The thread had no known `PyThreadState` yet (new thread, or not a Python thread).
+    NoThreadState = 1,
+    /// Reading the target's memory failed mid-walk (frame freed or being rewritten).
+    ReadFailed = 2,
+    /// The chain was longer than `PY_MAX_FRAMES`; the root-most frames were left out.
+    Truncated = 3,
+    /// `PY_STACKS` was full: native frames only.
+    StacksFull = 4,
+    /// The thread ran no Python code (empty frame chain).
+    NoFrames = 5,
+}
+
+impl PyStat {
+    pub const COUNT: u32 = 8;
+    pub const ALL: [PyStat; 6] = [
+        PyStat::Walked,
+        PyStat::NoThreadState,
+        PyStat::ReadFailed,
+        PyStat::Truncated,
+        PyStat::StacksFull,
+        PyStat::NoFrames,
+    ];
+}
+
+crate::user_pod!(PyOffsets, PyFrame, PyStack);

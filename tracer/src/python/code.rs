@@ -1,0 +1,243 @@
+//! Reading interpreter objects out of a live process: the thread list and code objects
+//! (qualified name, file, first line, line table). Everything read is checked (type pointer,
+//! string kinds, sizes) so a freed or reused object yields an error, never a wrong name.
+
+use std::io;
+
+use super::{detect::Interpreter, memory::Memory, offsets::VersionOffsets};
+
+/// Bounds that keep a corrupted list or object from running away.
+const MAX_INTERPRETERS: usize = 64;
+const MAX_THREADS: usize = 16_384;
+const MAX_STRING: u64 = 4_096;
+const MAX_LINETABLE: u64 = 1 << 20;
+
+/// `(native thread id, PyThreadState address)` of every thread of every interpreter.
+pub fn thread_states(
+    mem: &dyn Memory,
+    interp: &Interpreter,
+    off: &VersionOffsets,
+) -> io::Result<Vec<(u32, u64)>> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut is = mem.u64(interp.runtime + off.runtime_interp_head)?;
+    for _ in 0..MAX_INTERPRETERS {
+        if is == 0 {
+            break;
+        }
+        let mut t = mem.u64(is + off.interp_threads_head)?;
+        while t != 0 && out.len() < MAX_THREADS {
+            if !seen.insert(t) {
+                // Read while the list was being relinked: try again next time.
+                return Err(bad(format!("thread list loops at {t:#x}")));
+            }
+            let native = mem.u64(t + off.tstate_native_id)?;
+            if native != 0 && native <= u32::MAX as u64 {
+                out.push((native as u32, t));
+            }
+            t = mem.u64(t + off.tstate_next)?;
+        }
+        is = mem.u64(is + off.interp_next)?;
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeInfo {
+    pub qualname: String,
+    pub filename: String,
+    pub first_line: i32,
+    pub linetable: Vec<u8>,
+}
+
+pub fn read_code(
+    mem: &dyn Memory,
+    interp: &Interpreter,
+    off: &VersionOffsets,
+    code: u64,
+) -> io::Result<CodeInfo> {
+    let ob_type = mem.u64(code + 8)?;
+    if ob_type != interp.code_type {
+        return Err(bad(format!("{code:#x} is not a code object")));
+    }
+    let first_line = mem.i32(code + off.code_firstlineno)?;
+    let qualname = match read_str(mem, off, mem.u64(code + off.code_qualname)?) {
+        Ok(s) => s,
+        Err(_) => read_str(mem, off, mem.u64(code + off.code_name)?)?,
+    };
+    let filename = read_str(mem, off, mem.u64(code + off.code_filename)?)?;
+    let linetable = read_bytes(mem, mem.u64(code + off.code_linetable)?)?;
+    Ok(CodeInfo {
+        qualname,
+        filename,
+        first_line,
+        linetable,
+    })
+}
+
+fn bad(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// A `str` object: compact (the data follows the header), of kind 1, 2 or 4 bytes per char.
+fn read_str(mem: &dyn Memory, off: &VersionOffsets, obj: u64) -> io::Result<String> {
+    if obj == 0 {
+        return Err(bad("null string".into()));
+    }
+    let len = mem.u64(obj + 16)?;
+    let state = mem.u32(obj + 32)?;
+    let kind = (state >> 2) & 7;
+    let compact = (state >> 5) & 1;
+    let ascii = (state >> 6) & 1;
+    if compact == 0 || !matches!(kind, 1 | 2 | 4) || len > MAX_STRING || (ascii == 1 && kind != 1) {
+        return Err(bad(format!("unexpected str object at {obj:#x}")));
+    }
+    let data = obj
+        + if ascii == 1 {
+            off.unicode_ascii_size
+        } else {
+            off.unicode_compact_size
+        };
+    let mut buf = vec![0u8; (len * kind as u64) as usize];
+    mem.read(data, &mut buf)?;
+    let chars: Option<String> = match kind {
+        1 => Some(buf.iter().map(|&b| b as char).collect()),
+        2 => buf
+            .chunks_exact(2)
+            .map(|c| char::from_u32(u16::from_le_bytes([c[0], c[1]]) as u32))
+            .collect(),
+        _ => buf
+            .chunks_exact(4)
+            .map(|c| char::from_u32(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect(),
+    };
+    chars.ok_or_else(|| bad(format!("invalid characters in str at {obj:#x}")))
+}
+
+/// A `bytes` object: `ob_size` at 16, data at 32.
+fn read_bytes(mem: &dyn Memory, obj: u64) -> io::Result<Vec<u8>> {
+    if obj == 0 {
+        return Err(bad("null bytes".into()));
+    }
+    let len = mem.u64(obj + 16)?;
+    if len > MAX_LINETABLE {
+        return Err(bad(format!("bytes object at {obj:#x} too large")));
+    }
+    let mut buf = vec![0u8; len as usize];
+    mem.read(obj + 32, &mut buf)?;
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::python::offsets::PY311;
+
+    /// A sparse fake address space.
+    #[derive(Default)]
+    struct Fake(BTreeMap<u64, u8>);
+
+    impl Fake {
+        fn put(&mut self, addr: u64, bytes: &[u8]) {
+            for (i, b) in bytes.iter().enumerate() {
+                self.0.insert(addr + i as u64, *b);
+            }
+        }
+        fn put_u64(&mut self, addr: u64, v: u64) {
+            self.put(addr, &v.to_le_bytes());
+        }
+        /// A compact ASCII `str` in 3.11's layout.
+        fn put_str(&mut self, addr: u64, s: &str) {
+            self.put_u64(addr + 16, s.len() as u64);
+            let state: u32 = (1 << 2) | (1 << 5) | (1 << 6);
+            self.put(addr + 32, &state.to_le_bytes());
+            self.put(addr + PY311.unicode_ascii_size, s.as_bytes());
+        }
+    }
+
+    impl Memory for Fake {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = *self
+                    .0
+                    .get(&(addr + i as u64))
+                    .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+            }
+            Ok(())
+        }
+    }
+
+    const CODE_TYPE: u64 = 0x9000;
+
+    fn interp() -> Interpreter {
+        Interpreter {
+            module: "/usr/bin/python3.11".into(),
+            version: (3, 11, 2),
+            runtime: 0x1000,
+            code_type: CODE_TYPE,
+        }
+    }
+
+    fn code_object(m: &mut Fake, at: u64, ty: u64) {
+        let off = &PY311;
+        m.put_u64(at + 8, ty);
+        m.put(at + off.code_firstlineno, &12i32.to_le_bytes());
+        m.put_u64(at + off.code_qualname, 0x5000);
+        m.put_u64(at + off.code_name, 0x5100);
+        m.put_u64(at + off.code_filename, 0x5200);
+        m.put_u64(at + off.code_linetable, 0x5300);
+        m.put_str(0x5000, "Loader.next");
+        m.put_str(0x5100, "next");
+        m.put_str(0x5200, "/srv/data.py");
+        m.put_u64(0x5300 + 16, 2);
+        m.put(0x5300 + 32, &[0x80, 0x00]);
+    }
+
+    #[test]
+    fn reads_a_code_object() {
+        let mut m = Fake::default();
+        code_object(&mut m, 0x4000, CODE_TYPE);
+        let c = read_code(&m, &interp(), &PY311, 0x4000).unwrap();
+        assert_eq!(c.qualname, "Loader.next");
+        assert_eq!(c.filename, "/srv/data.py");
+        assert_eq!(c.first_line, 12);
+        assert_eq!(c.linetable, vec![0x80, 0x00]);
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_code_object() {
+        let mut m = Fake::default();
+        code_object(&mut m, 0x4000, 0x9999);
+        assert!(read_code(&m, &interp(), &PY311, 0x4000).is_err());
+        // A str whose state is not compact (freed or rewritten) is not read.
+        let mut m = Fake::default();
+        code_object(&mut m, 0x4000, CODE_TYPE);
+        m.put(0x5200 + 32, &0u32.to_le_bytes());
+        assert!(read_code(&m, &interp(), &PY311, 0x4000).is_err());
+        // Unmapped memory.
+        assert!(read_code(&Fake::default(), &interp(), &PY311, 0x4000).is_err());
+    }
+
+    #[test]
+    fn walks_interpreters_and_threads() {
+        let off = &PY311;
+        let mut m = Fake::default();
+        let i = interp();
+        m.put_u64(i.runtime + off.runtime_interp_head, 0x2000);
+        m.put_u64(0x2000 + off.interp_next, 0);
+        m.put_u64(0x2000 + off.interp_threads_head, 0x3000);
+        m.put_u64(0x3000 + off.tstate_native_id, 101);
+        m.put_u64(0x3000 + off.tstate_next, 0x3400);
+        m.put_u64(0x3400 + off.tstate_native_id, 100);
+        m.put_u64(0x3400 + off.tstate_next, 0);
+        assert_eq!(
+            thread_states(&m, &i, off).unwrap(),
+            vec![(101, 0x3000), (100, 0x3400)]
+        );
+        // A cycle (memory rewritten under us) is an error, not an endless or duplicated list.
+        m.put_u64(0x3400 + off.tstate_next, 0x3000);
+        assert!(thread_states(&m, &i, off).is_err());
+    }
+}

@@ -1,0 +1,474 @@
+//! CPython frames in CPU stacks (issue 7). User space detects CPython in each traced process,
+//! keeps the kernel's tid -> `PyThreadState` map current, reads the Python stacks the sampler
+//! recorded while the process is alive (code objects can be freed once it exits) and splices
+//! them into the native stacks at symbolisation time.
+
+pub mod code;
+pub mod detect;
+pub mod linetable;
+pub mod memory;
+pub mod merge;
+pub mod offsets;
+
+use std::{
+    cell::RefCell,
+    collections::{BTreeMap, HashMap, HashSet},
+    path::Path,
+    rc::Rc,
+};
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
+    Ebpf,
+};
+use tracer_common::python::{
+    PyStack, PyStat, PY_FRAME_ENTRY, PY_PROCS_MAP, PY_STACKS_MAP, PY_STATS_MAP, PY_TSTATE_MAP,
+};
+
+use self::{
+    code::CodeInfo,
+    detect::Interpreter,
+    memory::{Memory, ProcessMemory},
+    merge::{Merge, PyFrameSym},
+    offsets::VersionOffsets,
+};
+use crate::{
+    probes::{AttachCtx, FinishCtx, ProbeFamily},
+    procfs,
+    report::ReportData,
+    symbolize::Frame,
+    tracker::Tracker,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PythonMode {
+    /// Python frames for every CPython process found among the targets.
+    #[default]
+    Auto,
+    /// As auto, and the report warns when no traced process runs CPython.
+    On,
+    /// Native frames only.
+    Off,
+}
+
+enum ProcState {
+    /// Not CPython as of the maps with this many entries, checked this many times: re-checked
+    /// every tick while young (the dynamic loader maps libpython after exec), then only when the
+    /// tracker's maps change.
+    NotPython(usize, u32),
+    Unsupported,
+    Python {
+        interp: Interpreter,
+        off: &'static VersionOffsets,
+        tids: HashSet<u32>,
+    },
+}
+
+/// A stack whose code objects cannot be read this many times (process gone) stays native-only.
+const MAX_ATTEMPTS: u32 = 3;
+
+/// Ticks (100 ms each) during which a process not yet found to be CPython is re-checked.
+const YOUNG_CHECKS: u32 = 30;
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MergeStats {
+    pub exact: u64,
+    pub approximate: u64,
+    pub no_eval_frame: u64,
+    /// Samples with a Python stack whose code objects could not all be read (process gone,
+    /// object freed): native frames only.
+    pub unresolved: u64,
+}
+
+#[derive(Default)]
+pub struct PyState {
+    mode: PythonMode,
+    procs: HashMap<u32, ProcState>,
+    /// Symbolised stacks by their `PY_STACKS` key, with their process.
+    stacks: HashMap<u64, (u32, Vec<PyFrameSym>)>,
+    /// Stacks that could not be symbolised yet, and how often that was tried.
+    attempts: HashMap<u64, u32>,
+    codes: HashMap<(u32, u64), CodeInfo>,
+    pub notes: Vec<String>,
+    pub merge: MergeStats,
+}
+
+/// Shared between the probe family (attach/tick/finish) and the session's symbolisation.
+#[derive(Clone, Default)]
+pub struct Python(pub Rc<RefCell<PyState>>);
+
+impl Python {
+    pub fn new(mode: PythonMode) -> Self {
+        Python(Rc::new(RefCell::new(PyState {
+            mode,
+            ..PyState::default()
+        })))
+    }
+
+    pub fn family(&self) -> Box<dyn ProbeFamily> {
+        Box::new(PythonFamily(self.clone()))
+    }
+
+    /// Reads the stacks recorded since the last tick (call once more before symbolising).
+    pub fn sync(&self, ebpf: &mut Ebpf) -> Result<()> {
+        self.0.borrow_mut().sync_stacks(ebpf)
+    }
+
+    /// Splices the Python stack `key` of process `pid` into `native` (root first).
+    pub fn merge(&self, pid: u32, key: u64, native: Vec<Frame>) -> Vec<Frame> {
+        let mut st = self.0.borrow_mut();
+        if key == 0 {
+            return native;
+        }
+        let Some(py) = st.resolve(pid, key) else {
+            st.merge.unresolved += 1;
+            return native;
+        };
+        let (out, how) = merge::merge(&native, &py);
+        match how {
+            Merge::Exact => st.merge.exact += 1,
+            Merge::Approximate => st.merge.approximate += 1,
+            Merge::NoEvalFrame => st.merge.no_eval_frame += 1,
+        }
+        out
+    }
+}
+
+impl PyState {
+    fn refresh(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
+        let mut procs: BpfHashMap<&mut MapData, u32, tracer_common::python::PyOffsets> =
+            BpfHashMap::try_from(ebpf.map_mut(PY_PROCS_MAP).context("map PY_PROCS missing")?)?;
+        let mut gone: Vec<u32> = Vec::new();
+        let mut stale_tids: Vec<u32> = Vec::new();
+        for (&pid, t) in &tracker.procs {
+            if t.info.exited {
+                if self.procs.contains_key(&pid) {
+                    gone.push(pid);
+                }
+                continue;
+            }
+            // After an exec the old interpreter's addresses mean nothing: detect again.
+            if let Some(ProcState::Python { interp, .. }) = self.procs.get(&pid) {
+                let still = crate::symbolize::find_mapping(&t.maps, interp.runtime)
+                    .is_some_and(|m| m.path == interp.module);
+                if !still {
+                    let _ = procs.remove(&pid);
+                    if let Some(ProcState::Python { tids, .. }) = self.procs.remove(&pid) {
+                        stale_tids.extend(tids);
+                    }
+                    // Code objects of the old image; samples taken before the exec whose
+                    // objects were not read yet stay native-only.
+                    self.codes.retain(|(p, _), _| *p != pid);
+                }
+            }
+            let checks = match self.procs.get(&pid) {
+                None => 0,
+                Some(ProcState::NotPython(n, c)) if *n != t.maps.len() || *c < YOUNG_CHECKS => *c,
+                Some(_) => continue,
+            };
+            let fresh;
+            let maps = if checks > 0 && checks < YOUNG_CHECKS {
+                fresh = procfs::read_maps(pid).unwrap_or_default();
+                &fresh
+            } else {
+                &t.maps
+            };
+            let mem = ProcessMemory(pid);
+            let det = detect::detect(pid, maps, &mem);
+            let state = match det {
+                Ok(None) => ProcState::NotPython(t.maps.len(), checks + 1),
+                Err(e) => {
+                    self.notes.push(format!("python: pid {pid}: {e}"));
+                    ProcState::Unsupported
+                }
+                Ok(Some(interp)) => {
+                    let (a, b, c) = interp.version;
+                    let off = offsets::for_version(a, b);
+                    let off = match off.map(|o| verify_at_runtime(&mem, &interp, o)) {
+                        Some(Err(e)) => {
+                            self.notes.push(format!(
+                                "python: pid {pid} runs CPython {a}.{b}.{c} ({}): {e}: native \
+                                 frames only",
+                                interp.module
+                            ));
+                            self.procs.insert(pid, ProcState::Unsupported);
+                            continue;
+                        }
+                        _ => off,
+                    };
+                    match off {
+                        None => {
+                            self.notes.push(format!(
+                                "python: pid {pid} runs CPython {a}.{b}.{c} ({}), a version without \
+                                 verified offsets: native frames only",
+                                interp.module
+                            ));
+                            ProcState::Unsupported
+                        }
+                        Some(off) => {
+                            procs
+                                .insert(pid, off.bpf, 0)
+                                .with_context(|| format!("add pid {pid} to PY_PROCS"))?;
+                            self.notes.push(format!(
+                                "python: pid {pid} runs CPython {a}.{b}.{c} ({}); offsets verified",
+                                interp.module
+                            ));
+                            ProcState::Python {
+                                interp,
+                                off,
+                                tids: HashSet::new(),
+                            }
+                        }
+                    }
+                }
+            };
+            self.procs.insert(pid, state);
+        }
+        for pid in &gone {
+            let _ = procs.remove(pid);
+        }
+        let mut tstates: BpfHashMap<&mut MapData, u32, u64> = BpfHashMap::try_from(
+            ebpf.map_mut(PY_TSTATE_MAP)
+                .context("map PY_TSTATE missing")?,
+        )?;
+        for (pid, state) in self.procs.iter_mut() {
+            let ProcState::Python { interp, off, tids } = state else {
+                continue;
+            };
+            let now: Vec<(u32, u64)> = if gone.contains(pid) {
+                Vec::new()
+            } else {
+                // A read that races with thread creation/exit fails; the next tick retries.
+                match code::thread_states(&ProcessMemory(*pid), interp, off) {
+                    Ok(v) => v,
+                    Err(_) => continue,
+                }
+            };
+            let live: HashSet<u32> = now.iter().map(|(t, _)| *t).collect();
+            for (tid, ts) in now {
+                if tstates.get(&tid, 0).ok() != Some(ts) {
+                    let _ = tstates.insert(tid, ts, 0);
+                }
+                tids.insert(tid);
+            }
+            for tid in tids.iter().filter(|t| !live.contains(t)) {
+                let _ = tstates.remove(tid);
+            }
+            tids.retain(|t| live.contains(t));
+        }
+        for pid in gone {
+            self.procs.remove(&pid);
+        }
+        Ok(())
+    }
+
+    /// Reads the stacks recorded since the last call and symbolises them now, while the
+    /// process is alive and before an exec can replace its code objects. Symbolised stacks are
+    /// deleted from the kernel map (the samples keep their keys), so a long trace with many
+    /// distinct (frame, instruction) stacks does not fill it.
+    fn sync_stacks(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+        let Some(map) = ebpf.map_mut(PY_STACKS_MAP) else {
+            return Ok(());
+        };
+        let mut map: BpfHashMap<&mut MapData, u64, PyStack> = BpfHashMap::try_from(map)?;
+        let keys: Vec<u64> = map.keys().filter_map(Result::ok).collect();
+        for k in keys {
+            if !self.stacks.contains_key(&k) {
+                if self.attempts.get(&k).copied().unwrap_or(0) >= MAX_ATTEMPTS {
+                    // Its samples stay native-only; free the slot.
+                    let _ = map.remove(&k);
+                    continue;
+                }
+                let Ok(st) = map.get(&k, 0) else { continue };
+                match self.symbolise(&st) {
+                    Some(frames) => {
+                        self.attempts.remove(&k);
+                        self.stacks.insert(k, (st.pid, frames));
+                    }
+                    None => {
+                        *self.attempts.entry(k).or_default() += 1;
+                        continue;
+                    }
+                }
+            }
+            let _ = map.remove(&k);
+        }
+        Ok(())
+    }
+
+    /// Root-first Python frames of a recorded stack; `None` when any code object is unreadable.
+    fn symbolise(&mut self, st: &PyStack) -> Option<Vec<PyFrameSym>> {
+        let ProcState::Python { interp, off, .. } = self.procs.get(&st.pid)? else {
+            return None;
+        };
+        let len = (st.len as usize).min(st.frames.len());
+        let mut out = Vec::with_capacity(len);
+        for f in st.frames[..len].iter().rev() {
+            let info = match self.codes.entry((st.pid, f.code)) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(code::read_code(&ProcessMemory(st.pid), interp, off, f.code).ok()?)
+                }
+            };
+            out.push(PyFrameSym {
+                frame: py_frame(info, f.instr_off, off.code_bytecode as u32),
+                entry: f.flags & PY_FRAME_ENTRY != 0,
+            });
+        }
+        Some(out)
+    }
+
+    /// Python frames of stack `key`, root first, when it was symbolised.
+    fn resolve(&self, pid: u32, key: u64) -> Option<Vec<PyFrameSym>> {
+        let (p, frames) = self.stacks.get(&key)?;
+        (*p == pid).then(|| frames.clone())
+    }
+
+    fn python_seen(&self) -> bool {
+        self.procs
+            .values()
+            .any(|p| matches!(p, ProcState::Python { .. } | ProcState::Unsupported))
+            || !self.notes.is_empty()
+    }
+}
+
+/// 3.13+ carries its own offsets (`_Py_DebugOffsets`): the built-in table must agree with them.
+fn verify_at_runtime(
+    mem: &ProcessMemory,
+    interp: &Interpreter,
+    off: &VersionOffsets,
+) -> Result<(), String> {
+    if interp.version < (3, 13, 0) {
+        return Ok(());
+    }
+    let mut buf = vec![0u8; offsets::DEBUG_OFFSETS_WORDS * 8];
+    mem.read(interp.runtime, &mut buf)
+        .map_err(|e| format!("reading _Py_DebugOffsets: {e}"))?;
+    let words: Vec<u64> = buf
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    offsets::check_debug_offsets(&words, off)
+}
+
+/// `qualname (file.py:line)`; the line is left out when the table gives none.
+pub fn py_frame(info: &CodeInfo, instr_off: u32, bytecode: u32) -> Frame {
+    let file = Path::new(&info.filename)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| info.filename.clone());
+    // `prev_instr` sits one code unit before the bytecode until the first instruction runs.
+    let line = if instr_off < bytecode {
+        Some(info.first_line)
+    } else {
+        linetable::line_for(&info.linetable, info.first_line, instr_off - bytecode)
+    };
+    let name = match line {
+        Some(l) => format!("{} ({file}:{l})", info.qualname),
+        None => format!("{} ({file})", info.qualname),
+    };
+    Frame {
+        name,
+        module: Some(info.filename.clone()),
+        kernel: false,
+    }
+}
+
+struct PythonFamily(Python);
+
+impl ProbeFamily for PythonFamily {
+    fn name(&self) -> &'static str {
+        "python"
+    }
+
+    fn attach(&mut self, _ebpf: &mut Ebpf, _ctx: &AttachCtx<'_>) -> Result<()> {
+        // The walk runs inside the CPU sampler; the first tick fills the maps.
+        Ok(())
+    }
+
+    fn tick(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
+        let mut st = self.0 .0.borrow_mut();
+        if st.mode == PythonMode::Off {
+            return Ok(());
+        }
+        st.refresh(ebpf, tracker)?;
+        st.sync_stacks(ebpf)
+    }
+
+    fn finish(
+        &mut self,
+        ebpf: &mut Ebpf,
+        _ctx: &mut FinishCtx<'_>,
+        data: &mut ReportData,
+    ) -> Result<()> {
+        let st = self.0 .0.borrow();
+        if st.mode == PythonMode::Off {
+            return Ok(());
+        }
+        let mut lines = st.notes.clone();
+        let stats = walk_stats(ebpf)?;
+        let total: u64 = stats.values().sum();
+        if total > 0 {
+            let m = st.merge;
+            lines.push(format!(
+                "python: {} of {total} samples of Python processes walked ({}), merged exactly {}, \
+                 approximately {}, without an eval frame {}, unresolved code objects {}",
+                stats.get("Walked").copied().unwrap_or(0),
+                stats
+                    .iter()
+                    .filter(|(k, v)| **v > 0 && k.as_str() != "Walked")
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                m.exact,
+                m.approximate,
+                m.no_eval_frame,
+                m.unresolved,
+            ));
+        }
+        if st.mode == PythonMode::On && !st.python_seen() {
+            lines.push("python: --python on, but no traced process runs CPython".into());
+        }
+        data.report.warnings.extend(lines);
+        Ok(())
+    }
+}
+
+fn walk_stats(ebpf: &Ebpf) -> Result<BTreeMap<String, u64>> {
+    let map: PerCpuArray<&MapData, u64> =
+        PerCpuArray::try_from(ebpf.map(PY_STATS_MAP).context("map PY_STATS missing")?)?;
+    let mut out = BTreeMap::new();
+    for s in PyStat::ALL {
+        let v = map.get(&(s as u32), 0).context("read PY_STATS")?;
+        out.insert(format!("{s:?}"), v.iter().sum());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_names_with_lines() {
+        let info = CodeInfo {
+            qualname: "Worker.run".into(),
+            filename: "/srv/app/worker.py".into(),
+            first_line: 1,
+            linetable: include_bytes!("testdata/linetable_311.bin").to_vec(),
+        };
+        // Offset 30 bytes into the bytecode is on line 4 of the fixture (see linetable tests).
+        assert_eq!(
+            py_frame(&info, 184 + 30, 184).name,
+            "Worker.run (worker.py:4)"
+        );
+        // Before the first instruction: the def line.
+        assert_eq!(py_frame(&info, 182, 184).name, "Worker.run (worker.py:1)");
+        // Beyond the table: no line rather than a wrong one.
+        assert_eq!(
+            py_frame(&info, 184 + 10_000, 184).name,
+            "Worker.run (worker.py)"
+        );
+    }
+}
