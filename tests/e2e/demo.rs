@@ -23,6 +23,7 @@ const SECONDS: &str = "3";
 struct DemoRun {
     run: Run,
     report: Value,
+    dir: std::path::PathBuf,
 }
 
 /// Runs `gputrace demo --mode MODE [--fixed]` once per test process and shares the result
@@ -62,7 +63,7 @@ fn demo_run(mode: &str, fixed: bool) -> Arc<DemoRun> {
         run.stderr
     );
     let report = run.report(&dir);
-    let r = Arc::new(DemoRun { run, report });
+    let r = Arc::new(DemoRun { run, report, dir });
     runs.lock().unwrap().insert(key, r.clone());
     r
 }
@@ -180,6 +181,41 @@ fn check_fixed(mode: &str) {
         "demo --mode {mode}: {} impact {ib:.1}% before, {ia:.1}% with --fixed\n{:#}",
         expected_rule(mode),
         after.report["findings"]
+    );
+}
+
+/// `gputrace diff` on the reports of a mode and its fixed run says the mode's finding is gone
+/// (or shrank) and the run got faster.
+#[test]
+fn diff_reports_the_fix_of_the_transfer_mode() {
+    if !require_root("diff_reports_the_fix_of_the_transfer_mode") {
+        return;
+    }
+    let before = demo("transfer");
+    let after = demo_run("transfer", true);
+    let _g = serial();
+    let b = before.dir.join("report.json");
+    let a = after.dir.join("report.json");
+    let run = gputrace(&["diff", b.to_str().unwrap(), a.to_str().unwrap()]);
+    assert_eq!(run.code(), 0, "{}\n{}", run.stdout, run.stderr);
+    let gone = run
+        .stdout
+        .lines()
+        .any(|l| l.trim_start().starts_with("gone:") && l.contains("transfer-bound"));
+    assert!(
+        gone,
+        "diff does not say transfer-bound went away:\n{}",
+        run.stdout
+    );
+    let run = gputrace(&["diff", "--json", b.to_str().unwrap(), a.to_str().unwrap()]);
+    let d: Value = serde_json::from_str(&run.stdout).expect("diff --json is JSON");
+    assert!(
+        d["findings_gone"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["rule"] == "transfer-bound"),
+        "{d:#}"
     );
 }
 
