@@ -80,6 +80,45 @@ pub struct ThreadState {
     pub _pad: u32,
 }
 
+impl ThreadState {
+    /// The time-sum row the thread's running interval is charged to. One definition for the
+    /// kernel side (which closes intervals as they end) and user space (which closes the ones
+    /// still open at the end of the window), so both always agree.
+    #[inline(always)]
+    pub fn row_key(&self, tid: u32) -> WallKey {
+        let mut key = WallKey {
+            born_ns: self.born_ns,
+            tgid: self.tgid,
+            tid,
+            kind: crate::time::Category::Cpu as u32,
+            sys_nr: -1,
+            kstack: -1,
+            ustack: -1,
+            state: 0,
+            _pad: 0,
+        };
+        if self.override_cat != crate::time::NO_OVERRIDE {
+            key.kind = self.override_cat;
+        } else if self.phase != PHASE_ONCPU {
+            key.sys_nr = self.off_sys_nr;
+            key.kstack = self.off_kstack;
+            key.ustack = self.off_ustack;
+            if self.phase == PHASE_BLOCKED {
+                key.kind = KIND_BLOCKED;
+                key.state = self.off_state;
+            } else {
+                key.kind = crate::time::Category::Runqueue as u32;
+                key.state = if self.off_state & 0xff == 0 {
+                    RQ_PREEMPTED
+                } else {
+                    RQ_WOKEN
+                };
+            }
+        }
+        key
+    }
+}
+
 /// How long walked stacks are reused for the same wait (ns).
 pub const STACK_REUSE_NS: u64 = 10_000_000;
 

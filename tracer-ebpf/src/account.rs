@@ -12,10 +12,10 @@
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::map, maps::HashMap};
 use tracer_common::{
     drops::Drop,
-    time::{Category, NO_OVERRIDE},
+    time::NO_OVERRIDE,
     wall::{
-        LifeKey, LifeVal, ThreadState, WallKey, WallVal, KIND_BLOCKED, LIFE_ENTRIES, PHASE_BLOCKED,
-        PHASE_ONCPU, PHASE_RUNNABLE, RQ_PREEMPTED, RQ_WOKEN, THREADS_ENTRIES, WALL_ENTRIES,
+        LifeKey, LifeVal, ThreadState, WallKey, WallVal, LIFE_ENTRIES, PHASE_RUNNABLE,
+        THREADS_ENTRIES, WALL_ENTRIES,
     },
 };
 
@@ -41,35 +41,7 @@ pub static LIFE: HashMap<LifeKey, LifeVal> = HashMap::with_max_entries(LIFE_ENTR
 pub fn close(tid: u32, st: &mut ThreadState, now: u64) {
     let ns = now.saturating_sub(st.start_ns);
     st.start_ns = now;
-    let mut key = WallKey {
-        born_ns: st.born_ns,
-        tgid: st.tgid,
-        tid,
-        kind: Category::Cpu as u32,
-        sys_nr: -1,
-        kstack: -1,
-        ustack: -1,
-        state: 0,
-        _pad: 0,
-    };
-    if st.override_cat != NO_OVERRIDE {
-        key.kind = st.override_cat;
-    } else if st.phase != PHASE_ONCPU {
-        key.sys_nr = st.off_sys_nr;
-        key.kstack = st.off_kstack;
-        key.ustack = st.off_ustack;
-        if st.phase == PHASE_BLOCKED {
-            key.kind = KIND_BLOCKED;
-            key.state = st.off_state;
-        } else {
-            key.kind = Category::Runqueue as u32;
-            key.state = if st.off_state & 0xff == 0 {
-                RQ_PREEMPTED
-            } else {
-                RQ_WOKEN
-            };
-        }
-    }
+    let key = st.row_key(tid);
     if let Some(v) = WALL.get_ptr_mut(&key) {
         unsafe {
             (*v).ns += ns;

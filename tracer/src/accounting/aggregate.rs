@@ -8,11 +8,8 @@
 use std::collections::BTreeMap;
 
 use tracer_common::{
-    time::{Category, NO_OVERRIDE},
-    wall::{
-        LifeKey, LifeVal, ThreadState, WallKey, WallVal, KIND_BLOCKED, PHASE_BLOCKED, PHASE_ONCPU,
-        RQ_PREEMPTED, RQ_WOKEN,
-    },
+    time::Category,
+    wall::{LifeKey, LifeVal, ThreadState, WallKey, WallVal},
 };
 
 use super::classify::Verdict;
@@ -48,35 +45,7 @@ impl ThreadTime {
 
 /// The row the kernel would write if the thread's running interval closed at `end`.
 pub fn open_row(tid: u32, st: &ThreadState, end: u64) -> Row {
-    let mut key = WallKey {
-        born_ns: st.born_ns,
-        tgid: st.tgid,
-        tid,
-        kind: Category::Cpu as u32,
-        sys_nr: -1,
-        kstack: -1,
-        ustack: -1,
-        state: 0,
-        _pad: 0,
-    };
-    if st.override_cat != NO_OVERRIDE {
-        key.kind = st.override_cat;
-    } else if st.phase != PHASE_ONCPU {
-        key.sys_nr = st.off_sys_nr;
-        key.kstack = st.off_kstack;
-        key.ustack = st.off_ustack;
-        if st.phase == PHASE_BLOCKED {
-            key.kind = KIND_BLOCKED;
-            key.state = st.off_state;
-        } else {
-            key.kind = Category::Runqueue as u32;
-            key.state = if st.off_state & 0xff == 0 {
-                RQ_PREEMPTED
-            } else {
-                RQ_WOKEN
-            };
-        }
-    }
+    let key = st.row_key(tid);
     Row {
         key,
         val: WallVal {
@@ -194,7 +163,10 @@ pub fn invariant_holds(b: &TimeBreakdown, tolerance: f64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracer_common::wall::{PHASE_RUNNABLE, RQ_WOKEN};
+    use tracer_common::{
+        time::NO_OVERRIDE,
+        wall::{KIND_BLOCKED, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, RQ_WOKEN},
+    };
 
     fn row(tid: u32, born: u64, kind: u32, ns: u64) -> Row {
         Row {
