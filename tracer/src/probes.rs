@@ -60,5 +60,6 @@ pub fn families(args: &TraceArgs) -> Vec<Box<dyn ProbeFamily>> {
     vec![
         Box::new(crate::accounting::Accounting::new()),
         Box::new(crate::cuda::CudaFamily::new(args)),
+        Box::new(crate::streams::TimelineFamily::new(args)),
     ]
 }

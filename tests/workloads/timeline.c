@@ -1,0 +1,59 @@
+// Workload for the trace.json timeline test: one thread ("tl_main") that sleeps 20 ms SLEEPS
+// times, waits ~30 ms on a pipe a child feeds, then calls the fake libcudart (dlopen'ed from
+// argv[1]): cudaDeviceSynchronize SYNCS times (20 ms each in the fake) and a 4 KiB H2D
+// cudaMemcpy. Usage: timeline LIBCUDART
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SLEEPS 5
+#define SLEEP_NS 20000000L
+#define SYNCS 3
+#define PIPE_WAIT_US 30000
+
+typedef int (*sync_fn)(void);
+typedef int (*memcpy_fn)(void *, const void *, size_t, int);
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: timeline LIBCUDART\n");
+        return 2;
+    }
+    prctl(PR_SET_NAME, "tl_main");
+    void *h = dlopen(argv[1], RTLD_NOW);
+    if (!h) {
+        fprintf(stderr, "dlopen: %s\n", dlerror());
+        return 1;
+    }
+    sync_fn sync = (sync_fn)dlsym(h, "cudaDeviceSynchronize");
+    memcpy_fn copy = (memcpy_fn)dlsym(h, "cudaMemcpy");
+    if (!sync || !copy) return 1;
+
+    struct timespec ts = {0, SLEEP_NS};
+    for (int i = 0; i < SLEEPS; i++) nanosleep(&ts, NULL);
+
+    int fds[2];
+    if (pipe(fds)) return 1;
+    pid_t child = fork();
+    if (child == 0) {
+        usleep(PIPE_WAIT_US);
+        if (write(fds[1], "x", 1) != 1) _exit(1);
+        _exit(0);
+    }
+    char c;
+    if (read(fds[0], &c, 1) != 1) return 1;
+    waitpid(child, NULL, 0);
+
+    for (int i = 0; i < SYNCS; i++)
+        if (sync()) return 1;
+    static char src[4096], dst[4096];
+    memset(src, 7, sizeof src);
+    if (copy(dst, src, sizeof src, 1)) return 1;
+    return 0;
+}
