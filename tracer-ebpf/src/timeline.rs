@@ -75,7 +75,8 @@ pub fn offcpu(tid: u32, st: &ThreadState, now: u64) {
         st.off_sys_nr as i64 as u64,
         st.override_cat as u64,
         woke,
-        0,
+        // The kernel stack the accounting walked at switch-out (or -1): no walk of our own.
+        st.off_kstack as i64 as u64,
         0,
         0,
         0,

@@ -15,8 +15,13 @@ use crate::{
 };
 
 /// The event for one record, or None for a record of an unknown kind. Intervals that started
-/// before the window are cut at its start.
-pub fn convert(ev: &TlEvent, window_start_ktime: u64) -> Option<TimelineEvent> {
+/// before the window are cut at its start. `kernel_frames` are the names of the off-CPU
+/// record's kernel stack (innermost first), empty when none was captured.
+pub fn convert(
+    ev: &TlEvent,
+    window_start_ktime: u64,
+    kernel_frames: &[&str],
+) -> Option<TimelineEvent> {
     let end = ev.start_ns.saturating_add(ev.dur_ns);
     let start = ev.start_ns.max(window_start_ktime);
     let mut out = TimelineEvent {
@@ -29,7 +34,7 @@ pub fn convert(ev: &TlEvent, window_start_ktime: u64) -> Option<TimelineEvent> {
         args: Vec::new(),
     };
     match ev.kind {
-        TL_OFFCPU => offcpu(ev, &mut out),
+        TL_OFFCPU => offcpu(ev, kernel_frames, &mut out),
         TL_SYSCALL => syscall(ev, &mut out),
         TL_CUDA => cuda(ev, &mut out),
         TL_BLOCK => block(ev, &mut out),
@@ -42,9 +47,19 @@ fn arg(out: &mut TimelineEvent, k: &str, v: impl ToString) {
     out.args.push((k.to_string(), v.to_string()));
 }
 
-/// The reason is what the accounting would say without stacks: the CUDA call the thread was
-/// in, runqueue for a preempted thread, else the syscall-only rules of the classifier.
-fn offcpu(ev: &TlEvent, out: &mut TimelineEvent) {
+/// Off-CPU kernel stack id of a record (negative: none, or not an off-CPU record).
+pub fn kernel_stack(ev: &TlEvent) -> i32 {
+    if ev.kind == TL_OFFCPU {
+        ev.args[3] as i64 as i32
+    } else {
+        -1
+    }
+}
+
+/// The reason is what the accounting says: the CUDA call the thread was in, runqueue for a
+/// preempted thread, else the classifier's kernel-stack and syscall rules (user-stack rules,
+/// the GIL, are left to the report: resolving user stacks per event would be too slow).
+fn offcpu(ev: &TlEvent, kernel_frames: &[&str], out: &mut TimelineEvent) {
     out.kind = EventKind::OffCpu;
     let sys_nr = ev.args[0] as i64 as i32;
     let override_cat = ev.args[1] as u32;
@@ -57,7 +72,7 @@ fn offcpu(ev: &TlEvent, out: &mut TimelineEvent) {
     } else if state & 0xff == 0 {
         (Category::Runqueue, "preempted".to_string())
     } else {
-        let v = classify::blocked(sys_nr, state, &[]);
+        let v = classify::blocked(sys_nr, state, kernel_frames);
         (v.category, v.reason)
     };
     out.name = format!("{} ({reason})", category.name());
@@ -218,7 +233,7 @@ mod tests {
             20_000_000,
             &[nr, NO_OVERRIDE as u64, 24_000_000],
         );
-        let e = convert(&ev, 1_000_000).unwrap();
+        let e = convert(&ev, 1_000_000, &[]).unwrap();
         assert_eq!((e.ts_ns, e.dur_ns), (4_000_000, 20_000_000));
         assert_eq!((e.pid, e.tid, e.kind), (10, 11, EventKind::OffCpu));
         assert_eq!(e.name, "sleep (clock_nanosleep)");
@@ -228,22 +243,33 @@ mod tests {
     #[test]
     fn preempted_and_cuda_overrides() {
         let ev = rec(TL_OFFCPU, 0, 10, 5, &[u64::MAX, NO_OVERRIDE as u64, 0]);
-        assert_eq!(convert(&ev, 0).unwrap().name, "runqueue (preempted)");
+        assert_eq!(convert(&ev, 0, &[]).unwrap().name, "runqueue (preempted)");
         let futex = syscall_names::nr("futex").unwrap() as u64;
         let ev = rec(TL_OFFCPU, 1, 10, 5, &[futex, Category::CudaSync as u64, 0]);
-        assert_eq!(convert(&ev, 0).unwrap().name, "cuda_sync (futex)");
+        assert_eq!(convert(&ev, 0, &[]).unwrap().name, "cuda_sync (futex)");
         let ev = rec(TL_OFFCPU, 2, 10, 5, &[u64::MAX, NO_OVERRIDE as u64, 0]);
-        assert_eq!(convert(&ev, 0).unwrap().name, "io (D state)");
+        assert_eq!(convert(&ev, 0, &[]).unwrap().name, "io (D state)");
+    }
+
+    #[test]
+    fn kernel_stack_decides_like_the_accounting() {
+        let read = syscall_names::nr("read").unwrap() as u64;
+        let ev = rec(TL_OFFCPU, 1, 0, 5, &[read, NO_OVERRIDE as u64, 0, 7]);
+        assert_eq!(kernel_stack(&ev), 7);
+        assert_eq!(convert(&ev, 0, &[]).unwrap().name, "io (read)");
+        let e = convert(&ev, 0, &["schedule", "anon_pipe_read", "vfs_read"]).unwrap();
+        assert_eq!(e.name, "ipc (read)");
+        assert_eq!(kernel_stack(&rec(TL_SYSCALL, 0, 0, 5, &[0, 0, 0, 7])), -1);
     }
 
     #[test]
     fn interval_started_before_the_window_is_cut() {
         let ev = rec(TL_SYSCALL, 0, 100, 1_000, &[3, 0]);
-        let e = convert(&ev, 600).unwrap();
+        let e = convert(&ev, 600, &[]).unwrap();
         assert_eq!((e.ts_ns, e.dur_ns, e.name.as_str()), (0, 500, "read"));
         assert_eq!(get(&e, "ret"), Some("3"));
         let ev = rec(TL_SYSCALL, 0, 100, 100, &[0, 0]);
-        assert_eq!(convert(&ev, 600).unwrap().dur_ns, 0);
+        assert_eq!(convert(&ev, 600, &[]).unwrap().dur_ns, 0);
     }
 
     #[test]
@@ -256,7 +282,7 @@ mod tests {
             1_000,
             &[table::cookie(f as usize), 0, 0xd0, 0xa0, 4096, 2],
         );
-        let e = convert(&ev, 0).unwrap();
+        let e = convert(&ev, 0, &[]).unwrap();
         assert_eq!((e.kind, e.name.as_str()), (EventKind::Cuda, "cudaMemcpy"));
         assert_eq!(get(&e, "bytes"), Some("4096"));
         assert_eq!(get(&e, "direction"), Some("D2H"));
@@ -276,7 +302,7 @@ mod tests {
             30_000,
             &[table::cookie(f as usize), 0, 0xbeef, grid, 1, block, 1, 0],
         );
-        let e = convert(&ev, 0).unwrap();
+        let e = convert(&ev, 0, &[]).unwrap();
         assert_eq!(get(&e, "grid"), Some("128x2x1"));
         assert_eq!(get(&e, "block"), Some("256x1x1"));
         assert_eq!(get(&e, "kernel"), Some("0xbeef"));
@@ -286,7 +312,7 @@ mod tests {
     fn failing_sync_says_its_error() {
         let f = fid("cudaDeviceSynchronize");
         let ev = rec(TL_CUDA, f, 0, 10, &[table::cookie(f as usize), 700]);
-        let e = convert(&ev, 0).unwrap();
+        let e = convert(&ev, 0, &[]).unwrap();
         assert_eq!(get(&e, "category"), Some("cuda_sync"));
         assert_eq!(
             get(&e, "return"),
@@ -302,7 +328,7 @@ mod tests {
     fn block_request() {
         let dev = (8 << 20) | 16;
         let ev = rec(TL_BLOCK, dev, 0, 2_000_000, &[1 << 20, 1, 2048, 3_000]);
-        let e = convert(&ev, 0).unwrap();
+        let e = convert(&ev, 0, &[]).unwrap();
         assert_eq!(
             (e.kind, e.name.as_str()),
             (EventKind::BlockIo, "write 1.0 MiB")
@@ -310,6 +336,6 @@ mod tests {
         assert_eq!(get(&e, "device"), Some("8:16"));
         assert_eq!(get(&e, "latency_us"), Some("2000"));
         assert_eq!(get(&e, "queued_us"), Some("3"));
-        assert!(convert(&rec(99, 0, 0, 0, &[]), 0).is_none());
+        assert!(convert(&rec(99, 0, 0, 0, &[]), 0, &[]).is_none());
     }
 }

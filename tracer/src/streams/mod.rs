@@ -7,6 +7,8 @@
 
 pub mod convert;
 
+use std::collections::HashMap;
+
 use anyhow::{Context, Result};
 use aya::{
     maps::{MapData, PerCpuArray, RingBuf},
@@ -19,6 +21,7 @@ use tracer_common::timeline::{
 
 use crate::{
     cli::TraceArgs,
+    collect::Stacks,
     probes::{AttachCtx, FinishCtx, ProbeFamily},
     report::ReportData,
     tracker::Tracker,
@@ -112,11 +115,28 @@ impl ProbeFamily for TimelineFamily {
         self.drain();
         let t = &mut data.timeline;
         t.cut_events += self.cut;
+        let mut stacks = Stacks::new(ebpf)?;
+        let mut kframes: HashMap<i32, Vec<String>> = HashMap::new();
         for ev in self.raw.drain(..) {
             if ev.start_ns >= ctx.window_end_ktime {
                 continue;
             }
-            if let Some(e) = convert::convert(&ev, ctx.window_start_ktime) {
+            let id = convert::kernel_stack(&ev);
+            let frames = kframes.entry(id).or_insert_with(|| {
+                stacks
+                    .get(id)
+                    .map(<[u64]>::to_vec)
+                    .map(|ips| {
+                        ctx.symbolizer
+                            .kernel(&ips)
+                            .into_iter()
+                            .map(|f| f.name)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            });
+            let names: Vec<&str> = frames.iter().map(String::as_str).collect();
+            if let Some(e) = convert::convert(&ev, ctx.window_start_ktime, &names) {
                 t.push(e);
             }
         }
