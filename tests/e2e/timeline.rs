@@ -1,7 +1,8 @@
 //! Issue 5, trace.json: the probe families stream off-CPU intervals, long syscalls and CUDA
 //! calls onto each traced thread's track. tests/workloads/timeline.c sleeps 20 ms 5 times,
 //! waits on a pipe, then calls the fake libcudart's cudaDeviceSynchronize 3 times (20 ms each)
-//! and one 4 KiB H2D cudaMemcpy.
+//! and one 4 KiB H2D cudaMemcpy, 10 quick __cudaRegisterFunction calls and one failing
+//! cudaLaunchKernel.
 
 use std::{collections::BTreeMap, path::PathBuf, process::Command};
 
@@ -12,6 +13,7 @@ use crate::common::*;
 const SLEEPS: usize = 5;
 const SLEEP_MS: f64 = 20.0;
 const SYNCS: usize = 3;
+const REGS: u64 = 10;
 
 /// The fake runtime, built into a directory of its own (the CUDA tests build theirs elsewhere).
 fn fake_cudart() -> PathBuf {
@@ -171,6 +173,29 @@ fn thread_track_has_sleeps_pipe_wait_and_cuda_syncs() {
         .expect("every cudaMemcpy is on the timeline, however short");
     assert_eq!(copy["args"]["bytes"], "4096");
     assert_eq!(copy["args"]["direction"], "H2D");
+    // Failing calls are always drawn, with the launch's arguments and the error.
+    let launch = cuda
+        .iter()
+        .find(|e| e["name"] == "cudaLaunchKernel")
+        .expect("the failing launch");
+    assert_eq!(launch["args"]["grid"], "64x2x1");
+    assert_eq!(launch["args"]["block"], "128x1x1");
+    assert_eq!(launch["args"]["return"], "cudaErrorInvalidDeviceFunction");
+    // Quick calls outside the always-drawn kinds are counted, not drawn (one the machine
+    // slowed past 20 us is drawn).
+    let drawn: Vec<f64> = cuda
+        .iter()
+        .filter(|e| e["name"] == "__cudaRegisterFunction")
+        .map(|e| e["dur"].as_f64().unwrap())
+        .collect();
+    assert!(drawn.iter().all(|us| *us >= 20.0), "{drawn:?}");
+    let short = report["timeline"]["cuda_calls_below_threshold"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        short + drawn.len() as u64 >= REGS && short > 0,
+        "{short} {drawn:?}"
+    );
 
     let sys = slices(&evs, pid, "syscall");
     assert!(

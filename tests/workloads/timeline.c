@@ -1,7 +1,9 @@
 // Workload for the trace.json timeline test: one thread ("tl_main") that sleeps 20 ms SLEEPS
 // times, waits ~30 ms on a pipe a child feeds, then calls the fake libcudart (dlopen'ed from
-// argv[1]): cudaDeviceSynchronize SYNCS times (20 ms each in the fake) and a 4 KiB H2D
-// cudaMemcpy. Usage: timeline LIBCUDART
+// argv[1]): cudaDeviceSynchronize SYNCS times (20 ms each in the fake), a 4 KiB H2D
+// cudaMemcpy, REGS quick __cudaRegisterFunction calls (under the timeline's CUDA threshold)
+// and one failing cudaLaunchKernel (NULL function, grid 64x2x1, block 128x1x1).
+// Usage: timeline LIBCUDART
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <poll.h>
@@ -17,9 +19,14 @@
 #define SLEEP_NS 20000000L
 #define SYNCS 3
 #define PIPE_WAIT_US 30000
+#define REGS 10
 
 typedef int (*sync_fn)(void);
 typedef int (*memcpy_fn)(void *, const void *, size_t, int);
+typedef struct { unsigned int x, y, z; } dim3;
+typedef int (*launch_fn)(const void *, dim3, dim3, void **, size_t, void *);
+typedef void (*reg_fn)(void **, const char *, char *, const char *, int, void *, void *, void *,
+                       void *, int *);
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -34,7 +41,9 @@ int main(int argc, char **argv) {
     }
     sync_fn sync = (sync_fn)dlsym(h, "cudaDeviceSynchronize");
     memcpy_fn copy = (memcpy_fn)dlsym(h, "cudaMemcpy");
-    if (!sync || !copy) return 1;
+    launch_fn launch = (launch_fn)dlsym(h, "cudaLaunchKernel");
+    reg_fn reg = (reg_fn)dlsym(h, "__cudaRegisterFunction");
+    if (!sync || !copy || !launch || !reg) return 1;
 
     // A short first wait, not a sleep (poll): the accounting starts a launched command's
     // thread state at its first switch-out, so the syscall of that switch-out is not known;
@@ -61,5 +70,9 @@ int main(int argc, char **argv) {
     static char src[4096], dst[4096];
     memset(src, 7, sizeof src);
     if (copy(dst, src, sizeof src, 1)) return 1;
+    static char stub;
+    for (int i = 0; i < REGS; i++) reg(NULL, &stub, "tl_kernel", "tl_kernel", -1, 0, 0, 0, 0, 0);
+    dim3 grid = {64, 2, 1}, block = {128, 1, 1};
+    if (launch(NULL, grid, block, NULL, 0, NULL) != 98) return 1;
     return 0;
 }
