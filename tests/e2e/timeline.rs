@@ -1,8 +1,8 @@
 //! Issue 5, trace.json: the probe families stream off-CPU intervals, long syscalls and CUDA
 //! calls onto each traced thread's track. tests/workloads/timeline.c sleeps 20 ms 5 times,
 //! waits on a pipe, then calls the fake libcudart's cudaDeviceSynchronize 3 times (20 ms each)
-//! and one 4 KiB H2D cudaMemcpy, 10 quick __cudaRegisterFunction calls and one failing
-//! cudaLaunchKernel.
+//! and one 4 KiB H2D cudaMemcpy, 10 quick __cudaRegisterFunction calls, one failing
+//! cudaLaunchKernel and one successful one.
 
 use std::{collections::BTreeMap, path::PathBuf, process::Command};
 
@@ -15,27 +15,34 @@ const SLEEP_MS: f64 = 20.0;
 const SYNCS: usize = 3;
 const REGS: u64 = 10;
 
-/// The fake runtime, built into a directory of its own (the CUDA tests build theirs elsewhere).
+/// The fake runtime and driver, built into a directory of their own (the CUDA tests build
+/// theirs elsewhere); the runtime finds the driver through its rpath.
 fn fake_cudart() -> PathBuf {
     let dir = tmp_dir().join("timeline_fake_cuda");
     std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join("libcudart.so.12");
-    let st = Command::new("gcc")
-        .args([
-            "-O0",
-            "-g",
-            "-fno-omit-frame-pointer",
-            "-shared",
-            "-fPIC",
-            "-o",
-        ])
-        .arg(&out)
-        .arg(repo_root().join("tests/workloads/fake_cuda/cudart.c"))
-        .arg("-ldl")
-        .status()
-        .expect("run gcc");
-    assert!(st.success(), "gcc failed building the fake libcudart");
-    out
+    let src = repo_root().join("tests/workloads/fake_cuda");
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
+    for (out, file, extra) in [
+        ("libcuda.so.1", "cuda.c", &[][..]),
+        ("libcudart.so.12", "cudart.c", &["-ldl", rpath.as_str()][..]),
+    ] {
+        let st = Command::new("gcc")
+            .args([
+                "-O0",
+                "-g",
+                "-fno-omit-frame-pointer",
+                "-shared",
+                "-fPIC",
+                "-o",
+            ])
+            .arg(dir.join(out))
+            .arg(src.join(file))
+            .args(extra)
+            .status()
+            .expect("run gcc");
+        assert!(st.success(), "gcc failed building {out}");
+    }
+    dir.join("libcudart.so.12")
 }
 
 /// Traces the workload; returns trace.json's events and the traced pid.
@@ -61,6 +68,7 @@ fn trace(name: &str, extra: &[&str]) -> (Vec<Value>, Value, u64) {
     );
     let report = run.report(&dir);
     let pid = report["target"]["pids"][0].as_u64().expect("target pid");
+    assert_eq!(report["target"]["exit_code"], 0, "the workload failed");
     let text = std::fs::read_to_string(dir.join("trace.json")).expect("trace.json");
     (validate(&text), report, pid)
 }
@@ -181,6 +189,14 @@ fn thread_track_has_sleeps_pipe_wait_and_cuda_syncs() {
     assert_eq!(launch["args"]["grid"], "64x2x1");
     assert_eq!(launch["args"]["block"], "128x1x1");
     assert_eq!(launch["args"]["return"], "cudaErrorInvalidDeviceFunction");
+    // The successful launch (over 20 us: it loads the driver) names its kernel, from the
+    // __cudaRegisterFunction calls, as the report's kernel table does.
+    let named = cuda
+        .iter()
+        .find(|e| e["name"] == "cudaLaunchKernel" && e["args"]["return"] == "cudaSuccess")
+        .expect("the first successful launch");
+    assert_eq!(named["args"]["kernel"], "tl_kernel", "{named}");
+    assert!(named["args"]["handle"].as_str().unwrap().starts_with("0x"));
     // Quick calls outside the always-drawn kinds are counted, not drawn (one the machine
     // slowed past 20 us is drawn).
     let drawn: Vec<f64> = cuda

@@ -2,7 +2,8 @@
 // times, waits ~30 ms on a pipe a child feeds, then calls the fake libcudart (dlopen'ed from
 // argv[1]): cudaDeviceSynchronize SYNCS times (20 ms each in the fake), a 4 KiB H2D
 // cudaMemcpy, REGS quick __cudaRegisterFunction calls (under the timeline's CUDA threshold)
-// and one failing cudaLaunchKernel (NULL function, grid 64x2x1, block 128x1x1).
+// one failing cudaLaunchKernel (NULL function, grid 64x2x1, block 128x1x1) and a first
+// successful launch of "tl_kernel" (slow: it loads the fake libcuda).
 // Usage: timeline LIBCUDART
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -74,5 +75,6 @@ int main(int argc, char **argv) {
     for (int i = 0; i < REGS; i++) reg(NULL, &stub, "tl_kernel", "tl_kernel", -1, 0, 0, 0, 0, 0);
     dim3 grid = {64, 2, 1}, block = {128, 1, 1};
     if (launch(NULL, grid, block, NULL, 0, NULL) != 98) return 1;
+    if (launch(&stub, grid, block, NULL, 0, NULL)) return 1;
     return 0;
 }
