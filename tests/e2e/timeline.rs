@@ -57,7 +57,14 @@ fn trace(name: &str, extra: &[&str]) -> (Vec<Value>, Value, u64) {
         lib.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    args.extend_from_slice(&["--", bin.to_str().unwrap(), lib.to_str().unwrap()]);
+    // The target dir is on the root disk: O_DIRECT there reaches the block layer.
+    let direct = tmp_dir();
+    args.extend_from_slice(&[
+        "--",
+        bin.to_str().unwrap(),
+        lib.to_str().unwrap(),
+        direct.to_str().unwrap(),
+    ]);
     let run = gputrace(&args);
     assert_eq!(
         run.code(),
@@ -221,6 +228,21 @@ fn thread_track_has_sleeps_pipe_wait_and_cuda_syncs() {
             >= SLEEPS + SYNCS,
         "{sys:#?}"
     );
+    // Block I/O: the process's requests on its block track, reads and writes of the 1 MiB.
+    for op in ["read", "write"] {
+        let reqs: Vec<&Value> = evs
+            .iter()
+            .filter(|e| e["cat"] == "block_io" && e["pid"] == pid && e["args"]["op"] == op)
+            .collect();
+        let bytes: u64 = reqs
+            .iter()
+            .map(|e| e["args"]["bytes"].as_str().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert!(bytes >= 1 << 20, "{op}: {bytes} bytes in {reqs:#?}");
+        assert!(reqs.iter().all(|e| e["tid"] != pid
+            && e["args"]["device"].as_str().unwrap().contains(':')
+            && e["args"]["latency_us"].is_string()));
+    }
     let drops = report["drops"].to_string();
     assert!(!drops.contains("TimelineFull"), "{drops}");
     assert_eq!(report["timeline"]["cut_events"], 0);

@@ -4,9 +4,11 @@
 // cudaMemcpy, REGS quick __cudaRegisterFunction calls (under the timeline's CUDA threshold)
 // one failing cudaLaunchKernel (NULL function, grid 64x2x1, block 128x1x1) and a first
 // successful launch of "tl_kernel" (slow: it loads the fake libcuda).
-// Usage: timeline LIBCUDART
+// With DIR (on a real block device): writes and reads back a 1 MiB file with O_DIRECT.
+// Usage: timeline LIBCUDART [DIR]
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,7 @@
 #define SYNCS 3
 #define PIPE_WAIT_US 30000
 #define REGS 10
+#define DIRECT_BYTES (1 << 20)
 
 typedef int (*sync_fn)(void);
 typedef int (*memcpy_fn)(void *, const void *, size_t, int);
@@ -76,5 +79,19 @@ int main(int argc, char **argv) {
     dim3 grid = {64, 2, 1}, block = {128, 1, 1};
     if (launch(NULL, grid, block, NULL, 0, NULL) != 98) return 1;
     if (launch(&stub, grid, block, NULL, 0, NULL)) return 1;
+
+    if (argc > 2) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/timeline-direct.bin", argv[2]);
+        void *buf;
+        if (posix_memalign(&buf, 4096, DIRECT_BYTES)) return 1;
+        memset(buf, 1, DIRECT_BYTES);
+        int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0600);
+        if (fd < 0) return 1;
+        if (pwrite(fd, buf, DIRECT_BYTES, 0) != DIRECT_BYTES || fsync(fd)) return 1;
+        if (pread(fd, buf, DIRECT_BYTES, 0) != DIRECT_BYTES) return 1;
+        close(fd);
+        unlink(path);
+    }
     return 0;
 }
