@@ -16,3 +16,4 @@ mod python;
 mod report_outputs;
 mod security;
 mod time_accounting;
+mod timeline;

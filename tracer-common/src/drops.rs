@@ -30,7 +30,8 @@ pub enum Drop {
     Spare10 = 10,
     Spare11 = 11,
     Spare12 = 12,
-    Spare13 = 13,
+    /// The timeline ring buffer was full: an event of trace.json was lost.
+    TimelineFull = 13,
     Spare14 = 14,
     Spare15 = 15,
 }
@@ -38,7 +39,7 @@ pub enum Drop {
 impl Drop {
     pub const COUNT: u32 = 16;
 
-    pub const ALL: [Drop; 9] = [
+    pub const ALL: [Drop; 10] = [
         Drop::CpuCountsFull,
         Drop::StackMapFull,
         Drop::ProcEventsFull,
@@ -48,6 +49,7 @@ impl Drop {
         Drop::SyscallMapFull,
         Drop::BlockMapFull,
         Drop::CudaFull,
+        Drop::TimelineFull,
     ];
 
     /// What a drop of this kind makes incomplete, for the report.
@@ -62,6 +64,7 @@ impl Drop {
             Drop::SyscallMapFull => "syscall statistics lost (map full)",
             Drop::BlockMapFull => "block I/O requests not tracked (map full)",
             Drop::CudaFull => "CUDA calls or events lost (map or ring buffer full)",
+            Drop::TimelineFull => "timeline events (trace.json) lost (ring buffer full)",
             _ => "unused",
         }
     }

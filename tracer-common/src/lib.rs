@@ -10,6 +10,7 @@ pub mod drops;
 pub mod proc;
 pub mod python;
 pub mod time;
+pub mod timeline;
 pub mod wall;
 
 /// Implements `aya::Pod` for the user side only.

@@ -78,6 +78,8 @@ pub struct ThreadState {
     pub stack_k: i32,
     pub stack_u: i32,
     pub _pad: u32,
+    /// When the thread last left the CPU (the start of its off-CPU interval, for the timeline).
+    pub off_ns: u64,
 }
 
 impl ThreadState {

@@ -95,6 +95,7 @@ pub fn born(tid: u32, tgid: u32, now: u64) {
         stack_k: -1,
         stack_u: -1,
         _pad: 0,
+        off_ns: 0,
     };
     if THREADS.insert(&tid, &st, 0).is_err() {
         count_drop(Drop::ThreadStateFull);

@@ -236,6 +236,7 @@ pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
     } else {
         0
     };
+    crate::timeline::block(r.tgid, dev, started, lat, r.bytes, r.write, sector, queued);
     let s = unsafe { &mut *stat };
     atomic_add(&mut s.requests, 1);
     if r.write == 1 {

@@ -202,6 +202,17 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
     account::exit_override(tid);
     let dur = now.saturating_sub(stash_ts);
     let fid = cookie.fid as u32;
+    crate::timeline::cuda_call(
+        tgid,
+        tid,
+        fid,
+        &cookie,
+        code,
+        stash_ts,
+        dur,
+        &stash_args,
+        stash_arg7,
+    );
     if let Some(v) = api_val(tgid, tid, fid) {
         // Only this thread writes this key, and a thread runs on one CPU at a time.
         let v = unsafe { &mut *v };

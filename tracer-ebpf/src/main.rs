@@ -14,6 +14,7 @@ mod python;
 mod sampler;
 mod sched;
 mod syscalls;
+mod timeline;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -53,6 +53,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
         let next = next as u32;
         if let Some(st) = THREADS.get_ptr_mut(&next) {
             let st = unsafe { &mut *st };
+            crate::timeline::offcpu(next, st, now);
             close(next, st, now);
             st.phase = PHASE_ONCPU;
         }
@@ -90,6 +91,7 @@ fn switch_out(ctx: &TracePointContext, tgid: u32, tid: u32, now: u64) {
         return;
     }
     st.off_state = prev_state as u32;
+    st.off_ns = now;
     st.off_sys_nr = st.sys_nr;
     st.phase = if prev_state & 0xff == 0 {
         PHASE_RUNNABLE

@@ -80,6 +80,7 @@ pub fn sys_exit(ctx: TracePointContext) -> u32 {
     st.sys_nr = NO_SYSCALL;
     let lat = unsafe { bpf_ktime_get_ns() }.saturating_sub(st.sys_start_ns);
     let ret: i64 = unsafe { ctx.read_at(OFF_SYS_RET.load() as usize) }.unwrap_or(0);
+    crate::timeline::syscall(tgid, tid, nr, st.sys_start_ns, lat, ret, st.sys_arg0);
     let key = SysKey {
         tgid,
         tid,

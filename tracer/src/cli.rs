@@ -83,6 +83,10 @@ pub struct TraceArgs {
     #[arg(long, default_value_t = 200_000, value_name = "N")]
     pub timeline_limit: usize,
 
+    /// Off-CPU intervals and syscalls at least this long go on the timeline (trace.json).
+    #[arg(long, default_value = "1ms", value_parser = parse_duration, value_name = "DURATION")]
+    pub timeline_threshold: Duration,
+
     /// How many functions to list per process.
     #[arg(long, default_value_t = 10)]
     pub top: usize,

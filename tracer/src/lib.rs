@@ -18,6 +18,7 @@ pub mod procfs;
 pub mod python;
 pub mod report;
 pub mod session;
+pub mod streams;
 pub mod symbolize;
 pub mod target;
 pub mod tracefs;

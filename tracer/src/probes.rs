@@ -59,6 +59,8 @@ pub fn ktime_now() -> u64 {
 pub fn families(args: &TraceArgs) -> Vec<Box<dyn ProbeFamily>> {
     vec![
         Box::new(crate::accounting::Accounting::new()),
+        // Before CUDA: the CUDA family names the kernels of the launches on the timeline.
+        Box::new(crate::streams::TimelineFamily::new(args)),
         Box::new(crate::cuda::CudaFamily::new(args)),
     ]
 }

@@ -205,6 +205,7 @@ mod tests {
             stack_k: -1,
             stack_u: -1,
             _pad: 0,
+            off_ns: 0,
         }
     }
 

@@ -238,6 +238,7 @@ impl ProbeFamily for Accounting {
                     stack_k: -1,
                     stack_u: -1,
                     _pad: 0,
+                    off_ns: 0,
                 };
                 let _ = threads.insert(tid, st, 1);
             }

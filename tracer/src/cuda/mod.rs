@@ -19,6 +19,7 @@ pub mod discover;
 pub mod errors;
 pub mod nvml;
 pub mod table;
+mod timeline_names;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -399,6 +400,7 @@ impl ProbeFamily for CudaFamily {
             }
         }
         data.report.warnings.append(&mut self.warnings);
+        timeline_names::name_kernels(&self.raw, ctx, &mut data.timeline);
         if let Some(s) = self.nvml.take() {
             data.report.nvml = Some(s.finish(ctx.window_start_ktime, &pids));
         }

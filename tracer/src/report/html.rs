@@ -479,6 +479,14 @@ pub fn render(data: &ReportData) -> Result<String> {
              samples cut over --timeline-limit {}.</li>",
             t.events, t.counter_samples, t.cut_events, t.cut_counter_samples, t.limit
         );
+        if t.cuda_calls_below_threshold > 0 {
+            let _ = write!(
+                o,
+                "<li>Timeline: {} short CUDA calls (under the 20 us threshold) counted, not \
+                 drawn.</li>",
+                t.cuda_calls_below_threshold
+            );
+        }
     }
     for w in &r.warnings {
         let _ = write!(o, "<li>Warning: {}</li>", esc(w));

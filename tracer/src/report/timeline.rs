@@ -50,6 +50,9 @@ pub struct Timeline {
     /// Events not kept because the limit was reached.
     pub cut_events: u64,
     pub cut_counters: u64,
+    /// Short CUDA calls (launches and the like) left out of the timeline by design.
+    #[serde(default)]
+    pub cuda_calls_below_threshold: u64,
 }
 
 impl Default for Timeline {
@@ -66,6 +69,7 @@ impl Timeline {
             limit,
             cut_events: 0,
             cut_counters: 0,
+            cuda_calls_below_threshold: 0,
         }
     }
 
@@ -100,6 +104,7 @@ impl Timeline {
             limit: self.limit as u64,
             cut_events: self.cut_events,
             cut_counter_samples: self.cut_counters,
+            cuda_calls_below_threshold: self.cuda_calls_below_threshold,
         }
     }
 }

@@ -177,6 +177,7 @@ pub fn write(t: &Timeline, r: &Report, out: &mut dyn Write) -> Result<()> {
             "limit": t.limit,
             "cut_events": t.cut_events,
             "cut_counter_samples": t.cut_counters,
+            "cuda_calls_below_threshold": t.cuda_calls_below_threshold,
         },
     });
     serde_json::to_writer(&mut *out, &doc)?;

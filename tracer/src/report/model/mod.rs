@@ -49,6 +49,9 @@ pub struct TimelineSummary {
     /// Events not kept because the limit was reached.
     pub cut_events: u64,
     pub cut_counter_samples: u64,
+    /// CUDA calls shorter than the timeline's threshold (launches, mostly), counted but not drawn.
+    #[serde(default)]
+    pub cuda_calls_below_threshold: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -67,6 +67,7 @@ fn full_report() -> Report {
         limit: 1000,
         cut_events: 250,
         cut_counter_samples: 0,
+        cuda_calls_below_threshold: 0,
     });
     crate::verdict::apply(&mut r);
     r

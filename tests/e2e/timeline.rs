@@ -1,0 +1,272 @@
+//! Issue 5, trace.json: the probe families stream off-CPU intervals, long syscalls and CUDA
+//! calls onto each traced thread's track. tests/workloads/timeline.c sleeps 20 ms 5 times,
+//! waits on a pipe, then calls the fake libcudart's cudaDeviceSynchronize 3 times (20 ms each)
+//! and one 4 KiB H2D cudaMemcpy, 10 quick __cudaRegisterFunction calls, one failing
+//! cudaLaunchKernel and one successful one.
+
+use std::{collections::BTreeMap, path::PathBuf, process::Command};
+
+use serde_json::Value;
+
+use crate::common::*;
+
+const SLEEPS: usize = 5;
+const SLEEP_MS: f64 = 20.0;
+const SYNCS: usize = 3;
+const REGS: u64 = 10;
+
+/// The fake runtime and driver, built into a directory of their own (the CUDA tests build
+/// theirs elsewhere); the runtime finds the driver through its rpath.
+fn fake_cudart() -> PathBuf {
+    let dir = tmp_dir().join("timeline_fake_cuda");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = repo_root().join("tests/workloads/fake_cuda");
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
+    for (out, file, extra) in [
+        ("libcuda.so.1", "cuda.c", &[][..]),
+        ("libcudart.so.12", "cudart.c", &["-ldl", rpath.as_str()][..]),
+    ] {
+        let st = Command::new("gcc")
+            .args([
+                "-O0",
+                "-g",
+                "-fno-omit-frame-pointer",
+                "-shared",
+                "-fPIC",
+                "-o",
+            ])
+            .arg(dir.join(out))
+            .arg(src.join(file))
+            .args(extra)
+            .status()
+            .expect("run gcc");
+        assert!(st.success(), "gcc failed building {out}");
+    }
+    dir.join("libcudart.so.12")
+}
+
+/// Traces the workload; returns trace.json's events and the traced pid.
+fn trace(name: &str, extra: &[&str]) -> (Vec<Value>, Value, u64) {
+    let lib = fake_cudart();
+    let bin = build_c("timeline", &["-ldl"]);
+    let dir = out_dir(name);
+    let mut args = vec![
+        "-o",
+        dir.to_str().unwrap(),
+        "--libcudart",
+        lib.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    // The target dir is on the root disk: O_DIRECT there reaches the block layer.
+    let direct = tmp_dir();
+    args.extend_from_slice(&[
+        "--",
+        bin.to_str().unwrap(),
+        lib.to_str().unwrap(),
+        direct.to_str().unwrap(),
+    ]);
+    let run = gputrace(&args);
+    assert_eq!(
+        run.code(),
+        0,
+        "stdout:\n{}\nstderr:\n{}",
+        run.stdout,
+        run.stderr
+    );
+    let report = run.report(&dir);
+    let pid = report["target"]["pids"][0].as_u64().expect("target pid");
+    assert_eq!(report["target"]["exit_code"], 0, "the workload failed");
+    let text = std::fs::read_to_string(dir.join("trace.json")).expect("trace.json");
+    (validate(&text), report, pid)
+}
+
+/// The trace-event rules Perfetto relies on: ph/ts/pid/tid everywhere, non-negative times,
+/// complete events on one track nest or follow each other.
+fn validate(text: &str) -> Vec<Value> {
+    let doc: Value = serde_json::from_str(text).expect("trace.json is JSON");
+    let evs = doc["traceEvents"].as_array().expect("traceEvents").clone();
+    let mut tracks: BTreeMap<(u64, u64), Vec<(f64, f64)>> = BTreeMap::new();
+    for e in &evs {
+        for k in ["ph", "ts", "pid", "tid", "name"] {
+            assert!(e.get(k).is_some(), "event without {k}: {e}");
+        }
+        assert!(e["ts"].as_f64().unwrap() >= 0.0, "{e}");
+        if e["ph"] == "X" {
+            let dur = e["dur"].as_f64().expect("X has dur");
+            assert!(dur >= 0.0, "negative dur: {e}");
+            let key = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+            tracks
+                .entry(key)
+                .or_default()
+                .push((e["ts"].as_f64().unwrap(), dur));
+        }
+    }
+    for (key, mut xs) in tracks {
+        xs.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        let mut open: Vec<f64> = Vec::new();
+        for (ts, dur) in xs {
+            while open.last().is_some_and(|&end| end <= ts + 1e-6) {
+                open.pop();
+            }
+            if let Some(&end) = open.last() {
+                assert!(ts + dur <= end + 1e-6, "overlap without nesting on {key:?}");
+            }
+            open.push(ts + dur);
+        }
+    }
+    evs
+}
+
+/// Complete events of the main thread with this category.
+fn slices<'a>(evs: &'a [Value], pid: u64, cat: &str) -> Vec<&'a Value> {
+    evs.iter()
+        .filter(|e| e["ph"] == "X" && e["pid"] == pid && e["tid"] == pid && e["cat"] == cat)
+        .collect()
+}
+
+fn ms(e: &Value) -> f64 {
+    e["dur"].as_f64().unwrap() / 1000.0
+}
+
+#[test]
+fn thread_track_has_sleeps_pipe_wait_and_cuda_syncs() {
+    let _g = serial();
+    if !require_root("thread_track_has_sleeps_pipe_wait_and_cuda_syncs") {
+        return;
+    }
+    let (evs, report, pid) = trace("timeline", &[]);
+    let off = slices(&evs, pid, "off_cpu");
+    let sleeps: Vec<f64> = off
+        .iter()
+        .filter(|e| e["args"]["category"] == "sleep")
+        .map(|e| ms(e))
+        .collect();
+    assert_eq!(sleeps.len(), SLEEPS, "{off:#?}");
+    for d in &sleeps {
+        // At least the requested sleep (less a few us between sys_enter and switch-out); the
+        // upper bound allows for a busy shared machine.
+        assert!(
+            *d >= SLEEP_MS - 0.1 && *d < SLEEP_MS + 30.0,
+            "sleep of {d} ms: {sleeps:?}"
+        );
+    }
+    let pipe: Vec<&&Value> = off
+        .iter()
+        .filter(|e| e["args"]["syscall"] == "read")
+        .collect();
+    assert_eq!(pipe.len(), 1, "{off:#?}");
+    // The child writes 30 ms after the fork; the parent may start reading a little late.
+    assert!(ms(pipe[0]) >= 10.0, "pipe wait {} ms", ms(pipe[0]));
+    // Classified from the kernel stack the accounting walked at switch-out, as in report.json.
+    assert_eq!(pipe[0]["args"]["category"], "ipc", "{}", pipe[0]);
+
+    let cuda = slices(&evs, pid, "cuda");
+    let syncs: Vec<&&Value> = cuda
+        .iter()
+        .filter(|e| e["name"] == "cudaDeviceSynchronize")
+        .collect();
+    assert_eq!(syncs.len(), SYNCS, "{cuda:#?}");
+    for s in &syncs {
+        assert_eq!(s["args"]["category"], "cuda_sync");
+        assert_eq!(s["args"]["return"], "cudaSuccess");
+        assert!(ms(s) >= SLEEP_MS - 0.1, "{s}");
+        // The wait inside the sync is off CPU, charged to the sync, nested in the call.
+        let (ts, end) = (
+            s["ts"].as_f64().unwrap(),
+            s["ts"].as_f64().unwrap() + s["dur"].as_f64().unwrap(),
+        );
+        assert!(
+            off.iter().any(|o| o["args"]["category"] == "cuda_sync"
+                && o["ts"].as_f64().unwrap() >= ts
+                && o["ts"].as_f64().unwrap() + o["dur"].as_f64().unwrap() <= end),
+            "no off-CPU wait inside {s}"
+        );
+    }
+    let copy = cuda
+        .iter()
+        .find(|e| e["name"] == "cudaMemcpy")
+        .expect("every cudaMemcpy is on the timeline, however short");
+    assert_eq!(copy["args"]["bytes"], "4096");
+    assert_eq!(copy["args"]["direction"], "H2D");
+    // Failing calls are always drawn, with the launch's arguments and the error.
+    let launch = cuda
+        .iter()
+        .find(|e| e["name"] == "cudaLaunchKernel")
+        .expect("the failing launch");
+    assert_eq!(launch["args"]["grid"], "64x2x1");
+    assert_eq!(launch["args"]["block"], "128x1x1");
+    assert_eq!(launch["args"]["return"], "cudaErrorInvalidDeviceFunction");
+    // The successful launch (over 20 us: it loads the driver) names its kernel, from the
+    // __cudaRegisterFunction calls, as the report's kernel table does.
+    let named = cuda
+        .iter()
+        .find(|e| e["name"] == "cudaLaunchKernel" && e["args"]["return"] == "cudaSuccess")
+        .expect("the first successful launch");
+    assert_eq!(named["args"]["kernel"], "tl_kernel", "{named}");
+    assert!(named["args"]["handle"].as_str().unwrap().starts_with("0x"));
+    // Quick calls outside the always-drawn kinds are counted, not drawn (one the machine
+    // slowed past 20 us is drawn).
+    let drawn: Vec<f64> = cuda
+        .iter()
+        .filter(|e| e["name"] == "__cudaRegisterFunction")
+        .map(|e| e["dur"].as_f64().unwrap())
+        .collect();
+    assert!(drawn.iter().all(|us| *us >= 20.0), "{drawn:?}");
+    let short = report["timeline"]["cuda_calls_below_threshold"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        short + drawn.len() as u64 >= REGS && short > 0,
+        "{short} {drawn:?}"
+    );
+
+    let sys = slices(&evs, pid, "syscall");
+    assert!(
+        sys.iter()
+            .filter(|e| e["name"] == "clock_nanosleep")
+            .count()
+            >= SLEEPS + SYNCS,
+        "{sys:#?}"
+    );
+    // Block I/O: the process's requests on its block track, reads and writes of the 1 MiB.
+    for op in ["read", "write"] {
+        let reqs: Vec<&Value> = evs
+            .iter()
+            .filter(|e| e["cat"] == "block_io" && e["pid"] == pid && e["args"]["op"] == op)
+            .collect();
+        let bytes: u64 = reqs
+            .iter()
+            .map(|e| e["args"]["bytes"].as_str().unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert!(bytes >= 1 << 20, "{op}: {bytes} bytes in {reqs:#?}");
+        assert!(reqs.iter().all(|e| e["tid"] != pid
+            && e["args"]["device"].as_str().unwrap().contains(':')
+            && e["args"]["latency_us"].is_string()));
+    }
+    let drops = report["drops"].to_string();
+    assert!(!drops.contains("TimelineFull"), "{drops}");
+    assert_eq!(report["timeline"]["cut_events"], 0);
+}
+
+#[test]
+fn timeline_threshold_leaves_out_shorter_waits() {
+    let _g = serial();
+    if !require_root("timeline_threshold_leaves_out_shorter_waits") {
+        return;
+    }
+    // Every wait of the workload is 20-30 ms: none reaches 100 ms.
+    let (evs, _, pid) = trace("timeline_threshold", &["--timeline-threshold", "100ms"]);
+    for cat in ["off_cpu", "syscall"] {
+        let short: Vec<&Value> = slices(&evs, pid, cat)
+            .into_iter()
+            .filter(|e| ms(e) < 100.0)
+            .collect();
+        assert!(short.is_empty(), "{cat} under the threshold: {short:#?}");
+    }
+    // CUDA syncs do not depend on the off-CPU threshold.
+    let syncs = slices(&evs, pid, "cuda")
+        .into_iter()
+        .filter(|e| e["name"] == "cudaDeviceSynchronize")
+        .count();
+    assert_eq!(syncs, SYNCS);
+}

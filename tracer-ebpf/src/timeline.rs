@@ -1,0 +1,171 @@
+//! Events for the timeline (`trace.json`), streamed over one ring buffer by the scheduler,
+//! syscall, block and CUDA programs. Each helper costs a comparison when the interval is below
+//! its threshold, and never walks a stack.
+
+use aya_ebpf::{
+    helpers::bpf_probe_read_user,
+    macros::map,
+    maps::{PerCpuArray, RingBuf},
+    Global,
+};
+use tracer_common::{
+    cuda::{Cookie, Shape},
+    drops::Drop,
+    time::Category,
+    timeline::{
+        TlEvent, DEFAULT_CUDA_MIN_NS, DEFAULT_MIN_NS, RING_BYTES, STATS_SLOTS, STAT_CUDA_SHORT,
+        TL_BLOCK, TL_CUDA, TL_OFFCPU, TL_SYSCALL,
+    },
+    wall::{ThreadState, PHASE_RUNNABLE},
+};
+
+use crate::maps::count_drop;
+
+#[map(name = "TIMELINE")]
+static TIMELINE: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
+
+#[map(name = "TL_STATS")]
+static TL_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STATS_SLOTS, 0);
+
+/// 1 when `--output` asks for trace.json; 0 keeps every helper here a single load.
+#[no_mangle]
+static TL_ENABLED: Global<u32> = Global::new(0);
+#[no_mangle]
+static TL_MIN_NS: Global<u64> = Global::new(DEFAULT_MIN_NS);
+#[no_mangle]
+static TL_CUDA_MIN_NS: Global<u64> = Global::new(DEFAULT_CUDA_MIN_NS);
+
+#[inline(always)]
+fn send(kind: u32, tgid: u32, tid: u32, a32: u32, start_ns: u64, dur_ns: u64, args: &[u64; 9]) {
+    let Some(mut entry) = TIMELINE.reserve::<TlEvent>(0) else {
+        count_drop(Drop::TimelineFull);
+        return;
+    };
+    let ev = entry.as_mut_ptr();
+    unsafe {
+        (*ev).kind = kind;
+        (*ev).tgid = tgid;
+        (*ev).tid = tid;
+        (*ev).a32 = a32;
+        (*ev).start_ns = start_ns;
+        (*ev).dur_ns = dur_ns;
+        (*ev).args = *args;
+    }
+    entry.submit(0);
+}
+
+/// At switch-in, before the interval is closed: the whole off-CPU interval since the
+/// switch-out, with what the thread was doing when it left.
+#[inline(always)]
+pub fn offcpu(tid: u32, st: &ThreadState, now: u64) {
+    if TL_ENABLED.load() == 0 || st.off_ns == 0 {
+        return;
+    }
+    let dur = now.saturating_sub(st.off_ns);
+    if dur < TL_MIN_NS.load() {
+        return;
+    }
+    // Woken from a sleep: the runqueue part started at the wake-up (the running interval).
+    let woke = if st.phase == PHASE_RUNNABLE && st.off_state & 0xff != 0 {
+        st.start_ns
+    } else {
+        0
+    };
+    let args = [
+        st.off_sys_nr as i64 as u64,
+        st.override_cat as u64,
+        woke,
+        // The kernel stack the accounting walked at switch-out (or -1): no walk of our own.
+        st.off_kstack as i64 as u64,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ];
+    send(TL_OFFCPU, st.tgid, tid, st.off_state, st.off_ns, dur, &args);
+}
+
+#[inline(always)]
+pub fn syscall(tgid: u32, tid: u32, nr: i32, start_ns: u64, lat: u64, ret: i64, arg0: u64) {
+    if TL_ENABLED.load() == 0 || lat < TL_MIN_NS.load() {
+        return;
+    }
+    let args = [ret as u64, arg0, 0, 0, 0, 0, 0, 0, 0];
+    send(TL_SYSCALL, tgid, tid, nr as u32, start_ns, lat, &args);
+}
+
+/// At the return of an outermost CUDA call. Short calls are only counted (the launch storm),
+/// except syncs, copies, allocations and failures, which are always worth seeing.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn cuda_call(
+    tgid: u32,
+    tid: u32,
+    fid: u32,
+    cookie: &Cookie,
+    code: i32,
+    start_ns: u64,
+    dur: u64,
+    a: &[u64; 6],
+    arg7: u64,
+) {
+    if TL_ENABLED.load() == 0 {
+        return;
+    }
+    let cat = cookie.category as u32;
+    let always = code != 0
+        || cat == Category::CudaSync as u32
+        || cat == Category::CudaMemcpy as u32
+        || cat == Category::CudaMalloc as u32
+        || cookie.shape == Shape::Free as u8;
+    if !always && dur < TL_CUDA_MIN_NS.load() {
+        if let Some(n) = TL_STATS.get_ptr_mut(STAT_CUDA_SHORT) {
+            // Per-CPU slot.
+            unsafe { *n += 1 };
+        }
+        return;
+    }
+    let mut args = [
+        cookie.pack(),
+        code as i64 as u64,
+        a[0],
+        a[1],
+        a[2],
+        a[3],
+        a[4],
+        a[5],
+        arg7,
+    ];
+    if cookie.shape == Shape::LaunchRtEx as u8 || cookie.shape == Shape::LaunchDrvEx as u8 {
+        let d: [u32; 6] = unsafe { bpf_probe_read_user(a[0] as *const [u32; 6]) }.unwrap_or([0; 6]);
+        args[5] = d[0] as u64 | (d[1] as u64) << 32;
+        args[6] = d[2] as u64 | (d[3] as u64) << 32;
+        args[7] = d[4] as u64 | (d[5] as u64) << 32;
+    } else if cookie.shape == Shape::Copy3dRt as u8 {
+        let ext: [u64; 4] =
+            unsafe { bpf_probe_read_user((a[0] + 128) as *const [u64; 4]) }.unwrap_or([0; 4]);
+        args[5] = ext[0].wrapping_mul(ext[1]).wrapping_mul(ext[2]);
+        args[6] = ext[3];
+    }
+    send(TL_CUDA, tgid, tid, fid, start_ns, dur, &args);
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn block(
+    tgid: u32,
+    dev: u32,
+    start_ns: u64,
+    lat: u64,
+    bytes: u64,
+    write: u32,
+    sector: u64,
+    queued: u64,
+) {
+    if TL_ENABLED.load() == 0 {
+        return;
+    }
+    let args = [bytes, write as u64, sector, queued, 0, 0, 0, 0, 0];
+    send(TL_BLOCK, tgid, 0, dev, start_ns, lat, &args);
+}

@@ -1,0 +1,341 @@
+//! Raw timeline records (`tracer_common::timeline::TlEvent`) to the events of `trace.json`:
+//! names, reasons and arguments, times relative to the window start. Pure.
+
+use tracer_common::{
+    cuda::{Cookie, Shape},
+    time::{Category, NO_OVERRIDE},
+    timeline::{TlEvent, TL_BLOCK, TL_CUDA, TL_OFFCPU, TL_SYSCALL},
+    wall::NO_SYSCALL,
+};
+
+use crate::{
+    accounting::{classify, syscall_names},
+    cuda::{aggregate::direction_name, errors, table},
+    report::timeline::{EventKind, TimelineEvent},
+};
+
+/// The event for one record, or None for a record of an unknown kind. Intervals that started
+/// before the window are cut at its start. `kernel_frames` are the names of the off-CPU
+/// record's kernel stack (innermost first), empty when none was captured.
+pub fn convert(
+    ev: &TlEvent,
+    window_start_ktime: u64,
+    kernel_frames: &[&str],
+) -> Option<TimelineEvent> {
+    let end = ev.start_ns.saturating_add(ev.dur_ns);
+    let start = ev.start_ns.max(window_start_ktime);
+    let mut out = TimelineEvent {
+        ts_ns: start - window_start_ktime,
+        dur_ns: end.saturating_sub(start),
+        pid: ev.tgid,
+        tid: ev.tid,
+        kind: EventKind::Instant,
+        name: String::new(),
+        args: Vec::new(),
+    };
+    match ev.kind {
+        TL_OFFCPU => offcpu(ev, kernel_frames, &mut out),
+        TL_SYSCALL => syscall(ev, &mut out),
+        TL_CUDA => cuda(ev, &mut out),
+        TL_BLOCK => block(ev, &mut out),
+        _ => return None,
+    }
+    Some(out)
+}
+
+fn arg(out: &mut TimelineEvent, k: &str, v: impl ToString) {
+    out.args.push((k.to_string(), v.to_string()));
+}
+
+/// Off-CPU kernel stack id of a record (negative: none, or not an off-CPU record).
+pub fn kernel_stack(ev: &TlEvent) -> i32 {
+    if ev.kind == TL_OFFCPU {
+        ev.args[3] as i64 as i32
+    } else {
+        -1
+    }
+}
+
+/// The reason is what the accounting says: the CUDA call the thread was in, runqueue for a
+/// preempted thread, else the classifier's kernel-stack and syscall rules (user-stack rules,
+/// the GIL, are left to the report: resolving user stacks per event would be too slow).
+fn offcpu(ev: &TlEvent, kernel_frames: &[&str], out: &mut TimelineEvent) {
+    out.kind = EventKind::OffCpu;
+    let sys_nr = ev.args[0] as i64 as i32;
+    let override_cat = ev.args[1] as u32;
+    let woke = ev.args[2];
+    let state = ev.a32;
+    let syscall = (sys_nr != NO_SYSCALL && sys_nr >= 0).then(|| syscall_names::name(sys_nr as i64));
+    let (category, reason) = if override_cat != NO_OVERRIDE {
+        let c = Category::from_u32(override_cat).unwrap_or(Category::CudaOther);
+        (c, syscall.clone().unwrap_or_else(|| "in CUDA call".into()))
+    } else if state & 0xff == 0 {
+        (Category::Runqueue, "preempted".to_string())
+    } else {
+        let v = classify::blocked(sys_nr, state, kernel_frames);
+        (v.category, v.reason)
+    };
+    out.name = format!("{} ({reason})", category.name());
+    arg(out, "category", category.name());
+    arg(out, "reason", reason);
+    if let Some(s) = syscall {
+        arg(out, "syscall", s);
+    }
+    arg(out, "state", format!("{state:#x}"));
+    if woke != 0 {
+        let end = ev.start_ns.saturating_add(ev.dur_ns);
+        arg(out, "runqueue_us", end.saturating_sub(woke) / 1000);
+    }
+}
+
+fn syscall(ev: &TlEvent, out: &mut TimelineEvent) {
+    out.kind = EventKind::Syscall;
+    out.name = syscall_names::name(ev.a32 as i32 as i64);
+    arg(out, "ret", ev.args[0] as i64);
+    arg(out, "arg0", ev.args[1]);
+}
+
+fn block(ev: &TlEvent, out: &mut TimelineEvent) {
+    out.kind = EventKind::BlockIo;
+    let rw = match ev.args[1] {
+        0 => "read",
+        1 => "write",
+        _ => "other",
+    };
+    // The kernel's dev_t: major in the high 12 bits, minor in the low 20.
+    let dev = format!("{}:{}", ev.a32 >> 20, ev.a32 & 0xf_ffff);
+    out.name = format!("{rw} {}", human_bytes(ev.args[0]));
+    arg(out, "device", dev);
+    arg(out, "op", rw);
+    arg(out, "bytes", ev.args[0]);
+    arg(out, "sector", ev.args[2]);
+    arg(out, "latency_us", ev.dur_ns / 1000);
+    arg(out, "queued_us", ev.args[3] / 1000);
+}
+
+fn human_bytes(b: u64) -> String {
+    if b >= 1 << 20 {
+        format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+    } else if b >= 1 << 10 {
+        format!("{} KiB", b >> 10)
+    } else {
+        format!("{b} B")
+    }
+}
+
+fn dims(lo_hi: u64, z: u64) -> String {
+    format!("{}x{}x{}", lo_hi as u32, (lo_hi >> 32) as u32, z as u32)
+}
+
+fn cuda(ev: &TlEvent, out: &mut TimelineEvent) {
+    out.kind = EventKind::Cuda;
+    let cookie = Cookie::unpack(ev.args[0]);
+    let code = ev.args[1] as i64 as i32;
+    let a = &ev.args[2..8];
+    let arg7 = ev.args[8];
+    let func = table::func(ev.a32);
+    out.name = func.map_or_else(|| format!("cuda fn {}", ev.a32), |f| f.name.to_string());
+    if let Some(c) = Category::from_u32(cookie.category as u32) {
+        arg(out, "category", c.name());
+    }
+    let copy = |out: &mut TimelineEvent, bytes: u64, dir: u64| {
+        arg(out, "bytes", bytes);
+        arg(out, "direction", direction_name(dir as u32));
+    };
+    match Shape::from_u8(cookie.shape) {
+        Some(Shape::LaunchRt) => {
+            arg(out, "kernel", format!("{:#x}", a[0]));
+            arg(out, "grid", dims(a[1], a[2]));
+            arg(out, "block", dims(a[3], a[4]));
+        }
+        Some(Shape::LaunchDrv) => {
+            arg(out, "kernel", format!("{:#x}", a[0]));
+            arg(
+                out,
+                "grid",
+                format!("{}x{}x{}", a[1] as u32, a[2] as u32, a[3] as u32),
+            );
+            arg(
+                out,
+                "block",
+                format!("{}x{}x{}", a[4] as u32, a[5] as u32, arg7 as u32),
+            );
+        }
+        Some(Shape::LaunchRtEx | Shape::LaunchDrvEx) => {
+            // a3..a5 hold gridX..Z, blockX..Z, two per word.
+            arg(out, "kernel", format!("{:#x}", a[1]));
+            arg(out, "grid", dims(a[3], a[4]));
+            arg(
+                out,
+                "block",
+                format!(
+                    "{}x{}x{}",
+                    (a[4] >> 32) as u32,
+                    a[5] as u32,
+                    (a[5] >> 32) as u32
+                ),
+            );
+        }
+        Some(Shape::CopyRt) => copy(out, a[2], a[3]),
+        Some(Shape::Copy2dRt) => copy(out, a[4].wrapping_mul(a[5]), arg7),
+        Some(Shape::Copy3dRt) => copy(out, a[3], a[4]),
+        Some(Shape::CopyBytes3) => copy(out, a[2], cookie.dir as u64),
+        Some(Shape::CopyBytes5) => copy(out, a[4], cookie.dir as u64),
+        Some(Shape::AllocOut) => arg(out, "bytes", a[1]),
+        Some(Shape::AllocPitch) => arg(out, "bytes_min", a[2].wrapping_mul(a[3])),
+        Some(Shape::Free) => arg(out, "ptr", format!("{:#x}", a[0])),
+        _ => {}
+    }
+    if func.is_some_and(|f| {
+        matches!(f.shape, Shape::CopyRt) && f.flags & tracer_common::cuda::FLAG_ASYNC != 0
+    }) {
+        arg(out, "stream", format!("{:#x}", a[4]));
+    }
+    let layer = func.map_or(table::Layer::Runtime, |f| f.layer);
+    arg(out, "return", errors::name(layer, code));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::table::FUNCS;
+
+    fn rec(kind: u32, a32: u32, start_ns: u64, dur_ns: u64, args: &[u64]) -> TlEvent {
+        let mut ev = TlEvent {
+            kind,
+            tgid: 10,
+            tid: 11,
+            a32,
+            start_ns,
+            dur_ns,
+            ..TlEvent::ZERO
+        };
+        ev.args[..args.len()].copy_from_slice(args);
+        ev
+    }
+
+    fn get<'a>(e: &'a TimelineEvent, k: &str) -> Option<&'a str> {
+        e.args.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+    }
+
+    fn fid(name: &str) -> u32 {
+        FUNCS.iter().position(|f| f.name == name).unwrap() as u32
+    }
+
+    #[test]
+    fn sleep_is_classified_without_stacks() {
+        let nr = syscall_names::nr("clock_nanosleep").unwrap() as u64;
+        // Interruptible sleep (1), woken 1 ms before it ran again.
+        let ev = rec(
+            TL_OFFCPU,
+            1,
+            5_000_000,
+            20_000_000,
+            &[nr, NO_OVERRIDE as u64, 24_000_000],
+        );
+        let e = convert(&ev, 1_000_000, &[]).unwrap();
+        assert_eq!((e.ts_ns, e.dur_ns), (4_000_000, 20_000_000));
+        assert_eq!((e.pid, e.tid, e.kind), (10, 11, EventKind::OffCpu));
+        assert_eq!(e.name, "sleep (clock_nanosleep)");
+        assert_eq!(get(&e, "runqueue_us"), Some("1000"));
+    }
+
+    #[test]
+    fn preempted_and_cuda_overrides() {
+        let ev = rec(TL_OFFCPU, 0, 10, 5, &[u64::MAX, NO_OVERRIDE as u64, 0]);
+        assert_eq!(convert(&ev, 0, &[]).unwrap().name, "runqueue (preempted)");
+        let futex = syscall_names::nr("futex").unwrap() as u64;
+        let ev = rec(TL_OFFCPU, 1, 10, 5, &[futex, Category::CudaSync as u64, 0]);
+        assert_eq!(convert(&ev, 0, &[]).unwrap().name, "cuda_sync (futex)");
+        let ev = rec(TL_OFFCPU, 2, 10, 5, &[u64::MAX, NO_OVERRIDE as u64, 0]);
+        assert_eq!(convert(&ev, 0, &[]).unwrap().name, "io (D state)");
+    }
+
+    #[test]
+    fn kernel_stack_decides_like_the_accounting() {
+        let read = syscall_names::nr("read").unwrap() as u64;
+        let ev = rec(TL_OFFCPU, 1, 0, 5, &[read, NO_OVERRIDE as u64, 0, 7]);
+        assert_eq!(kernel_stack(&ev), 7);
+        assert_eq!(convert(&ev, 0, &[]).unwrap().name, "io (read)");
+        let e = convert(&ev, 0, &["schedule", "anon_pipe_read", "vfs_read"]).unwrap();
+        assert_eq!(e.name, "ipc (read)");
+        assert_eq!(kernel_stack(&rec(TL_SYSCALL, 0, 0, 5, &[0, 0, 0, 7])), -1);
+    }
+
+    #[test]
+    fn interval_started_before_the_window_is_cut() {
+        let ev = rec(TL_SYSCALL, 0, 100, 1_000, &[3, 0]);
+        let e = convert(&ev, 600, &[]).unwrap();
+        assert_eq!((e.ts_ns, e.dur_ns, e.name.as_str()), (0, 500, "read"));
+        assert_eq!(get(&e, "ret"), Some("3"));
+        let ev = rec(TL_SYSCALL, 0, 100, 100, &[0, 0]);
+        assert_eq!(convert(&ev, 600, &[]).unwrap().dur_ns, 0);
+    }
+
+    #[test]
+    fn cuda_copy_and_launch_arguments() {
+        let f = fid("cudaMemcpy");
+        let ev = rec(
+            TL_CUDA,
+            f,
+            0,
+            1_000,
+            &[table::cookie(f as usize), 0, 0xd0, 0xa0, 4096, 2],
+        );
+        let e = convert(&ev, 0, &[]).unwrap();
+        assert_eq!((e.kind, e.name.as_str()), (EventKind::Cuda, "cudaMemcpy"));
+        assert_eq!(get(&e, "bytes"), Some("4096"));
+        assert_eq!(get(&e, "direction"), Some("D2H"));
+        assert_eq!(get(&e, "category"), Some("cuda_memcpy"));
+        assert_eq!(
+            get(&e, "return"),
+            Some(errors::name(table::Layer::Runtime, 0).as_str())
+        );
+
+        let f = fid("cudaLaunchKernel");
+        let grid = 128 | (2 << 32);
+        let block = 256 | (1 << 32);
+        let ev = rec(
+            TL_CUDA,
+            f,
+            0,
+            30_000,
+            &[table::cookie(f as usize), 0, 0xbeef, grid, 1, block, 1, 0],
+        );
+        let e = convert(&ev, 0, &[]).unwrap();
+        assert_eq!(get(&e, "grid"), Some("128x2x1"));
+        assert_eq!(get(&e, "block"), Some("256x1x1"));
+        assert_eq!(get(&e, "kernel"), Some("0xbeef"));
+    }
+
+    #[test]
+    fn failing_sync_says_its_error() {
+        let f = fid("cudaDeviceSynchronize");
+        let ev = rec(TL_CUDA, f, 0, 10, &[table::cookie(f as usize), 700]);
+        let e = convert(&ev, 0, &[]).unwrap();
+        assert_eq!(get(&e, "category"), Some("cuda_sync"));
+        assert_eq!(
+            get(&e, "return"),
+            Some(errors::name(table::Layer::Runtime, 700).as_str())
+        );
+        assert_ne!(
+            get(&e, "return"),
+            Some(errors::name(table::Layer::Runtime, 0).as_str())
+        );
+    }
+
+    #[test]
+    fn block_request() {
+        let dev = (8 << 20) | 16;
+        let ev = rec(TL_BLOCK, dev, 0, 2_000_000, &[1 << 20, 1, 2048, 3_000]);
+        let e = convert(&ev, 0, &[]).unwrap();
+        assert_eq!(
+            (e.kind, e.name.as_str()),
+            (EventKind::BlockIo, "write 1.0 MiB")
+        );
+        assert_eq!(get(&e, "device"), Some("8:16"));
+        assert_eq!(get(&e, "latency_us"), Some("2000"));
+        assert_eq!(get(&e, "queued_us"), Some("3"));
+        assert!(convert(&rec(99, 0, 0, 0, &[]), 0, &[]).is_none());
+    }
+}
