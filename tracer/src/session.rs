@@ -157,6 +157,10 @@ fn trace(
         );
     }
     if let Some(l) = launched {
+        for f in families.iter_mut() {
+            f.before_release(&mut ebpf, l.pid)
+                .with_context(|| format!("prepare the {} probes for the command", f.name()))?;
+        }
         l.release(&args.command[0])?;
         // The exec replaced the names we read before it.
         tracker.add(roots[0], None);

@@ -120,27 +120,56 @@ fn run(cli: Cli) -> Result<()> {
             ])?;
             let mut test: Vec<&str> = vec!["test", "--workspace", "--all-targets"];
             test.extend(args.iter().map(String::as_str));
-            if is_root() {
-                cargo(&test)
+            let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut cmd = if is_root() {
+                Command::new(cargo_bin)
             } else {
                 eprintln!(
                     "xtask: not root: running the tests with sudo so the BPF tests really run"
                 );
-                let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-                let status = Command::new("sudo")
-                    .arg("-E")
-                    .arg(cargo_bin)
-                    .args(&test)
-                    .current_dir(workspace_root())
-                    .status()
-                    .context("sudo cargo test")?;
-                if !status.success() {
-                    bail!("tests failed");
+                let mut c = Command::new("sudo");
+                c.arg("-E").arg(cargo_bin);
+                c
+            };
+            cmd.args(&test).current_dir(workspace_root());
+            run_tests(cmd)
+        }
+    }
+}
+
+/// Runs `cargo test`, passing its output through, and ends with one line that sums every test
+/// binary's result (cargo's own last line is that of whichever binary ran last).
+fn run_tests(mut cmd: Command) -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .context("run cargo test")?;
+    let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.context("read cargo test output")?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            for part in rest.split(['.', ';']) {
+                let mut w = part.split_whitespace();
+                if let (Some(n), Some(what)) = (w.next(), w.next()) {
+                    let n: u64 = n.parse().unwrap_or(0);
+                    match what {
+                        "passed" => passed += n,
+                        "failed" => failed += n,
+                        "ignored" => ignored += n,
+                        _ => {}
+                    }
                 }
-                Ok(())
             }
         }
     }
+    let status = child.wait().context("wait for cargo test")?;
+    println!("summary: {passed} passed, {failed} failed, {ignored} skipped");
+    if !status.success() {
+        bail!("tests failed");
+    }
+    Ok(())
 }
 
 pub fn is_root() -> bool {

@@ -158,6 +158,44 @@ impl Default for Accounting {
     }
 }
 
+/// Threads that exist now: accounted from now, in what /proc says they are doing.
+/// BPF_NOEXIST: a thread the programs already saw keeps the kernel's exact state.
+fn seed_threads(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
+    let now = ktime_now();
+    let mut threads: HashMap<&mut MapData, u32, ThreadState> =
+        HashMap::try_from(ebpf.map_mut(THREADS_MAP).context("map THREADS missing")?)?;
+    for &pid in pids {
+        for tid in procfs::tasks(pid) {
+            let Some((phase, state, nr)) = thread_now(pid, tid) else {
+                continue;
+            };
+            let st = ThreadState {
+                born_ns: now,
+                start_ns: now,
+                sys_start_ns: now,
+                sys_arg0: 0,
+                tgid: pid,
+                phase,
+                sys_nr: nr,
+                override_cat: NO_OVERRIDE,
+                off_state: state,
+                off_sys_nr: nr,
+                off_kstack: -1,
+                off_ustack: -1,
+                stack_ns: 0,
+                stack_arg0: 0,
+                stack_sys_nr: -1,
+                stack_k: -1,
+                stack_u: -1,
+                _pad: 0,
+                off_ns: 0,
+            };
+            let _ = threads.insert(tid, st, 1);
+        }
+    }
+    Ok(())
+}
+
 /// Reads /proc for what a thread is doing now: (phase, prev_state-like bits, syscall nr).
 fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
@@ -207,44 +245,23 @@ impl ProbeFamily for Accounting {
                 self.attached.push(prog);
             }
         }
-        // Threads that exist now: accounted from now, in what /proc says they are doing.
-        // BPF_NOEXIST: a thread the programs already saw keeps the kernel's exact state.
-        let now = ktime_now();
-        let mut threads: HashMap<&mut MapData, u32, ThreadState> =
-            HashMap::try_from(ebpf.map_mut(THREADS_MAP).context("map THREADS missing")?)?;
-        // The launched command is left out: until its release it only waits on our pipe, and
-        // the kernel side starts its state when it wakes up to exec.
-        for &pid in ctx.pids.iter().filter(|&&p| Some(p) != ctx.launched) {
-            for tid in procfs::tasks(pid) {
-                let Some((phase, state, nr)) = thread_now(pid, tid) else {
-                    continue;
-                };
-                let st = ThreadState {
-                    born_ns: now,
-                    start_ns: now,
-                    sys_start_ns: now,
-                    sys_arg0: 0,
-                    tgid: pid,
-                    phase,
-                    sys_nr: nr,
-                    override_cat: NO_OVERRIDE,
-                    off_state: state,
-                    off_sys_nr: nr,
-                    off_kstack: -1,
-                    off_ustack: -1,
-                    stack_ns: 0,
-                    stack_arg0: 0,
-                    stack_sys_nr: -1,
-                    stack_k: -1,
-                    stack_u: -1,
-                    _pad: 0,
-                    off_ns: 0,
-                };
-                let _ = threads.insert(tid, st, 1);
-            }
-        }
+        // The launched command is seeded at its release (see `before_release`): until then it
+        // only waits on our pipe.
+        let existing: Vec<u32> = ctx
+            .pids
+            .iter()
+            .copied()
+            .filter(|&p| Some(p) != ctx.launched)
+            .collect();
+        seed_threads(ebpf, &existing)?;
         self.learn(ebpf);
         Ok(())
+    }
+
+    fn before_release(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<()> {
+        // Seeded blocked in its read of the release pipe: the wakeup that follows starts its
+        // runqueue time and the switch-in its CPU time, exactly as for any other thread.
+        seed_threads(ebpf, &[pid])
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
