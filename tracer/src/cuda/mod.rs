@@ -60,6 +60,8 @@ pub struct CudaFamily {
     warnings: Vec<String>,
     /// Other mapped objects checked for an embedded CUDA runtime: (inode, path) -> verdict.
     checked: HashMap<(u64, String), bool>,
+    /// Switches the launch probes on and off under `--max-overhead` (issue 6).
+    gate: crate::overhead::LaunchGate,
 }
 
 struct Lib {
@@ -99,6 +101,7 @@ impl CudaFamily {
             ticks: 0,
             warnings: Vec::new(),
             checked: HashMap::new(),
+            gate: crate::overhead::LaunchGate::new(args.max_overhead, args.cuda_entry_only),
         }
     }
 
@@ -111,7 +114,7 @@ impl CudaFamily {
         {
             return i;
         }
-        let (attached, failed) = attach_library(ebpf, &found, self.entry_only != 0);
+        let (attached, failed) = attach_library(ebpf, &found, self.entry_only != 0, &mut self.gate);
         self.libs.push(Lib {
             found,
             attached,
@@ -181,7 +184,12 @@ impl CudaFamily {
 }
 
 /// Attaches the entry (and return) program at every table function the library exports.
-fn attach_library(ebpf: &mut Ebpf, lib: &Found, entry_only: bool) -> (Vec<String>, Vec<String>) {
+fn attach_library(
+    ebpf: &mut Ebpf,
+    lib: &Found,
+    entry_only: bool,
+    gate: &mut crate::overhead::LaunchGate,
+) -> (Vec<String>, Vec<String>) {
     let ids: Vec<usize> = table::of_layer(lib.layer).collect();
     let names: Vec<&str> = ids.iter().map(|&i| FUNCS[i].name).collect();
     let offsets = match discover::symbol_offsets(&lib.open_path, &names) {
@@ -219,7 +227,11 @@ fn attach_library(ebpf: &mut Ebpf, lib: &Found, entry_only: bool) -> (Vec<String
                     )
                 });
             match r {
-                Some(Ok(_)) => {}
+                Some(Ok(id)) => {
+                    if gate.gated(fid) {
+                        gate.add(ebpf, prog, lib.open_path.clone(), off, cookie, id);
+                    }
+                }
                 Some(Err(e)) => {
                     failed.push(format!("{} ({prog}): {e}", f.name));
                     ok = false;
@@ -292,6 +304,7 @@ impl ProbeFamily for CudaFamily {
 
     fn tick(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
         self.ticks += 1;
+        self.gate.tick(ebpf);
         self.drain();
         if self.ticks.is_multiple_of(SCAN_EVERY_TICKS) {
             let live: Vec<u32> = tracker
@@ -356,6 +369,7 @@ impl ProbeFamily for CudaFamily {
                 threads: aggregate::thread_stats(pid, &api),
             });
         }
+        self.gate.finish(ebpf, data);
         for l in self.libs.iter().filter(|l| l.found.embedded) {
             data.report.blind_spots.push(format!(
                 "{} carries its own CUDA runtime (statically linked); probed through its \
