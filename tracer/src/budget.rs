@@ -4,13 +4,15 @@
 //! programs' own run time (measured by the kernel, `kernel.bpf_stats_enabled`) plus the trap
 //! that takes a uprobe into the kernel and back (a calibrated constant: the kernel's statistics
 //! do not see it). A budget of 2% keeps that share under 2% by switching the high-rate probes
-//! (CUDA launches) on and off in windows of one tick; counts seen in the on-windows are scaled
-//! up by total time / on time, with an error bound from how much the windows' rates vary.
+//! (CUDA launches) on and off in windows; counts seen in the on-windows are scaled up by the
+//! workload's own time over its own time inside the windows, with an error bound from how much
+//! the windows' rates vary.
 //!
-//! The decision is a leaky bucket over the whole trace: a window opens only when the cost it is
-//! expected to add (the last on-window's cost rate) still fits under `budget x elapsed`. Hits
-//! are summed over all threads and charged to one thread, so the control is conservative when
-//! several threads launch (each thread's share is at most the total's).
+//! The control is a token bucket of probe time: it fills at `budget` per unit of wall time up
+//! to one second's worth ([`BURST_S`]); a window opens at a tick when the bucket is full
+//! and a watchdog closes it as soon as the bucket is empty ([`must_close`]), so a storm that
+//! starts while the probes are on costs at most one bucket. Hits are summed over all threads
+//! and charged to one thread, so the control is conservative when several threads launch.
 
 /// Added time of one uprobe hit outside the BPF program (breakpoint trap, uprobe lookup, return
 /// to user space). Calibrated on this VM (2 vCPUs, Linux 6.18, 2026-11-21) with
@@ -41,12 +43,20 @@ pub fn parse_budget(s: &str) -> Result<f64, String> {
     Ok(v.min(NO_SAMPLING))
 }
 
+/// Seconds of budget a burst may spend at once: the token bucket's capacity. A window of the
+/// sampled probes lasts until the bucket is empty (closed by a watchdog that checks every few
+/// ms), and a new one opens when it is full again: at 2% and a storm costing 80% of the
+/// thread, windows of ~25 ms every ~1 s.
+pub const BURST_S: f64 = 1.0;
+
 /// One tick as the probes saw it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TickObs {
     /// Wall time of the tick (ns).
     pub dt_ns: u64,
-    /// Hits of the sampled probes in the tick (0 when they were off).
+    /// How long in the tick the sampled probes were attached (ns).
+    pub on_ns: u64,
+    /// Hits of the sampled probes in the tick.
     pub sampled_hits: u64,
     /// Cost of one sampled hit (ns): BPF run time per hit plus the trap constants.
     pub cost_per_hit_ns: f64,
@@ -54,21 +64,20 @@ pub struct TickObs {
     pub other_cost_ns: f64,
 }
 
+/// A token bucket of probe time: filled at `budget` ns per ns of wall time up to
+/// `budget x BURST_S`, emptied by what the probes cost.
 #[derive(Debug, Clone)]
 pub struct Gate {
     budget: f64,
-    /// Whether the sampled probes were on during the tick being observed.
-    on: bool,
+    tokens_ns: f64,
     elapsed_ns: u64,
     on_ns: u64,
     spent_ns: f64,
     /// The part of `spent_ns` paid by the sampled probes (only inside on-windows).
     sampled_spent_ns: f64,
-    /// Cost per ns of wall time while on, from the last on-window.
-    on_cost_rate: Option<f64>,
-    /// (the workload's own time, hits) of each on-tick: the samples of the rate. The probes'
-    /// cost is taken out of the window: a probed workload runs slower, and the rate it would
-    /// have had unprobed is what the off-windows are scaled by.
+    /// (the workload's own time, hits) of each tick with the probes on: the samples of the
+    /// rate. The probes' cost is taken out of the window: a probed workload runs slower, and
+    /// the rate it would have had unprobed is what the off-time is scaled by.
     windows: Vec<(u64, u64)>,
 }
 
@@ -88,54 +97,59 @@ pub struct Estimate {
 }
 
 impl Gate {
-    /// The sampled probes start on: the first tick measures their rate.
+    /// The bucket starts full and the sampled probes on.
     pub fn new(budget: f64) -> Gate {
         Gate {
             budget,
-            on: true,
+            tokens_ns: budget * BURST_S * 1e9,
             elapsed_ns: 0,
             on_ns: 0,
             spent_ns: 0.0,
             sampled_spent_ns: 0.0,
-            on_cost_rate: None,
             windows: Vec::new(),
         }
-    }
-
-    pub fn is_on(&self) -> bool {
-        self.on
     }
 
     pub fn samples(&self) -> bool {
         self.budget < NO_SAMPLING
     }
 
-    /// Takes one tick's observation; returns whether the sampled probes should be on for the
-    /// next tick.
+    pub fn budget(&self) -> f64 {
+        self.budget
+    }
+
+    fn capacity(&self) -> f64 {
+        self.budget * BURST_S * 1e9
+    }
+
+    /// What an open window may still spend (ns): the watchdog closes it when the probes'
+    /// cost since the last tick exceeds this plus the refill since then.
+    pub fn tokens_ns(&self) -> f64 {
+        self.tokens_ns
+    }
+
+    /// Takes one tick's observation; returns whether a window should open (or stay open) for
+    /// the next tick.
     pub fn tick(&mut self, o: TickObs) -> bool {
         self.elapsed_ns += o.dt_ns;
         let sampled_cost = o.sampled_hits as f64 * o.cost_per_hit_ns;
         self.spent_ns += sampled_cost + o.other_cost_ns;
-        if self.on {
-            self.on_ns += o.dt_ns;
+        self.tokens_ns = (self.tokens_ns + self.budget * o.dt_ns as f64).min(self.capacity())
+            - sampled_cost
+            - o.other_cost_ns;
+        let on_ns = o.on_ns.min(o.dt_ns);
+        if on_ns > 0 {
+            self.on_ns += on_ns;
             self.sampled_spent_ns += sampled_cost;
-            let own = (o.dt_ns as f64 - sampled_cost).max(0.0) as u64;
+            let own = (on_ns as f64 - sampled_cost).max(0.0) as u64;
             self.windows.push((own, o.sampled_hits));
-            if o.dt_ns > 0 {
-                self.on_cost_rate = Some(sampled_cost / o.dt_ns as f64);
-            }
         }
         if !self.samples() {
-            self.on = true;
             return true;
         }
-        let next = o.dt_ns.max(1) as f64;
-        let rate = self.on_cost_rate.unwrap_or(0.0);
-        // Open the next window only if its expected cost still fits: the budget is a ceiling
-        // over every prefix of the trace, not just an average at the end.
-        let allowed = self.budget * (self.elapsed_ns as f64 + next);
-        self.on = self.spent_ns + rate * next <= allowed;
-        self.on
+        // Full: each window costs its attach and detach (ms with the return probe firing
+        // alone), so few long windows beat many short ones.
+        self.tokens_ns >= self.capacity() * 0.99
     }
 
     pub fn estimate(&self) -> Estimate {
@@ -155,10 +169,12 @@ impl Gate {
         // with several, the cost is charged to one and the scale comes out somewhat high.
         let own_total = (total - self.sampled_spent_ns).max(1.0);
         let own_on = self.on_ns as f64 - self.sampled_spent_ns;
+        // Never below the plain time ratio's floor of 1; when the cost ate the whole window
+        // (hits counted during an attach or detach), fall back to the time ratio.
         let scale = if own_on <= 0.0 {
-            0.0
+            1.0 / duty.max(1e-9)
         } else {
-            own_total / own_on
+            (own_total / own_on).max(1.0)
         };
         Estimate {
             duty,
@@ -168,6 +184,12 @@ impl Gate {
             overhead,
         }
     }
+}
+
+/// Whether an open window must close now: `tokens_ns` at the last tick, refilled at `budget`
+/// for `since_ns`, minus what the sampled probes cost since.
+pub fn must_close(tokens_ns: f64, budget: f64, since_ns: u64, spent_since_ns: f64) -> bool {
+    tokens_ns + budget * since_ns as f64 - spent_since_ns <= 0.0
 }
 
 /// 95% relative error of a total estimated from windows that cover `duty` of the time: the
@@ -206,19 +228,40 @@ mod tests {
 
     const TICK: u64 = 100_000_000;
 
-    fn storm(gate: &mut Gate, ticks: usize, hits_per_tick_on: u64, cost: f64) -> u64 {
-        let mut seen = 0;
+    /// A workload doing `work` ns of its own per launch, probed at `cost` ns per launch while
+    /// a window is open; the watchdog closes the window when the bucket is empty. Returns
+    /// (launches seen, all launches, wall ns).
+    fn simulate(g: &mut Gate, ticks: usize, work: f64, cost: f64) -> (u64, u64, f64) {
+        let (mut seen, mut truth, mut wall) = (0u64, 0u64, 0.0);
+        let mut open = true;
         for _ in 0..ticks {
-            let hits = if gate.is_on() { hits_per_tick_on } else { 0 };
+            let dt = TICK as f64;
+            let (mut on_ns, mut hits) = (0.0, 0u64);
+            if open {
+                // Tokens left at the window's start, refilled while it runs.
+                let rate = cost / (work + cost);
+                let t_close = if rate <= g.budget() {
+                    dt
+                } else {
+                    (g.tokens_ns().max(0.0) / (rate - g.budget())).min(dt)
+                };
+                on_ns = t_close;
+                hits = (t_close / (work + cost)) as u64;
+            }
+            let off = dt - on_ns;
+            let all = hits + (off / work) as u64;
             seen += hits;
-            gate.tick(TickObs {
+            truth += all;
+            wall += dt;
+            open = g.tick(TickObs {
                 dt_ns: TICK,
+                on_ns: on_ns as u64,
                 sampled_hits: hits,
                 cost_per_hit_ns: cost,
                 other_cost_ns: 0.0,
             });
         }
-        seen
+        (seen, truth, wall)
     }
 
     #[test]
@@ -236,84 +279,55 @@ mod tests {
     #[test]
     fn cheap_probes_stay_on_and_counts_are_exact() {
         let mut g = Gate::new(0.02);
-        // 1000 hits per 100 ms at 1.5 us: 1.5 ms per 100 ms = 1.5% < 2%.
-        let seen = storm(&mut g, 50, 1000, 1500.0);
+        // 1 launch per 100 us of work at 1.5 us: 1.5% < 2%.
+        let (seen, truth, _) = simulate(&mut g, 50, 100_000.0, 1500.0);
         let e = g.estimate();
-        assert_eq!(seen, 50_000);
+        assert_eq!(seen, truth);
         assert_eq!(e.duty, 1.0);
         assert_eq!(e.scale, 1.0);
         assert_eq!(e.rel_error, Some(0.0));
-        assert!((e.overhead - 0.015).abs() < 1e-9, "{e:?}");
+        assert!(e.overhead > 0.01 && e.overhead < 0.02, "{e:?}");
     }
 
     #[test]
     fn a_launch_storm_is_sampled_under_the_budget() {
-        // 1M launches/s at 1.5 us each: 150% of the thread's time if always on.
+        // 1M launches/s (1 us of work each) at 3.8 us per probed launch: 380% if always on.
         let mut g = Gate::new(0.02);
-        let ticks = 600; // one minute
-        let seen = storm(&mut g, ticks, 100_000, 1500.0);
+        let (seen, truth, wall) = simulate(&mut g, 600, 1000.0, 3800.0);
         let e = g.estimate();
-        assert!(e.overhead <= 0.02 + 1e-9, "{e:?}");
+        // Over the trace: the budget plus at most one burst (the bucket's capacity).
+        assert!(e.overhead <= 0.02 + 0.02 * BURST_S * 1e9 / wall, "{e:?}");
         assert!(
             e.overhead > 0.015,
             "the budget should be used, not wasted: {e:?}"
         );
-        assert!(e.duty < 0.05 && e.duty > 0.005, "{e:?}");
-        // The workload: 1 us of own work per launch; probed, each launch costs 1.5 us more, so
-        // an on-tick sees 40,000 launches, an off-tick 100,000.
-        let _ = seen;
-        let mut g = Gate::new(0.02);
-        let (mut seen, mut truth) = (0u64, 0u64);
-        for _ in 0..ticks {
-            let n = if g.is_on() { 40_000 } else { 100_000 };
-            truth += n;
-            let hits = if g.is_on() { n } else { 0 };
-            seen += hits;
-            g.tick(TickObs {
-                dt_ns: TICK,
-                sampled_hits: hits,
-                cost_per_hit_ns: 1500.0,
-                other_cost_ns: 0.0,
-            });
-        }
-        let e = g.estimate();
+        // Probed, the storm spends 79% of its time in probes: 2% / 79% = 2.5% of the time on.
+        assert!(e.duty < 0.03, "{e:?}");
         let estimated = seen as f64 * e.scale;
         assert!(
-            (estimated - truth as f64).abs() / (truth as f64) < 1e-6,
-            "{estimated} vs {truth}"
+            (estimated - truth as f64).abs() / (truth as f64) < 0.01,
+            "{estimated} vs {truth} ({e:?})"
         );
-        // A constant rate: no spread between windows.
-        assert!(e.rel_error.unwrap() < 1e-9, "{e:?}");
+        assert!(e.rel_error.unwrap() < 0.01, "{e:?}");
     }
 
     #[test]
-    fn the_budget_holds_for_every_prefix_after_the_first_window() {
+    fn the_first_burst_is_bounded_by_the_bucket() {
         let mut g = Gate::new(0.02);
-        for i in 0..300u64 {
-            let hits = if g.is_on() { 100_000 } else { 0 };
-            g.tick(TickObs {
-                dt_ns: TICK,
-                sampled_hits: hits,
-                cost_per_hit_ns: 1500.0,
-                other_cost_ns: 0.0,
-            });
-            let e = g.estimate();
-            // The first window is spent before any rate is known; from then on the expected
-            // cost of a window is checked before it opens.
-            let first = 100_000.0 * 1500.0;
-            let limit = 0.02 * ((i + 1) * TICK) as f64;
-            assert!(
-                e.overhead * ((i + 1) * TICK) as f64 <= limit.max(first) + 1.0,
-                "tick {i}: {e:?}"
-            );
-        }
+        let (_, _, wall) = simulate(&mut g, 10, 1000.0, 3800.0);
+        let e = g.estimate();
+        // One second of trace: the full bucket (20 ms) plus the refill (20 ms).
+        assert!(
+            e.overhead * wall <= 0.02 * BURST_S * 1e9 + 0.02 * wall + 1.0,
+            "{e:?}"
+        );
     }
 
     #[test]
     fn no_sampling_at_full_budget() {
         let mut g = Gate::new(parse_budget("100%").unwrap());
-        let seen = storm(&mut g, 20, 100_000, 1500.0);
-        assert_eq!(seen, 2_000_000);
+        let (seen, truth, _) = simulate(&mut g, 20, 1000.0, 3800.0);
+        assert_eq!(seen, truth);
         let e = g.estimate();
         assert_eq!(e.scale, 1.0);
         assert_eq!(e.rel_error, Some(0.0));
@@ -322,13 +336,25 @@ mod tests {
     #[test]
     fn unsampled_probes_over_budget_keep_the_sampled_ones_off() {
         let mut g = Gate::new(0.02);
-        g.tick(TickObs {
-            dt_ns: TICK,
-            sampled_hits: 10,
-            cost_per_hit_ns: 1000.0,
-            other_cost_ns: 0.05 * TICK as f64,
-        });
-        assert!(!g.is_on());
+        let mut open = true;
+        for _ in 0..10 {
+            open = g.tick(TickObs {
+                dt_ns: TICK,
+                on_ns: if open { TICK } else { 0 },
+                sampled_hits: if open { 10 } else { 0 },
+                cost_per_hit_ns: 1000.0,
+                other_cost_ns: 0.05 * TICK as f64,
+            });
+        }
+        assert!(!open);
+    }
+
+    #[test]
+    fn the_watchdog_closes_an_empty_bucket() {
+        assert!(!must_close(1e6, 0.02, 0, 0.5e6));
+        assert!(must_close(1e6, 0.02, 0, 1.5e6));
+        // 10 ms later the bucket has 0.2 ms more.
+        assert!(!must_close(1e6, 0.02, 10_000_000, 1.1e6));
     }
 
     #[test]

@@ -6,12 +6,18 @@
 //! costs its trap on every call even when the program returns at once, so a BPF-side flag would
 //! not save the cost that matters.
 
-use std::{collections::HashMap, os::fd::OwnedFd, path::PathBuf, time::Instant};
+use std::{
+    collections::HashMap,
+    os::fd::{AsFd, AsRawFd, OwnedFd},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 use aya::{
     programs::{
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
         Program, UProbe,
     },
     Ebpf,
@@ -164,24 +170,63 @@ fn traced_cost_ns(r: &Report) -> u64 {
         .sum::<f64>() as u64
 }
 
-/// The launch probes' links, switched on and off by the budget's gate.
+/// The launch probes' links, switched on and off by the budget's gate: the main thread opens
+/// a window at a tick (attaches the links and hands them to the watchdog); the watchdog
+/// thread closes it (drops the links) as soon as the bucket is empty, checking every
+/// [`WATCH_EVERY`], so a launch storm is cut off within milliseconds, not at the next tick.
 pub struct LaunchGate {
     gate: Gate,
     links: Vec<GateLink>,
     last: Option<(Instant, Counts)>,
-    /// The gate's clock starts at the first CUDA hit: idle time before the job's first call
-    /// would otherwise count as a zero-rate window.
-    started: bool,
     cost_per_hit: f64,
     entry_only: bool,
+    /// Whether a window is open (links attached) as far as the main thread asked.
+    open: bool,
+    /// When the window now open was opened, if in the current tick.
+    opened_at: Option<Instant>,
+    watch: Option<Watch>,
 }
+
+const WATCH_EVERY: Duration = Duration::from_millis(2);
 
 struct GateLink {
     prog: &'static str,
     path: PathBuf,
     offset: u64,
     cookie: u64,
-    id: Option<UProbeLinkId>,
+}
+
+/// What the main thread and the watchdog share.
+#[derive(Default)]
+struct Window {
+    /// Entry links first: dropped in this order, so a call inside still finds its return probe.
+    links: Vec<UProbeLink>,
+    ret_links: Vec<UProbeLink>,
+    /// Bucket at the window's last tick, the entry program's run count then, and the time.
+    tokens_ns: f64,
+    base_runs: u64,
+    base_at: Option<Instant>,
+    cost_per_hit: f64,
+    budget: f64,
+    /// Set by the watchdog when it closed the window.
+    closed_at: Option<Instant>,
+    stop: bool,
+}
+
+struct Watch {
+    shared: Arc<Mutex<Window>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Ok(mut w) = self.shared.lock() {
+            w.stop = true;
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 #[derive(Clone, Copy, Default)]
@@ -209,13 +254,79 @@ fn counts(ebpf: &Ebpf) -> Counts {
     }
 }
 
+/// `run_cnt` of a program through its fd (BPF_OBJ_GET_INFO_BY_FD): the watchdog's cheap read.
+fn run_count(fd: &OwnedFd) -> Option<u64> {
+    // struct bpf_prog_info up to run_cnt (offset 200, linux/bpf.h); the kernel fills what
+    // fits in info_len.
+    let mut info = [0u8; 208];
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    let attr = InfoAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: info.len() as u32,
+        info: info.as_mut_ptr() as u64,
+    };
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    // SAFETY: attr points at a live buffer of info_len bytes for the duration of the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &attr as *const InfoAttr,
+            std::mem::size_of::<InfoAttr>(),
+        )
+    };
+    (r == 0).then(|| u64::from_ne_bytes(info[200..208].try_into().unwrap()))
+}
+
+fn watchdog(fd: OwnedFd, shared: Arc<Mutex<Window>>) {
+    loop {
+        std::thread::sleep(WATCH_EVERY);
+        let (links, rets) = {
+            let Ok(mut w) = shared.lock() else { return };
+            if w.stop {
+                return;
+            }
+            let Some(base_at) = w.base_at else { continue };
+            if w.links.is_empty() && w.ret_links.is_empty() {
+                continue;
+            }
+            let Some(runs) = run_count(&fd) else { continue };
+            let spent = runs.saturating_sub(w.base_runs) as f64 * w.cost_per_hit;
+            let since = base_at.elapsed().as_nanos() as u64;
+            if !budget::must_close(w.tokens_ns, w.budget, since, spent) {
+                continue;
+            }
+            (
+                std::mem::take(&mut w.links),
+                std::mem::take(&mut w.ret_links),
+            )
+        };
+        // Closing a uprobe link takes 100-200 ms here (the kernel waits for a grace period
+        // after removing the breakpoint): the entry links close on their own thread, and the
+        // return links follow 1 ms later, once the entry breakpoints are gone, instead of
+        // after the entry's whole close, during which every call would still pay the return
+        // probe.
+        let entries = std::thread::spawn(move || drop(links));
+        std::thread::sleep(Duration::from_millis(1));
+        if let Ok(mut w) = shared.lock() {
+            w.closed_at = Some(Instant::now());
+        }
+        drop(rets);
+        let _ = entries.join();
+    }
+}
+
 impl LaunchGate {
     pub fn new(budget: f64, entry_only: bool) -> LaunchGate {
         LaunchGate {
             gate: Gate::new(budget),
             links: Vec::new(),
             last: None,
-            started: false,
             cost_per_hit: budget::UPROBE_TRAP_NS
                 + if entry_only {
                     0.0
@@ -223,6 +334,9 @@ impl LaunchGate {
                     budget::URETPROBE_TRAP_NS
                 },
             entry_only,
+            open: true,
+            opened_at: None,
+            watch: None,
         }
     }
 
@@ -231,7 +345,38 @@ impl LaunchGate {
         self.gate.samples() && FUNCS.get(fid).is_some_and(|f| f.is_launch())
     }
 
-    /// Records a launch probe just attached; detaches it at once while the gate is off.
+    fn start_watch(&mut self, ebpf: &Ebpf) -> Option<&Arc<Mutex<Window>>> {
+        if self.watch.is_none() {
+            let fd = ebpf
+                .program(ENTRY_PROG)?
+                .fd()
+                .ok()?
+                .as_fd()
+                .try_clone_to_owned()
+                .ok()?;
+            let shared = Arc::new(Mutex::new(Window {
+                tokens_ns: self.gate.tokens_ns(),
+                base_runs: counts(ebpf).entry_runs,
+                base_at: Some(Instant::now()),
+                cost_per_hit: self.cost_per_hit,
+                budget: self.gate.budget(),
+                ..Window::default()
+            }));
+            let s = shared.clone();
+            let thread = std::thread::Builder::new()
+                .name("gputrace-budget".into())
+                .spawn(move || watchdog(fd, s))
+                .ok()?;
+            self.watch = Some(Watch {
+                shared,
+                thread: Some(thread),
+            });
+        }
+        self.watch.as_ref().map(|w| &w.shared)
+    }
+
+    /// Records a launch probe just attached and hands its link to the watchdog (or drops it
+    /// at once while the gate is closed).
     pub fn add(
         &mut self,
         ebpf: &mut Ebpf,
@@ -246,15 +391,31 @@ impl LaunchGate {
             path,
             offset,
             cookie,
-            id: Some(id),
         });
-        if !self.gate.is_on() {
-            let i = self.links.len() - 1;
-            detach(ebpf, &mut self.links[i]);
+        let Some(link) = ebpf
+            .program_mut(prog)
+            .and_then(|p| <&mut UProbe>::try_from(p).ok())
+            .and_then(|p| p.take_link(id).ok())
+        else {
+            return;
+        };
+        if !self.open {
+            return;
+        }
+        if let Some(shared) = self.start_watch(ebpf) {
+            if let Ok(mut w) = shared.lock() {
+                if w.closed_at.is_none() {
+                    if prog == RET_PROG {
+                        w.ret_links.push(link);
+                    } else {
+                        w.links.push(link);
+                    }
+                }
+            }
         }
     }
 
-    /// One tick: observe, decide, switch.
+    /// One tick: observe, decide, open a window if the bucket allows.
     pub fn tick(&mut self, ebpf: &mut Ebpf) {
         if !self.gate.samples() || self.links.is_empty() {
             return;
@@ -266,73 +427,110 @@ impl LaunchGate {
         };
         let hits = c.entry_runs.saturating_sub(c0.entry_runs);
         let ret_hits = c.ret_runs.saturating_sub(c0.ret_runs);
-        if c.entry_runs > 0 {
-            // Per program over the whole trace (run times per hit are steady)...
-            let entry = budget::cost_per_hit(c.entry_ns, c.entry_runs, budget::UPROBE_TRAP_NS);
-            let ret = if self.entry_only || c.ret_runs == 0 {
-                0.0
-            } else {
-                budget::cost_per_hit(c.ret_ns, c.ret_runs, budget::URETPROBE_TRAP_NS)
-            };
-            // ...but hits per tick: the return probe also fires alone while the links are
-            // being attached or detached (each takes tens of ms), and those calls pay for it.
-            self.cost_per_hit = if hits > 0 {
-                entry + ret * ret_hits as f64 / hits as f64
-            } else {
-                entry + ret
-            };
+        // Per program over the whole trace: run times per hit are steady.
+        let entry = budget::cost_per_hit(c.entry_ns, c.entry_runs, budget::UPROBE_TRAP_NS);
+        let ret = if self.entry_only {
+            0.0
+        } else {
+            budget::cost_per_hit(c.ret_ns, c.ret_runs, budget::URETPROBE_TRAP_NS)
+        };
+        self.cost_per_hit = entry + ret;
+        // The return probe also fires alone while the links are attached or detached (each
+        // takes ms): calls that pay for it without being counted.
+        let transition_ns = if self.entry_only {
+            0.0
+        } else {
+            ret_hits.saturating_sub(hits) as f64 * ret
+        };
+        let dt = now.duration_since(t0);
+        let closed_at = self
+            .watch
+            .as_ref()
+            .and_then(|w| w.shared.lock().ok().and_then(|mut w| w.closed_at.take()));
+        let on = if !self.open {
+            Duration::ZERO
+        } else {
+            let from = self.opened_at.unwrap_or(t0).max(t0);
+            closed_at.unwrap_or(now).saturating_duration_since(from)
+        };
+        if closed_at.is_some() {
+            self.open = false;
         }
-        if !self.started {
-            if hits == 0 {
-                return;
-            }
-            self.started = true;
-        }
-        let was_on = self.gate.is_on();
-        let on = self.gate.tick(TickObs {
-            dt_ns: now.duration_since(t0).as_nanos() as u64,
-            sampled_hits: if was_on { hits } else { 0 },
+        let was_open = self.open || closed_at.is_some();
+        let open = self.gate.tick(TickObs {
+            dt_ns: dt.as_nanos() as u64,
+            on_ns: if was_open { on.as_nanos() as u64 } else { 0 },
+            sampled_hits: if was_open { hits } else { 0 },
             cost_per_hit_ns: self.cost_per_hit,
-            other_cost_ns: if was_on {
-                0.0
-            } else {
-                hits as f64 * self.cost_per_hit
-            },
+            other_cost_ns: transition_ns
+                + if was_open {
+                    0.0
+                } else {
+                    hits as f64 * self.cost_per_hit
+                },
         });
-        if on != was_on {
-            self.switch(ebpf, on);
+        self.opened_at = None;
+        if open && !self.open {
+            self.reopen(ebpf, c.entry_runs);
+        } else if self.open {
+            // Still open: the watchdog measures from this tick with the bucket as it is now.
+            if let Some(w) = &self.watch {
+                if let Ok(mut w) = w.shared.lock() {
+                    w.tokens_ns = self.gate.tokens_ns();
+                    w.base_runs = c.entry_runs;
+                    w.base_at = Some(now);
+                    w.cost_per_hit = self.cost_per_hit;
+                }
+            }
         }
     }
 
-    fn switch(&mut self, ebpf: &mut Ebpf, on: bool) {
-        if on {
-            // Return probes first, as at the first attach: a call entered in between would
-            // otherwise raise its thread's depth with no return to lower it.
-            for prog in [RET_PROG, ENTRY_PROG] {
-                for l in self.links.iter_mut().filter(|l| l.prog == prog) {
-                    attach(ebpf, l);
-                }
-            }
-        } else {
-            // Entry probes first: a call already inside still finds its return probe.
-            for prog in [ENTRY_PROG, RET_PROG] {
-                for l in self.links.iter_mut().filter(|l| l.prog == prog) {
-                    detach(ebpf, l);
+    fn reopen(&mut self, ebpf: &mut Ebpf, runs: u64) {
+        let mut entries = Vec::new();
+        let mut rets = Vec::new();
+        // Return probes first, as at the first attach: a call entered in between would
+        // otherwise raise its thread's depth with no return to lower it.
+        for prog in [RET_PROG, ENTRY_PROG] {
+            for l in self.links.iter().filter(|l| l.prog == prog) {
+                if let Some(link) = attach(ebpf, l) {
+                    if prog == RET_PROG {
+                        rets.push(link);
+                    } else {
+                        entries.push(link);
+                    }
                 }
             }
         }
+        // The window starts once the entry probes are attached (the return probes, attached
+        // first, fired alone meanwhile: transition cost).
+        self.opened_at = Some(Instant::now());
+        let tokens = self.gate.tokens_ns();
+        let cost = self.cost_per_hit;
+        if let Some(shared) = self.start_watch(ebpf) {
+            if let Ok(mut w) = shared.lock() {
+                w.links = entries;
+                w.ret_links = rets;
+                w.tokens_ns = tokens;
+                w.base_runs = runs;
+                w.base_at = Some(Instant::now());
+                w.cost_per_hit = cost;
+                w.closed_at = None;
+            }
+        }
+        self.open = true;
     }
 
     /// Last partial tick, then the scaled counts and the sampling note in the report.
     pub fn finish(&mut self, ebpf: &mut Ebpf, data: &mut ReportData) {
         self.tick(ebpf);
+        self.watch = None;
         let worst = worst_cuda_thread(&data.report, self.cost_per_hit);
         data.report
             .overhead
             .get_or_insert_with(Overhead::default)
             .worst_thread = worst;
         let e = self.gate.estimate();
-        if !self.started || e.scale == 1.0 {
+        if e.scale == 1.0 || e.windows == 0 {
             return;
         }
         let launch_names: Vec<&str> = FUNCS
@@ -365,17 +563,11 @@ impl LaunchGate {
     }
 }
 
-fn attach(ebpf: &mut Ebpf, l: &mut GateLink) {
-    if l.id.is_some() {
-        return;
-    }
-    let Some(p) = ebpf
+fn attach(ebpf: &mut Ebpf, l: &GateLink) -> Option<UProbeLink> {
+    let p = ebpf
         .program_mut(l.prog)
-        .and_then(|p| <&mut UProbe>::try_from(p).ok())
-    else {
-        return;
-    };
-    l.id = p
+        .and_then(|p| <&mut UProbe>::try_from(p).ok())?;
+    let id = p
         .attach(
             UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(l.offset),
@@ -384,17 +576,8 @@ fn attach(ebpf: &mut Ebpf, l: &mut GateLink) {
             &l.path,
             UProbeScope::AllProcesses,
         )
-        .ok();
-}
-
-fn detach(ebpf: &mut Ebpf, l: &mut GateLink) {
-    let Some(id) = l.id.take() else { return };
-    if let Some(p) = ebpf
-        .program_mut(l.prog)
-        .and_then(|p| <&mut UProbe>::try_from(p).ok())
-    {
-        let _ = p.detach(id);
-    }
+        .ok()?;
+    p.take_link(id).ok()
 }
 
 fn scale(v: u64, by: f64) -> u64 {
@@ -423,7 +606,7 @@ fn scale_cuda(c: &mut crate::report::model::cuda::ProcessCuda, launches: &[&str]
             if launches.contains(&a.function.as_str()) {
                 let before = a.total_ns;
                 scale_api(a, by);
-                t.total_ns += a.total_ns - before;
+                t.total_ns = (t.total_ns + a.total_ns).saturating_sub(before);
             }
         }
     }
