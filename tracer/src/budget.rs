@@ -128,8 +128,8 @@ impl Gate {
         self.tokens_ns
     }
 
-    /// Takes one tick's observation; returns whether a window should open (or stay open) for
-    /// the next tick.
+    /// Takes one tick's observation; returns whether a closed window should open for the next
+    /// tick (an open one stays open until the watchdog closes it).
     pub fn tick(&mut self, o: TickObs) -> bool {
         self.elapsed_ns += o.dt_ns;
         let sampled_cost = o.sampled_hits as f64 * o.cost_per_hit_ns;
@@ -237,6 +237,7 @@ mod tests {
         for _ in 0..ticks {
             let dt = TICK as f64;
             let (mut on_ns, mut hits) = (0.0, 0u64);
+            let mut closed = !open;
             if open {
                 // Tokens left at the window's start, refilled while it runs.
                 let rate = cost / (work + cost);
@@ -247,19 +248,23 @@ mod tests {
                 };
                 on_ns = t_close;
                 hits = (t_close / (work + cost)) as u64;
+                closed = t_close < dt;
             }
             let off = dt - on_ns;
             let all = hits + (off / work) as u64;
             seen += hits;
             truth += all;
             wall += dt;
-            open = g.tick(TickObs {
+            let reopen = g.tick(TickObs {
                 dt_ns: TICK,
                 on_ns: on_ns as u64,
                 sampled_hits: hits,
                 cost_per_hit_ns: cost,
                 other_cost_ns: 0.0,
             });
+            // A window the watchdog did not close stays open; a closed one reopens when the
+            // gate says so.
+            open = !closed || reopen;
         }
         (seen, truth, wall)
     }
