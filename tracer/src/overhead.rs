@@ -547,12 +547,21 @@ impl LaunchGate {
                 }
             }
             scale_cuda(c, &launch_names, e.scale);
+            if let Some(t) = p.time.as_mut() {
+                scale_launch_time(t, e.scale);
+            }
+            for t in p.threads.iter_mut() {
+                if let Some(t) = t.time.as_mut() {
+                    scale_launch_time(t, e.scale);
+                }
+            }
         }
         let o = data.report.overhead.get_or_insert_with(Overhead::default);
         o.sampled = Some(ProbeSampling {
             probes: "CUDA launch probes".into(),
-            scaled: "launch call counts, their times and kernel launch counts (the time \
-                     breakdown's CUDA-launch time covers the probed windows only)"
+            scaled: "launch call counts, their times, kernel launch counts, and the time \
+                     breakdown's cuda_launch time (moved from cpu: off the windows, launches \
+                     run on CPU unseen)"
                 .into(),
             duty: e.duty,
             scale: e.scale,
@@ -615,6 +624,35 @@ fn scale_cuda(c: &mut crate::report::model::cuda::ProcessCuda, launches: &[&str]
     }
 }
 
+/// Off the windows a launch's time is counted as plain on-CPU time: move the estimated part
+/// from `cpu` to `cuda_launch` (never more than `cpu` holds), keeping the sum.
+fn scale_launch_time(t: &mut crate::report::model::time::TimeBreakdown, by: f64) {
+    let get = |t: &crate::report::model::time::TimeBreakdown, c: &str| {
+        t.categories
+            .iter()
+            .find(|x| x.category == c)
+            .map_or(0, |x| x.ns)
+    };
+    let (launch, cpu) = (get(t, "cuda_launch"), get(t, "cpu"));
+    let moved = ((launch as f64 * (by - 1.0)).max(0.0) as u64).min(cpu);
+    if moved == 0 {
+        return;
+    }
+    for c in t.categories.iter_mut() {
+        if c.category == "cpu" {
+            c.ns -= moved;
+        } else if c.category == "cuda_launch" {
+            c.ns += moved;
+        }
+    }
+    let alive = t.alive_ns.max(1) as f64;
+    for c in t.categories.iter_mut() {
+        c.percent = 100.0 * c.ns as f64 / alive;
+    }
+    t.categories.retain(|c| c.ns > 0);
+    t.categories.sort_by(|a, b| b.ns.cmp(&a.ns));
+}
+
 /// The thread whose CUDA calls cost it the largest share of its time (calls seen, unscaled:
 /// the cost was paid only in the probed windows).
 fn worst_cuda_thread(r: &Report, cost_per_hit: f64) -> Option<ThreadOverhead> {
@@ -648,6 +686,33 @@ fn worst_cuda_thread(r: &Report, cost_per_hit: f64) -> Option<ThreadOverhead> {
 mod tests {
     use super::*;
     use crate::report::model::cuda::{ApiStat, KernelStat, ProcessCuda, ThreadCuda};
+
+    #[test]
+    fn launch_time_moves_from_cpu() {
+        use crate::report::model::time::{CategoryTime, TimeBreakdown};
+        let cat = |c: &str, ns| CategoryTime {
+            category: c.into(),
+            ns,
+            percent: 0.0,
+        };
+        let mut t = TimeBreakdown {
+            alive_ns: 1000,
+            accounted_ns: 1000,
+            categories: vec![cat("cpu", 900), cat("cuda_launch", 20), cat("sleep", 80)],
+            ..Default::default()
+        };
+        scale_launch_time(&mut t, 11.0);
+        assert_eq!(t.categories[0].category, "cpu");
+        assert_eq!(t.categories[0].ns, 700);
+        assert_eq!(t.categories[1].ns, 220);
+        assert_eq!(t.categories.iter().map(|c| c.ns).sum::<u64>(), 1000);
+        assert!((t.categories[1].percent - 22.0).abs() < 1e-9);
+        // Never more than cpu holds.
+        scale_launch_time(&mut t, 100.0);
+        assert_eq!(t.categories[0].category, "cuda_launch");
+        assert_eq!(t.categories[0].ns, 920);
+        assert!(t.categories.iter().all(|c| c.category != "cpu"));
+    }
 
     #[test]
     fn only_launches_are_scaled() {
