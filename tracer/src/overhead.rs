@@ -650,7 +650,7 @@ fn scale_launch_time(t: &mut crate::report::model::time::TimeBreakdown, by: f64)
         c.percent = 100.0 * c.ns as f64 / alive;
     }
     t.categories.retain(|c| c.ns > 0);
-    t.categories.sort_by(|a, b| b.ns.cmp(&a.ns));
+    t.categories.sort_by_key(|c| std::cmp::Reverse(c.ns));
 }
 
 /// The thread whose CUDA calls cost it the largest share of its time (calls seen, unscaled:
