@@ -78,11 +78,27 @@ struct Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        if let Ok(mut w) = self.shared.lock() {
-            w.stop = true;
-        }
+        let links = match self.shared.lock() {
+            Ok(mut w) => {
+                w.stop = true;
+                let mut l = std::mem::take(&mut w.links);
+                l.append(&mut std::mem::take(&mut w.ret_links));
+                l
+            }
+            Err(_) => Vec::new(),
+        };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // Each close waits ~200 ms for the kernel (a grace period per uprobe): closed one
+        // after another, a target with many probed libraries would hold the report for
+        // seconds. Concurrent closes share the wait.
+        let closers: Vec<_> = links
+            .into_iter()
+            .map(|l| std::thread::spawn(move || drop(l)))
+            .collect();
+        for c in closers {
+            let _ = c.join();
         }
     }
 }
