@@ -6,6 +6,7 @@
 //! holds a global lock while it runs.
 
 mod bad_input;
+mod budget;
 mod check;
 mod common;
 mod cpu_profile;

@@ -52,6 +52,22 @@ impl Drop {
         Drop::TimelineFull,
     ];
 
+    /// The programs that count this reason (kernel side), for the report.
+    pub fn programs(self) -> &'static str {
+        match self {
+            Drop::CpuCountsFull => "cpu_sample",
+            Drop::StackMapFull => "cpu_sample, sched_switch",
+            Drop::ProcEventsFull => "task_newtask, sched_process_exec, sched_process_exit",
+            Drop::TracedFull => "task_newtask",
+            Drop::ThreadStateFull => "sched_switch, task_newtask (thread birth and death)",
+            Drop::TimeMapFull => "sched_switch, sched_wakeup, sys_exit (time sums)",
+            Drop::SyscallMapFull => "sys_enter, sys_exit",
+            Drop::BlockMapFull => "block_rq_issue, block_rq_complete, block_bio_queue",
+            Drop::CudaFull => "cuda_entry, cuda_ret",
+            _ => "",
+        }
+    }
+
     /// What a drop of this kind makes incomplete, for the report.
     pub fn describe(self) -> &'static str {
         match self {

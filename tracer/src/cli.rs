@@ -107,6 +107,12 @@ pub struct TraceArgs {
     #[arg(long, default_value = "100ms", value_parser = parse_duration, value_name = "DURATION")]
     pub nvml_interval: Duration,
 
+    /// Keep gputrace's estimated cost per traced thread under this share of its time (e.g. 2%,
+    /// 0.5%); high-rate probes (CUDA launches) are then switched on and off in windows and their
+    /// counts scaled and marked as estimated. 100% never samples: every count is exact.
+    #[arg(long, default_value = "2%", value_parser = crate::budget::parse_budget, value_name = "PERCENT")]
+    pub max_overhead: f64,
+
     /// Count CUDA calls at entry only (no durations or errors); for measuring probe cost.
     #[arg(long, hide = true)]
     pub cuda_entry_only: bool,
@@ -213,6 +219,7 @@ mod tests {
         let c = Cli::try_parse_from(["gputrace", "-o", "x", "--", "python", "-c", "1"]).unwrap();
         assert_eq!(c.trace.command, vec!["python", "-c", "1"]);
         assert!(c.command.is_none());
+        assert_eq!(c.trace.max_overhead, 0.02);
         let c = Cli::try_parse_from(["gputrace", "diff", "a.json", "b.json"]).unwrap();
         match c.command {
             Some(Command::Diff(d)) => {

@@ -64,8 +64,8 @@ impl<'a> Stacks<'a> {
     }
 }
 
-/// Non-zero drop counters, summed over CPUs.
-pub fn drops(ebpf: &Ebpf) -> Result<Vec<(Drop, u64)>> {
+/// Non-zero drop counters: the total and each CPU's count.
+pub fn drops(ebpf: &Ebpf) -> Result<Vec<(Drop, u64, Vec<u64>)>> {
     let map: PerCpuArray<&MapData, u64> =
         PerCpuArray::try_from(ebpf.map(DROPS_MAP).context("map DROPS missing")?)?;
     let mut out = Vec::new();
@@ -73,7 +73,7 @@ pub fn drops(ebpf: &Ebpf) -> Result<Vec<(Drop, u64)>> {
         let per_cpu = map.get(&(d as u32), 0).context("read DROPS")?;
         let total: u64 = per_cpu.iter().sum();
         if total > 0 {
-            out.push((d, total));
+            out.push((d, total, per_cpu.iter().copied().collect()));
         }
     }
     Ok(out)

@@ -6,6 +6,7 @@
 pub mod accounting;
 pub mod aggregate;
 pub mod bpf;
+pub mod budget;
 pub mod check;
 pub mod cli;
 pub mod collect;
@@ -13,6 +14,7 @@ pub mod cuda;
 pub mod demo;
 pub mod diff;
 pub mod error;
+pub mod overhead;
 pub mod probes;
 pub mod procfs;
 pub mod python;

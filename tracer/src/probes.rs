@@ -62,6 +62,8 @@ pub fn ktime_now() -> u64 {
 /// The families a trace runs, in the order they attach.
 pub fn families(args: &TraceArgs) -> Vec<Box<dyn ProbeFamily>> {
     vec![
+        // First: it reads every program's run time before a family unloads its programs.
+        Box::new(crate::overhead::OverheadFamily::new(args.max_overhead)),
         Box::new(crate::accounting::Accounting::new()),
         // Before CUDA: the CUDA family names the kernels of the launches on the timeline.
         Box::new(crate::streams::TimelineFamily::new(args)),

@@ -230,10 +230,12 @@ fn trace(
         cpu: &cpu,
         drops: drops
             .into_iter()
-            .map(|(d, n)| DropCount {
+            .map(|(d, n, per_cpu)| DropCount {
                 reason: format!("{d:?}"),
                 affects: d.describe().into(),
                 count: n,
+                programs: d.programs().into(),
+                per_cpu,
             })
             .collect(),
         blind_spots: vec![],
@@ -261,6 +263,7 @@ fn trace(
     }
     // Detach every program before the (possibly slow) rendering.
     drop(ebpf);
+    crate::overhead::complete(&mut data.report);
     bound_report(&mut data.report, &tracker);
     report::finalize(&mut data);
 

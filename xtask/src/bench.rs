@@ -2,33 +2,56 @@
 //! with bpftrace / perf doing the same job, in one run, as ratios (this machine is shared and
 //! noisy: absolute numbers drift, ratios taken in one run hold). Never run in CI.
 //!
-//! Each workload (xtask/bench/*.c) times its own hot loop and prints `ns_per_op X`, so tracer
-//! start-up and report writing are not part of what is measured.
+//! Micro rows: each workload (xtask/bench/*.c) times its own hot loop and prints `ns_per_op X`,
+//! so tracer start-up and report writing are not part of what is measured. End-to-end rows:
+//! the demo job's own ms/step traced and untraced (`gputrace demo --untraced` runs the same
+//! trainer without tracing), gputrace's CPU time and peak RSS from the child's rusage
+//! (`/usr/bin/time`), the pipeline's sustained event rate, and attach/report times for a large
+//! target.
 
 use std::{
     fmt::Write as _,
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
+use serde_json::Value;
 
 use crate::workspace_root;
 
 const RUNS: usize = 3;
 
+enum Tool<'a> {
+    /// gputrace with these arguments before `--`.
+    Gputrace(&'a [&'a str]),
+    Bpftrace(String),
+    /// `perf record -F <freq> -g`.
+    Perf(&'a str),
+}
+
+struct Tracer<'a> {
+    label: &'a str,
+    tool: Tool<'a>,
+    /// The gputrace entry this one is compared with (reference tools only).
+    vs: Option<&'a str>,
+}
+
 struct Row {
     name: String,
     untraced: f64,
-    traced: Vec<(String, f64)>,
+    /// (label, ns/op, compared with)
+    traced: Vec<(String, f64, Option<String>)>,
 }
 
 impl Row {
     fn added(&self, label: &str) -> Option<f64> {
         self.traced
             .iter()
-            .find(|(l, _)| l == label)
-            .map(|(_, v)| v - self.untraced)
+            .find(|(l, _, _)| l == label)
+            .map(|(_, v, _)| v - self.untraced)
     }
 }
 
@@ -41,75 +64,174 @@ pub fn run(quick: bool) -> Result<()> {
             bail!("{tool} is missing: run `cargo xtask setup`");
         }
     }
+    if !Path::new("/usr/bin/time").exists() {
+        bail!("/usr/bin/time (GNU time) is missing: apt-get install time");
+    }
     let root = workspace_root();
     crate::cargo(&["build", "--release", "-p", "gputrace"])?;
-    let gputrace = root.join("target/release/gputrace");
+    let g = root.join("target/release/gputrace");
     let dir = root.join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let w = Workloads::build(&dir)?;
     let scale = if quick { 1 } else { 4 };
 
     let mut rows = Vec::new();
+    let full: &[&str] = &["--max-overhead", "100%"];
     let n_sys = 250_000 * scale;
     rows.push(compare(
         &format!("syscall (getppid x{n_sys})"),
         &[w.syscall.to_str().unwrap(), &n_sys.to_string()],
-        &gputrace,
-        &[(
-            "bpftrace",
-            "tracepoint:raw_syscalls:sys_enter /pid == cpid/ { @s[tid] = nsecs; } \
-             tracepoint:raw_syscalls:sys_exit /@s[tid]/ { @lat = hist(nsecs - @s[tid]); delete(@s[tid]); }",
-        )],
+        &g,
+        &[
+            Tracer {
+                label: "gputrace",
+                tool: Tool::Gputrace(full),
+                vs: None,
+            },
+            Tracer {
+                label: "bpftrace (latency hist)",
+                tool: Tool::Bpftrace(
+                    "tracepoint:raw_syscalls:sys_enter /pid == cpid/ { @s[tid] = nsecs; } \
+                     tracepoint:raw_syscalls:sys_exit /@s[tid]/ { @lat = hist(nsecs - @s[tid]); delete(@s[tid]); }"
+                        .into(),
+                ),
+                vs: Some("gputrace"),
+            },
+        ],
     )?);
     let n_cs = 25_000 * scale;
     rows.push(compare(
         &format!("context switch (pipe ping-pong x{n_cs})"),
         &[w.ctxswitch.to_str().unwrap(), &n_cs.to_string()],
-        &gputrace,
-        &[(
-            "bpftrace",
-            "tracepoint:sched:sched_switch { @off[args->prev_pid] = nsecs; \
-             if (@off[args->next_pid]) { @t = sum(nsecs - @off[args->next_pid]); delete(@off[args->next_pid]); } }",
-        )],
+        &g,
+        &[
+            Tracer {
+                label: "gputrace",
+                tool: Tool::Gputrace(full),
+                vs: None,
+            },
+            Tracer {
+                label: "bpftrace (off-CPU sum)",
+                tool: Tool::Bpftrace(
+                    "tracepoint:sched:sched_switch { @off[args->prev_pid] = nsecs; \
+                     if (@off[args->next_pid]) { @t = sum(nsecs - @off[args->next_pid]); delete(@off[args->next_pid]); } }"
+                        .into(),
+                ),
+                vs: Some("gputrace"),
+            },
+        ],
     )?);
     let n_l = 250_000 * scale;
     let lib = w.cudart.to_str().unwrap();
+    let entry: Vec<&str> = vec![
+        "--max-overhead",
+        "100%",
+        "--cuda-entry-only",
+        "--libcudart",
+        lib,
+    ];
+    let both: Vec<&str> = vec!["--max-overhead", "100%", "--libcudart", lib];
+    let budgeted: Vec<&str> = vec!["--libcudart", lib];
     rows.push(compare(
         &format!("CUDA launch (cudaLaunchKernel x{n_l})"),
-        &[w.launch.to_str().unwrap(), lib, &n_l.to_string(), "1500"],
-        &gputrace,
+        &[w.launch.to_str().unwrap(), lib, &n_l.to_string(), "500"],
+        &g,
         &[
-            (
-                "bpftrace uprobe",
-                &format!("uprobe:{lib}:cudaLaunchKernel {{ @c = count(); }}"),
-            ),
-            (
-                "bpftrace uprobe+uretprobe",
-                &format!(
+            Tracer {
+                label: "gputrace uprobe (count)",
+                tool: Tool::Gputrace(&entry),
+                vs: None,
+            },
+            Tracer {
+                label: "gputrace uprobe+uretprobe",
+                tool: Tool::Gputrace(&both),
+                vs: None,
+            },
+            Tracer {
+                label: "gputrace default (2% budget)",
+                tool: Tool::Gputrace(&budgeted),
+                vs: None,
+            },
+            Tracer {
+                label: "bpftrace uprobe (count)",
+                tool: Tool::Bpftrace(format!("uprobe:{lib}:cudaLaunchKernel {{ @c = count(); }}")),
+                vs: Some("gputrace uprobe (count)"),
+            },
+            Tracer {
+                label: "bpftrace uprobe+uretprobe",
+                tool: Tool::Bpftrace(format!(
                     "uprobe:{lib}:cudaLaunchKernel {{ @s[tid] = nsecs; }} \
                      uretprobe:{lib}:cudaLaunchKernel /@s[tid]/ {{ @lat = hist(nsecs - @s[tid]); delete(@s[tid]); }}"
-                ),
-            ),
+                )),
+                vs: Some("gputrace uprobe+uretprobe"),
+            },
         ],
     )?);
     let burn = (500 * scale).to_string();
-    rows.push(sampling(&w.burn, &burn, &gputrace)?);
+    let burn_cmd = [w.burn.to_str().unwrap(), burn.as_str()];
+    rows.push(compare(
+        &format!("CPU sampling (fixed work, {burn}M iterations)"),
+        &burn_cmd,
+        &g,
+        &[
+            Tracer {
+                label: "gputrace -F 99",
+                tool: Tool::Gputrace(&["-F", "99"]),
+                vs: None,
+            },
+            Tracer {
+                label: "perf record -g -F 99",
+                tool: Tool::Perf("99"),
+                vs: Some("gputrace -F 99"),
+            },
+            Tracer {
+                label: "gputrace -F 999",
+                tool: Tool::Gputrace(&["-F", "999"]),
+                vs: None,
+            },
+            Tracer {
+                label: "perf record -g -F 999",
+                tool: Tool::Perf("999"),
+                vs: Some("gputrace -F 999"),
+            },
+        ],
+    )?);
+    let micro = render(&rows);
+    println!("{micro}");
 
-    let table = render(&rows);
-    println!("{table}");
+    let seconds = if quick { 3 } else { 5 };
+    let mut demo = Vec::new();
+    for mode in ["data", "launch", "transfer", "gpu"] {
+        demo.push(demo_row(&g, mode, seconds, &dir)?);
+    }
+    let e2e = render_demo(&demo, seconds);
+    println!("{e2e}");
+
+    let pipeline = pipeline(&g, &w, &dir, 2_000_000 * scale as u64)?;
+    let big = big_target(&g, &w, &dir)?;
+    let rest = format!("{pipeline}\n{big}");
+    println!("{rest}");
+
     let md = root.join("BENCHMARKS.md");
     let mut text = std::fs::read_to_string(&md).unwrap_or_else(|_| HEADER.to_string());
-    let _ = write!(text, "\n## {} on {}\n\n{table}\n", date(), machine());
+    let _ = write!(
+        text,
+        "\n## {} on {}\n\n{micro}\n{e2e}\n{rest}\n",
+        date(),
+        machine()
+    );
     std::fs::write(&md, text).with_context(|| format!("write {}", md.display()))?;
     eprintln!("xtask: results appended to {}", md.display());
     Ok(())
 }
 
 const HEADER: &str =
-    "# Benchmarks\n\nMeasured by `cargo xtask bench` (never in CI). Each row times \
-the same workload untraced, under gputrace, and under bpftrace/perf doing the same job, \
+    "# Benchmarks\n\nMeasured by `cargo xtask bench` (never in CI). Each micro row \
+times the same workload untraced, under gputrace, and under bpftrace/perf doing the same job, \
 interleaved, median of 3. \"added\" is the traced time per operation minus the untraced time; \
-the ratio compares gputrace's added cost with the reference tool's.\n";
+the last column is gputrace's added cost over the reference tool's for the same probe (below \
+1.00x: gputrace is cheaper). gputrace's micro rows run with `--max-overhead 100%` (every hit \
+probed) unless marked \"default\".\n";
 
 struct Workloads {
     syscall: PathBuf,
@@ -117,6 +239,9 @@ struct Workloads {
     burn: PathBuf,
     launch: PathBuf,
     cudart: PathBuf,
+    big: PathBuf,
+    /// Copies of the fake runtime under distinct names: many mapped (and probed) libraries.
+    libs: Vec<PathBuf>,
 }
 
 impl Workloads {
@@ -135,97 +260,79 @@ impl Workloads {
             }
             Ok(())
         };
+        let libdir = dir.join("libs");
+        std::fs::create_dir_all(&libdir)?;
         let w = Workloads {
             syscall: dir.join("syscall_loop"),
             ctxswitch: dir.join("ctxswitch"),
             burn: dir.join("cpu_burn"),
             launch: dir.join("launch_loop"),
             cudart: dir.join("libcudart.so.12"),
+            big: dir.join("big_target"),
+            libs: (0..64)
+                .map(|i| libdir.join(format!("libbench{i}.so")))
+                .collect(),
         };
         cc("syscall_loop", &w.syscall, &[])?;
         cc("ctxswitch", &w.ctxswitch, &[])?;
         cc("cpu_burn", &w.burn, &[])?;
         cc("launch_loop", &w.launch, &["-ldl"])?;
         cc("fake_cudart", &w.cudart, &["-shared", "-fPIC"])?;
+        cc("big_target", &w.big, &["-ldl"])?;
+        for l in &w.libs {
+            std::fs::copy(&w.cudart, l).with_context(|| format!("copy to {}", l.display()))?;
+        }
         Ok(w)
     }
 }
 
-/// Untraced vs gputrace vs each bpftrace script, interleaved, medians.
-fn compare(name: &str, cmd: &[&str], gputrace: &Path, refs: &[(&str, &str)]) -> Result<Row> {
-    eprintln!("xtask: bench {name}");
-    let mut untraced = Vec::new();
-    let mut traced: Vec<(String, Vec<f64>)> = vec![("gputrace".into(), Vec::new())];
-    traced.extend(refs.iter().map(|(l, _)| (l.to_string(), Vec::new())));
-    for _ in 0..RUNS {
-        untraced.push(ns_per_op(Command::new(cmd[0]).args(&cmd[1..]))?);
-        traced[0]
-            .1
-            .push(ns_per_op(&mut gputrace_cmd(gputrace, &[], cmd))?);
-        for (i, (_, script)) in refs.iter().enumerate() {
-            traced[i + 1].1.push(ns_per_op(
-                Command::new("bpftrace")
-                    .arg("-c")
-                    .arg(cmd.join(" "))
-                    .arg("-e")
-                    .arg(script),
-            )?);
+fn command_for(tool: &Tool<'_>, gputrace: &Path, cmd: &[&str], perf_data: &Path) -> Command {
+    match tool {
+        Tool::Gputrace(extra) => {
+            let mut c = Command::new(gputrace);
+            c.args(*extra).arg("--").args(cmd);
+            c
+        }
+        Tool::Bpftrace(script) => {
+            let mut c = Command::new("bpftrace");
+            c.arg("-c").arg(cmd.join(" ")).arg("-e").arg(script);
+            c
+        }
+        Tool::Perf(freq) => {
+            let mut c = Command::new("perf");
+            c.args(["record", "-q", "-g", "-F", freq, "-o"])
+                .arg(perf_data)
+                .arg("--")
+                .args(cmd);
+            c
         }
     }
-    Ok(Row {
-        name: name.into(),
-        untraced: median(untraced),
-        traced: traced.into_iter().map(|(l, v)| (l, median(v))).collect(),
-    })
 }
 
-/// CPU sampling: gputrace at 99 and 999 Hz against `perf record -g` at the same rates.
-fn sampling(burn: &Path, millions: &str, gputrace: &Path) -> Result<Row> {
-    eprintln!("xtask: bench CPU sampling");
-    let cmd = [burn.to_str().unwrap(), millions];
+/// Untraced and each tracer, interleaved, medians.
+fn compare(name: &str, cmd: &[&str], gputrace: &Path, tracers: &[Tracer<'_>]) -> Result<Row> {
+    eprintln!("xtask: bench {name}");
     let perf_data = std::env::temp_dir().join("gputrace-bench-perf.data");
-    let labels = [
-        "gputrace -F 99",
-        "perf -F 99 -g",
-        "gputrace -F 999",
-        "perf -F 999 -g",
-    ];
-    let mut vals: Vec<Vec<f64>> = vec![Vec::new(); labels.len()];
     let mut untraced = Vec::new();
+    let mut vals: Vec<Vec<f64>> = vec![Vec::new(); tracers.len()];
     for _ in 0..RUNS {
         untraced.push(ns_per_op(Command::new(cmd[0]).args(&cmd[1..]))?);
-        for (i, label) in labels.iter().enumerate() {
-            let freq = if label.contains("999") { "999" } else { "99" };
-            let v = if label.starts_with("gputrace") {
-                ns_per_op(&mut gputrace_cmd(gputrace, &["-F", freq], &cmd))?
-            } else {
-                ns_per_op(
-                    Command::new("perf")
-                        .args(["record", "-q", "-g", "-F", freq, "-o"])
-                        .arg(&perf_data)
-                        .arg("--")
-                        .args(cmd),
-                )?
-            };
-            vals[i].push(v);
+        for (i, t) in tracers.iter().enumerate() {
+            vals[i].push(ns_per_op(&mut command_for(
+                &t.tool, gputrace, cmd, &perf_data,
+            ))?);
         }
     }
     let _ = std::fs::remove_file(perf_data);
     Ok(Row {
-        name: format!("CPU sampling (fixed work, {millions}M iterations)"),
+        name: name.into(),
         untraced: median(untraced),
-        traced: labels
+        traced: tracers
             .iter()
             .zip(vals)
-            .map(|(l, v)| (l.to_string(), median(v)))
+            .map(|(t, v)| (t.label.to_string(), median(v), t.vs.map(String::from)))
             .collect(),
     })
-}
-
-fn gputrace_cmd(gputrace: &Path, extra: &[&str], cmd: &[&str]) -> Command {
-    let mut c = Command::new(gputrace);
-    c.args(extra).arg("--").args(cmd);
-    c
 }
 
 fn ns_per_op(cmd: &mut Command) -> Result<f64> {
@@ -252,21 +359,11 @@ fn render(rows: &[Row]) -> String {
          |---|---:|---|---:|---:|---:|\n",
     );
     for r in rows {
-        let g_added = r.traced.first().map(|(_, v)| v - r.untraced).unwrap_or(0.0);
-        for (i, (label, v)) in r.traced.iter().enumerate() {
-            let added = r.added(label).unwrap_or(0.0);
-            let ratio = if i == 0 || added.abs() < 1e-9 {
-                "".to_string()
-            } else {
-                // Compare like with like for the sampling row (same frequency).
-                let base = if label.contains("999") {
-                    r.added("gputrace -F 999").unwrap_or(g_added)
-                } else if label.contains("99") {
-                    r.added("gputrace -F 99").unwrap_or(g_added)
-                } else {
-                    g_added
-                };
-                format!("{:.2}x", base / added)
+        for (i, (label, v, vs)) in r.traced.iter().enumerate() {
+            let added = v - r.untraced;
+            let ratio = match vs.as_deref().and_then(|b| r.added(b)) {
+                Some(base) if added.abs() > 1e-9 => format!("{:.2}x", base / added),
+                _ => String::new(),
             };
             let _ = writeln!(
                 t,
@@ -282,6 +379,234 @@ fn render(rows: &[Row]) -> String {
         }
     }
     t
+}
+
+/// `/usr/bin/time` around a command: (its stderr, user+sys CPU seconds, peak RSS in KiB).
+fn timed(cmd: &[&str]) -> Result<(String, String, f64, u64)> {
+    let out = Command::new("/usr/bin/time")
+        .args(["-f", "rusage %U %S %M"])
+        .args(cmd)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("run {cmd:?}"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {stderr}");
+    }
+    let r = stderr
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("rusage "))
+        .context("no rusage line")?
+        .to_string();
+    let f: Vec<&str> = r.split_whitespace().collect();
+    let cpu = f[0].parse::<f64>()? + f[1].parse::<f64>()?;
+    let rss = f[2].parse()?;
+    Ok((stdout, stderr, cpu, rss))
+}
+
+struct DemoRow {
+    mode: String,
+    untraced_ms: f64,
+    traced_ms: f64,
+    untraced_cpu: f64,
+    traced_cpu: f64,
+    rss_kib: u64,
+    estimated: f64,
+    hits_per_s: f64,
+    drops: u64,
+}
+
+fn ms_per_step(stderr: &str) -> Result<f64> {
+    stderr
+        .lines()
+        .find_map(|l| {
+            let rest = l.split(" steps/s, ").nth(1)?;
+            rest.split(" ms/step").next()?.trim().parse().ok()
+        })
+        .with_context(|| format!("no ms/step line from the demo trainer:\n{stderr}"))
+}
+
+fn read_report(dir: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(dir.join("report.json"))
+        .with_context(|| format!("read {}/report.json", dir.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+fn drops(r: &Value) -> u64 {
+    r["drops"]
+        .as_array()
+        .map(|d| d.iter().filter_map(|x| x["count"].as_u64()).sum())
+        .unwrap_or(0)
+}
+
+fn demo_row(g: &Path, mode: &str, seconds: u64, dir: &Path) -> Result<DemoRow> {
+    eprintln!("xtask: bench demo --mode {mode}");
+    let g = g.to_str().unwrap();
+    let secs = seconds.to_string();
+    let out = dir.join(format!("demo-{mode}"));
+    let _ = std::fs::remove_dir_all(&out);
+    let out_s = out.to_str().unwrap();
+    let mut best_u = (f64::MAX, 0.0);
+    let mut best_t = (f64::MAX, 0.0, 0u64);
+    // Interleaved, fastest of two each: noise on this shared machine only adds time.
+    for _ in 0..2 {
+        let (_, e, cpu, _) = timed(&[g, "demo", "--mode", mode, "--seconds", &secs, "--untraced"])?;
+        let ms = ms_per_step(&e)?;
+        if ms < best_u.0 {
+            best_u = (ms, cpu);
+        }
+        let _ = std::fs::remove_dir_all(&out);
+        let (_, e, cpu, rss) =
+            timed(&[g, "demo", "--mode", mode, "--seconds", &secs, "-o", out_s])?;
+        let ms = ms_per_step(&e)?;
+        if ms < best_t.0 {
+            best_t = (ms, cpu, rss);
+        }
+    }
+    let r = read_report(&out)?;
+    let o = &r["overhead"];
+    let dur = r["window"]["duration_ns"].as_f64().unwrap_or(1.0) / 1e9;
+    Ok(DemoRow {
+        mode: mode.into(),
+        untraced_ms: best_u.0,
+        traced_ms: best_t.0,
+        untraced_cpu: best_u.1,
+        traced_cpu: best_t.1,
+        rss_kib: best_t.2,
+        estimated: o["estimated"].as_f64().unwrap_or(0.0),
+        hits_per_s: o["probe_hits"].as_f64().unwrap_or(0.0) / dur,
+        drops: drops(&r),
+    })
+}
+
+fn render_demo(rows: &[DemoRow], seconds: u64) -> String {
+    let mut t = format!(
+        "End to end: `gputrace demo --mode M --seconds {seconds}` (default settings) against the \
+         same job untraced (`--untraced`), the trainer's own ms/step, fastest of 2 each. \
+         gputrace CPU = CPU time of the traced run minus the untraced run's (rusage of the \
+         child, job included); peak RSS is the largest of gputrace and the job's processes.\n\n\
+         | demo mode | untraced ms/step | traced ms/step | slowdown | gputrace CPU s | peak RSS MiB | estimated overhead (report) | probe hits/s | drops |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    for r in rows {
+        let _ = writeln!(
+            t,
+            "| {} | {:.2} | {:.2} | {:+.1}% | {:.2} | {:.0} | {:.2}% | {:.0} | {} |",
+            r.mode,
+            r.untraced_ms,
+            r.traced_ms,
+            100.0 * (r.traced_ms / r.untraced_ms - 1.0),
+            r.traced_cpu - r.untraced_cpu,
+            r.rss_kib as f64 / 1024.0,
+            100.0 * r.estimated,
+            r.hits_per_s,
+            r.drops
+        );
+    }
+    t
+}
+
+/// The event rate the pipeline sustains: a syscall storm (two events per call) traced, probe
+/// hits per second of the storm, and whether anything was dropped.
+fn pipeline(g: &Path, w: &Workloads, dir: &Path, n: u64) -> Result<String> {
+    eprintln!("xtask: bench pipeline throughput");
+    let out = dir.join("pipeline");
+    let _ = std::fs::remove_dir_all(&out);
+    let (stdout, _, cpu, rss) = timed(&[
+        g.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        w.syscall.to_str().unwrap(),
+        &n.to_string(),
+    ])?;
+    let ns = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("ns_per_op "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .context("no ns_per_op from the syscall storm")?;
+    let r = read_report(&out)?;
+    let events = 2.0 * n as f64;
+    let storm_s = ns * n as f64 / 1e9;
+    Ok(format!(
+        "Pipeline: a getppid storm of {n} calls traced by default: {:.2} M events/s (sys_enter + \
+         sys_exit, {:.0} ns per call traced), {} dropped; gputrace + job CPU {cpu:.2} s, peak RSS \
+         {:.0} MiB.\n",
+        events / storm_s / 1e6,
+        ns,
+        drops(&r),
+        rss as f64 / 1024.0
+    ))
+}
+
+/// Attach and report times for a large target: many threads, many mapped (and CUDA-probed)
+/// libraries, 1M+ events in the window.
+fn big_target(g: &Path, w: &Workloads, dir: &Path) -> Result<String> {
+    eprintln!("xtask: bench large target");
+    let threads = 200;
+    let mut child = Command::new(&w.big)
+        .arg(threads.to_string())
+        .args(&w.libs)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("start big_target")?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        bail!("big_target did not start: {line}");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let out = dir.join("big");
+    let _ = std::fs::remove_dir_all(&out);
+    let pid = child.id().to_string();
+    let res = timed(&[
+        g.to_str().unwrap(),
+        "-v",
+        "--pid",
+        &pid,
+        "-d",
+        "4s",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let _ = child.kill();
+    let _ = child.wait();
+    let (_, stderr, cpu, rss) = res?;
+    let grab = |key: &str| -> Option<f64> {
+        stderr.lines().find_map(|l| {
+            let rest = l.split(key).nth(1)?;
+            rest.split(" ms").next()?.trim().parse().ok()
+        })
+    };
+    let r = read_report(&out)?;
+    let syscalls: u64 = r["processes"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .filter_map(|p| p["syscalls"].as_array())
+                .flatten()
+                .filter_map(|s| s["count"].as_u64())
+                .sum()
+        })
+        .unwrap_or(0);
+    let libs = r["processes"][0]["cuda"]["libraries"]
+        .as_array()
+        .map(Vec::len)
+        .unwrap_or(0);
+    Ok(format!(
+        "Large target: {threads} threads, {} extra libraries mapped ({libs} probed as CUDA \
+         runtimes), traced 4 s by --pid: attached in {} ms, stop to report {} ms; {syscalls} \
+         syscalls counted ({} events), {} dropped; gputrace CPU {cpu:.2} s, peak RSS {:.0} MiB.\n",
+        w.libs.len(),
+        grab("attached in ").map_or("?".into(), |v| format!("{v:.0}")),
+        grab("report in ").map_or("?".into(), |v| format!("{v:.0}")),
+        2 * syscalls,
+        drops(&r),
+        rss as f64 / 1024.0
+    ))
 }
 
 fn date() -> String {

@@ -1,8 +1,6 @@
 //! `cargo xtask setup | run | test | bench`: what a build script should not do.
 
 mod bench;
-mod bench_cuda;
-mod bench_sched;
 mod setup;
 mod test_deps;
 mod workloads;
@@ -29,8 +27,6 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Measure the cost per traced CUDA launch (uprobe only vs uprobe + uretprobe).
-    BenchCuda,
     /// Set up, check formatting and lints, and run every test, the root/BPF ones included.
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
@@ -42,18 +38,6 @@ enum Cmd {
         /// Smaller iteration counts (about a minute).
         #[arg(long)]
         quick: bool,
-    },
-    /// Per-event cost of the scheduler and syscall programs (root): builds gputrace (release).
-    BenchSched {
-        /// Use this gputrace binary instead of building the release one.
-        #[arg(long)]
-        gputrace: Option<std::path::PathBuf>,
-    },
-    #[command(hide = true)]
-    BenchSchedWorker {
-        mode: String,
-        n: u64,
-        out: std::path::PathBuf,
     },
 }
 
@@ -74,17 +58,6 @@ fn run(cli: Cli) -> Result<()> {
             setup::run()?;
             bench::run(quick)
         }
-        Cmd::BenchSched { gputrace } => {
-            let bin = match gputrace {
-                Some(b) => b,
-                None => {
-                    cargo(&["build", "--release", "-p", "gputrace"])?;
-                    workspace_root().join("target/release/gputrace")
-                }
-            };
-            bench_sched::run(bin)
-        }
-        Cmd::BenchSchedWorker { mode, n, out } => bench_sched::worker(&mode, n, &out),
         Cmd::Run { args } => {
             setup::run()?;
             workloads::build(&workspace_root())?;
@@ -102,10 +75,6 @@ fn run(cli: Cli) -> Result<()> {
                 std::process::exit(status.code().unwrap_or(1));
             }
             Ok(())
-        }
-        Cmd::BenchCuda => {
-            cargo(&["build", "--release", "-p", "gputrace"])?;
-            bench_cuda::run(&workspace_root().join("target/release/gputrace"))
         }
         Cmd::Test { args } => {
             setup::run()?;

@@ -75,6 +75,8 @@ pub struct CudaFamily {
     checked: HashMap<(u64, String), bool>,
     /// Libraries named with --libcudart/--libcuda (indices into `libs`).
     named: Vec<usize>,
+    /// Switches the launch probes on and off under `--max-overhead` (issue 6).
+    gate: crate::overhead::LaunchGate,
 }
 
 struct Lib {
@@ -115,6 +117,7 @@ impl CudaFamily {
             warnings: Vec::new(),
             checked: HashMap::new(),
             named: Vec::new(),
+            gate: crate::overhead::LaunchGate::new(args.max_overhead, args.cuda_entry_only),
         }
     }
 
@@ -127,7 +130,7 @@ impl CudaFamily {
         {
             return i;
         }
-        let (attached, failed) = attach_library(ebpf, &found, self.entry_only != 0);
+        let (attached, failed) = attach_library(ebpf, &found, self.entry_only != 0, &mut self.gate);
         self.libs.push(Lib {
             found,
             attached,
@@ -197,7 +200,12 @@ impl CudaFamily {
 }
 
 /// Attaches the entry (and return) program at every table function the library exports.
-fn attach_library(ebpf: &mut Ebpf, lib: &Found, entry_only: bool) -> (Vec<String>, Vec<String>) {
+fn attach_library(
+    ebpf: &mut Ebpf,
+    lib: &Found,
+    entry_only: bool,
+    gate: &mut crate::overhead::LaunchGate,
+) -> (Vec<String>, Vec<String>) {
     let ids: Vec<usize> = table::of_layer(lib.layer).collect();
     let names: Vec<&str> = ids.iter().map(|&i| FUNCS[i].name).collect();
     let offsets = match discover::symbol_offsets(&lib.open_path, &names) {
@@ -235,7 +243,11 @@ fn attach_library(ebpf: &mut Ebpf, lib: &Found, entry_only: bool) -> (Vec<String
                     )
                 });
             match r {
-                Some(Ok(_)) => {}
+                Some(Ok(id)) => {
+                    if gate.gated(fid) {
+                        gate.add(ebpf, prog, lib.open_path.clone(), off, cookie, id);
+                    }
+                }
                 Some(Err(e)) => {
                     failed.push(format!("{} ({prog}): {e}", f.name));
                     ok = false;
@@ -309,6 +321,7 @@ impl ProbeFamily for CudaFamily {
 
     fn tick(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
         self.ticks += 1;
+        self.gate.tick(ebpf);
         self.drain();
         if self.ticks.is_multiple_of(SCAN_EVERY_TICKS) {
             let live: Vec<u32> = tracker
@@ -378,6 +391,7 @@ impl ProbeFamily for CudaFamily {
                 threads: aggregate::thread_stats(pid, &api),
             });
         }
+        self.gate.finish(ebpf, data);
         for l in self.libs.iter().filter(|l| l.found.embedded) {
             data.report.blind_spots.push(format!(
                 "{} carries its own CUDA runtime (statically linked); probed through its \

@@ -48,6 +48,10 @@ pub struct DemoArgs {
     #[arg(long)]
     pub json: bool,
 
+    /// Internal (benchmarks): run the same job without tracing it, for the untraced baseline.
+    #[arg(long, hide = true)]
+    pub untraced: bool,
+
     /// Internal: run as part of the workload instead of tracing it.
     #[arg(long, value_enum, hide = true)]
     pub role: Option<Role>,
@@ -130,10 +134,26 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     // the CUDA probes find it as soon as the trace starts.
     std::env::set_var("LD_PRELOAD", &lib);
     let trace_args = trace_args(args, &data_dir, &lib)?;
-    let result = crate::session::run(&trace_args);
+    let result = if args.untraced {
+        untraced(&trace_args.command)
+    } else {
+        crate::session::run(&trace_args)
+    };
     std::env::remove_var("LD_PRELOAD");
     result?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The job's trainer run directly: what the traced run is compared with (`cargo xtask bench`).
+fn untraced(command: &[String]) -> Result<()> {
+    let status = std::process::Command::new(&command[0])
+        .args(&command[1..])
+        .status()
+        .context("run the demo's trainer")?;
+    if !status.success() {
+        anyhow::bail!("the demo's trainer failed: {status}");
+    }
+    Ok(())
 }
 
 fn describe(mode: Mode) -> &'static str {
@@ -251,6 +271,7 @@ mod tests {
             data_dir: None,
             lib: None,
             worker: 0,
+            untraced: false,
         };
         let t = trace_args(&args, Path::new("/d"), Path::new("/l/libcudart.so.12")).unwrap();
         assert_eq!(t.output, Some(PathBuf::from("out")));

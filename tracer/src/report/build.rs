@@ -103,5 +103,6 @@ pub fn build(input: BuildInput<'_>) -> Report {
         blind_spots: input.blind_spots,
         warnings: input.warnings,
         timeline: None,
+        overhead: None,
     }
 }

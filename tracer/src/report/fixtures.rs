@@ -38,6 +38,7 @@ pub fn report() -> Report {
         blind_spots: vec![],
         warnings: vec![],
         timeline: None,
+        overhead: None,
         followed: Default::default(),
     }
 }

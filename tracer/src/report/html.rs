@@ -463,11 +463,23 @@ pub fn render(data: &ReportData) -> Result<String> {
     }
     nvml_chart(&mut o, r);
     o.push_str("<h2>Limits of this trace</h2><ul>");
+    if let Some(ov) = &r.overhead {
+        let _ = write!(o, "<li>{}</li>", esc(&ov.summary()));
+        if let Some(l) = ov.sampling_line() {
+            let _ = write!(o, "<li><b>{}</b></li>", esc(&l));
+        }
+    }
     if r.drops.is_empty() {
         o.push_str("<li>No events dropped.</li>");
     }
     for d in &r.drops {
-        let _ = write!(o, "<li>Dropped: {} {}</li>", d.count, esc(&d.affects));
+        let _ = write!(
+            o,
+            "<li>Dropped: {} {}{}</li>",
+            d.count,
+            esc(&d.affects),
+            esc(&d.detail())
+        );
     }
     for b in &r.blind_spots {
         let _ = write!(o, "<li>Blind spot: {}</li>", esc(b));

@@ -513,6 +513,14 @@ fn render_nvml(o: &mut String, r: &Report) {
 
 fn render_footer(o: &mut String, r: &Report, st: Style) {
     line(o, "");
+    if let Some(ov) = &r.overhead {
+        line(o, &clip(&ov.summary()));
+        if let Some(l) = ov.sampling_line() {
+            for w in wrap(&l, WIDTH) {
+                line(o, &st.severity("medium", &w));
+            }
+        }
+    }
     if r.drops.is_empty() {
         line(o, "Drops: none");
     } else {
@@ -521,7 +529,7 @@ fn render_footer(o: &mut String, r: &Report, st: Style) {
                 o,
                 &st.severity(
                     "medium",
-                    &clip(&format!("Drops: {} {}", d.count, d.affects)),
+                    &clip(&format!("Drops: {} {}{}", d.count, d.affects, d.detail())),
                 ),
             );
         }

@@ -2,6 +2,7 @@
 //! renders from this one value, so the terminal, JSON and HTML never disagree.
 
 pub mod cuda;
+pub mod overhead;
 pub mod time;
 pub mod verdict;
 
@@ -38,6 +39,9 @@ pub struct Report {
     /// How much of the timeline (trace.json) was kept and how much was cut.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeline: Option<TimelineSummary>,
+    /// gputrace's own estimated cost and what the overhead budget sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead: Option<overhead::Overhead>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -141,4 +145,27 @@ pub struct DropCount {
     pub reason: String,
     pub affects: String,
     pub count: u64,
+    /// The kernel-side programs that count this reason.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub programs: String,
+    /// The count on each CPU (index = CPU).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_cpu: Vec<u64>,
+}
+
+impl DropCount {
+    /// Which programs counted it and on which CPUs, for the terminal and HTML lines.
+    pub fn detail(&self) -> String {
+        if self.programs.is_empty() {
+            return String::new();
+        }
+        let cpus: Vec<String> = self
+            .per_cpu
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(c, n)| format!("cpu{c}: {n}"))
+            .collect();
+        format!(" (counted by {}; {})", self.programs, cpus.join(", "))
+    }
 }

@@ -55,6 +55,8 @@ fn full_report() -> Report {
         reason: "Ringbuf".into(),
         affects: "timeline events lost (ring buffer full)".into(),
         count: 12,
+        programs: String::new(),
+        per_cpu: vec![],
     }];
     r.blind_spots = vec![
         "GPU kernel execution times are not measured: only launches are seen \

@@ -1,0 +1,464 @@
+//! The gate that switches the CUDA launch probes on and off under `--max-overhead`: a token
+//! bucket (`budget::Gate`) decided at each tick, and a watchdog thread that closes a window
+//! within milliseconds when the bucket runs dry.
+
+use std::{
+    os::fd::{AsFd, AsRawFd, OwnedFd},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use aya::{
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
+        UProbe,
+    },
+    Ebpf,
+};
+use tracer_common::cuda::{ENTRY_PROG, RET_PROG};
+
+use super::{scale_cuda, scale_launch_time, worst_cuda_thread};
+use crate::{
+    budget::{self, Gate, TickObs},
+    cuda::table::FUNCS,
+    report::{
+        model::overhead::{Overhead, ProbeSampling},
+        ReportData,
+    },
+};
+
+/// The launch probes' links, switched on and off by the budget's gate: the main thread opens
+/// a window at a tick (attaches the links and hands them to the watchdog); the watchdog
+/// thread closes it (drops the links) as soon as the bucket is empty, checking every
+/// [`WATCH_EVERY`], so a launch storm is cut off within milliseconds, not at the next tick.
+pub struct LaunchGate {
+    gate: Gate,
+    links: Vec<GateLink>,
+    last: Option<(Instant, Counts)>,
+    cost_per_hit: f64,
+    entry_only: bool,
+    /// Whether a window is open (links attached) as far as the main thread asked.
+    open: bool,
+    /// When the window now open was opened, if in the current tick.
+    opened_at: Option<Instant>,
+    watch: Option<Watch>,
+}
+
+const WATCH_EVERY: Duration = Duration::from_millis(2);
+
+struct GateLink {
+    prog: &'static str,
+    path: PathBuf,
+    offset: u64,
+    cookie: u64,
+}
+
+/// What the main thread and the watchdog share.
+#[derive(Default)]
+struct Window {
+    /// Entry links first: dropped in this order, so a call inside still finds its return probe.
+    links: Vec<UProbeLink>,
+    ret_links: Vec<UProbeLink>,
+    /// Bucket at the window's last tick, the entry program's run count then, and the time.
+    tokens_ns: f64,
+    base_runs: u64,
+    base_at: Option<Instant>,
+    cost_per_hit: f64,
+    budget: f64,
+    /// Set by the watchdog when it closed the window.
+    closed_at: Option<Instant>,
+    stop: bool,
+}
+
+struct Watch {
+    shared: Arc<Mutex<Window>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let links = match self.shared.lock() {
+            Ok(mut w) => {
+                w.stop = true;
+                let mut l = std::mem::take(&mut w.links);
+                l.append(&mut std::mem::take(&mut w.ret_links));
+                l
+            }
+            Err(_) => Vec::new(),
+        };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        // Each close waits ~200 ms for the kernel (a grace period per uprobe): closed one
+        // after another, a target with many probed libraries would hold the report for
+        // seconds. Concurrent closes share the wait.
+        let closers: Vec<_> = links
+            .into_iter()
+            .map(|l| std::thread::spawn(move || drop(l)))
+            .collect();
+        for c in closers {
+            let _ = c.join();
+        }
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct Counts {
+    entry_runs: u64,
+    entry_ns: u64,
+    ret_runs: u64,
+    ret_ns: u64,
+}
+
+fn counts(ebpf: &Ebpf) -> Counts {
+    let read = |name: &str| {
+        ebpf.program(name)
+            .and_then(|p| p.info().ok())
+            .map(|i| (i.run_count(), i.run_time().as_nanos() as u64))
+            .unwrap_or((0, 0))
+    };
+    let (entry_runs, entry_ns) = read(ENTRY_PROG);
+    let (ret_runs, ret_ns) = read(RET_PROG);
+    Counts {
+        entry_runs,
+        entry_ns,
+        ret_runs,
+        ret_ns,
+    }
+}
+
+/// `run_cnt` of a program through its fd (BPF_OBJ_GET_INFO_BY_FD): the watchdog's cheap read.
+fn run_count(fd: &OwnedFd) -> Option<u64> {
+    // struct bpf_prog_info up to run_cnt (offset 200, linux/bpf.h); the kernel fills what
+    // fits in info_len.
+    let mut info = [0u8; 208];
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    let attr = InfoAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: info.len() as u32,
+        info: info.as_mut_ptr() as u64,
+    };
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    // SAFETY: attr points at a live buffer of info_len bytes for the duration of the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &attr as *const InfoAttr,
+            std::mem::size_of::<InfoAttr>(),
+        )
+    };
+    (r == 0).then(|| u64::from_ne_bytes(info[200..208].try_into().unwrap()))
+}
+
+fn watchdog(fd: OwnedFd, shared: Arc<Mutex<Window>>) {
+    loop {
+        std::thread::sleep(WATCH_EVERY);
+        let (links, rets) = {
+            let Ok(mut w) = shared.lock() else { return };
+            if w.stop {
+                return;
+            }
+            let Some(base_at) = w.base_at else { continue };
+            if w.links.is_empty() && w.ret_links.is_empty() {
+                continue;
+            }
+            let Some(runs) = run_count(&fd) else { continue };
+            let spent = runs.saturating_sub(w.base_runs) as f64 * w.cost_per_hit;
+            let since = base_at.elapsed().as_nanos() as u64;
+            if !budget::must_close(w.tokens_ns, w.budget, since, spent) {
+                continue;
+            }
+            (
+                std::mem::take(&mut w.links),
+                std::mem::take(&mut w.ret_links),
+            )
+        };
+        // Closing a uprobe link takes 100-200 ms here (the kernel waits for a grace period
+        // after removing the breakpoint): the entry links close on their own thread, and the
+        // return links follow 1 ms later, once the entry breakpoints are gone, instead of
+        // after the entry's whole close, during which every call would still pay the return
+        // probe.
+        let entries = std::thread::spawn(move || drop(links));
+        std::thread::sleep(Duration::from_millis(1));
+        if let Ok(mut w) = shared.lock() {
+            w.closed_at = Some(Instant::now());
+        }
+        drop(rets);
+        let _ = entries.join();
+    }
+}
+
+impl LaunchGate {
+    pub fn new(budget: f64, entry_only: bool) -> LaunchGate {
+        LaunchGate {
+            gate: Gate::new(budget),
+            links: Vec::new(),
+            last: None,
+            cost_per_hit: budget::UPROBE_TRAP_NS
+                + if entry_only {
+                    0.0
+                } else {
+                    budget::URETPROBE_TRAP_NS
+                },
+            entry_only,
+            open: true,
+            opened_at: None,
+            watch: None,
+        }
+    }
+
+    /// Whether probes on function `fid` are switched by the gate.
+    pub fn gated(&self, fid: usize) -> bool {
+        self.gate.samples() && FUNCS.get(fid).is_some_and(|f| f.is_launch())
+    }
+
+    fn start_watch(&mut self, ebpf: &Ebpf) -> Option<&Arc<Mutex<Window>>> {
+        if self.watch.is_none() {
+            let fd = ebpf
+                .program(ENTRY_PROG)?
+                .fd()
+                .ok()?
+                .as_fd()
+                .try_clone_to_owned()
+                .ok()?;
+            let shared = Arc::new(Mutex::new(Window {
+                tokens_ns: self.gate.tokens_ns(),
+                base_runs: counts(ebpf).entry_runs,
+                base_at: Some(Instant::now()),
+                cost_per_hit: self.cost_per_hit,
+                budget: self.gate.budget(),
+                ..Window::default()
+            }));
+            let s = shared.clone();
+            let thread = std::thread::Builder::new()
+                .name("gputrace-budget".into())
+                .spawn(move || watchdog(fd, s))
+                .ok()?;
+            self.watch = Some(Watch {
+                shared,
+                thread: Some(thread),
+            });
+        }
+        self.watch.as_ref().map(|w| &w.shared)
+    }
+
+    /// Records a launch probe just attached and hands its link to the watchdog (or drops it
+    /// at once while the gate is closed).
+    pub fn add(
+        &mut self,
+        ebpf: &mut Ebpf,
+        prog: &'static str,
+        path: PathBuf,
+        offset: u64,
+        cookie: u64,
+        id: UProbeLinkId,
+    ) {
+        self.links.push(GateLink {
+            prog,
+            path,
+            offset,
+            cookie,
+        });
+        let Some(link) = ebpf
+            .program_mut(prog)
+            .and_then(|p| <&mut UProbe>::try_from(p).ok())
+            .and_then(|p| p.take_link(id).ok())
+        else {
+            return;
+        };
+        if !self.open {
+            return;
+        }
+        if let Some(shared) = self.start_watch(ebpf) {
+            if let Ok(mut w) = shared.lock() {
+                if w.closed_at.is_none() {
+                    if prog == RET_PROG {
+                        w.ret_links.push(link);
+                    } else {
+                        w.links.push(link);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One tick: observe, decide, open a window if the bucket allows.
+    pub fn tick(&mut self, ebpf: &mut Ebpf) {
+        if !self.gate.samples() || self.links.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let c = counts(ebpf);
+        let Some((t0, c0)) = self.last.replace((now, c)) else {
+            return;
+        };
+        let hits = c.entry_runs.saturating_sub(c0.entry_runs);
+        let ret_hits = c.ret_runs.saturating_sub(c0.ret_runs);
+        // Per program over the whole trace: run times per hit are steady.
+        let entry = budget::cost_per_hit(c.entry_ns, c.entry_runs, budget::UPROBE_TRAP_NS);
+        let ret = if self.entry_only {
+            0.0
+        } else {
+            budget::cost_per_hit(c.ret_ns, c.ret_runs, budget::URETPROBE_TRAP_NS)
+        };
+        self.cost_per_hit = entry + ret;
+        // The return probe also fires alone while the links are attached or detached (each
+        // takes ms): calls that pay for it without being counted.
+        let transition_ns = if self.entry_only {
+            0.0
+        } else {
+            ret_hits.saturating_sub(hits) as f64 * ret
+        };
+        let dt = now.duration_since(t0);
+        let closed_at = self
+            .watch
+            .as_ref()
+            .and_then(|w| w.shared.lock().ok().and_then(|mut w| w.closed_at.take()));
+        let on = if !self.open {
+            Duration::ZERO
+        } else {
+            let from = self.opened_at.unwrap_or(t0).max(t0);
+            closed_at.unwrap_or(now).saturating_duration_since(from)
+        };
+        if closed_at.is_some() {
+            self.open = false;
+        }
+        let was_open = self.open || closed_at.is_some();
+        let open = self.gate.tick(TickObs {
+            dt_ns: dt.as_nanos() as u64,
+            on_ns: if was_open { on.as_nanos() as u64 } else { 0 },
+            sampled_hits: if was_open { hits } else { 0 },
+            cost_per_hit_ns: self.cost_per_hit,
+            other_cost_ns: transition_ns
+                + if was_open {
+                    0.0
+                } else {
+                    hits as f64 * self.cost_per_hit
+                },
+        });
+        self.opened_at = None;
+        if open && !self.open {
+            self.reopen(ebpf, c.entry_runs);
+        } else if self.open {
+            // Still open: the watchdog measures from this tick with the bucket as it is now.
+            if let Some(w) = &self.watch {
+                if let Ok(mut w) = w.shared.lock() {
+                    w.tokens_ns = self.gate.tokens_ns();
+                    w.base_runs = c.entry_runs;
+                    w.base_at = Some(now);
+                    w.cost_per_hit = self.cost_per_hit;
+                }
+            }
+        }
+    }
+
+    fn reopen(&mut self, ebpf: &mut Ebpf, runs: u64) {
+        let mut entries = Vec::new();
+        let mut rets = Vec::new();
+        // Return probes first, as at the first attach: a call entered in between would
+        // otherwise raise its thread's depth with no return to lower it.
+        for prog in [RET_PROG, ENTRY_PROG] {
+            for l in self.links.iter().filter(|l| l.prog == prog) {
+                if let Some(link) = attach(ebpf, l) {
+                    if prog == RET_PROG {
+                        rets.push(link);
+                    } else {
+                        entries.push(link);
+                    }
+                }
+            }
+        }
+        // The window starts once the entry probes are attached (the return probes, attached
+        // first, fired alone meanwhile: transition cost).
+        self.opened_at = Some(Instant::now());
+        let tokens = self.gate.tokens_ns();
+        let cost = self.cost_per_hit;
+        if let Some(shared) = self.start_watch(ebpf) {
+            if let Ok(mut w) = shared.lock() {
+                w.links = entries;
+                w.ret_links = rets;
+                w.tokens_ns = tokens;
+                w.base_runs = runs;
+                w.base_at = Some(Instant::now());
+                w.cost_per_hit = cost;
+                w.closed_at = None;
+            }
+        }
+        self.open = true;
+    }
+
+    /// Last partial tick, then the scaled counts and the sampling note in the report.
+    pub fn finish(&mut self, ebpf: &mut Ebpf, data: &mut ReportData) {
+        self.tick(ebpf);
+        self.watch = None;
+        let worst = worst_cuda_thread(&data.report, self.cost_per_hit);
+        data.report
+            .overhead
+            .get_or_insert_with(Overhead::default)
+            .worst_thread = worst;
+        let e = self.gate.estimate();
+        if e.scale == 1.0 || e.windows == 0 {
+            return;
+        }
+        let launch_names: Vec<&str> = FUNCS
+            .iter()
+            .filter(|f| f.is_launch())
+            .map(|f| f.name)
+            .collect();
+        let mut seen = 0u64;
+        for p in data.report.processes.iter_mut() {
+            let Some(c) = p.cuda.as_mut() else { continue };
+            for a in c.api.iter_mut() {
+                if launch_names.contains(&a.function.as_str()) {
+                    seen += a.count;
+                }
+            }
+            scale_cuda(c, &launch_names, e.scale);
+            if let Some(t) = p.time.as_mut() {
+                scale_launch_time(t, e.scale);
+            }
+            for t in p.threads.iter_mut() {
+                if let Some(t) = t.time.as_mut() {
+                    scale_launch_time(t, e.scale);
+                }
+            }
+        }
+        let o = data.report.overhead.get_or_insert_with(Overhead::default);
+        o.sampled = Some(ProbeSampling {
+            probes: "CUDA launch probes".into(),
+            scaled: "launch call counts, their times, kernel launch counts, and the time \
+                     breakdown's cuda_launch time (moved from cpu: off the windows, launches \
+                     run on CPU unseen)"
+                .into(),
+            duty: e.duty,
+            scale: e.scale,
+            rel_error: e.rel_error,
+            windows: e.windows as u64,
+            seen_hits: seen,
+        });
+    }
+}
+
+fn attach(ebpf: &mut Ebpf, l: &GateLink) -> Option<UProbeLink> {
+    let p = ebpf
+        .program_mut(l.prog)
+        .and_then(|p| <&mut UProbe>::try_from(p).ok())?;
+    let id = p
+        .attach(
+            UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(l.offset),
+                cookie: Some(l.cookie),
+            },
+            &l.path,
+            UProbeScope::AllProcesses,
+        )
+        .ok()?;
+    p.take_link(id).ok()
+}

@@ -1,0 +1,331 @@
+//! gputrace's own cost while tracing (issue 6): the programs' run time from the kernel's BPF
+//! statistics plus calibrated trap costs (`budget`), shown in every report; and the gate that
+//! switches the CUDA launch probes on and off to stay under `--max-overhead`.
+//!
+//! The gate detaches and re-attaches the launch probes' links: an attached uprobe or uretprobe
+//! costs its trap on every call even when the program returns at once, so a BPF-side flag would
+//! not save the cost that matters.
+
+mod gate;
+
+use std::{collections::HashMap, os::fd::OwnedFd};
+
+pub use gate::LaunchGate;
+
+use anyhow::Result;
+use aya::{programs::Program, Ebpf};
+use tracer_common::cuda::{ENTRY_PROG, RET_PROG};
+
+use crate::{
+    budget,
+    cuda::table::FUNCS,
+    probes::{AttachCtx, FinishCtx, ProbeFamily},
+    report::{
+        model::overhead::{Overhead, ProgramCost, ThreadOverhead},
+        model::Report,
+        ReportData,
+    },
+};
+
+/// Keeps the kernel's BPF run-time statistics on for the trace and reads every program's cost
+/// at the end (before any family unloads its programs: this family finishes first).
+pub struct OverheadFamily {
+    budget: f64,
+    stats: Option<OwnedFd>,
+}
+
+impl OverheadFamily {
+    pub fn new(budget: f64) -> OverheadFamily {
+        OverheadFamily {
+            budget,
+            stats: None,
+        }
+    }
+}
+
+/// Trap cost outside the program for one hit of `name`.
+fn trap_ns(name: &str, prog: &Program) -> f64 {
+    match prog {
+        Program::UProbe(_) if name == RET_PROG => budget::URETPROBE_TRAP_NS,
+        Program::UProbe(_) => budget::UPROBE_TRAP_NS,
+        _ => budget::TRACEPOINT_NS,
+    }
+}
+
+impl ProbeFamily for OverheadFamily {
+    fn name(&self) -> &'static str {
+        "overhead"
+    }
+
+    fn attach(&mut self, _ebpf: &mut Ebpf, _ctx: &AttachCtx<'_>) -> Result<()> {
+        // Costs ~two clock reads per program run; without it only the trap constants count.
+        self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+        Ok(())
+    }
+
+    fn finish(
+        &mut self,
+        ebpf: &mut Ebpf,
+        _ctx: &mut FinishCtx<'_>,
+        data: &mut ReportData,
+    ) -> Result<()> {
+        let mut programs = Vec::new();
+        for (name, prog) in ebpf.programs() {
+            let Ok(info) = prog.info() else { continue };
+            let hits = info.run_count();
+            if hits == 0 {
+                continue;
+            }
+            programs.push(ProgramCost {
+                program: name.to_string(),
+                hits,
+                bpf_ns_per_hit: info.run_time().as_nanos() as f64 / hits as f64,
+                trap_ns_per_hit: trap_ns(name, prog),
+            });
+        }
+        let cost = |p: &ProgramCost| p.hits as f64 * (p.bpf_ns_per_hit + p.trap_ns_per_hit);
+        programs.sort_by(|a, b| cost(b).total_cmp(&cost(a)));
+        let o = data.report.overhead.get_or_insert_with(Overhead::default);
+        o.budget = self.budget;
+        o.probe_hits = programs.iter().map(|p| p.hits).sum();
+        o.probe_cost_ns = programs.iter().map(cost).sum::<f64>() as u64;
+        o.programs = programs;
+        if self.stats.is_none() {
+            data.report.warnings.push(
+                "the kernel's BPF run-time statistics could not be enabled: the overhead \
+                 estimate counts trap costs only"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// After every family has finished: the overhead as a share of the traced threads' alive time.
+pub fn complete(report: &mut Report) {
+    let traced = traced_cost_ns(report);
+
+    let alive: u64 = report
+        .processes
+        .iter()
+        .flat_map(|p| p.threads.iter())
+        .filter_map(|t| t.time.as_ref().map(|t| t.alive_ns))
+        .sum();
+    let Some(o) = report.overhead.as_mut() else {
+        return;
+    };
+    // Without per-thread times, charge everything to one thread alive for the whole window.
+    let denom = if alive > 0 {
+        alive
+    } else {
+        report.window.duration_ns
+    };
+    o.traced_cost_ns = traced;
+    o.estimated = traced as f64 / denom.max(1) as f64;
+}
+
+/// Hits of each program that the traced threads caused, from what the report counts for them.
+fn traced_cost_ns(r: &Report) -> u64 {
+    let Some(o) = &r.overhead else { return 0 };
+    let syscalls: u64 = r
+        .processes
+        .iter()
+        .flat_map(|p| p.syscalls.iter())
+        .map(|s| s.count)
+        .sum();
+    let mut cuda: u64 = 0;
+    let mut launches_scaled: u64 = 0;
+    for c in r.processes.iter().filter_map(|p| p.cuda.as_ref()) {
+        for a in &c.api {
+            cuda += a.count;
+            if FUNCS.iter().any(|f| f.is_launch() && f.name == a.function) {
+                launches_scaled += a.count;
+            }
+        }
+    }
+    if let Some(s) = &o.sampled {
+        // The probes paid for the calls they saw, not for the scaled-up ones.
+        cuda = cuda - launches_scaled + s.seen_hits;
+    }
+    o.programs
+        .iter()
+        .map(|p| {
+            let hits = match p.program.as_str() {
+                "sys_enter" | "sys_exit" => syscalls,
+                n if n == ENTRY_PROG || n == RET_PROG => cuda,
+                "cpu_sample" => r.sampling.samples,
+                _ => p.hits,
+            }
+            .min(p.hits);
+            hits as f64 * (p.bpf_ns_per_hit + p.trap_ns_per_hit)
+        })
+        .sum::<f64>() as u64
+}
+
+fn scale(v: u64, by: f64) -> u64 {
+    (v as f64 * by).round() as u64
+}
+
+fn scale_api(a: &mut crate::report::model::cuda::ApiStat, by: f64) {
+    a.count = scale(a.count, by);
+    a.total_ns = scale(a.total_ns, by);
+    for h in a.hist_log2_ns.iter_mut() {
+        *h = scale(*h, by);
+    }
+    for e in a.errors.iter_mut() {
+        e.count = scale(e.count, by);
+    }
+}
+
+pub(crate) fn scale_cuda(
+    c: &mut crate::report::model::cuda::ProcessCuda,
+    launches: &[&str],
+    by: f64,
+) {
+    for a in c.api.iter_mut() {
+        if launches.contains(&a.function.as_str()) {
+            scale_api(a, by);
+        }
+    }
+    for t in c.threads.iter_mut() {
+        for a in t.api.iter_mut() {
+            if launches.contains(&a.function.as_str()) {
+                let before = a.total_ns;
+                scale_api(a, by);
+                t.total_ns = (t.total_ns + a.total_ns).saturating_sub(before);
+            }
+        }
+    }
+    for k in c.kernels.iter_mut() {
+        k.launches = scale(k.launches, by);
+    }
+}
+
+/// Off the windows a launch's time is counted as plain on-CPU time: move the estimated part
+/// from `cpu` to `cuda_launch` (never more than `cpu` holds), keeping the sum.
+pub(crate) fn scale_launch_time(t: &mut crate::report::model::time::TimeBreakdown, by: f64) {
+    let get = |t: &crate::report::model::time::TimeBreakdown, c: &str| {
+        t.categories
+            .iter()
+            .find(|x| x.category == c)
+            .map_or(0, |x| x.ns)
+    };
+    let (launch, cpu) = (get(t, "cuda_launch"), get(t, "cpu"));
+    let moved = ((launch as f64 * (by - 1.0)).max(0.0) as u64).min(cpu);
+    if moved == 0 {
+        return;
+    }
+    for c in t.categories.iter_mut() {
+        if c.category == "cpu" {
+            c.ns -= moved;
+        } else if c.category == "cuda_launch" {
+            c.ns += moved;
+        }
+    }
+    let alive = t.alive_ns.max(1) as f64;
+    for c in t.categories.iter_mut() {
+        c.percent = 100.0 * c.ns as f64 / alive;
+    }
+    t.categories.retain(|c| c.ns > 0);
+    t.categories.sort_by_key(|c| std::cmp::Reverse(c.ns));
+}
+
+/// The thread whose CUDA calls cost it the largest share of its time (calls seen, unscaled:
+/// the cost was paid only in the probed windows).
+pub(crate) fn worst_cuda_thread(r: &Report, cost_per_hit: f64) -> Option<ThreadOverhead> {
+    let mut best: Option<ThreadOverhead> = None;
+    for p in &r.processes {
+        let Some(c) = &p.cuda else { continue };
+        let alive: HashMap<u32, u64> = p
+            .threads
+            .iter()
+            .filter_map(|t| t.time.as_ref().map(|tb| (t.tid, tb.alive_ns)))
+            .collect();
+        for t in &c.threads {
+            let Some(&a) = alive.get(&t.tid).filter(|a| **a > 0) else {
+                continue;
+            };
+            let calls: u64 = t.api.iter().map(|s| s.count).sum();
+            let share = calls as f64 * cost_per_hit / a as f64;
+            if best.as_ref().is_none_or(|b| share > b.estimated) {
+                best = Some(ThreadOverhead {
+                    pid: p.pid,
+                    tid: t.tid,
+                    estimated: share,
+                });
+            }
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::model::cuda::{ApiStat, KernelStat, ProcessCuda, ThreadCuda};
+
+    #[test]
+    fn launch_time_moves_from_cpu() {
+        use crate::report::model::time::{CategoryTime, TimeBreakdown};
+        let cat = |c: &str, ns| CategoryTime {
+            category: c.into(),
+            ns,
+            percent: 0.0,
+        };
+        let mut t = TimeBreakdown {
+            alive_ns: 1000,
+            accounted_ns: 1000,
+            categories: vec![cat("cpu", 900), cat("cuda_launch", 20), cat("sleep", 80)],
+            ..Default::default()
+        };
+        scale_launch_time(&mut t, 11.0);
+        assert_eq!(t.categories[0].category, "cpu");
+        assert_eq!(t.categories[0].ns, 700);
+        assert_eq!(t.categories[1].ns, 220);
+        assert_eq!(t.categories.iter().map(|c| c.ns).sum::<u64>(), 1000);
+        assert!((t.categories[1].percent - 22.0).abs() < 1e-9);
+        // Never more than cpu holds.
+        scale_launch_time(&mut t, 100.0);
+        assert_eq!(t.categories[0].category, "cuda_launch");
+        assert_eq!(t.categories[0].ns, 920);
+        assert!(t.categories.iter().all(|c| c.category != "cpu"));
+    }
+
+    #[test]
+    fn only_launches_are_scaled() {
+        let api = |f: &str, n| ApiStat {
+            function: f.into(),
+            count: n,
+            total_ns: n * 10,
+            hist_log2_ns: vec![n],
+            ..Default::default()
+        };
+        let mut c = ProcessCuda {
+            api: vec![api("cudaLaunchKernel", 10), api("cudaMemcpy", 7)],
+            kernels: vec![KernelStat {
+                name: "k".into(),
+                launches: 10,
+                ..Default::default()
+            }],
+            threads: vec![ThreadCuda {
+                tid: 1,
+                total_ns: 170,
+                api: vec![api("cudaLaunchKernel", 10), api("cudaMemcpy", 7)],
+            }],
+            ..Default::default()
+        };
+        let launches: Vec<&str> = FUNCS
+            .iter()
+            .filter(|f| f.is_launch())
+            .map(|f| f.name)
+            .collect();
+        scale_cuda(&mut c, &launches, 2.5);
+        assert_eq!(c.api[0].count, 25);
+        assert_eq!(c.api[0].total_ns, 250);
+        assert_eq!(c.api[0].hist_log2_ns, vec![25]);
+        assert_eq!(c.api[1].count, 7);
+        assert_eq!(c.kernels[0].launches, 25);
+        assert_eq!(c.threads[0].total_ns, 320);
+        assert_eq!(c.threads[0].api[1].count, 7);
+    }
+}
