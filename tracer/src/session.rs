@@ -261,8 +261,6 @@ fn trace(
         f.finish(&mut ebpf, &mut finish_ctx, &mut data)
             .with_context(|| format!("collect the {} data", f.name()))?;
     }
-    // Detach every program before the (possibly slow) rendering.
-    drop(ebpf);
     crate::overhead::complete(&mut data.report);
     bound_report(&mut data.report, &tracker);
     report::finalize(&mut data);
@@ -286,12 +284,18 @@ fn trace(
             writeln!(out, "Wrote {} files to {}", written.len(), dir.display())?;
         }
     }
+    out.flush()?;
+    drop(out);
     if args.verbose {
         eprintln!(
             "gputrace: report in {:.1} ms",
             stop.elapsed().as_secs_f64() * 1e3
         );
     }
+    // The report is out before the programs are detached: the kernel takes ~90 ms per uprobe
+    // link, one link after another (a grace period each), so a process with a probed
+    // libcudart holds the exit for seconds. Everything is detached before gputrace exits.
+    drop(ebpf);
     Ok(())
 }
 
