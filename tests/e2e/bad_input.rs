@@ -247,3 +247,27 @@ fn interrupt_and_terminate_write_what_was_collected() {
         assert!(std::path::Path::new(&format!("/proc/{}", target.pid())).exists());
     }
 }
+
+/// A kernel that refuses to load our programs (here: a seccomp filter makes every
+/// bpf(BPF_PROG_LOAD) fail with EACCES; maps, BTF and perf events still work): exit 7 with one
+/// line, the launched command is not left waiting, and nothing of gputrace stays loaded.
+#[test]
+fn programs_the_kernel_refuses_exit_7() {
+    let _g = serial();
+    if !require_root("programs_the_kernel_refuses_exit_7") {
+        return;
+    }
+    let deny = build_c("deny_prog_load", &[]);
+    let started = Instant::now();
+    let run = run_with_backtraces(
+        Command::new(&deny)
+            .arg(GPUTRACE)
+            .args(["-d", "1s", "--", "sleep", "30"]),
+    );
+    assert_one_line(&run, 7, "loading the eBPF programs failed");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the launched command was left waiting"
+    );
+    assert_no_orphans();
+}

@@ -43,7 +43,7 @@ pub fn load(opts: &LoadOptions, families: &[Box<dyn crate::probes::ProbeFamily>]
     }
     loader
         .load(OBJECT)
-        .map_err(|e| TraceError::BpfLoad(format!("{e}")).into())
+        .map_err(|e| TraceError::BpfLoad(format!("{:#}", anyhow::Error::from(e))).into())
 }
 
 /// Adds processes to the in-kernel traced set.
