@@ -83,6 +83,32 @@ pub struct ThreadState {
 }
 
 impl ThreadState {
+    /// A thread accounted from `born_ns` in `phase`, in no syscall and with no stacks yet.
+    #[inline(always)]
+    pub const fn new(born_ns: u64, tgid: u32, phase: u32) -> Self {
+        ThreadState {
+            born_ns,
+            start_ns: born_ns,
+            sys_start_ns: 0,
+            sys_arg0: 0,
+            tgid,
+            phase,
+            sys_nr: NO_SYSCALL,
+            override_cat: crate::time::NO_OVERRIDE,
+            off_state: 0,
+            off_sys_nr: NO_SYSCALL,
+            off_kstack: -1,
+            off_ustack: -1,
+            stack_ns: 0,
+            stack_arg0: 0,
+            stack_sys_nr: NO_SYSCALL,
+            stack_k: -1,
+            stack_u: -1,
+            _pad: 0,
+            off_ns: 0,
+        }
+    }
+
     /// The time-sum row the thread's running interval is charged to. One definition for the
     /// kernel side (which closes intervals as they end) and user space (which closes the ones
     /// still open at the end of the window), so both always agree.

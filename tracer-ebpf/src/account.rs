@@ -76,27 +76,7 @@ pub fn died(tid: u32, st: &ThreadState, now: u64) {
 /// Starts accounting a thread created at `now`; it is runnable until it first runs.
 #[inline(always)]
 pub fn born(tid: u32, tgid: u32, now: u64) {
-    let st = ThreadState {
-        born_ns: now,
-        start_ns: now,
-        sys_start_ns: 0,
-        sys_arg0: 0,
-        tgid,
-        phase: PHASE_RUNNABLE,
-        sys_nr: -1,
-        override_cat: NO_OVERRIDE,
-        off_state: 0,
-        off_sys_nr: -1,
-        off_kstack: -1,
-        off_ustack: -1,
-        stack_ns: 0,
-        stack_arg0: 0,
-        stack_sys_nr: -1,
-        stack_k: -1,
-        stack_u: -1,
-        _pad: 0,
-        off_ns: 0,
-    };
+    let st = ThreadState::new(now, tgid, PHASE_RUNNABLE);
     if THREADS.insert(&tid, &st, 0).is_err() {
         count_drop(Drop::ThreadStateFull);
     }

@@ -248,24 +248,13 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
         let grid = [a[1] as u32, (a[1] >> 32) as u32, a[2] as u32];
         let block = [a[3] as u32, (a[3] >> 32) as u32, a[4] as u32];
         launch(tgid, fid, a[0], grid, block, dur);
-    } else if shape == Shape::LaunchRtEx as u8 {
-        // cudaLaunchConfig_t starts with dim3 gridDim, dim3 blockDim.
-        let dims: [u32; 6] =
-            unsafe { bpf_probe_read_user(a[0] as *const [u32; 6]) }.unwrap_or([0; 6]);
-        launch(
-            tgid,
-            fid,
-            a[1],
-            [dims[0], dims[1], dims[2]],
-            [dims[3], dims[4], dims[5]],
-            dur,
-        );
     } else if shape == Shape::LaunchDrv as u8 {
         let grid = [a[1] as u32, a[2] as u32, a[3] as u32];
         let block = [a[4] as u32, a[5] as u32, stash_arg7 as u32];
         launch(tgid, fid, a[0], grid, block, dur);
-    } else if shape == Shape::LaunchDrvEx as u8 {
-        // CUlaunchConfig starts with gridDimX..Z, blockDimX..Z (unsigned int).
+    } else if shape == Shape::LaunchRtEx as u8 || shape == Shape::LaunchDrvEx as u8 {
+        // cudaLaunchConfig_t (dim3 gridDim, dim3 blockDim) and CUlaunchConfig (gridDimX..Z,
+        // blockDimX..Z) both start with six unsigned ints.
         let dims: [u32; 6] =
             unsafe { bpf_probe_read_user(a[0] as *const [u32; 6]) }.unwrap_or([0; 6]);
         launch(

@@ -187,25 +187,10 @@ mod tests {
 
     fn state(born: u64, start: u64, phase: u32) -> ThreadState {
         ThreadState {
-            born_ns: born,
             start_ns: start,
-            sys_start_ns: 0,
-            sys_arg0: 0,
-            tgid: 1,
-            phase,
-            sys_nr: -1,
-            override_cat: NO_OVERRIDE,
             off_state: 1,
             off_sys_nr: 230,
-            off_kstack: -1,
-            off_ustack: -1,
-            stack_ns: 0,
-            stack_arg0: 0,
-            stack_sys_nr: -1,
-            stack_k: -1,
-            stack_u: -1,
-            _pad: 0,
-            off_ns: 0,
+            ..ThreadState::new(born, 1, phase)
         }
     }
 

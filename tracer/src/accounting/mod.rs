@@ -18,10 +18,7 @@ use aya::{
     programs::TracePoint,
     Ebpf, EbpfLoader,
 };
-use tracer_common::{
-    time::NO_OVERRIDE,
-    wall::{ThreadState, PHASE_BLOCKED, PHASE_ONCPU, THREADS_MAP},
-};
+use tracer_common::wall::{ThreadState, PHASE_BLOCKED, PHASE_ONCPU, THREADS_MAP};
 
 use crate::{
     bpf,
@@ -170,25 +167,11 @@ fn seed_threads(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
                 continue;
             };
             let st = ThreadState {
-                born_ns: now,
-                start_ns: now,
                 sys_start_ns: now,
-                sys_arg0: 0,
-                tgid: pid,
-                phase,
                 sys_nr: nr,
-                override_cat: NO_OVERRIDE,
                 off_state: state,
                 off_sys_nr: nr,
-                off_kstack: -1,
-                off_ustack: -1,
-                stack_ns: 0,
-                stack_arg0: 0,
-                stack_sys_nr: -1,
-                stack_k: -1,
-                stack_u: -1,
-                _pad: 0,
-                off_ns: 0,
+                ..ThreadState::new(now, pid, phase)
             };
             let _ = threads.insert(tid, st, 1);
         }
