@@ -124,6 +124,46 @@ fn launch_storm_stays_within_the_default_budget() {
     assert!(stdout.contains("gputrace overhead: ~"), "{stdout}");
 }
 
+/// Launches with ~5 us of work each (~200k/s): the probes cost less than the work, and the
+/// scaled count must land within a bound tight enough to act on.
+#[test]
+fn a_moderate_launch_rate_is_estimated_within_its_bound() {
+    let _g = serial();
+    if !require_root("a_moderate_launch_rate_is_estimated_within_its_bound") {
+        return;
+    }
+    let (bin, lib) = storm();
+    let n = 600_000u64;
+    let out = common::out_dir("budget-moderate");
+    let run = common::gputrace(&[
+        "-F",
+        "1",
+        "--libcudart",
+        &lib,
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        &bin,
+        &lib,
+        &n.to_string(),
+        "8000",
+    ]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    let o = &report["overhead"];
+    let s = &o["sampled"];
+    assert!(s["scale"].as_f64().unwrap_or(0.0) > 2.0, "not sampled: {o}");
+    let bound = s["rel_error"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no error bound: {o}"));
+    assert!(bound < 0.6, "a bound too wide to act on: {o}");
+    let est = launches(&report) as f64;
+    assert!(
+        (est - n as f64).abs() / (n as f64) <= bound,
+        "estimated {est} launches of {n}, bound {bound}: {o}"
+    );
+}
+
 #[test]
 fn full_budget_counts_every_launch() {
     let _g = serial();
@@ -135,6 +175,18 @@ fn full_budget_counts_every_launch() {
     let (_, report, stdout) = traced(&bin, &lib, &n.to_string(), "100%", "budget-full");
     assert_eq!(launches(&report), n);
     let o = &report["overhead"];
+    // The traps were measured on this machine at startup.
+    assert_eq!(o["trap_measured"], true, "{o}");
+    // A uretprobe returns through the `uretprobe` syscall on x86-64: gputrace's own cost, not
+    // one of the target's syscalls.
+    for p in report["processes"].as_array().unwrap() {
+        for sc in p["syscalls"].as_array().into_iter().flatten() {
+            assert_ne!(
+                sc["nr"], 335,
+                "the probes' own syscall is in the target's table: {sc}"
+            );
+        }
+    }
     assert!(o.get("sampled").is_none(), "{o}");
     assert!(
         o["estimated"].as_f64().unwrap() > 0.1,

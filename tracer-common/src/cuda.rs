@@ -10,6 +10,11 @@ pub const ERRS_MAP: &str = "CUDA_ERRS";
 pub const LAUNCH_MAP: &str = "CUDA_LAUNCH";
 pub const COPY_MAP: &str = "CUDA_COPY";
 pub const EVENTS_MAP: &str = "CUDA_EVENTS";
+/// Per CPU: `bpf_ktime_get_ns` of the latest traced launch call's entry. The budget's gate
+/// takes a window's end from it: the breakpoints go some ms after it decides to close.
+pub const GATE_LAST_MAP: &str = "CUDA_GATE_LAST";
+/// Per CPU: the first traced launch entry since user space zeroed it (a window's start).
+pub const GATE_FIRST_MAP: &str = "CUDA_GATE_FIRST";
 pub const ENTRY_PROG: &str = "cuda_entry";
 pub const RET_PROG: &str = "cuda_ret";
 /// Global: 1 counts calls at entry only (no return probe, no durations), for cost measurement.

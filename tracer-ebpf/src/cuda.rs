@@ -40,6 +40,10 @@ static CUDA_ERRS: HashMap<ErrKey, u64> = HashMap::with_max_entries(ERRS_ENTRIES,
 static CUDA_LAUNCH: HashMap<LaunchKey, LaunchVal> = HashMap::with_max_entries(LAUNCH_ENTRIES, 0);
 #[map(name = "CUDA_COPY")]
 static CUDA_COPY: HashMap<CopyKey, CopyVal> = HashMap::with_max_entries(COPY_ENTRIES, 0);
+#[map(name = "CUDA_GATE_LAST")]
+static CUDA_GATE_LAST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+#[map(name = "CUDA_GATE_FIRST")]
+static CUDA_GATE_FIRST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map(name = "CUDA_EVENTS")]
 static CUDA_EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
 
@@ -83,6 +87,18 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let cookie = Cookie::unpack(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    if is_launch_shape(cookie.shape) {
+        let now = unsafe { bpf_ktime_get_ns() };
+        // Per-CPU slots: only this CPU writes them (and user space, between windows).
+        if let Some(last) = CUDA_GATE_LAST.get_ptr_mut(0) {
+            unsafe { *last = now };
+        }
+        if let Some(first) = CUDA_GATE_FIRST.get_ptr_mut(0) {
+            if unsafe { *first } == 0 {
+                unsafe { *first = now };
+            }
+        }
+    }
     if CUDA_ENTRY_ONLY.load() != 0 {
         if let Some(v) = api_val(tgid, tid, cookie.fid as u32) {
             unsafe { (*v).count += 1 };
@@ -129,6 +145,14 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     account::enter_override(tid, cookie.category as u32);
     st.ts = unsafe { bpf_ktime_get_ns() };
     0
+}
+
+#[inline(always)]
+fn is_launch_shape(shape: u8) -> bool {
+    shape == Shape::LaunchRt as u8
+        || shape == Shape::LaunchRtEx as u8
+        || shape == Shape::LaunchDrv as u8
+        || shape == Shape::LaunchDrvEx as u8
 }
 
 #[inline(always)]

@@ -7,6 +7,7 @@
 
 mod account;
 mod block;
+mod calibrate;
 mod cuda;
 mod maps;
 mod proc;

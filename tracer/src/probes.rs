@@ -61,12 +61,17 @@ pub fn ktime_now() -> u64 {
 
 /// The families a trace runs, in the order they attach.
 pub fn families(args: &TraceArgs) -> Vec<Box<dyn ProbeFamily>> {
+    let trap = crate::overhead::SharedTrapCost::default();
     vec![
-        // First: it reads every program's run time before a family unloads its programs.
-        Box::new(crate::overhead::OverheadFamily::new(args.max_overhead)),
+        // First: it reads every program's run time before a family unloads its programs, and
+        // it measures the trap costs the CUDA family's gate works with.
+        Box::new(crate::overhead::OverheadFamily::new(
+            args.max_overhead,
+            trap.clone(),
+        )),
         Box::new(crate::accounting::Accounting::new()),
         // Before CUDA: the CUDA family names the kernels of the launches on the timeline.
         Box::new(crate::streams::TimelineFamily::new(args)),
-        Box::new(crate::cuda::CudaFamily::new(args)),
+        Box::new(crate::cuda::CudaFamily::new(args, trap)),
     ]
 }

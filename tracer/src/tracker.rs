@@ -47,6 +47,8 @@ pub struct Tracker {
     pub maps_evicted: u64,
     /// Exited processes that still hold maps, oldest first.
     exited_with_maps: VecDeque<u32>,
+    /// Latest exit seen (CLOCK_MONOTONIC ns).
+    last_exit_ns: u64,
 }
 
 impl Tracker {
@@ -119,15 +121,22 @@ impl Tracker {
                 Self::refresh_names(ev.pid, t);
             }
             Some(ProcEventKind::Exit) => {
-                self.mark_exited(ev.pid);
+                self.mark_exited_at(ev.pid, ev.ts_ns);
             }
             Some(ProcEventKind::ThreadExit) | None => {}
         }
     }
 
+    /// An exit found by polling: it happened by now.
     pub fn mark_exited(&mut self, pid: u32) {
+        self.mark_exited_at(pid, crate::probes::ktime_now());
+    }
+
+    /// An exit at `ts_ns` (CLOCK_MONOTONIC).
+    pub fn mark_exited_at(&mut self, pid: u32, ts_ns: u64) {
         if let Some(t) = self.procs.get_mut(&pid) {
             if !t.info.exited {
+                self.last_exit_ns = self.last_exit_ns.max(ts_ns);
                 t.info.exited = true;
                 if !t.maps.is_empty() {
                     self.exited_with_maps.push_back(pid);
@@ -191,6 +200,13 @@ impl Tracker {
             }
         }
         &[]
+    }
+
+    /// When the last traced process exited (CLOCK_MONOTONIC ns), if every one did: nothing
+    /// of theirs ran after it.
+    pub fn ended_at(&self) -> Option<u64> {
+        (self.last_exit_ns > 0 && self.procs.values().all(|t| t.info.exited))
+            .then_some(self.last_exit_ns)
     }
 
     pub fn all_roots_exited(&self) -> bool {

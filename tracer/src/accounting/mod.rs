@@ -58,6 +58,12 @@ struct Offsets(Vec<(&'static str, u32)>);
 
 impl Offsets {
     fn read() -> Result<Offsets> {
+        // x86-64's `uretprobe` syscall; elsewhere a number no syscall has.
+        const SYS_URETPROBE: u32 = if cfg!(target_arch = "x86_64") {
+            335
+        } else {
+            u32::MAX - 1
+        };
         let sw = Format::read("sched", "sched_switch")?;
         let wake = Format::read("sched", "sched_wakeup")?;
         let tn = Format::read("task", "task_newtask")?;
@@ -76,6 +82,7 @@ impl Offsets {
             ("OFF_SYS_ID", enter.offset("id")?),
             ("OFF_SYS_ARG0", enter.offset("args")?),
             ("OFF_SYS_RET", exit.offset("ret")?),
+            ("SYS_URETPROBE", SYS_URETPROBE),
         ];
         if tracefs::exists("block", "block_rq_issue") {
             let issue = Format::read("block", "block_rq_issue")?;

@@ -96,7 +96,7 @@ struct RawEvents {
 }
 
 impl CudaFamily {
-    pub fn new(args: &TraceArgs) -> Self {
+    pub fn new(args: &TraceArgs, trap: crate::overhead::SharedTrapCost) -> Self {
         let mut overrides = Vec::new();
         if let Some(p) = &args.libcudart {
             overrides.push((p.clone(), Layer::Runtime));
@@ -117,7 +117,7 @@ impl CudaFamily {
             warnings: Vec::new(),
             checked: HashMap::new(),
             named: Vec::new(),
-            gate: crate::overhead::LaunchGate::new(args.max_overhead, args.cuda_entry_only),
+            gate: crate::overhead::LaunchGate::new(args.max_overhead, args.cuda_entry_only, trap),
         }
     }
 
@@ -293,6 +293,8 @@ impl ProbeFamily for CudaFamily {
                 .try_into()?;
             p.load().map_err(|e| load_error(prog, e))?;
         }
+        // Before the first library is attached: the gate's first window needs the cost.
+        self.gate.calibrate(ebpf, ctx.args.verbose);
         crate::bpf::attach_tracepoint(ebpf, "cuda_thread_exit", "sched", "sched_process_exit")?;
         for (path, layer) in self.overrides.clone() {
             let found = discover::from_path(&path, layer)?;
@@ -391,7 +393,7 @@ impl ProbeFamily for CudaFamily {
                 threads: aggregate::thread_stats(pid, &api),
             });
         }
-        self.gate.finish(ebpf, data);
+        self.gate.finish(ebpf, data, ctx.tracker.ended_at());
         for l in self.libs.iter().filter(|l| l.found.embedded) {
             data.report.blind_spots.push(format!(
                 "{} carries its own CUDA runtime (statically linked); probed through its \

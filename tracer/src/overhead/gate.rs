@@ -10,18 +10,20 @@ use std::{
 };
 
 use aya::{
+    maps::{PerCpuArray, PerCpuValues},
     programs::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
         UProbe,
     },
     Ebpf,
 };
-use tracer_common::cuda::{ENTRY_PROG, RET_PROG};
+use tracer_common::cuda::{ENTRY_PROG, GATE_FIRST_MAP, GATE_LAST_MAP, RET_PROG};
 
 use super::{scale_cuda, scale_launch_time, worst_cuda_thread};
 use crate::{
     budget::{self, Gate, TickObs},
     cuda::table::FUNCS,
+    probes::ktime_now,
     report::{
         model::overhead::{Overhead, ProbeSampling},
         ReportData,
@@ -35,13 +37,16 @@ use crate::{
 pub struct LaunchGate {
     gate: Gate,
     links: Vec<GateLink>,
-    last: Option<(Instant, Counts)>,
+    /// The previous tick: CLOCK_MONOTONIC ns (the clock of the BPF timestamps) and counts.
+    last: Option<(u64, Counts)>,
     cost_per_hit: f64,
     entry_only: bool,
+    trap: super::SharedTrapCost,
+    calibrator: Option<super::Calibrator>,
     /// Whether a window is open (links attached) as far as the main thread asked.
     open: bool,
-    /// When the window now open was opened, if in the current tick.
-    opened_at: Option<Instant>,
+    /// When the window now open was opened (CLOCK_MONOTONIC ns), if in the current tick.
+    opened_at: Option<u64>,
     watch: Option<Watch>,
 }
 
@@ -66,8 +71,8 @@ struct Window {
     base_at: Option<Instant>,
     cost_per_hit: f64,
     budget: f64,
-    /// Set by the watchdog when it closed the window.
-    closed_at: Option<Instant>,
+    /// Set by the watchdog when it decided to close the window (CLOCK_MONOTONIC ns).
+    closed_at: Option<u64>,
     stop: bool,
 }
 
@@ -188,7 +193,7 @@ fn watchdog(fd: OwnedFd, shared: Arc<Mutex<Window>>) {
         let entries = std::thread::spawn(move || drop(links));
         std::thread::sleep(Duration::from_millis(1));
         if let Ok(mut w) = shared.lock() {
-            w.closed_at = Some(Instant::now());
+            w.closed_at = Some(ktime_now());
         }
         drop(rets);
         let _ = entries.join();
@@ -196,18 +201,31 @@ fn watchdog(fd: OwnedFd, shared: Arc<Mutex<Window>>) {
 }
 
 impl LaunchGate {
-    pub fn new(budget: f64, entry_only: bool) -> LaunchGate {
+    /// Measures the trap costs (again at each window the gate opens). Failure leaves the
+    /// built-in constants, and a warning in the report.
+    pub fn calibrate(&mut self, ebpf: &mut Ebpf, verbose: bool) {
+        if let Ok(c) = super::Calibrator::start(ebpf, self.trap.clone()) {
+            if verbose {
+                let t = c.current();
+                eprintln!(
+                    "gputrace: uprobe trap {:.0} ns, uretprobe {:.0} ns on this machine",
+                    t.entry_ns, t.ret_ns
+                );
+            }
+            self.calibrator = Some(c);
+        }
+    }
+
+    pub fn new(budget: f64, entry_only: bool, trap: super::SharedTrapCost) -> LaunchGate {
+        let t = super::calibrate::current(&trap);
         LaunchGate {
             gate: Gate::new(budget),
             links: Vec::new(),
             last: None,
-            cost_per_hit: budget::UPROBE_TRAP_NS
-                + if entry_only {
-                    0.0
-                } else {
-                    budget::URETPROBE_TRAP_NS
-                },
+            cost_per_hit: t.entry_ns + if entry_only { 0.0 } else { t.ret_ns },
             entry_only,
+            trap,
+            calibrator: None,
             open: true,
             opened_at: None,
             watch: None,
@@ -221,6 +239,9 @@ impl LaunchGate {
 
     fn start_watch(&mut self, ebpf: &Ebpf) -> Option<&Arc<Mutex<Window>>> {
         if self.watch.is_none() {
+            // Measured after this gate was made: the first window works with it.
+            let t = super::calibrate::current(&self.trap);
+            self.cost_per_hit = t.entry_ns + if self.entry_only { 0.0 } else { t.ret_ns };
             let fd = ebpf
                 .program(ENTRY_PROG)?
                 .fd()
@@ -276,6 +297,11 @@ impl LaunchGate {
         if !self.open {
             return;
         }
+        // The gate's clock starts with its first probe: counts seen before the first tick
+        // belong to a window like any other (they are scaled like any other).
+        if self.last.is_none() {
+            self.last = Some((ktime_now(), counts(ebpf)));
+        }
         if let Some(shared) = self.start_watch(ebpf) {
             if let Ok(mut w) = shared.lock() {
                 if w.closed_at.is_none() {
@@ -291,10 +317,14 @@ impl LaunchGate {
 
     /// One tick: observe, decide, open a window if the bucket allows.
     pub fn tick(&mut self, ebpf: &mut Ebpf) {
+        self.tick_until(ebpf, ktime_now());
+    }
+
+    /// A tick that ends at `now` (CLOCK_MONOTONIC ns): the last one ends when the target did.
+    fn tick_until(&mut self, ebpf: &mut Ebpf, now: u64) {
         if !self.gate.samples() || self.links.is_empty() {
             return;
         }
-        let now = Instant::now();
         let c = counts(ebpf);
         let Some((t0, c0)) = self.last.replace((now, c)) else {
             return;
@@ -302,11 +332,12 @@ impl LaunchGate {
         let hits = c.entry_runs.saturating_sub(c0.entry_runs);
         let ret_hits = c.ret_runs.saturating_sub(c0.ret_runs);
         // Per program over the whole trace: run times per hit are steady.
-        let entry = budget::cost_per_hit(c.entry_ns, c.entry_runs, budget::UPROBE_TRAP_NS);
+        let trap = super::calibrate::current(&self.trap);
+        let entry = budget::cost_per_hit(c.entry_ns, c.entry_runs, trap.entry_ns);
         let ret = if self.entry_only {
             0.0
         } else {
-            budget::cost_per_hit(c.ret_ns, c.ret_runs, budget::URETPROBE_TRAP_NS)
+            budget::cost_per_hit(c.ret_ns, c.ret_runs, trap.ret_ns)
         };
         self.cost_per_hit = entry + ret;
         // The return probe also fires alone while the links are attached or detached (each
@@ -316,26 +347,47 @@ impl LaunchGate {
         } else {
             ret_hits.saturating_sub(hits) as f64 * ret
         };
-        let dt = now.duration_since(t0);
+        let now = now.max(t0);
+        let dt = now - t0;
         let closed_at = self
             .watch
             .as_ref()
             .and_then(|w| w.shared.lock().ok().and_then(|mut w| w.closed_at.take()));
         let on = if !self.open {
-            Duration::ZERO
+            0
         } else {
-            let from = self.opened_at.unwrap_or(t0).max(t0);
-            closed_at.unwrap_or(now).saturating_duration_since(from)
+            let mut from = self.opened_at.unwrap_or(t0).max(t0);
+            // Launches start while the entry probes are still being attached: a window opened
+            // at the last tick starts at its first launch if that came first.
+            if self.opened_at.is_some() {
+                if let (Some(first), Some(last)) = (gate_first(ebpf), gate_last(ebpf)) {
+                    if first < from && hits > 1 && last > first {
+                        from = first.saturating_sub((last - first) / (hits - 1)).max(t0);
+                    }
+                }
+            }
+            // A closed window ends with its last launch (plus one gap between launches): the
+            // breakpoints go a few ms after the watchdog's decision, later when this 2-CPU
+            // machine is busy, and the launches go on until then.
+            let end = match closed_at {
+                Some(decided) => match gate_last(ebpf) {
+                    Some(last) if last > from && hits > 0 => (last + (last - from) / hits).min(now),
+                    _ => decided,
+                },
+                None => now,
+            };
+            end.saturating_sub(from)
         };
         if closed_at.is_some() {
             self.open = false;
         }
         let was_open = self.open || closed_at.is_some();
         let open = self.gate.tick(TickObs {
-            dt_ns: dt.as_nanos() as u64,
-            on_ns: if was_open { on.as_nanos() as u64 } else { 0 },
+            dt_ns: dt,
+            on_ns: if was_open { on } else { 0 },
             sampled_hits: if was_open { hits } else { 0 },
             cost_per_hit_ns: self.cost_per_hit,
+            trap_ns: trap.entry_ns + if self.entry_only { 0.0 } else { trap.ret_ns },
             other_cost_ns: transition_ns
                 + if was_open {
                     0.0
@@ -352,7 +404,7 @@ impl LaunchGate {
                 if let Ok(mut w) = w.shared.lock() {
                     w.tokens_ns = self.gate.tokens_ns();
                     w.base_runs = c.entry_runs;
-                    w.base_at = Some(now);
+                    w.base_at = Some(Instant::now());
                     w.cost_per_hit = self.cost_per_hit;
                 }
             }
@@ -360,6 +412,12 @@ impl LaunchGate {
     }
 
     fn reopen(&mut self, ebpf: &mut Ebpf, runs: u64) {
+        // The traps cost what the host lets them cost now: measured again before each window
+        // (not in it: the launches' traps on the other CPU would slow ours).
+        if let Some(c) = self.calibrator.as_mut() {
+            c.sample(ebpf);
+        }
+        reset_gate_first(ebpf);
         let mut entries = Vec::new();
         let mut rets = Vec::new();
         // Return probes first, as at the first attach: a call entered in between would
@@ -377,7 +435,8 @@ impl LaunchGate {
         }
         // The window starts once the entry probes are attached (the return probes, attached
         // first, fired alone meanwhile: transition cost).
-        self.opened_at = Some(Instant::now());
+        self.opened_at = Some(ktime_now());
+
         let tokens = self.gate.tokens_ns();
         let cost = self.cost_per_hit;
         if let Some(shared) = self.start_watch(ebpf) {
@@ -394,9 +453,17 @@ impl LaunchGate {
         self.open = true;
     }
 
-    /// Last partial tick, then the scaled counts and the sampling note in the report.
-    pub fn finish(&mut self, ebpf: &mut Ebpf, data: &mut ReportData) {
-        self.tick(ebpf);
+    /// Last partial tick, then the scaled counts and the sampling note in the report. `ended`:
+    /// when the last traced process exited, if all did (the time after it launched nothing).
+    pub fn finish(&mut self, ebpf: &mut Ebpf, data: &mut ReportData, ended: Option<u64>) {
+        let now = ktime_now();
+        self.tick_until(ebpf, ended.map_or(now, |e| e.min(now)));
+        if let Some(c) = self.calibrator.as_mut() {
+            let t = c.in_trace();
+            self.gate
+                .set_final_trap(t.entry_ns + if self.entry_only { 0.0 } else { t.ret_ns });
+            c.close();
+        }
         self.watch = None;
         let worst = worst_cuda_thread(&data.report, self.cost_per_hit);
         data.report
@@ -444,6 +511,33 @@ impl LaunchGate {
             seen_hits: seen,
         });
     }
+}
+
+/// The first launch entry on any CPU since [`reset_gate_first`] (CLOCK_MONOTONIC ns).
+fn gate_first(ebpf: &Ebpf) -> Option<u64> {
+    let map = PerCpuArray::<_, u64>::try_from(ebpf.map(GATE_FIRST_MAP)?).ok()?;
+    let v = map.get(&0, 0).ok()?;
+    v.iter().copied().filter(|t| *t > 0).min()
+}
+
+fn reset_gate_first(ebpf: &mut Ebpf) {
+    let Some(m) = ebpf.map_mut(GATE_FIRST_MAP) else {
+        return;
+    };
+    let Ok(mut map) = PerCpuArray::<_, u64>::try_from(m) else {
+        return;
+    };
+    let Ok(n) = aya::util::nr_cpus() else { return };
+    if let Ok(zeros) = PerCpuValues::try_from(vec![0u64; n]) {
+        let _ = map.set(0, zeros, 0);
+    }
+}
+
+/// The latest launch entry on any CPU (CLOCK_MONOTONIC ns).
+fn gate_last(ebpf: &Ebpf) -> Option<u64> {
+    let map = PerCpuArray::<_, u64>::try_from(ebpf.map(GATE_LAST_MAP)?).ok()?;
+    let v = map.get(&0, 0).ok()?;
+    v.iter().copied().max().filter(|t| *t > 0)
 }
 
 fn attach(ebpf: &mut Ebpf, l: &GateLink) -> Option<UProbeLink> {

@@ -6,15 +6,20 @@
 //! costs its trap on every call even when the program returns at once, so a BPF-side flag would
 //! not save the cost that matters.
 
+mod calibrate;
 mod gate;
 
 use std::{collections::HashMap, os::fd::OwnedFd};
 
+pub use calibrate::{Calibrator, SharedTrapCost, TrapCost};
 pub use gate::LaunchGate;
 
 use anyhow::Result;
 use aya::{programs::Program, Ebpf};
-use tracer_common::cuda::{ENTRY_PROG, RET_PROG};
+use tracer_common::{
+    cuda::{ENTRY_PROG, RET_PROG},
+    overhead::{CALIB_ENTRY_PROG, CALIB_RET_PROG},
+};
 
 use crate::{
     budget,
@@ -32,22 +37,24 @@ use crate::{
 pub struct OverheadFamily {
     budget: f64,
     stats: Option<OwnedFd>,
+    trap: SharedTrapCost,
 }
 
 impl OverheadFamily {
-    pub fn new(budget: f64) -> OverheadFamily {
+    pub fn new(budget: f64, trap: SharedTrapCost) -> OverheadFamily {
         OverheadFamily {
             budget,
             stats: None,
+            trap,
         }
     }
 }
 
 /// Trap cost outside the program for one hit of `name`.
-fn trap_ns(name: &str, prog: &Program) -> f64 {
+fn trap_ns(name: &str, prog: &Program, trap: TrapCost) -> f64 {
     match prog {
-        Program::UProbe(_) if name == RET_PROG => budget::URETPROBE_TRAP_NS,
-        Program::UProbe(_) => budget::UPROBE_TRAP_NS,
+        Program::UProbe(_) if name == RET_PROG => trap.ret_ns,
+        Program::UProbe(_) => trap.entry_ns,
         _ => budget::TRACEPOINT_NS,
     }
 }
@@ -69,8 +76,13 @@ impl ProbeFamily for OverheadFamily {
         _ctx: &mut FinishCtx<'_>,
         data: &mut ReportData,
     ) -> Result<()> {
+        let trap = calibrate::current(&self.trap);
         let mut programs = Vec::new();
         for (name, prog) in ebpf.programs() {
+            // gputrace's own calls, made before the trace started.
+            if name == CALIB_ENTRY_PROG || name == CALIB_RET_PROG {
+                continue;
+            }
             let Ok(info) = prog.info() else { continue };
             let hits = info.run_count();
             if hits == 0 {
@@ -80,7 +92,7 @@ impl ProbeFamily for OverheadFamily {
                 program: name.to_string(),
                 hits,
                 bpf_ns_per_hit: info.run_time().as_nanos() as f64 / hits as f64,
-                trap_ns_per_hit: trap_ns(name, prog),
+                trap_ns_per_hit: trap_ns(name, prog, trap),
             });
         }
         let cost = |p: &ProgramCost| p.hits as f64 * (p.bpf_ns_per_hit + p.trap_ns_per_hit);
@@ -90,6 +102,13 @@ impl ProbeFamily for OverheadFamily {
         o.probe_hits = programs.iter().map(|p| p.hits).sum();
         o.probe_cost_ns = programs.iter().map(cost).sum::<f64>() as u64;
         o.programs = programs;
+        o.trap_measured = trap.measured;
+        if let Some(e) = calibrate::calibration_error(&self.trap) {
+            data.report.warnings.push(format!(
+                "the uprobe trap cost could not be measured on this machine ({e}): the overhead \
+                 estimate uses built-in constants"
+            ));
+        }
         if self.stats.is_none() {
             data.report.warnings.push(
                 "the kernel's BPF run-time statistics could not be enabled: the overhead \

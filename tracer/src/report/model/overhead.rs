@@ -23,6 +23,10 @@ pub struct Overhead {
     pub traced_cost_ns: u64,
     /// Per program, costliest first.
     pub programs: Vec<ProgramCost>,
+    /// Whether the uprobe trap costs were measured at startup on this machine (false: the
+    /// built-in constants).
+    #[serde(default)]
+    pub trap_measured: bool,
     /// Set when the budget switched the high-rate probes on and off: their counts are scaled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampled: Option<ProbeSampling>,
@@ -41,7 +45,8 @@ pub struct ProgramCost {
     pub hits: u64,
     /// Measured by the kernel (kernel.bpf_stats_enabled); 0 when the statistics are off.
     pub bpf_ns_per_hit: f64,
-    /// Calibrated constant for the trap outside the program (uprobes, uretprobes).
+    /// The trap outside the program: for uprobes and uretprobes measured at startup
+    /// (`trap_measured`), else a built-in constant.
     pub trap_ns_per_hit: f64,
 }
 

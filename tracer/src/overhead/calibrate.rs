@@ -1,0 +1,336 @@
+//! What one uprobe and one uretprobe hit cost on this machine, now: measured at startup by
+//! probing a function in gputrace itself (`push %rbp` prologue, as the CUDA libraries' entry
+//! points have) with empty programs and timing calls to it.
+//!
+//! The kernel's BPF statistics time a program's own run, not the breakpoint trap around it, and
+//! that trap is most of a hit's cost. It varies by machine and by the host's mood (the same VM
+//! measured 2.4 us and 3.0 us per entry+return hit on different days), and the budget's scaled
+//! counts are sensitive to it: in a launch storm the probes are ~3/4 of a window's time, so a
+//! cost 20% off puts the workload's own time in the window 60% off.
+
+use std::{
+    num::NonZeroU32,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use anyhow::{bail, Context, Result};
+use aya::{
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope},
+        UProbe,
+    },
+    Ebpf,
+};
+use tracer_common::overhead::{CALIB_ENTRY_PROG, CALIB_RET_PROG};
+
+use crate::{budget, procfs};
+
+/// Trap cost per hit outside the program, and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrapCost {
+    pub entry_ns: f64,
+    pub ret_ns: f64,
+    /// False: the built-in constants (calibration failed or was not possible).
+    pub measured: bool,
+}
+
+impl TrapCost {
+    pub const DEFAULT: TrapCost = TrapCost {
+        entry_ns: budget::UPROBE_TRAP_NS,
+        ret_ns: budget::URETPROBE_TRAP_NS,
+        measured: false,
+    };
+}
+
+/// Kept up to date by the CUDA family's gate (it samples the traps again at each window it
+/// opens), read by the report. An error says why the constants are used.
+pub type SharedTrapCost = Arc<Mutex<Option<Result<TrapCost, String>>>>;
+
+pub fn current(shared: &SharedTrapCost) -> TrapCost {
+    match shared.lock().ok().as_deref() {
+        Some(Some(Ok(t))) => *t,
+        _ => TrapCost::DEFAULT,
+    }
+}
+
+pub fn calibration_error(shared: &SharedTrapCost) -> Option<String> {
+    match shared.lock().ok().as_deref() {
+        Some(Some(Err(e))) => Some(e.clone()),
+        _ => None,
+    }
+}
+
+/// Three copies of the same `push %rbp` frame: one left alone (the loop's own cost), one with
+/// an entry probe, one with an entry and a return probe.
+#[cfg(target_arch = "x86_64")]
+macro_rules! calib_fn {
+    ($name:literal) => {
+        concat!(
+            ".globl ",
+            $name,
+            "\n",
+            ".type ",
+            $name,
+            ",@function\n",
+            ".p2align 4\n",
+            $name,
+            ":\n",
+            "push rbp\n",
+            "mov rbp, rsp\n",
+            "pop rbp\n",
+            "ret\n",
+            ".size ",
+            $name,
+            ", .-",
+            $name,
+            "\n",
+        )
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+std::arch::global_asm!(
+    calib_fn!("gputrace_calib_bare"),
+    calib_fn!("gputrace_calib_entry"),
+    calib_fn!("gputrace_calib_both"),
+);
+
+#[cfg(target_arch = "x86_64")]
+extern "C" {
+    fn gputrace_calib_bare();
+    fn gputrace_calib_entry();
+    fn gputrace_calib_both();
+}
+
+type CalibFn = unsafe extern "C" fn();
+
+#[cfg(target_arch = "x86_64")]
+fn targets() -> Option<[CalibFn; 3]> {
+    Some([
+        gputrace_calib_bare,
+        gputrace_calib_entry,
+        gputrace_calib_both,
+    ])
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn targets() -> Option<[CalibFn; 3]> {
+    None
+}
+
+/// Calls per timed round. At startup the median of [`ROUNDS`] rounds; later one round per
+/// window, and the median of the last [`RECENT`] samples: the traps cost what the host lets
+/// them cost at the time, which drifts by tens of percent on a shared VM.
+const CALLS: u32 = 1000;
+const ROUNDS: usize = 7;
+const RECENT: usize = 9;
+/// Outside this range a measurement is noise, not a trap.
+const SANE_NS: std::ops::RangeInclusive<f64> = 20.0..=100_000.0;
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// CPU time per call of `f` over `calls` calls (thread CPU time: the trap is spent in the
+/// calling thread, and time away from the CPU is not).
+fn per_call_ns(f: CalibFn, calls: u32) -> f64 {
+    let t0 = thread_cpu_ns();
+    for _ in 0..calls {
+        // SAFETY: the function only pushes and pops the frame pointer.
+        unsafe { std::hint::black_box(f)() };
+    }
+    (thread_cpu_ns() - t0) as f64 / calls as f64
+}
+
+/// (run count, run time ns) of a program, from the kernel's statistics.
+fn runs(ebpf: &Ebpf, name: &str) -> (u64, u64) {
+    ebpf.program(name)
+        .and_then(|p| p.info().ok())
+        .map(|i| (i.run_count(), i.run_time().as_nanos() as u64))
+        .unwrap_or((0, 0))
+}
+
+/// Per-hit program time since `before`.
+fn bpf_ns_per_hit(ebpf: &Ebpf, name: &str, before: (u64, u64)) -> f64 {
+    let (n, t) = runs(ebpf, name);
+    let hits = n.saturating_sub(before.0);
+    if hits == 0 {
+        return 0.0;
+    }
+    t.saturating_sub(before.1) as f64 / hits as f64
+}
+
+fn load(ebpf: &mut Ebpf, prog: &str) -> Result<()> {
+    let p: &mut UProbe = ebpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} missing from the object"))?
+        .try_into()?;
+    p.load().with_context(|| format!("load {prog}"))
+}
+
+fn attach(ebpf: &mut Ebpf, prog: &str, path: &PathBuf, offset: u64) -> Result<UProbeLink> {
+    let p: &mut UProbe = ebpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} missing from the object"))?
+        .try_into()?;
+    let pid = NonZeroU32::new(std::process::id()).context("pid 0")?;
+    let id = p
+        .attach(
+            UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(offset),
+                cookie: None,
+            },
+            path,
+            UProbeScope::OneProcess(pid),
+        )
+        .with_context(|| format!("attach {prog} to {}", path.display()))?;
+    Ok(p.take_link(id)?)
+}
+
+/// Median of each part on its own.
+fn median(samples: &[TrapCost]) -> TrapCost {
+    if samples.is_empty() {
+        return TrapCost::DEFAULT;
+    }
+    let median = |f: fn(&TrapCost) -> f64| {
+        let mut v: Vec<f64> = samples.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    TrapCost {
+        entry_ns: median(|t| t.entry_ns),
+        ret_ns: median(|t| t.ret_ns),
+        measured: true,
+    }
+}
+
+/// The probed copies and what they have measured.
+pub struct Calibrator {
+    fns: [CalibFn; 3],
+    links: Vec<UProbeLink>,
+    samples: Vec<TrapCost>,
+    /// How many of `samples` were taken at startup.
+    startup: usize,
+    shared: SharedTrapCost,
+}
+
+impl Calibrator {
+    /// Attaches the empty programs and takes a first measurement of several rounds. The
+    /// syscall tracepoints must be attached already: on x86-64 a uretprobe returns through a
+    /// syscall, and what they cost there is part of the return probe's cost.
+    pub fn start(ebpf: &mut Ebpf, shared: SharedTrapCost) -> Result<Calibrator> {
+        let result = Self::attach_all(ebpf, shared.clone());
+        let mut c = match result {
+            Ok(c) => c,
+            Err(e) => {
+                if let Ok(mut s) = shared.lock() {
+                    *s = Some(Err(format!("{e:#}")));
+                }
+                return Err(e);
+            }
+        };
+        for _ in 0..ROUNDS {
+            c.sample(ebpf);
+        }
+        c.startup = c.samples.len();
+        if c.samples.is_empty() {
+            if let Ok(mut s) = shared.lock() {
+                *s = Some(Err("every measurement was implausible".into()));
+            }
+            bail!("every trap measurement was implausible");
+        }
+        Ok(c)
+    }
+
+    fn attach_all(ebpf: &mut Ebpf, shared: SharedTrapCost) -> Result<Calibrator> {
+        let fns = targets().context("no calibration target on this architecture")?;
+        let pid = std::process::id();
+        let maps = procfs::read_maps(pid).context("read /proc/self/maps")?;
+        let locate = |f: CalibFn| -> Result<(PathBuf, u64)> {
+            let addr = f as usize as u64;
+            let m = maps
+                .iter()
+                .find(|m| m.start <= addr && addr < m.end && m.is_file())
+                .context("gputrace's own code is not in a mapped file")?;
+            Ok((procfs::map_file_path(pid, m), addr - m.start + m.offset))
+        };
+        load(ebpf, CALIB_ENTRY_PROG)?;
+        load(ebpf, CALIB_RET_PROG)?;
+        let (path, entry_off) = locate(fns[1])?;
+        let (_, both_off) = locate(fns[2])?;
+        // The return probe first: a call in between would pay for it alone, none is made.
+        let links = vec![
+            attach(ebpf, CALIB_RET_PROG, &path, both_off)?,
+            attach(ebpf, CALIB_ENTRY_PROG, &path, both_off)?,
+            attach(ebpf, CALIB_ENTRY_PROG, &path, entry_off)?,
+        ];
+        Ok(Calibrator {
+            fns,
+            links,
+            samples: Vec::new(),
+            startup: 0,
+            shared,
+        })
+    }
+
+    /// One round (~4 ms of this thread's time); implausible rounds are dropped.
+    pub fn sample(&mut self, ebpf: &Ebpf) {
+        let [bare, entry, both] = self.fns;
+        let b = per_call_ns(bare, CALLS);
+        let before = runs(ebpf, CALIB_ENTRY_PROG);
+        let e = per_call_ns(entry, CALLS);
+        let e_bpf = bpf_ns_per_hit(ebpf, CALIB_ENTRY_PROG, before);
+        let before = (runs(ebpf, CALIB_ENTRY_PROG), runs(ebpf, CALIB_RET_PROG));
+        let r = per_call_ns(both, CALLS);
+        let r_bpf = bpf_ns_per_hit(ebpf, CALIB_ENTRY_PROG, before.0)
+            + bpf_ns_per_hit(ebpf, CALIB_RET_PROG, before.1);
+        let t = TrapCost {
+            entry_ns: e - b - e_bpf,
+            ret_ns: r - e - (r_bpf - e_bpf),
+            measured: true,
+        };
+        if SANE_NS.contains(&t.entry_ns) && SANE_NS.contains(&t.ret_ns) {
+            self.samples.push(t);
+            let cur = self.in_trace();
+            if let Ok(mut s) = self.shared.lock() {
+                *s = Some(Ok(cur));
+            }
+        }
+    }
+
+    /// Median of the recent samples, each part on its own.
+    pub fn current(&self) -> TrapCost {
+        median(&self.samples[self.samples.len().saturating_sub(RECENT)..])
+    }
+
+    /// Median of the samples taken during the trace (once there are a few): the startup
+    /// rounds run while the machine is busy with gputrace's own start and the previous
+    /// links' release, and came out 10-30% high here.
+    pub fn in_trace(&self) -> TrapCost {
+        let later = &self.samples[self.startup.min(self.samples.len())..];
+        if later.len() >= 3 {
+            median(later)
+        } else {
+            self.current()
+        }
+    }
+
+    /// Closes the links on a thread of their own: the kernel takes ~100 ms per uprobe to
+    /// release one, and the report need not wait for it.
+    pub fn close(&mut self) {
+        let links = std::mem::take(&mut self.links);
+        if links.is_empty() {
+            return;
+        }
+        let _ = std::thread::Builder::new()
+            .name("gputrace-calib".into())
+            .spawn(move || drop(links));
+    }
+}
