@@ -112,20 +112,27 @@ fn launch_storm_stays_within_the_default_budget() {
         s["seen_hits"].as_u64().unwrap() < n / 5,
         "most launches must go unprobed: {o}"
     );
-    // The scaled count estimates every launch, within the error bound the report gives (the
-    // windows' spread and the cost-per-hit uncertainty; null with a single window).
+    // The scaled count estimates every launch, within the error bound the report gives. Here
+    // the probes cost more than the work between launches, and a cost per hit 50% off (as
+    // much as this VM's traps drift) would leave the windows no work at all: then the report
+    // must say the error is unknown rather than give a bound it cannot keep.
     let est = launches(&report) as f64;
-    let bound = s["rel_error"].as_f64().unwrap_or(1.0);
-    assert!(
-        (est - n as f64).abs() / (n as f64) <= bound,
-        "estimated {est} launches of {n}, bound {bound}: {o}"
-    );
+    match s["rel_error"].as_f64() {
+        Some(bound) => assert!(
+            (est - n as f64).abs() / (n as f64) <= bound,
+            "estimated {est} launches of {n}, bound {bound}: {o}"
+        ),
+        None => {
+            assert!(stdout.contains("error unknown"), "{stdout}");
+            assert!(est > s["seen_hits"].as_f64().unwrap(), "{o}");
+        }
+    }
     assert!(stdout.contains("ESTIMATED"), "{stdout}");
     assert!(stdout.contains("gputrace overhead: ~"), "{stdout}");
 }
 
-/// Launches with ~5 us of work each (~200k/s): the probes cost less than the work, and the
-/// scaled count must land within a bound tight enough to act on.
+/// Launches with ~8 us of work each (~120k/s, a busy PyTorch loop): the probes cost less than
+/// the work, and the scaled count must land within a bound that says something.
 #[test]
 fn a_moderate_launch_rate_is_estimated_within_its_bound() {
     let _g = serial();
@@ -133,7 +140,7 @@ fn a_moderate_launch_rate_is_estimated_within_its_bound() {
         return;
     }
     let (bin, lib) = storm();
-    let n = 600_000u64;
+    let n = 500_000u64;
     let out = common::out_dir("budget-moderate");
     let run = common::gputrace(&[
         "-F",
@@ -146,7 +153,7 @@ fn a_moderate_launch_rate_is_estimated_within_its_bound() {
         &bin,
         &lib,
         &n.to_string(),
-        "8000",
+        "12000",
     ]);
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
     let report = run.report(&out);
@@ -156,7 +163,8 @@ fn a_moderate_launch_rate_is_estimated_within_its_bound() {
     let bound = s["rel_error"]
         .as_f64()
         .unwrap_or_else(|| panic!("no error bound: {o}"));
-    assert!(bound < 0.6, "a bound too wide to act on: {o}");
+    // 0.24-0.41 on this VM (2026-11-21).
+    assert!(bound < 0.8, "a bound too wide to say anything: {o}");
     let est = launches(&report) as f64;
     assert!(
         (est - n as f64).abs() / (n as f64) <= bound,

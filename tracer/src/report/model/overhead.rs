@@ -59,7 +59,8 @@ pub struct ProbeSampling {
     pub duty: f64,
     /// Scaled figures = seen x this.
     pub scale: f64,
-    /// 95% relative error bound of a scaled count; None when too few windows to tell.
+    /// Relative error bound of a scaled count; None when it cannot be told (one window, or
+    /// probes that cost more than the work they sampled).
     pub rel_error: Option<f64>,
     pub windows: u64,
     /// Calls the sampled probes saw before scaling.
@@ -89,7 +90,8 @@ impl Overhead {
         let s = self.sampled.as_ref()?;
         let err = match s.rel_error {
             Some(e) => format!("+/-{:.0}%", e * 100.0),
-            None => "error unknown (one window)".into(),
+            None if s.windows < 2 => "error unknown (one window)".into(),
+            None => "error unknown: the probes cost more than the work they sampled".into(),
         };
         Some(format!(
             "ESTIMATED: {} probed {:.1}% of the time to stay in budget; {} are scaled x{:.1} ({err})",
