@@ -14,8 +14,8 @@ use aya_ebpf::{
 use tracer_common::{
     drops::Drop,
     wall::{
-        log2_bucket, ErrnoKey, FdGenKey, FdKey, FdStat, SysKey, SysStat, ERRNOS_ENTRIES, FILEIO_ENTRIES,
-        HIST_BUCKETS, NO_SYSCALL, SYSCALLS_ENTRIES,
+        log2_bucket, ErrnoKey, FdGenKey, FdKey, FdStat, SysKey, SysStat, ThreadState,
+        ERRNOS_ENTRIES, FILEIO_ENTRIES, HIST_BUCKETS, NO_SYSCALL, SYSCALLS_ENTRIES,
     },
 };
 
@@ -54,20 +54,25 @@ static OFF_SYS_RET: Global<u32> = Global::new(16);
 #[no_mangle]
 static SYS_URETPROBE: Global<u32> = Global::new(335);
 
-#[tracepoint]
-pub fn sys_enter(ctx: TracePointContext) -> u32 {
+/// The syscall number, the caller's (tgid, tid) and its thread state, when the thread is
+/// traced and the syscall is not a uretprobe's return (sys_exit's `id` sits where sys_enter's
+/// does).
+#[inline(always)]
+fn traced_syscall(ctx: &TracePointContext) -> Option<(i64, u32, u32, &'static mut ThreadState)> {
     let id: i64 = unsafe { ctx.read_at(OFF_SYS_ID.load() as usize) }.unwrap_or(-1);
     if id == SYS_URETPROBE.load() as i64 {
-        return 0;
+        return None;
     }
     let (tgid, tid) = current_ids();
-    let Some(st) = THREADS.get_ptr_mut(&tid) else {
+    let st = unsafe { &mut *THREADS.get_ptr_mut(&tid)? };
+    (st.tgid == tgid).then_some((id, tgid, tid, st))
+}
+
+#[tracepoint]
+pub fn sys_enter(ctx: TracePointContext) -> u32 {
+    let Some((id, _, _, st)) = traced_syscall(&ctx) else {
         return 0;
     };
-    let st = unsafe { &mut *st };
-    if st.tgid != tgid {
-        return 0;
-    }
     st.sys_nr = id as i32;
     st.sys_arg0 = unsafe { ctx.read_at(OFF_SYS_ARG0.load() as usize) }.unwrap_or(0);
     st.sys_start_ns = unsafe { bpf_ktime_get_ns() };
@@ -76,17 +81,10 @@ pub fn sys_enter(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sys_exit(ctx: TracePointContext) -> u32 {
-    // sys_exit's `id` sits where sys_enter's does.
-    let id: i64 = unsafe { ctx.read_at(OFF_SYS_ID.load() as usize) }.unwrap_or(-1);
-    if id == SYS_URETPROBE.load() as i64 {
-        return 0;
-    }
-    let (tgid, tid) = current_ids();
-    let Some(st) = THREADS.get_ptr_mut(&tid) else {
+    let Some((_, tgid, tid, st)) = traced_syscall(&ctx) else {
         return 0;
     };
-    let st = unsafe { &mut *st };
-    if st.tgid != tgid || st.sys_nr == NO_SYSCALL {
+    if st.sys_nr == NO_SYSCALL {
         return 0;
     }
     let nr = st.sys_nr;

@@ -123,8 +123,6 @@ pub struct Gate {
     elapsed_ns: u64,
     on_ns: u64,
     spent_ns: f64,
-    /// The part of `spent_ns` paid by the sampled probes (only inside on-windows).
-    sampled_spent_ns: f64,
     slots: Vec<Slot>,
     /// Trap cost per hit measured over the whole trace, used by the estimate in place of what
     /// each tick knew then.
@@ -155,7 +153,6 @@ impl Gate {
             elapsed_ns: 0,
             on_ns: 0,
             spent_ns: 0.0,
-            sampled_spent_ns: 0.0,
             slots: Vec::new(),
             final_trap: None,
         }
@@ -191,7 +188,6 @@ impl Gate {
         let on_ns = o.on_ns.min(o.dt_ns);
         if on_ns > 0 {
             self.on_ns += on_ns;
-            self.sampled_spent_ns += sampled_cost;
         }
         let slot = Slot {
             on_ns,

@@ -36,6 +36,12 @@ pub struct TrapCost {
 }
 
 impl TrapCost {
+    /// The traps one probed call pays: the entry's, and the return's unless only entries are
+    /// probed.
+    pub fn per_call(&self, entry_only: bool) -> f64 {
+        self.entry_ns + if entry_only { 0.0 } else { self.ret_ns }
+    }
+
     pub const DEFAULT: TrapCost = TrapCost {
         entry_ns: budget::UPROBE_TRAP_NS,
         ret_ns: budget::URETPROBE_TRAP_NS,
@@ -150,7 +156,7 @@ fn per_call_ns(f: CalibFn, calls: u32) -> f64 {
 }
 
 /// (run count, run time ns) of a program, from the kernel's statistics.
-fn runs(ebpf: &Ebpf, name: &str) -> (u64, u64) {
+pub(super) fn runs(ebpf: &Ebpf, name: &str) -> (u64, u64) {
     ebpf.program(name)
         .and_then(|p| p.info().ok())
         .map(|i| (i.run_count(), i.run_time().as_nanos() as u64))

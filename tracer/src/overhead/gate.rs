@@ -117,14 +117,8 @@ struct Counts {
 }
 
 fn counts(ebpf: &Ebpf) -> Counts {
-    let read = |name: &str| {
-        ebpf.program(name)
-            .and_then(|p| p.info().ok())
-            .map(|i| (i.run_count(), i.run_time().as_nanos() as u64))
-            .unwrap_or((0, 0))
-    };
-    let (entry_runs, entry_ns) = read(ENTRY_PROG);
-    let (ret_runs, ret_ns) = read(RET_PROG);
+    let (entry_runs, entry_ns) = super::calibrate::runs(ebpf, ENTRY_PROG);
+    let (ret_runs, ret_ns) = super::calibrate::runs(ebpf, RET_PROG);
     Counts {
         entry_runs,
         entry_ns,
@@ -222,7 +216,7 @@ impl LaunchGate {
             gate: Gate::new(budget),
             links: Vec::new(),
             last: None,
-            cost_per_hit: t.entry_ns + if entry_only { 0.0 } else { t.ret_ns },
+            cost_per_hit: t.per_call(entry_only),
             entry_only,
             trap,
             calibrator: None,
@@ -241,7 +235,7 @@ impl LaunchGate {
         if self.watch.is_none() {
             // Measured after this gate was made: the first window works with it.
             let t = super::calibrate::current(&self.trap);
-            self.cost_per_hit = t.entry_ns + if self.entry_only { 0.0 } else { t.ret_ns };
+            self.cost_per_hit = t.per_call(self.entry_only);
             let fd = ebpf
                 .program(ENTRY_PROG)?
                 .fd()
@@ -387,7 +381,7 @@ impl LaunchGate {
             on_ns: if was_open { on } else { 0 },
             sampled_hits: if was_open { hits } else { 0 },
             cost_per_hit_ns: self.cost_per_hit,
-            trap_ns: trap.entry_ns + if self.entry_only { 0.0 } else { trap.ret_ns },
+            trap_ns: trap.per_call(self.entry_only),
             other_cost_ns: transition_ns
                 + if was_open {
                     0.0
@@ -460,8 +454,7 @@ impl LaunchGate {
         self.tick_until(ebpf, ended.map_or(now, |e| e.min(now)));
         if let Some(c) = self.calibrator.as_mut() {
             let t = c.in_trace();
-            self.gate
-                .set_final_trap(t.entry_ns + if self.entry_only { 0.0 } else { t.ret_ns });
+            self.gate.set_final_trap(t.per_call(self.entry_only));
             c.close();
         }
         self.watch = None;
@@ -513,11 +506,18 @@ impl LaunchGate {
     }
 }
 
-/// The first launch entry on any CPU since [`reset_gate_first`] (CLOCK_MONOTONIC ns).
+/// The per-CPU launch timestamps of `map` that are set (CLOCK_MONOTONIC ns).
+fn gate_times(ebpf: &Ebpf, map: &str) -> Vec<u64> {
+    ebpf.map(map)
+        .and_then(|m| PerCpuArray::<_, u64>::try_from(m).ok())
+        .and_then(|m| m.get(&0, 0).ok())
+        .map(|v| v.iter().copied().filter(|t| *t > 0).collect())
+        .unwrap_or_default()
+}
+
+/// The first launch entry on any CPU since [`reset_gate_first`].
 fn gate_first(ebpf: &Ebpf) -> Option<u64> {
-    let map = PerCpuArray::<_, u64>::try_from(ebpf.map(GATE_FIRST_MAP)?).ok()?;
-    let v = map.get(&0, 0).ok()?;
-    v.iter().copied().filter(|t| *t > 0).min()
+    gate_times(ebpf, GATE_FIRST_MAP).into_iter().min()
 }
 
 fn reset_gate_first(ebpf: &mut Ebpf) {
@@ -533,11 +533,9 @@ fn reset_gate_first(ebpf: &mut Ebpf) {
     }
 }
 
-/// The latest launch entry on any CPU (CLOCK_MONOTONIC ns).
+/// The latest launch entry on any CPU.
 fn gate_last(ebpf: &Ebpf) -> Option<u64> {
-    let map = PerCpuArray::<_, u64>::try_from(ebpf.map(GATE_LAST_MAP)?).ok()?;
-    let v = map.get(&0, 0).ok()?;
-    v.iter().copied().max().filter(|t| *t > 0)
+    gate_times(ebpf, GATE_LAST_MAP).into_iter().max()
 }
 
 fn attach(ebpf: &mut Ebpf, l: &GateLink) -> Option<UProbeLink> {
