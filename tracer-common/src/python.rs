@@ -6,6 +6,22 @@ pub const PY_TSTATE_MAP: &str = "PY_TSTATE";
 pub const PY_PROCS_MAP: &str = "PY_PROCS";
 pub const PY_STACKS_MAP: &str = "PY_STACKS";
 pub const PY_STATS_MAP: &str = "PY_STATS";
+pub const PY_SEED_MAP: &str = "PY_SEED";
+
+/// The Python stack of a thread that left the CPU before user space knew its thread state (a
+/// thread just started, or one blocked since before the attach). A blocked thread's frames do
+/// not change, so user space walks them itself once it knows the thread state and leaves the
+/// stack in `PY_SEED`, where the kernel finds it when the wait ends. Never a walked stack's key.
+pub const PY_STACK_PENDING: u64 = 2;
+pub const PY_SEED_ENTRIES: u32 = 4_096;
+
+/// `PY_SEED` value (keyed by tid): the stack of the wait that began at `off_ns`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PySeed {
+    pub off_ns: u64,
+    pub key: u64,
+}
 
 /// Frames recorded per Python stack; deeper stacks keep their leaf-most frames and are flagged.
 pub const PY_MAX_FRAMES: usize = 64;
@@ -42,7 +58,17 @@ pub struct PyOffsets {
     pub frame_owner: u32,
     /// The `owner` value of those shim frames (`FRAME_OWNED_BY_CSTACK`).
     pub owner_cstack: u32,
+    /// Address of the process's `struct _gil_runtime_state` (not an offset: set per process),
+    /// 0 when not known. A futex wait on a word inside it is a wait for the GIL.
+    pub gil: u64,
 }
+
+/// `struct _gil_runtime_state`, the same in 3.11, 3.12 and 3.13 (checked with gdb on pyenv's
+/// builds and by the futex words threads wait on under contention): its size, and where
+/// `last_holder` (`PyThreadState *`) and `locked` (int) sit.
+pub const GIL_SIZE: u64 = 208;
+pub const GIL_LAST_HOLDER: u64 = 8;
+pub const GIL_LOCKED: u64 = 16;
 
 /// Bit in [`PyFrame::flags`]: the frame is an entry frame (a C -> Python boundary).
 pub const PY_FRAME_ENTRY: u32 = 1;
@@ -103,4 +129,4 @@ impl PyStat {
     ];
 }
 
-crate::user_pod!(PyOffsets, PyFrame, PyStack);
+crate::user_pod!(PyOffsets, PyFrame, PyStack, PySeed);

@@ -80,6 +80,18 @@ pub struct ThreadState {
     pub _pad: u32,
     /// When the thread last left the CPU (the start of its off-CPU interval, for the timeline).
     pub off_ns: u64,
+    /// The Python stack (`PY_STACKS` key) walked with `stack_k`/`stack_u`, 0 for none.
+    pub stack_py: u64,
+    /// The Python stack at the last blocking switch-out.
+    pub off_pystack: u64,
+    /// Set at a switch-out into a wait on the GIL: the `PyThreadState *` holding it then, or
+    /// [`GIL_HOLDER_UNKNOWN`]; 0 for any other wait.
+    pub off_gil: u64,
+    /// Where the CUDA call in progress was made: its Python stack, native user stack and
+    /// function id (`tracer_common::cuda` fid), captured at the outermost entry.
+    pub cuda_pystack: u64,
+    pub cuda_ustack: i32,
+    pub cuda_fid: i32,
 }
 
 impl ThreadState {
@@ -106,6 +118,12 @@ impl ThreadState {
             stack_u: -1,
             _pad: 0,
             off_ns: 0,
+            stack_py: 0,
+            off_pystack: 0,
+            off_gil: 0,
+            cuda_pystack: 0,
+            cuda_ustack: -1,
+            cuda_fid: -1,
         }
     }
 
@@ -124,16 +142,23 @@ impl ThreadState {
             ustack: -1,
             state: 0,
             _pad: 0,
+            pystack: 0,
+            gil: 0,
         };
         if self.override_cat != crate::time::NO_OVERRIDE {
             key.kind = self.override_cat;
+            key.sys_nr = self.cuda_fid;
+            key.ustack = self.cuda_ustack;
+            key.pystack = self.cuda_pystack;
         } else if self.phase != PHASE_ONCPU {
             key.sys_nr = self.off_sys_nr;
             key.kstack = self.off_kstack;
             key.ustack = self.off_ustack;
+            key.pystack = self.off_pystack;
             if self.phase == PHASE_BLOCKED {
                 key.kind = KIND_BLOCKED;
                 key.state = self.off_state;
+                key.gil = self.off_gil;
             } else {
                 key.kind = crate::time::Category::Runqueue as u32;
                 key.state = if self.off_state & 0xff == 0 {
@@ -159,14 +184,24 @@ pub struct WallKey {
     pub tid: u32,
     /// A [`crate::time::Category`] id, or [`KIND_BLOCKED`].
     pub kind: u32,
-    /// Syscall in progress when the thread left the CPU (off-CPU kinds), else -1.
+    /// Syscall in progress when the thread left the CPU (off-CPU kinds); for CUDA kinds the
+    /// function id of the call (`tracer_common::cuda`), else -1.
     pub sys_nr: i32,
     pub kstack: i32,
     pub ustack: i32,
     /// `prev_state` at switch-out for blocked time; `RQ_*` for runqueue time.
     pub state: u32,
     pub _pad: u32,
+    /// The Python stack (`PY_STACKS` key) of off-CPU and CUDA rows, 0 for none.
+    pub pystack: u64,
+    /// Blocked rows waiting for the GIL: its holder's `PyThreadState *` at switch-out, or
+    /// [`GIL_HOLDER_UNKNOWN`]; 0 otherwise.
+    pub gil: u64,
 }
+
+/// A GIL wait whose holder could not be read (the GIL was free at that instant: a race with
+/// its release).
+pub const GIL_HOLDER_UNKNOWN: u64 = u64::MAX;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -12,9 +12,10 @@
 use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::map, maps::HashMap};
 use tracer_common::{
     drops::Drop,
+    python::PY_STACK_PENDING,
     time::NO_OVERRIDE,
     wall::{
-        LifeKey, LifeVal, ThreadState, WallKey, WallVal, LIFE_ENTRIES, PHASE_RUNNABLE,
+        LifeKey, LifeVal, ThreadState, WallKey, WallVal, LIFE_ENTRIES, PHASE_ONCPU, PHASE_RUNNABLE,
         THREADS_ENTRIES, WALL_ENTRIES,
     },
 };
@@ -39,6 +40,9 @@ pub static LIFE: HashMap<LifeKey, LifeVal> = HashMap::with_max_entries(LIFE_ENTR
 /// being woken on another), so the plain read-modify-write of its rows is race free.
 #[inline(always)]
 pub fn close(tid: u32, st: &mut ThreadState, now: u64) {
+    if st.off_pystack == PY_STACK_PENDING && st.phase != PHASE_ONCPU {
+        st.off_pystack = crate::python::seeded_stack(tid, st.off_ns);
+    }
     let ns = now.saturating_sub(st.start_ns);
     st.start_ns = now;
     let key = st.row_key(tid);
@@ -82,20 +86,22 @@ pub fn born(tid: u32, tgid: u32, now: u64) {
     }
 }
 
-/// From now on, charge `tid`'s time to `category` until [`exit_override`].
+/// From now on, charge `tid`'s time to `category` until [`exit_override`], under the call's
+/// function id and where it was called from (user and Python stacks).
 #[inline(always)]
-#[allow(dead_code)]
-pub fn enter_override(tid: u32, category: u32) {
+pub fn enter_override(tid: u32, category: u32, fid: i32, ustack: i32, pystack: u64) {
     if let Some(st) = THREADS.get_ptr_mut(&tid) {
         let st = unsafe { &mut *st };
         close(tid, st, unsafe { bpf_ktime_get_ns() });
         st.override_cat = category;
+        st.cuda_fid = fid;
+        st.cuda_ustack = ustack;
+        st.cuda_pystack = pystack;
     }
 }
 
 /// Ends the override started by [`enter_override`].
 #[inline(always)]
-#[allow(dead_code)]
 pub fn exit_override(tid: u32) {
     if let Some(st) = THREADS.get_ptr_mut(&tid) {
         let st = unsafe { &mut *st };

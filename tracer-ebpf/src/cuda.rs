@@ -7,12 +7,13 @@
 //! asks for them (the runtime's lazy module loading calls cuModuleGetFunction itself).
 
 use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_attach_cookie, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
     },
     macros::{map, tracepoint, uprobe, uretprobe},
     maps::{HashMap, PerCpuArray, RingBuf},
-    programs::{ProbeContext, RetProbeContext, TracePointContext},
+    programs::{tracing::StackIdContext, ProbeContext, RetProbeContext, TracePointContext},
     EbpfContext, Global,
 };
 use tracer_common::{
@@ -26,7 +27,7 @@ use tracer_common::{
 
 use crate::{
     account,
-    maps::{add_to, atomic_add, count_drop, current_ids, is_traced},
+    maps::{add_to, atomic_add, count_drop, current_ids, is_traced, STACKS},
 };
 
 #[no_mangle]
@@ -142,7 +143,24 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
         let sp = unsafe { (*ctx.regs).rsp };
         st.arg7 = unsafe { bpf_probe_read_user((sp + 8) as *const u64) }.unwrap_or(0);
     }
-    account::enter_override(tid, cookie.category as u32);
+    // Where the call was made. Launches skip the native stack walk: they are the high-rate
+    // calls (the budget gates them), and their Python line says where they came from.
+    let ustack = if is_launch_shape(cookie.shape) {
+        -1
+    } else {
+        match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
+            Ok(id) => id as i32,
+            Err(_) => -1,
+        }
+    };
+    let pystack = crate::python::python_stack(tgid, tid);
+    account::enter_override(
+        tid,
+        cookie.category as u32,
+        cookie.fid as i32,
+        ustack,
+        pystack,
+    );
     st.ts = unsafe { bpf_ktime_get_ns() };
     0
 }

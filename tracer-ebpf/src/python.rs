@@ -9,9 +9,11 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use tracer_common::python::{
-    PyFrame, PyOffsets, PyStack, PyStat, PY_FRAME_ENTRY, PY_FRAME_WINDOW, PY_MAX_FRAMES, PY_NO_OFFSET,
-    PY_PROCS_ENTRIES, PY_STACKS_ENTRIES, PY_STACK_TRUNCATED, PY_TSTATE_ENTRIES,
+    PyFrame, PyOffsets, PySeed, PyStack, PyStat, GIL_LAST_HOLDER, GIL_LOCKED, GIL_SIZE,
+    PY_FRAME_ENTRY, PY_FRAME_WINDOW, PY_MAX_FRAMES, PY_NO_OFFSET, PY_PROCS_ENTRIES,
+    PY_SEED_ENTRIES, PY_STACKS_ENTRIES, PY_STACK_PENDING, PY_STACK_TRUNCATED, PY_TSTATE_ENTRIES,
 };
+use tracer_common::wall::GIL_HOLDER_UNKNOWN;
 
 #[map(name = "PY_TSTATE")]
 static PY_TSTATE: HashMap<u32, u64> = HashMap::with_max_entries(PY_TSTATE_ENTRIES, 0);
@@ -29,6 +31,9 @@ static PY_SCRATCH: PerCpuArray<PyStack> = PerCpuArray::with_max_entries(1, 0);
 /// The first bytes of the frame being walked: one read per frame instead of one per field.
 #[map(name = "PY_WINDOW")]
 static PY_WINDOW: PerCpuArray<[u64; WINDOW_WORDS]> = PerCpuArray::with_max_entries(1, 0);
+
+#[map(name = "PY_SEED")]
+static PY_SEED: HashMap<u32, PySeed> = HashMap::with_max_entries(PY_SEED_ENTRIES, 0);
 
 #[map(name = "PY_STATS")]
 static PY_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(PyStat::COUNT, 0);
@@ -74,8 +79,9 @@ fn read_u64(addr: u64) -> Option<u64> {
     unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
 }
 
-/// The key of the current thread's Python stack in `PY_STACKS`, or 0 (not Python, no thread
-/// state, nothing recorded). Never fails the sample: the native stack is kept either way.
+/// The key of the current thread's Python stack in `PY_STACKS`; [`PY_STACK_PENDING`] for a thread
+/// of a Python process whose thread state user space has not found yet; else 0 (not Python,
+/// nothing recorded). Never fails the sample: the native stack is kept either way.
 #[inline(always)]
 pub fn python_stack(tgid: u32, tid: u32) -> u64 {
     let off = match unsafe { PY_PROCS.get(&tgid) } {
@@ -86,7 +92,7 @@ pub fn python_stack(tgid: u32, tid: u32) -> u64 {
         Some(t) => *t,
         None => {
             stat(PyStat::NoThreadState);
-            return 0;
+            return PY_STACK_PENDING;
         }
     };
     match walk(&off, tgid, tstate) {
@@ -95,6 +101,36 @@ pub fn python_stack(tgid: u32, tid: u32) -> u64 {
             stat(s);
             0
         }
+    }
+}
+
+/// The stack user space walked for `tid`'s wait that began at `off_ns`, or still pending.
+#[inline(always)]
+pub fn seeded_stack(tid: u32, off_ns: u64) -> u64 {
+    match unsafe { PY_SEED.get(&tid) } {
+        Some(s) if s.off_ns == off_ns => s.key,
+        _ => PY_STACK_PENDING,
+    }
+}
+
+/// When the futex word `addr` lies in `tgid`'s GIL, the thread waiting on it waits for the GIL:
+/// returns who holds it now (`PyThreadState *`, or [`GIL_HOLDER_UNKNOWN`] when it is free at this
+/// instant, a race with its release); 0 for any other futex.
+#[inline(always)]
+pub fn gil_holder(tgid: u32, addr: u64) -> u64 {
+    let gil = match unsafe { PY_PROCS.get(&tgid) } {
+        Some(o) => o.gil,
+        None => return 0,
+    };
+    if gil == 0 || addr < gil || addr >= gil + GIL_SIZE {
+        return 0;
+    }
+    let locked: u32 = unsafe { bpf_probe_read_user((gil + GIL_LOCKED) as *const u32) }.unwrap_or(0);
+    let holder = read_u64(gil + GIL_LAST_HOLDER).unwrap_or(0);
+    if locked != 0 && holder != 0 {
+        holder
+    } else {
+        GIL_HOLDER_UNKNOWN
     }
 }
 
@@ -158,8 +194,8 @@ fn walk(off: &PyOffsets, tgid: u32, tstate: u64) -> Result<u64, PyStat> {
         stat(PyStat::Truncated);
         hash = (hash ^ 1).wrapping_mul(FNV_PRIME);
     }
-    if hash == 0 {
-        hash = 1;
+    if hash == 0 || hash == PY_STACK_PENDING {
+        hash |= 0x100;
     }
     // BPF_NOEXIST: an existing entry with this key already holds this stack.
     match PY_STACKS.insert(&hash, st, 1) {

@@ -35,6 +35,10 @@ static OFF_TN_FLAGS: Global<u32> = Global::new(32);
 /// 1 to capture user and kernel stacks at every switch-out (off-CPU flame graphs).
 #[no_mangle]
 static OFFCPU_STACKS: Global<u32> = Global::new(1);
+/// The futex syscall's number (set by user space per architecture): a futex wait on the GIL's
+/// words is a GIL wait.
+#[no_mangle]
+static SYS_FUTEX: Global<u32> = Global::new(202);
 
 const CLONE_THREAD: u64 = 0x0001_0000;
 /// `prev_state` bits of a task that is exiting (EXIT_DEAD, EXIT_ZOMBIE in TASK_REPORT).
@@ -111,15 +115,22 @@ fn switch_out(ctx: &TracePointContext, tgid: u32, tid: u32, now: u64) {
         if !same_wait {
             st.stack_k = stack_id(ctx, 0);
             st.stack_u = stack_id(ctx, BPF_F_USER_STACK as u64);
+            st.stack_py = crate::python::python_stack(tgid, tid);
             st.stack_sys_nr = st.sys_nr;
             st.stack_arg0 = st.sys_arg0;
             st.stack_ns = now;
         }
         st.off_kstack = st.stack_k;
         st.off_ustack = st.stack_u;
+        st.off_pystack = st.stack_py;
     } else {
         st.off_kstack = -1;
         st.off_ustack = -1;
+        st.off_pystack = 0;
+    }
+    st.off_gil = 0;
+    if st.phase == PHASE_BLOCKED && st.sys_nr == SYS_FUTEX.load() as i32 {
+        st.off_gil = crate::python::gil_holder(tgid, st.sys_arg0);
     }
 }
 

@@ -18,6 +18,8 @@ pub struct FinishCtx<'a> {
     pub args: &'a TraceArgs,
     pub tracker: &'a Tracker,
     pub symbolizer: &'a mut Symbolizer,
+    /// Splices Python frames into the stacks the accounting rows carry.
+    pub python: &'a crate::python::Python,
     /// The window in CLOCK_MONOTONIC ns (the clock of `bpf_ktime_get_ns`).
     pub window_start_ktime: u64,
     pub window_end_ktime: u64,

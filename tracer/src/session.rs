@@ -254,6 +254,7 @@ fn trace(
         args,
         tracker: &tracker,
         symbolizer: &mut symbolizer,
+        python: &python,
         window_start_ktime,
         window_end_ktime,
     };

@@ -180,6 +180,8 @@ mod tests {
                 ustack: -1,
                 state: 1,
                 _pad: 0,
+                pystack: 0,
+                gil: 0,
             },
             val: WallVal { ns, count: 1 },
         }

@@ -105,6 +105,15 @@ pub struct Verdict {
     pub reason: String,
 }
 
+/// A wait the kernel saw on a futex word inside the interpreter's GIL: `gil` whatever the stacks
+/// say (which need frame pointers through libpython to show `take_gil`).
+pub fn gil_wait(sys_nr: i32) -> Verdict {
+    Verdict {
+        category: Category::Gil,
+        reason: format!("{} on the GIL", syscall_names::name(sys_nr as i64)),
+    }
+}
+
 /// Classifies blocked time from the kernel stack and the syscall only.
 pub fn blocked(sys_nr: i32, state: u32, kernel_frames: &[&str]) -> Verdict {
     blocked_with_user(sys_nr, state, kernel_frames, &[])

@@ -8,18 +8,20 @@ use aya::{
     Ebpf,
 };
 use tracer_common::{
+    python::{PySeed, PY_SEED_MAP, PY_STACK_PENDING},
     time::Category,
     wall::{
         BlkKey, BlkStat, ErrnoKey, FdGenKey, FdKey, FdStat, LifeKey, LifeVal, SysKey, SysStat,
-        ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FILEIO_MAP, KIND_BLOCKED,
-        LIFE_MAP, SYSCALLS_MAP, THREADS_MAP, WALL_MAP,
+        ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FILEIO_MAP,
+        GIL_HOLDER_UNKNOWN, KIND_BLOCKED, LIFE_MAP, PHASE_ONCPU, SYSCALLS_MAP, THREADS_MAP,
+        WALL_MAP,
     },
 };
 
 use super::{
     aggregate::{self, Row, ThreadTime},
     classify::{self, Verdict},
-    render, syscall_names,
+    render, sites, syscall_names,
 };
 use crate::{
     collect::Stacks,
@@ -73,7 +75,19 @@ pub fn fill(
         .into_iter()
         .map(|(key, val)| Row { key, val })
         .collect();
-    let open: Vec<(u32, ThreadState)> = read_map(ebpf, THREADS_MAP)?;
+    let mut open: Vec<(u32, ThreadState)> = read_map(ebpf, THREADS_MAP)?;
+    // What the kernel would have done had these waits ended now.
+    let seeds: StdHashMap<u32, PySeed> = read_map::<u32, PySeed>(ebpf, PY_SEED_MAP)
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    for (tid, st) in open.iter_mut() {
+        if st.off_pystack == PY_STACK_PENDING && st.phase != PHASE_ONCPU {
+            if let Some(s) = seeds.get(tid).filter(|s| s.off_ns == st.off_ns) {
+                st.off_pystack = s.key;
+            }
+        }
+    }
     rows.extend(
         open.iter()
             .map(|(tid, st)| aggregate::open_row(*tid, st, end)),
@@ -87,7 +101,9 @@ pub fn fill(
     let tracker = ctx.tracker;
     let sym = &mut *ctx.symbolizer;
     let threads = aggregate::threads(&rows, &[], &deaths, end, |k| {
-        let v = if k.kind == KIND_BLOCKED {
+        let v = if k.kind == KIND_BLOCKED && k.gil != 0 {
+            classify::gil_wait(k.sys_nr)
+        } else if k.kind == KIND_BLOCKED {
             let frames = kframes.entry(k.kstack).or_insert_with(|| {
                 stacks
                     .get(k.kstack)
@@ -135,6 +151,34 @@ pub fn fill(
     });
 
     fill_time(data, &threads, comms);
+    let site_rows: Vec<sites::SiteRow> = rows
+        .iter()
+        .filter(|r| r.key.pystack != 0 || r.key.gil != 0)
+        .filter_map(|r| {
+            let k = &r.key;
+            let category = *verdicts.get(k)?;
+            Some(sites::SiteRow {
+                tgid: k.tgid,
+                tid: k.tid,
+                category,
+                frame: ctx.python.innermost(k.tgid, k.pystack),
+                call: category
+                    .is_cuda()
+                    .then(|| crate::cuda::table::func(k.sys_nr as u32).map(|f| f.name))
+                    .flatten()
+                    .filter(|_| k.sys_nr >= 0),
+                gil_holder: (k.kind == KIND_BLOCKED && k.gil != 0).then(|| {
+                    (k.gil != GIL_HOLDER_UNKNOWN)
+                        .then(|| ctx.python.thread_of(k.tgid, k.gil))
+                        .flatten()
+                }),
+                ns: r.val.ns,
+            })
+        })
+        .collect();
+    sites::fill(&mut data.report.processes, &site_rows, |tid| {
+        comms.get(&tid).map(|c| c.1.clone()).unwrap_or_default()
+    });
     fill_syscalls(ebpf, data)?;
     fill_files(ebpf, data, fds, ctx.args.top)?;
     fill_block(ebpf, data)?;
@@ -178,6 +222,7 @@ fn fill_time(data: &mut ReportData, threads: &[ThreadTime], comms: &BTreeMap<u32
                         top_self: Vec::new(),
                         time: None,
                         syscalls: Vec::new(),
+                        python_sites: Vec::new(),
                     });
                     p.threads.len() - 1
                 }

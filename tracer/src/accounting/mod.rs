@@ -8,6 +8,7 @@ pub mod aggregate;
 pub mod classify;
 mod fill;
 pub mod render;
+pub mod sites;
 pub mod syscall_names;
 
 use std::collections::BTreeMap;
@@ -18,7 +19,10 @@ use aya::{
     programs::TracePoint,
     Ebpf, EbpfLoader,
 };
-use tracer_common::wall::{ThreadState, PHASE_BLOCKED, PHASE_ONCPU, THREADS_MAP};
+use tracer_common::{
+    python::PY_STACK_PENDING,
+    wall::{ThreadState, PHASE_BLOCKED, PHASE_ONCPU, THREADS_MAP},
+};
 
 use crate::{
     bpf,
@@ -64,6 +68,13 @@ impl Offsets {
         } else {
             u32::MAX - 1
         };
+        const SYS_FUTEX: u32 = if cfg!(target_arch = "x86_64") {
+            202
+        } else if cfg!(target_arch = "aarch64") {
+            98
+        } else {
+            u32::MAX - 1
+        };
         let sw = Format::read("sched", "sched_switch")?;
         let wake = Format::read("sched", "sched_wakeup")?;
         let tn = Format::read("task", "task_newtask")?;
@@ -83,6 +94,7 @@ impl Offsets {
             ("OFF_SYS_ARG0", enter.offset("args")?),
             ("OFF_SYS_RET", exit.offset("ret")?),
             ("SYS_URETPROBE", SYS_URETPROBE),
+            ("SYS_FUTEX", SYS_FUTEX),
         ];
         if tracefs::exists("block", "block_rq_issue") {
             let issue = Format::read("block", "block_rq_issue")?;
@@ -178,6 +190,13 @@ fn seed_threads(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
                 sys_nr: nr,
                 off_state: state,
                 off_sys_nr: nr,
+                // Blocked since before the attach: user space walks its Python frames, if any,
+                // once it knows the thread state (tracer_common::python::PY_SEED_MAP).
+                off_pystack: if phase == PHASE_ONCPU {
+                    0
+                } else {
+                    PY_STACK_PENDING
+                },
                 ..ThreadState::new(now, pid, phase)
             };
             let _ = threads.insert(tid, st, 1);
@@ -291,6 +310,8 @@ impl ProbeFamily for Accounting {
             }
         }
         let end = ktime_now();
+        // The Python stacks of the switch-outs since the session's last read.
+        ctx.python.sync(ebpf)?;
         fill::fill(ebpf, ctx, data, end, &self.comms, &self.fds)
     }
 }

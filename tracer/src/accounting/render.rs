@@ -17,6 +17,7 @@ use crate::{
         folded::{frame_label, thread_label},
         Exporter, ReportData,
     },
+    symbolize::Frame,
 };
 
 /// The category frame under each thread in the flame graphs.
@@ -47,15 +48,9 @@ pub fn folded(
         let mut line = thread_label(comm, k.tgid, k.tid);
         line.push(';');
         line.push_str(&category_frame(cat));
-        if let Some(ips) = stacks.get(k.ustack).map(<[u64]>::to_vec) {
-            let (maps, alive) = match ctx.tracker.procs.get(&k.tgid) {
-                Some(t) => (t.maps.as_slice(), !t.info.exited),
-                None => (&[][..], false),
-            };
-            for f in ctx.symbolizer.user(k.tgid, maps, alive, &ips).iter().rev() {
-                line.push(';');
-                line.push_str(&frame_label(f));
-            }
+        for f in &user_frames(k, cat, ctx, stacks) {
+            line.push(';');
+            line.push_str(&frame_label(f));
         }
         if let Some(ips) = stacks.get(k.kstack).map(<[u64]>::to_vec) {
             for f in ctx.symbolizer.kernel(&ips).iter().rev() {
@@ -87,6 +82,39 @@ pub fn folded(
         offcpu: fmt(off),
         wall: fmt(wall),
     }
+}
+
+/// The user-space frames of a row, root first: native frames with the Python frames spliced in,
+/// and for a CUDA row the called function as the leaf (a launch has no native stack walked, and
+/// an uprobe's stack may stop short of the function itself).
+fn user_frames(
+    k: &WallKey,
+    cat: Category,
+    ctx: &mut FinishCtx<'_>,
+    stacks: &mut Stacks<'_>,
+) -> Vec<Frame> {
+    let mut frames = Vec::new();
+    if let Some(ips) = stacks.get(k.ustack).map(<[u64]>::to_vec) {
+        let (maps, alive) = match ctx.tracker.procs.get(&k.tgid) {
+            Some(t) => (t.maps.as_slice(), !t.info.exited),
+            None => (&[][..], false),
+        };
+        frames = ctx.symbolizer.user(k.tgid, maps, alive, &ips);
+        frames.reverse();
+    }
+    let mut frames = ctx.python.merge(k.tgid, k.pystack, frames);
+    if cat.is_cuda() {
+        if let Some(f) = crate::cuda::table::func(k.sys_nr as u32).filter(|_| k.sys_nr >= 0) {
+            if frames.last().map(|l| l.name.as_str()) != Some(f.name) {
+                frames.push(Frame {
+                    name: f.name.into(),
+                    module: None,
+                    kernel: false,
+                });
+            }
+        }
+    }
+    frames
 }
 
 pub struct OffcpuFolded;

@@ -4,7 +4,16 @@
 
 use std::io;
 
-use super::{detect::Interpreter, memory::Memory, offsets::VersionOffsets};
+use tracer_common::python::{
+    PyFrame, PyOffsets, PyStack, PY_FRAME_ENTRY, PY_FRAME_WINDOW, PY_MAX_FRAMES, PY_NO_OFFSET,
+    PY_STACK_TRUNCATED,
+};
+
+use super::{
+    detect::Interpreter,
+    memory::Memory,
+    offsets::{GilAt, VersionOffsets},
+};
 
 /// Bounds that keep a corrupted list or object from running away.
 const MAX_INTERPRETERS: usize = 64;
@@ -40,6 +49,79 @@ pub fn thread_states(
         is = mem.u64(is + off.interp_next)?;
     }
     Ok(out)
+}
+
+/// Address of the GIL the process's threads share, or `None` while the interpreter has not
+/// created it yet (a process found early after exec).
+pub fn gil_address(
+    mem: &dyn Memory,
+    interp: &Interpreter,
+    off: &VersionOffsets,
+) -> io::Result<Option<u64>> {
+    let at = match off.gil {
+        GilAt::Runtime(o) => interp.runtime + o,
+        GilAt::InterpPtr(o) => {
+            let main = mem.u64(interp.runtime + off.runtime_interp_head)?;
+            if main == 0 {
+                return Ok(None);
+            }
+            mem.u64(main + o)?
+        }
+    };
+    Ok((at != 0).then_some(at))
+}
+
+/// The frame chain of a thread that is not running, read from user space exactly as the kernel
+/// walks it (tracer-ebpf/src/python.rs): leaf first, shim frames skipped and marking entries.
+pub fn walk_stack(mem: &dyn Memory, off: &PyOffsets, pid: u32, tstate: u64) -> io::Result<PyStack> {
+    let mut st = PyStack {
+        len: 0,
+        status: 0,
+        pid,
+        _pad: 0,
+        frames: [PyFrame::default(); PY_MAX_FRAMES],
+    };
+    let mut frame = mem.u64(tstate + off.tstate_frame as u64)?;
+    if off.cframe_current != PY_NO_OFFSET && frame != 0 {
+        frame = mem.u64(frame + off.cframe_current as u64)?;
+    }
+    let mut n = 0;
+    for _ in 0..PY_MAX_FRAMES + 16 {
+        if frame == 0 || n >= PY_MAX_FRAMES {
+            break;
+        }
+        let mut win = [0u8; PY_FRAME_WINDOW];
+        mem.read(frame, &mut win)?;
+        let word = |o: u32| u64::from_le_bytes(win[o as usize..o as usize + 8].try_into().unwrap());
+        let code = word(off.frame_code);
+        let prev = word(off.frame_previous);
+        if off.frame_owner != PY_NO_OFFSET
+            && win[off.frame_owner as usize] as u32 == off.owner_cstack
+        {
+            if n > 0 {
+                st.frames[n - 1].flags |= PY_FRAME_ENTRY;
+            }
+            frame = prev;
+            continue;
+        }
+        let instr = word(off.frame_prev_instr);
+        let mut flags = 0;
+        if off.frame_is_entry != PY_NO_OFFSET && win[off.frame_is_entry as usize] != 0 {
+            flags = PY_FRAME_ENTRY;
+        }
+        st.frames[n] = PyFrame {
+            code,
+            instr_off: instr.wrapping_sub(code) as u32,
+            flags,
+        };
+        n += 1;
+        frame = prev;
+    }
+    if frame != 0 {
+        st.status = PY_STACK_TRUNCATED;
+    }
+    st.len = n as u32;
+    Ok(st)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,6 +300,55 @@ mod tests {
         assert!(read_code(&m, &interp(), &PY311, 0x4000).is_err());
         // Unmapped memory.
         assert!(read_code(&Fake::default(), &interp(), &PY311, 0x4000).is_err());
+    }
+
+    #[test]
+    fn finds_the_gil_in_the_runtime_or_through_the_main_interpreter() {
+        let i = interp();
+        let m = Fake::default();
+        // 3.11: a fixed place in _PyRuntime, no read needed.
+        assert_eq!(gil_address(&m, &i, &PY311).unwrap(), Some(0x1000 + 0x168));
+        let off = &crate::python::offsets::PY312;
+        let mut m = Fake::default();
+        // Not initialised yet: no interpreter, then an interpreter without its GIL.
+        m.put_u64(i.runtime + off.runtime_interp_head, 0);
+        assert_eq!(gil_address(&m, &i, off).unwrap(), None);
+        m.put_u64(i.runtime + off.runtime_interp_head, 0x2000);
+        m.put_u64(0x2000 + 0x180, 0);
+        assert_eq!(gil_address(&m, &i, off).unwrap(), None);
+        m.put_u64(0x2000 + 0x180, 0x2410);
+        assert_eq!(gil_address(&m, &i, off).unwrap(), Some(0x2410));
+    }
+
+    #[test]
+    fn walks_a_blocked_threads_frames_like_the_kernel() {
+        // 3.12 layout: tstate -> cframe -> current frame; a shim frame owned by the C stack marks its
+        // callee as an activation's entry and is not recorded.
+        let b = crate::python::offsets::PY312.bpf;
+        let mut m = Fake::default();
+        let (ts, f1, shim, f2) = (0x1000u64, 0x2000u64, 0x3000u64, 0x4000u64);
+        m.put_u64(ts + b.tstate_frame as u64, 0x1800);
+        m.put_u64(0x1800 + b.cframe_current as u64, f1);
+        for (f, code, prev, owner) in [
+            (f1, 0x7000, shim, 0u8),
+            (shim, 0, f2, 3),
+            (f2, 0x8000, 0, 0),
+        ] {
+            m.put(f, &[0u8; PY_FRAME_WINDOW]);
+            m.put_u64(f + b.frame_code as u64, code);
+            m.put_u64(f + b.frame_previous as u64, prev);
+            m.put_u64(f + b.frame_prev_instr as u64, code + 200);
+            m.put(f + b.frame_owner as u64, &[owner]);
+        }
+        let st = walk_stack(&m, &b, 42, ts).unwrap();
+        assert_eq!((st.len, st.pid, st.status), (2, 42, 0));
+        assert_eq!(st.frames[0].code, 0x7000);
+        assert_eq!(st.frames[0].instr_off, 200);
+        assert_eq!(st.frames[0].flags, PY_FRAME_ENTRY);
+        assert_eq!((st.frames[1].code, st.frames[1].flags), (0x8000, 0));
+        // A frame that cannot be read fails the walk rather than giving a partial stack.
+        m.put_u64(f2 + b.frame_previous as u64, 0x9000);
+        assert!(walk_stack(&m, &b, 42, ts).is_err());
     }
 
     #[test]

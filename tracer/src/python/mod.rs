@@ -22,8 +22,12 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray},
     Ebpf,
 };
-use tracer_common::python::{
-    PyStack, PyStat, PY_FRAME_ENTRY, PY_PROCS_MAP, PY_STACKS_MAP, PY_STATS_MAP, PY_TSTATE_MAP,
+use tracer_common::{
+    python::{
+        PySeed, PyStack, PyStat, PY_FRAME_ENTRY, PY_PROCS_MAP, PY_SEED_MAP, PY_STACKS_MAP,
+        PY_STACK_PENDING, PY_STATS_MAP, PY_TSTATE_MAP,
+    },
+    wall::{ThreadState, PHASE_ONCPU, THREADS_MAP},
 };
 
 use self::{
@@ -62,8 +66,14 @@ enum ProcState {
         interp: Interpreter,
         off: &'static VersionOffsets,
         tids: HashSet<u32>,
+        /// Whether `PY_PROCS` has the GIL's address yet (the interpreter creates it at init).
+        gil_known: bool,
     },
 }
+
+/// Keys of the stacks user space walks itself (`PY_SEED`); the kernel's are hashes, which
+/// these will not meet in practice.
+const SEED_KEYS: u64 = 0x5eed_0000_0000_0000;
 
 /// A stack whose code objects cannot be read this many times (process gone) stays native-only.
 const MAX_ATTEMPTS: u32 = 3;
@@ -90,6 +100,11 @@ pub struct PyState {
     /// Stacks that could not be symbolised yet, and how often that was tried.
     attempts: HashMap<u64, u32>,
     codes: HashMap<(u32, u64), CodeInfo>,
+    /// (pid, `PyThreadState *`) -> native thread id, as last seen: names GIL holders. A thread
+    /// state freed and reused by a later thread names the later one.
+    tstates: HashMap<(u32, u64), u32>,
+    /// Stacks walked by user space for threads already waiting when first found.
+    seeded: u64,
     pub notes: Vec<String>,
     pub merge: MergeStats,
 }
@@ -118,7 +133,7 @@ impl Python {
     /// Splices the Python stack `key` of process `pid` into `native` (root first).
     pub fn merge(&self, pid: u32, key: u64, native: Vec<Frame>) -> Vec<Frame> {
         let mut st = self.0.borrow_mut();
-        if key == 0 {
+        if key == 0 || key == PY_STACK_PENDING {
             return native;
         }
         let Some(py) = st.resolve(pid, key) else {
@@ -132,6 +147,23 @@ impl Python {
             Merge::NoEvalFrame => st.merge.no_eval_frame += 1,
         }
         out
+    }
+}
+
+impl Python {
+    /// The innermost Python frame of stack `key` (the line that made the call or waits).
+    pub fn innermost(&self, pid: u32, key: u64) -> Option<String> {
+        if key == 0 || key == PY_STACK_PENDING {
+            return None;
+        }
+        let st = self.0.borrow();
+        let (p, frames) = st.stacks.get(&key)?;
+        (*p == pid).then(|| frames.last().map(|f| f.frame.name.clone()))?
+    }
+
+    /// The native thread id whose `PyThreadState` was at `tstate` in process `pid`.
+    pub fn thread_of(&self, pid: u32, tstate: u64) -> Option<u32> {
+        self.0.borrow().tstates.get(&(pid, tstate)).copied()
     }
 }
 
@@ -218,12 +250,35 @@ impl PyState {
                                 interp,
                                 off,
                                 tids: HashSet::new(),
+                                gil_known: false,
                             }
                         }
                     }
                 }
             };
             self.procs.insert(pid, state);
+        }
+        for (pid, state) in self.procs.iter_mut() {
+            let ProcState::Python {
+                interp,
+                off,
+                gil_known,
+                ..
+            } = state
+            else {
+                continue;
+            };
+            if *gil_known || gone.contains(pid) {
+                continue;
+            }
+            if let Ok(Some(gil)) = code::gil_address(&ProcessMemory(*pid), interp, off) {
+                let mut o = off.bpf;
+                o.gil = gil;
+                procs
+                    .insert(*pid, o, 0)
+                    .with_context(|| format!("set the GIL of pid {pid} in PY_PROCS"))?;
+                *gil_known = true;
+            }
         }
         for pid in &gone {
             let _ = procs.remove(pid);
@@ -232,8 +287,12 @@ impl PyState {
             ebpf.map_mut(PY_TSTATE_MAP)
                 .context("map PY_TSTATE missing")?,
         )?;
+        let mut fresh: Vec<(u32, u32, u64)> = Vec::new();
         for (pid, state) in self.procs.iter_mut() {
-            let ProcState::Python { interp, off, tids } = state else {
+            let ProcState::Python {
+                interp, off, tids, ..
+            } = state
+            else {
                 continue;
             };
             let now: Vec<(u32, u64)> = if gone.contains(pid) {
@@ -247,10 +306,13 @@ impl PyState {
             };
             let live: HashSet<u32> = now.iter().map(|(t, _)| *t).collect();
             for (tid, ts) in now {
+                self.tstates.insert((*pid, ts), tid);
                 if tstates.get(&tid, 0).ok() != Some(ts) {
                     let _ = tstates.insert(tid, ts, 0);
                 }
-                tids.insert(tid);
+                if tids.insert(tid) {
+                    fresh.push((*pid, tid, ts));
+                }
             }
             for tid in tids.iter().filter(|t| !live.contains(t)) {
                 let _ = tstates.remove(tid);
@@ -259,6 +321,57 @@ impl PyState {
         }
         for pid in gone {
             self.procs.remove(&pid);
+        }
+        self.seed_blocked(ebpf, &fresh)
+    }
+
+    /// Threads just found that are off CPU in a wait that began before their thread state was
+    /// known: their frames cannot have changed since, so walk them here and leave the stack in
+    /// `PY_SEED` for the kernel to charge the wait to when it ends.
+    fn seed_blocked(&mut self, ebpf: &mut Ebpf, fresh: &[(u32, u32, u64)]) -> Result<()> {
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let threads: BpfHashMap<&MapData, u32, ThreadState> =
+            BpfHashMap::try_from(ebpf.map(THREADS_MAP).context("map THREADS missing")?)?;
+        let mut seeds: Vec<(u32, PySeed)> = Vec::new();
+        for &(pid, tid, tstate) in fresh {
+            let Ok(st) = threads.get(&tid, 0) else {
+                continue;
+            };
+            if st.phase == PHASE_ONCPU || st.off_pystack != PY_STACK_PENDING {
+                continue;
+            }
+            let Some(ProcState::Python { off, .. }) = self.procs.get(&pid) else {
+                continue;
+            };
+            // The thread may wake and run meanwhile: then the walk reads a changed chain (or
+            // fails), but the seed no longer matches the wait it was for and is not used.
+            let Ok(stack) = code::walk_stack(&ProcessMemory(pid), &off.bpf, pid, tstate) else {
+                continue;
+            };
+            if stack.len == 0 {
+                continue;
+            }
+            let Some(frames) = self.symbolise(&stack) else {
+                continue;
+            };
+            self.seeded += 1;
+            let key = SEED_KEYS | self.seeded;
+            self.stacks.insert(key, (pid, frames));
+            seeds.push((
+                tid,
+                PySeed {
+                    off_ns: st.off_ns,
+                    key,
+                },
+            ));
+        }
+        let mut map: BpfHashMap<&mut MapData, u32, PySeed> =
+            BpfHashMap::try_from(ebpf.map_mut(PY_SEED_MAP).context("map PY_SEED missing")?)?;
+        for (tid, seed) in seeds {
+            // Full: that wait keeps no Python stack.
+            let _ = map.insert(tid, seed, 0);
         }
         Ok(())
     }

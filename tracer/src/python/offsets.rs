@@ -30,8 +30,22 @@ pub struct VersionOffsets {
     /// `PyASCIIObject` size (compact ASCII data follows it) and `PyCompactUnicodeObject` size.
     pub unicode_ascii_size: u64,
     pub unicode_compact_size: u64,
+    /// Where the GIL (`struct _gil_runtime_state`) is.
+    pub gil: GilAt,
     /// What the kernel walks.
     pub bpf: PyOffsets,
+}
+
+/// Found with gdb on pyenv's builds (`&_PyRuntime.ceval.gil`, `&interp->ceval.gil`) and checked
+/// against the futex words threads of each interpreter here wait on under GIL contention
+/// (Debian's 3.11.2 included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GilAt {
+    /// Embedded in `_PyRuntime` at this offset (3.11: `ceval.gil`).
+    Runtime(u64),
+    /// Pointed to by the main interpreter's field at this offset (3.12+: `ceval.gil`; each
+    /// interpreter may own one, the main one's is the one threads share).
+    InterpPtr(u64),
 }
 
 pub const PY311: VersionOffsets = VersionOffsets {
@@ -48,6 +62,7 @@ pub const PY311: VersionOffsets = VersionOffsets {
     code_bytecode: 184,
     unicode_ascii_size: 48,
     unicode_compact_size: 72,
+    gil: GilAt::Runtime(0x168),
     bpf: PyOffsets {
         tstate_frame: 56,
         cframe_current: 8,
@@ -57,6 +72,7 @@ pub const PY311: VersionOffsets = VersionOffsets {
         frame_is_entry: 68,
         frame_owner: PY_NO_OFFSET,
         owner_cstack: 0,
+        gil: 0,
     },
 };
 
@@ -74,6 +90,7 @@ pub const PY312: VersionOffsets = VersionOffsets {
     code_bytecode: 192,
     unicode_ascii_size: 40,
     unicode_compact_size: 56,
+    gil: GilAt::InterpPtr(0x180),
     bpf: PyOffsets {
         tstate_frame: 56,
         cframe_current: 0,
@@ -83,6 +100,7 @@ pub const PY312: VersionOffsets = VersionOffsets {
         frame_is_entry: PY_NO_OFFSET,
         frame_owner: 70,
         owner_cstack: 3,
+        gil: 0,
     },
 };
 
@@ -102,6 +120,7 @@ pub const PY313: VersionOffsets = VersionOffsets {
     code_bytecode: 200,
     unicode_ascii_size: 40,
     unicode_compact_size: 56,
+    gil: GilAt::InterpPtr(0x10),
     bpf: PyOffsets {
         tstate_frame: 72,
         cframe_current: PY_NO_OFFSET,
@@ -111,6 +130,7 @@ pub const PY313: VersionOffsets = VersionOffsets {
         frame_is_entry: PY_NO_OFFSET,
         frame_owner: 70,
         owner_cstack: 3,
+        gil: 0,
     },
 };
 

@@ -55,6 +55,7 @@ mod tests {
             files: vec![],
             block_io: vec![],
             cuda: None,
+            gil: None,
             threads: vec![],
         }
     }

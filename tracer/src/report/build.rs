@@ -64,6 +64,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
                     top_self: top_self(&samples, input.top),
                     time: None,
                     syscalls: Vec::new(),
+                    python_sites: Vec::new(),
                 })
                 .collect();
             let comm = if info.comm.is_empty() {
@@ -85,6 +86,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
                 files: Vec::new(),
                 block_io: Vec::new(),
                 cuda: None,
+                gil: None,
                 threads,
             }
         })

@@ -113,6 +113,7 @@ pub fn thread(tid: u32, comm: &str, cats: &[(&str, f64)]) -> ThreadReport {
         top_self: vec![],
         time: Some(time(10 * SEC, cats)),
         syscalls: vec![],
+        python_sites: vec![],
     }
 }
 
@@ -152,6 +153,7 @@ pub fn process(
         files: vec![],
         block_io: vec![],
         cuda: None,
+        gil: None,
         threads,
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod cuda;
 pub mod overhead;
+pub mod python;
 pub mod time;
 pub mod verdict;
 
@@ -109,6 +110,8 @@ pub struct ProcessReport {
     pub block_io: Vec<time::BlockIo>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda: Option<cuda::ProcessCuda>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gil: Option<python::GilReport>,
     pub threads: Vec<ThreadReport>,
 }
 
@@ -124,6 +127,9 @@ pub struct ThreadReport {
     pub time: Option<time::TimeBreakdown>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub syscalls: Vec<time::SyscallStat>,
+    /// Off-CPU and CUDA time by the Python line it was spent under, most first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub python_sites: Vec<python::PySite>,
 }
 
 /// Counts behind a bounded process list (a fork storm must not make the report huge).
