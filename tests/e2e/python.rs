@@ -113,6 +113,81 @@ fn check_python(dir: &Path, run: &Run, version: &str) {
         svg.contains("hot_a (py_hot.py:"),
         "flame graph lacks Python frames"
     );
+    // The C extension's native frames sit below the Python line that called it.
+    assert!(
+        folded.lines().any(|l| l
+            .split(';')
+            .skip_while(|f| !f.starts_with("hash_block (py_hot.py:"))
+            .nth(1)
+            .is_some()),
+        "no native frames under hash_block:\n{folded}"
+    );
+    check_python_offcpu(dir, &report, &folded);
+}
+
+/// Off-CPU stacks with their Python lines: the queue.get thread waits under `blocked`, the
+/// reader waits for the disk under `read_cold`, the workers wait for the GIL in their hot loops,
+/// and the GIL's holders are the workers.
+fn check_python_offcpu(dir: &Path, report: &serde_json::Value, cpu_folded: &str) {
+    let off = std::fs::read_to_string(dir.join("offcpu.folded")).expect("offcpu.folded");
+    let in_def = |frame: &str, name: &str| -> bool {
+        let prefix = format!("{name} (py_hot.py:");
+        let Some(rest) = frame.strip_prefix(&prefix) else {
+            return false;
+        };
+        let line: u32 = rest.trim_end_matches(')').parse().unwrap();
+        let (lo, hi) = def_lines(name);
+        assert!((lo..hi).contains(&line), "{frame} outside {name}'s def");
+        true
+    };
+    let has = |category: &str, name: &str| {
+        off.lines().any(|l| {
+            let frames: Vec<&str> = l.split(';').collect();
+            frames.get(1) == Some(&category) && frames.iter().any(|f| in_def(f, name))
+        })
+    };
+    assert!(
+        has("[lock]", "blocked"),
+        "queue.get wait without its Python line:\n{off}"
+    );
+    assert!(
+        has("[io]", "read_cold"),
+        "disk wait without its Python line:\n{off}"
+    );
+    assert!(
+        has("[gil]", "hot_a") || has("[gil]", "hot_b") || has("[gil]", "worker"),
+        "no GIL wait in the workers:\n{off}"
+    );
+    let wall = std::fs::read_to_string(dir.join("wall.svg")).expect("wall.svg");
+    assert!(
+        wall.contains("blocked (py_hot.py:") && wall.contains("hot_a (py_hot.py:"),
+        "wall.svg lacks the Python frames of on- and off-CPU time"
+    );
+    // The blocked thread's share of its life under that line.
+    let procs = report["processes"].as_array().unwrap();
+    let sites: Vec<&serde_json::Value> = procs
+        .iter()
+        .flat_map(|p| p["threads"].as_array().unwrap())
+        .flat_map(|t| t["python_sites"].as_array().into_iter().flatten())
+        .collect();
+    assert!(
+        sites.iter().any(|s| s["category"] == "lock"
+            && s["percent"].as_f64().unwrap() > 80.0
+            && s["frame"].as_str().unwrap().contains("wait")),
+        "no thread waited most of its life in Condition.wait: {sites:?}"
+    );
+    let gil = &procs[0]["gil"];
+    assert!(gil["wait_ns"].as_u64().unwrap() > 0, "no GIL waits: {gil}");
+    let holder = gil["holders"][0]["tid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("top GIL holder unknown: {gil}"));
+    let label = format!("/{holder};");
+    assert!(
+        cpu_folded
+            .lines()
+            .any(|l| l.contains(&label) && l.contains("worker (py_hot.py:")),
+        "top GIL holder {holder} is not a worker thread: {gil}"
+    );
 }
 
 #[test]
