@@ -455,15 +455,24 @@ class dim3(ctypes.Structure):
     _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
 p = ctypes.c_void_p()
 codes = []
-for _ in range(3):
+def alloc():
     codes.append(lib.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(1 << 20)))
-for _ in range(2):
+def copy():
     codes.append(lib.cudaMemcpy(ctypes.byref(p), ctypes.byref(p), ctypes.c_size_t(8), 1))
-for _ in range(4):
+def launch():
     codes.append(lib.cudaLaunchKernel(ctypes.c_void_p(0x1234), dim3(1, 1, 1), dim3(32, 1, 1),
                                       None, ctypes.c_size_t(0), None))
-codes.append(lib.cudaDeviceSynchronize())
-print("codes", codes)
+def train_step():
+    codes.append(lib.cudaDeviceSynchronize())
+for _ in range(3):
+    alloc()
+for _ in range(2):
+    copy()
+for _ in range(4):
+    launch()
+train_step()
+print("codes", codes, flush=True)
+time.sleep(0.5)                      # Python stacks are named while the process lives (100 ms ticks)
 "#;
 
 #[test]
@@ -527,6 +536,58 @@ fn real_libcudart_loaded_after_attach_is_counted_with_error_35() {
     // Failed launches and copies are not kernels or bytes.
     assert!(c["kernels"].as_array().unwrap().is_empty());
     assert!(c["copies"].as_array().unwrap().is_empty());
+    // Each call's time is charged to the Python line that made it (issue 7).
+    let script_lines: Vec<&str> = CTYPES_SCRIPT.lines().collect();
+    let line_of = |needle: &str| {
+        1 + script_lines
+            .iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("{needle} not in the script"))
+    };
+    let sites: Vec<&Value> = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["threads"].as_array().unwrap())
+        .flat_map(|t| t["python_sites"].as_array().into_iter().flatten())
+        .collect();
+    for (category, call, func, needle) in [
+        ("cuda_malloc", "cudaMalloc", "alloc", "lib.cudaMalloc"),
+        ("cuda_memcpy", "cudaMemcpy", "copy", "lib.cudaMemcpy"),
+        (
+            "cuda_launch",
+            "cudaLaunchKernel",
+            "launch",
+            "lib.cudaLaunchKernel",
+        ),
+        (
+            "cuda_sync",
+            "cudaDeviceSynchronize",
+            "train_step",
+            "lib.cudaDeviceSynchronize",
+        ),
+    ] {
+        let frame = format!("{func} (cudart_ctypes.py:{})", line_of(needle));
+        assert!(
+            sites.iter().any(|s| s["category"] == category
+                && s["call"] == call
+                && s["frame"] == frame.as_str()
+                && s["ns"].as_u64().unwrap() > 0),
+            "{call} not charged to {frame}: {sites:#?}"
+        );
+    }
+    let wall = std::fs::read_to_string(out.join("wall.folded")).unwrap_or_else(|_| {
+        std::fs::read_to_string(out.join("offcpu.folded")).expect("offcpu.folded")
+    });
+    assert!(
+        wall.lines().any(|l| l.contains(";[cuda_sync];")
+            && l.contains(&format!(
+                "train_step (cudart_ctypes.py:{})",
+                line_of("lib.cudaDeviceSynchronize")
+            ))
+            && l.contains("cudaDeviceSynchronize")),
+        "no cuda_sync stack under its Python line:\n{wall}"
+    );
 }
 
 fn trace_sleep(env_lib: &Path, name: &str) -> (Run, Value) {

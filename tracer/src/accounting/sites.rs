@@ -11,7 +11,9 @@ use crate::report::model::{
     ProcessReport,
 };
 
-/// Sites kept per thread, and the smallest share worth a line.
+/// Sites kept per thread (waits, and CUDA calls, each), and the smallest share of a wait worth a
+/// line. CUDA call sites have no floor: a synchronisation called from one line is worth naming
+/// even when the GPU answered at once.
 const SITES_PER_THREAD: usize = 8;
 const SITE_MIN_PERCENT: f64 = 0.5;
 
@@ -68,18 +70,23 @@ pub fn fill(processes: &mut [ProcessReport], rows: &[SiteRow], comm: impl Fn(u32
             };
             let alive = t.time.as_ref().map_or(0, |b| b.alive_ns).max(1);
             v.sort_by(|a, b| b.3.cmp(&a.3).then_with(|| a.1.cmp(&b.1)));
-            t.python_sites = v
+            let site = |(cat, frame, call, ns): Site| PySite {
+                category: cat.name().into(),
+                frame,
+                call: call.map(str::to_string),
+                ns,
+                percent: 100.0 * ns as f64 / alive as f64,
+            };
+            let (cuda, waits): (Vec<Site>, Vec<Site>) = v.into_iter().partition(|s| s.0.is_cuda());
+            t.python_sites = waits
                 .into_iter()
-                .map(|(cat, frame, call, ns)| PySite {
-                    category: cat.name().into(),
-                    frame,
-                    call: call.map(str::to_string),
-                    ns,
-                    percent: 100.0 * ns as f64 / alive as f64,
-                })
+                .map(site)
                 .filter(|s| s.percent >= SITE_MIN_PERCENT)
                 .take(SITES_PER_THREAD)
+                .chain(cuda.into_iter().map(site).take(SITES_PER_THREAD))
                 .collect();
+            t.python_sites
+                .sort_by(|a, b| b.ns.cmp(&a.ns).then_with(|| a.frame.cmp(&b.frame)));
         }
         if let Some((waiters, holders)) = gil.remove(&p.pid) {
             let wait_ns: u64 = waiters.values().sum();
