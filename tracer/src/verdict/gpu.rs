@@ -131,14 +131,21 @@ pub fn gpu_bound(r: &Report) -> Vec<Finding> {
                 "GPU-bound: {who} waited {pct:.0}% of wall time for the GPU to finish ({})",
                 util_line(r)
             ),
-            vec![
+            [
                 format!(
                     "{} sync calls ({rate:.1}/s), mean wait {}",
                     s.calls,
                     units::dur(mean)
                 ),
                 util_line(r),
-            ],
+            ]
+            .into_iter()
+            .chain(
+                super::cuda_call_sites(p, "cuda_sync", 3)
+                    .into_iter()
+                    .map(|(s, ns)| format!("{s}: {}", units::dur(ns))),
+            )
+            .collect(),
             vec![
                 "The GPU is the bottleneck, which is where a training job should be. To go \
                  faster, make the GPU work cheaper: mixed precision (torch.autocast / bf16), \
@@ -343,13 +350,23 @@ pub fn sync_heavy(r: &Report, gpu_bound_pids: &[u32]) -> Vec<Finding> {
         if let Some(m) = s.calls_ns.checked_div(s.calls) {
             evidence.push(format!("mean sync wait {}", units::dur(m)));
         }
+        let sites = super::cuda_call_sites(p, "cuda_sync", 3);
+        let from = sites
+            .first()
+            .map(|(s, _)| format!(", mostly {s}"))
+            .unwrap_or_default();
+        evidence.extend(
+            sites
+                .iter()
+                .map(|(s, ns)| format!("{s}: {}", units::dur(*ns))),
+        );
         evidence.push(util_line(r));
         out.push(finding(
             "sync-heavy",
             pct,
             format!(
                 "Sync-heavy: {who} synchronised with the GPU {rate:.0} times/s, {pct:.0}% of \
-                 wall time"
+                 wall time{from}"
             ),
             evidence,
             vec![

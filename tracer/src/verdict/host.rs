@@ -1,8 +1,8 @@
 //! Rules on host time: data loading, I/O, CPU, contention.
 
 use super::{
-    cat_ns, cat_pct, finding, of_life, substantial, thread_label, thresholds::*, top_reasons,
-    weight,
+    cat_ns, cat_pct, finding, of_life, python_line, python_lines, substantial, thread_label,
+    thresholds::*, top_reasons, weight,
 };
 use crate::report::{
     model::{time::TimeBreakdown, verdict::Finding, ProcessReport, Report, ThreadReport},
@@ -173,8 +173,11 @@ pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
         } else {
             String::new()
         };
+        let at = python_line(trainer, &WAIT)
+            .map(|(f, _)| format!(" in `{f}`"))
+            .unwrap_or_default();
         let title = format!(
-            "{} waited {:.0}% {} for data; its {} {} spent {:.0}% in disk I/O{} \
+            "{} waited {:.0}% {} for data{at}; its {} {} spent {:.0}% in disk I/O{} \
              and {:.0}% on CPU",
             capitalize(&thread_label(p, trainer)),
             wait,
@@ -214,6 +217,7 @@ pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
         if !reasons.is_empty() {
             evidence.push(format!("waits: {reasons}"));
         }
+        evidence.extend(python_lines(trainer, &WAIT, 3));
         if read > 0 {
             evidence.push(format!(
                 "{what} read {} in {}",
@@ -290,6 +294,7 @@ pub fn io_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
         if !reasons.is_empty() {
             evidence.push(format!("blocked in: {reasons}"));
         }
+        evidence.extend(python_lines(t, &["io"], 3));
         for b in p.block_io.iter().take(2) {
             let lat = b
                 .total_ns
@@ -325,9 +330,12 @@ pub fn io_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
             "io-bound",
             io * weight(r, tb.alive_ns),
             format!(
-                "{} spent {:.0}% {life} blocked on disk I/O{}",
+                "{} spent {:.0}% {life} blocked on disk I/O{}{}",
                 capitalize(&thread_label(p, t)),
                 io,
+                python_line(t, &["io"])
+                    .map(|(f, _)| format!(" in `{f}`"))
+                    .unwrap_or_default(),
                 rate
             ),
             evidence,
@@ -527,6 +535,93 @@ pub fn cpu_contention(r: &Report) -> Vec<Finding> {
         Some(p.pid),
         Some(t.tid),
     )]
+}
+
+/// gil-contention: a Python thread waits a large share of its life for the GIL. Names the
+/// Python line it waits at and the thread that held the GIL most while it waited.
+pub fn gil_contention(r: &Report) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for p in &r.processes {
+        let Some(gil) = &p.gil else { continue };
+        let best = p
+            .threads
+            .iter()
+            .filter_map(|t| t.time.as_ref().map(|tb| (t, tb)))
+            .filter(|(_, tb)| substantial(r, tb))
+            .map(|(t, tb)| (t, tb, cat_pct(tb, &["gil"])))
+            .max_by(|a, b| a.2.total_cmp(&b.2));
+        let Some((t, tb, pct)) = best else { continue };
+        if pct < GIL_WAIT_MIN {
+            continue;
+        }
+        let waiting = gil
+            .waiters
+            .iter()
+            .filter(|w| {
+                p.threads.iter().any(|x| {
+                    Some(x.tid) == w.tid
+                        && x.time.as_ref().is_some_and(|b| {
+                            substantial(r, b) && cat_pct(b, &["gil"]) >= GIL_WAIT_MIN
+                        })
+                })
+            })
+            .count();
+        let holder = gil.holders.iter().find(|h| h.tid.is_some());
+        let held = holder
+            .map(|h| {
+                let name = p
+                    .threads
+                    .iter()
+                    .find(|x| Some(x.tid) == h.tid)
+                    .map(|x| thread_label(p, x))
+                    .unwrap_or_else(|| format!("tid {}", h.tid.unwrap_or(0)));
+                format!("; {name} held it {:.0}% of the time waited", h.percent)
+            })
+            .unwrap_or_default();
+        let at = python_line(t, &["gil"])
+            .map(|(f, _)| format!(" at `{f}`"))
+            .unwrap_or_default();
+        let mut evidence = vec![format!(
+            "{} thread(s) waited over {GIL_WAIT_MIN:.0}% of their life for the GIL; {} in all",
+            waiting,
+            units::dur(gil.wait_ns)
+        )];
+        for h in gil.holders.iter().take(3) {
+            evidence.push(match h.tid {
+                Some(tid) => format!(
+                    "held by tid {tid}{}: {:.0}% of the wait",
+                    if h.comm.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", h.comm)
+                    },
+                    h.percent
+                ),
+                None => format!("being handed over: {:.0}% of the wait", h.percent),
+            });
+        }
+        evidence.extend(python_lines(t, &["gil"], 3));
+        out.push(finding(
+            "gil-contention",
+            pct * weight(r, tb.alive_ns),
+            format!(
+                "{} waited {pct:.0}% {} for the GIL{at}{held}",
+                capitalize(&thread_label(p, t)),
+                of_life(r, tb),
+            ),
+            evidence,
+            vec![
+                "Threads that run Python code take turns on one GIL: move the CPU-heavy Python \
+                 work to processes (multiprocessing, DataLoader num_workers) or into code that \
+                 releases the GIL (NumPy, PyTorch ops, C extensions).",
+                "A thread that needs to react quickly waits behind the holder's switch interval \
+                 (sys.getswitchinterval(), 5 ms by default).",
+            ],
+            Some(p.pid),
+            Some(t.tid),
+        ));
+    }
+    out
 }
 
 pub(crate) fn capitalize(s: &str) -> String {

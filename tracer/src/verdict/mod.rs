@@ -32,6 +32,7 @@ pub fn evaluate(r: &Report) -> Vec<Finding> {
     out.extend(host::io_bound(r, &explained));
     out.extend(host::cpu_bound(r, &explained));
     out.extend(host::cpu_contention(r));
+    out.extend(host::gil_contention(r));
     let gpu_bound = gpu::gpu_bound(r);
     let gpu_bound_pids: Vec<u32> = gpu_bound.iter().filter_map(|f| f.pid).collect();
     out.extend(gpu_bound);
@@ -126,6 +127,54 @@ pub(crate) fn top_reasons(t: &TimeBreakdown, names: &[&str], n: usize) -> String
         .map(|r| format!("{} {} ({}x)", r.reason, units::dur(r.ns), r.count))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The Python line under which a thread spent most of its time in `names` (its innermost
+/// Python frame), with that time's share of the thread's life.
+pub(crate) fn python_line<'a>(t: &'a ThreadReport, names: &[&str]) -> Option<(&'a str, f64)> {
+    t.python_sites
+        .iter()
+        .filter(|s| names.contains(&s.category.as_str()))
+        .max_by_key(|s| s.ns)
+        .map(|s| (s.frame.as_str(), s.percent))
+}
+
+/// `"Python lines: Queue.get (queue.py:171) 1.2 s, read (io.py:3) 0.4 s"` for the time in `names`.
+pub(crate) fn python_lines(t: &ThreadReport, names: &[&str], n: usize) -> Option<String> {
+    let lines: Vec<String> = t
+        .python_sites
+        .iter()
+        .filter(|s| names.contains(&s.category.as_str()))
+        .take(n)
+        .map(|s| format!("{} {}", s.frame, units::dur(s.ns)))
+        .collect();
+    (!lines.is_empty()).then(|| format!("Python lines: {}", lines.join(", ")))
+}
+
+/// Where a process's threads made the CUDA calls of `category`, most time first:
+/// (`"cudaStreamSynchronize called from train_step (train.py:88)"`, its time).
+pub(crate) fn cuda_call_sites(p: &ProcessReport, category: &str, n: usize) -> Vec<(String, u64)> {
+    let mut sites: Vec<_> = p
+        .threads
+        .iter()
+        .flat_map(|t| &t.python_sites)
+        .filter(|s| s.category == category)
+        .collect();
+    sites.sort_by(|a, b| b.ns.cmp(&a.ns).then(a.frame.cmp(&b.frame)));
+    sites
+        .into_iter()
+        .take(n)
+        .map(|s| {
+            (
+                format!(
+                    "{} called from `{}`",
+                    s.call.as_deref().unwrap_or("CUDA"),
+                    s.frame
+                ),
+                s.ns,
+            )
+        })
+        .collect()
 }
 
 /// `"main thread of python (pid 12)"` or `"thread pt_data (tid 14, pid 12)"`.

@@ -517,3 +517,123 @@ fn idle_feeder_threads_do_not_dilute_worker_shares() {
     assert!(f.title.contains("spent 70% in disk I/O"), "{}", f.title);
     assert!(f.evidence[1].contains("over 20.00 s"), "{:?}", f.evidence);
 }
+
+fn site(
+    category: &str,
+    frame: &str,
+    call: Option<&str>,
+    ns: u64,
+) -> crate::report::model::python::PySite {
+    crate::report::model::python::PySite {
+        category: category.into(),
+        frame: frame.into(),
+        call: call.map(str::to_string),
+        ns,
+        percent: 100.0 * ns as f64 / (10 * SEC) as f64,
+    }
+}
+
+#[test]
+fn findings_name_the_python_lines() {
+    let mut r = data_loading_job();
+    r.processes[0].threads[0].python_sites = vec![
+        site("lock", "_next_data (dataloader.py:631)", None, 4 * SEC),
+        site("ipc", "_recv (connection.py:416)", None, SEC),
+        site("cpu", "not a wait (x.py:1)", None, SEC),
+    ];
+    let f = &evaluate(&r)[0];
+    assert_eq!(f.rule, "data-loading-bound");
+    assert!(
+        f.title
+            .contains("for data in `_next_data (dataloader.py:631)`"),
+        "{}",
+        f.title
+    );
+    assert!(
+        f.evidence.iter().any(|e| e
+            == "Python lines: _next_data (dataloader.py:631) 4.00 s, _recv (connection.py:416) 1.00 s"),
+        "{:#?}",
+        f.evidence
+    );
+
+    let mut c = sync_cuda(5000, 4 * SEC);
+    c.copies.clear();
+    let mut r = cuda_job(&[("cuda_sync", 40.0), ("cpu", 40.0)], c);
+    r.processes[0].threads[0].python_sites = vec![
+        site(
+            "cuda_sync",
+            "train_step (train.py:88)",
+            Some("cudaDeviceSynchronize"),
+            3 * SEC,
+        ),
+        site(
+            "cuda_sync",
+            "log (train.py:120)",
+            Some("cudaDeviceSynchronize"),
+            SEC,
+        ),
+    ];
+    let f = &evaluate(&r)[0];
+    assert_eq!(f.rule, "sync-heavy", "{f:#?}");
+    assert!(
+        f.title
+            .ends_with("mostly cudaDeviceSynchronize called from `train_step (train.py:88)`"),
+        "{}",
+        f.title
+    );
+    assert!(f
+        .evidence
+        .iter()
+        .any(|e| e == "cudaDeviceSynchronize called from `log (train.py:120)`: 1.00 s"));
+}
+
+#[test]
+fn gil_contention_names_the_line_and_the_holder() {
+    use crate::report::model::python::{GilReport, GilThread};
+    let gt = |tid: Option<u32>, ns: u64, percent: f64| GilThread {
+        tid,
+        comm: String::new(),
+        ns,
+        percent,
+    };
+    let mut r = report();
+    let mut waiter = thread(101, "python", &[("gil", 45.0), ("cpu", 55.0)]);
+    waiter.python_sites = vec![site("gil", "handle (server.py:40)", None, 4 * SEC)];
+    let mut p = process(
+        100,
+        None,
+        "python",
+        vec![
+            thread(100, "python", &[("cpu", 90.0), ("gil", 10.0)]),
+            waiter,
+        ],
+    );
+    p.gil = Some(GilReport {
+        wait_ns: 5 * SEC,
+        waiters: vec![gt(Some(101), 4 * SEC, 80.0), gt(Some(100), SEC, 20.0)],
+        holders: vec![gt(None, 3 * SEC, 60.0), gt(Some(100), 2 * SEC, 40.0)],
+    });
+    r.processes.push(p);
+    let fs = evaluate(&r);
+    let f = fs
+        .iter()
+        .find(|f| f.rule == "gil-contention")
+        .expect("gil-contention");
+    assert_eq!(f.tid, Some(101));
+    assert!(
+        f.title
+            .contains("waited 45% of wall time for the GIL at `handle (server.py:40)`")
+            && f.title
+                .contains("the main thread of python (pid 100) held it 40%"),
+        "{}",
+        f.title
+    );
+    assert!(
+        f.evidence[0].starts_with("1 thread(s)"),
+        "{:#?}",
+        f.evidence
+    );
+    // Below the threshold: nothing.
+    r.processes[0].threads[1] = thread(101, "python", &[("gil", 10.0), ("cpu", 90.0)]);
+    assert!(!rules(&r).contains(&"gil-contention".into()));
+}

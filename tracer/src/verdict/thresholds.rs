@@ -26,6 +26,8 @@ pub const IO_MIN: f64 = 25.0;
 
 /// cpu-bound: a thread is on CPU at least this share of its time.
 pub const CPU_MIN: f64 = 70.0;
+/// gil-contention: share of a thread's life spent waiting for the GIL.
+pub const GIL_WAIT_MIN: f64 = 20.0;
 
 /// cpu-contention: a thread waits runnable for a CPU at least this share of its time.
 pub const RUNQUEUE_MIN: f64 = 10.0;
