@@ -3,7 +3,8 @@
 //! `cpu_sample` program (kernel.bpf_stats_enabled, restored afterwards). Root only.
 //!
 //! `cargo build --examples && sudo target/debug/examples/py_walk_cost [PYTHON] [SECONDS] [DEPTH]`
-//! (DEPTH extra Python frames under each worker: the walk's cost grows with it).
+//! (DEPTH extra Python frames under each worker: the walk's cost grows with it). `GPUTRACE` names
+//! the gputrace binary to run (default: target/debug/gputrace); `cargo xtask bench` runs this.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -65,7 +66,10 @@ fn main() {
     let python = args.get(1).map_or("/usr/bin/python3.11", String::as_str);
     let secs = args.get(2).map_or("5", String::as_str);
     let depth = args.get(3).map_or("0", String::as_str);
-    let gputrace = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/gputrace");
+    let gputrace = std::env::var("GPUTRACE").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/gputrace").to_string()
+    });
+    let gputrace = gputrace.as_str();
     let old = std::fs::read_to_string(STATS).expect("read bpf_stats_enabled");
     std::fs::write(STATS, "1").expect("enable BPF stats (root needed)");
     let mut rows = Vec::new();

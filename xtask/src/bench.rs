@@ -209,7 +209,8 @@ pub fn run(quick: bool) -> Result<()> {
 
     let pipeline = pipeline(&g, &w, &dir, 2_000_000 * scale as u64)?;
     let big = big_target(&g, &w, &dir)?;
-    let rest = format!("{pipeline}\n{big}");
+    let py = python_walk(&g, seconds)?;
+    let rest = format!("{pipeline}\n{big}\n{py}");
     println!("{rest}");
 
     let md = root.join("BENCHMARKS.md");
@@ -223,6 +224,48 @@ pub fn run(quick: bool) -> Result<()> {
     std::fs::write(&md, text).with_context(|| format!("write {}", md.display()))?;
     eprintln!("xtask: results appended to {}", md.display());
     Ok(())
+}
+
+/// Cost per CPU sample of the Python frame walk (tracer/examples/py_walk_cost.rs): the sampler's
+/// kernel run time with `--python auto` against `--python off`, for a shallow and a deep stack.
+fn python_walk(g: &Path, seconds: u64) -> Result<String> {
+    let python = "/usr/bin/python3.11";
+    if !Path::new(python).exists() {
+        return Ok(format!(
+            "Python walk: skipped ({python} is not installed)\n"
+        ));
+    }
+    crate::cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "gputrace",
+        "--example",
+        "py_walk_cost",
+    ])?;
+    let bin = workspace_root().join("target/release/examples/py_walk_cost");
+    let mut out = String::from(
+        "Python stack walk per CPU sample (`--python auto` vs `off`, sampler run time from \
+         kernel.bpf_stats_enabled, -F 999, tests/workloads/py_hot.py on /usr/bin/python3.11):\n\n",
+    );
+    for depth in ["0", "50"] {
+        let o = Command::new(&bin)
+            .args([python, &seconds.to_string(), depth])
+            .env("GPUTRACE", g)
+            .output()
+            .with_context(|| format!("run {}", bin.display()))?;
+        if !o.status.success() {
+            bail!(
+                "py_walk_cost failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+        }
+        let _ = writeln!(out, "    {} extra frames:", depth);
+        for l in String::from_utf8_lossy(&o.stdout).lines() {
+            let _ = writeln!(out, "    {l}");
+        }
+    }
+    Ok(out)
 }
 
 const HEADER: &str =
