@@ -34,9 +34,18 @@ fn measure(gputrace: &str, python: &str, mode: &str, secs: &str, depth: &str) ->
         .stderr(Stdio::piped())
         .spawn()
         .expect("run gputrace");
+    // Drained on threads: a report larger than the pipe would otherwise block gputrace's exit.
+    let drain = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().expect("stdout")));
+    let stderr = drain(Box::new(child.stderr.take().expect("stderr")));
     let mut last: HashMap<u32, (u64, u64)> = HashMap::new();
     while child.try_wait().expect("wait").is_none() {
-        // (stdout is drained by wait_with_output below; the JSON report is small)
         for (id, v) in sampler_stats() {
             if !before.contains(&id) {
                 last.insert(id, v);
@@ -44,14 +53,15 @@ fn measure(gputrace: &str, python: &str, mode: &str, secs: &str, depth: &str) ->
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let out = child.wait_with_output().expect("gputrace output");
+    let stdout = stdout.join().expect("stdout thread");
+    let stderr = stderr.join().expect("stderr thread");
     // The workload shares gputrace's stdout ("ready"); the report is the JSON object after it.
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&stdout);
     let json = text.find("\n{").map_or(&text[..], |i| &text[i + 1..]);
     let report: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| {
         panic!(
             "no JSON report ({e}): {text}\n{}",
-            String::from_utf8_lossy(&out.stderr)
+            String::from_utf8_lossy(&stderr)
         )
     });
     let traced = report["sampling"]["samples"].as_u64().unwrap_or(0);
