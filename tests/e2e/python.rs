@@ -15,6 +15,7 @@ const PYENV_311: &str = "/root/.pyenv/versions/3.11.7/bin/python3";
 const PYENV_312: &str = "/root/.pyenv/versions/3.12.1/bin/python3";
 const PYENV_313: &str = "/root/.pyenv/versions/3.13.0/bin/python3";
 const PYENV_310: &str = "/root/.pyenv/versions/3.10.13/bin/python3";
+const PYENV_39: &str = "/root/.pyenv/versions/3.9.18/bin/python3";
 
 fn workload() -> String {
     repo_root()
@@ -292,22 +293,105 @@ fn python_313_frames_via_command() {
     check_python(&dir, &run, "3.13.0");
 }
 
+/// 3.10 has no native thread id in its thread states (the tid comes from glibc's `struct
+/// pthread`) and a `PyFrameObject` chain whose frames are each run by their own eval activation.
 #[test]
-fn python_unsupported_version_degrades() {
+fn python_310_frames_via_command() {
     let _g = serial();
-    if !require_root("python_unsupported_version_degrades")
-        || !interpreter(PYENV_310, "python_unsupported_version_degrades")
+    if !require_root("python_310_frames_via_command")
+        || !interpreter(PYENV_310, "python_310_frames_via_command")
     {
         return;
     }
     let dir = out_dir("py-310");
     let w = workload();
-    let run = gputrace(&["-o", dir.to_str().unwrap(), "--", PYENV_310, &w, "2"]);
+    let run = gputrace(&[
+        "-F",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        PYENV_310,
+        &w,
+        "4",
+    ]);
+    // 3.10 has no Py_Version: the version comes from libpython3.10's name, without a patch.
+    check_python(&dir, &run, "3.10 (");
+}
+
+/// pyenv 3.10's static library and `main`, for a statically linked interpreter.
+const PYENV_310_CONFIG: &str =
+    "/root/.pyenv/versions/3.10.13/lib/python3.10/config-3.10-x86_64-linux-gnu";
+
+/// A `python3.10` executable with the interpreter linked in (as distributions build it): found
+/// in the executable, its version (3.10 has no `Py_Version`) from the executable's name, and the
+/// C library mapped after it.
+#[test]
+fn python_310_static_interpreter() {
+    let _g = serial();
+    let lib = format!("{PYENV_310_CONFIG}/libpython3.10.a");
+    if !require_root("python_310_static_interpreter")
+        || !interpreter(&lib, "python_310_static_interpreter")
+    {
+        return;
+    }
+    let root = tmp_dir().join("py310-static");
+    let exe = root.join("bin/python3.10");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    // The interpreter finds its standard library from its own path: lib/python3.10 next to bin.
+    let stdlib = root.join("lib/python3.10");
+    if !stdlib.exists() {
+        std::fs::create_dir_all(root.join("lib")).unwrap();
+        std::os::unix::fs::symlink("/root/.pyenv/versions/3.10.13/lib/python3.10", &stdlib)
+            .unwrap();
+    }
+    let status = Command::new("gcc")
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("{PYENV_310_CONFIG}/python.o"))
+        .arg(&lib)
+        .args([
+            "-Wl,--export-dynamic",
+            "-lcrypt",
+            "-ldl",
+            "-lm",
+            "-lpthread",
+            "-lutil",
+        ])
+        .status()
+        .expect("run gcc");
+    assert!(status.success(), "linking a static python3.10 failed");
+    let dir = out_dir("py-310-static");
+    let w = workload();
+    let run = gputrace(&[
+        "-F",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        exe.to_str().unwrap(),
+        &w,
+        "4",
+    ]);
+    check_python(&dir, &run, &format!("3.10 ({})", exe.display()));
+}
+
+#[test]
+fn python_unsupported_version_degrades() {
+    let _g = serial();
+    if !require_root("python_unsupported_version_degrades")
+        || !interpreter(PYENV_39, "python_unsupported_version_degrades")
+    {
+        return;
+    }
+    let dir = out_dir("py-39");
+    let w = workload();
+    let run = gputrace(&["-o", dir.to_str().unwrap(), "--", PYENV_39, &w, "2"]);
     assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
     let report = run.report(&dir);
     let warnings = report["warnings"].to_string();
     assert!(
-        warnings.contains("CPython 3.10.0") && warnings.contains("without verified offsets"),
+        warnings.contains("CPython 3.9 (") && warnings.contains("without verified offsets"),
         "{warnings}"
     );
     let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();

@@ -29,8 +29,8 @@ pub const PY_TSTATE_ENTRIES: u32 = 16_384;
 pub const PY_PROCS_ENTRIES: u32 = 1_024;
 pub const PY_STACKS_ENTRIES: u32 = 8_192;
 
-/// Bytes of each `_PyInterpreterFrame` read in one go; every frame offset in [`PyOffsets`] lies
-/// within them, and pointer fields are 8-aligned.
+/// Bytes of each frame read in one go, from [`PyOffsets::frame_window`]; every frame offset in
+/// [`PyOffsets`] lies within them, and pointer fields are 8-aligned.
 pub const PY_FRAME_WINDOW: usize = 80;
 
 /// An offset that does not apply to this version.
@@ -58,6 +58,11 @@ pub struct PyOffsets {
     pub frame_owner: u32,
     /// The `owner` value of those shim frames (`FRAME_OWNED_BY_CSTACK`).
     pub owner_cstack: u32,
+    /// Where the window starts in the frame; the `frame_*` offsets are relative to it. 3.10's
+    /// `f_lasti` lies beyond the first [`PY_FRAME_WINDOW`] bytes of a `PyFrameObject`.
+    pub frame_window: u32,
+    /// [`PY_OFF_LASTI`] or 0.
+    pub flags: u32,
     /// Address of the process's `struct _gil_runtime_state` (not an offset: set per process),
     /// 0 when not known. A futex wait on a word inside it is a wait for the GIL.
     pub gil: u64,
@@ -70,15 +75,26 @@ pub const GIL_SIZE: u64 = 208;
 pub const GIL_LAST_HOLDER: u64 = 8;
 pub const GIL_LOCKED: u64 = 16;
 
+/// Bit in [`PyOffsets::flags`] (3.10): `frame_prev_instr` is `f_lasti`, an `int` counting 2-byte
+/// code units (-1 before the first instruction), not a pointer into the code object; the
+/// recorded [`PyFrame::instr_off`] is `2 * f_lasti`, and every frame is an entry frame, as each
+/// `PyFrameObject` is run by its own `_PyEval_EvalFrameDefault` activation.
+pub const PY_OFF_LASTI: u32 = 1;
+
+// Shared with the kernel as raw bytes: no implicit padding.
+const _: () = assert!(core::mem::size_of::<PyOffsets>() == 10 * 4 + 8);
+
 /// Bit in [`PyFrame::flags`]: the frame is an entry frame (a C -> Python boundary).
 pub const PY_FRAME_ENTRY: u32 = 1;
 
-/// One recorded frame: the code object and the byte distance of the last instruction from it.
+/// One recorded frame: the code object and where its last instruction is.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct PyFrame {
     pub code: u64,
-    /// `prev_instr - code` (bytes); user space subtracts the offset of the bytecode.
+    /// `prev_instr - code` (bytes), from which user space subtracts the offset of the bytecode;
+    /// with [`PY_OFF_LASTI`], `2 * f_lasti` (bytes into `co_code`, negative as `i32` before the
+    /// first instruction).
     pub instr_off: u32,
     pub flags: u32,
 }

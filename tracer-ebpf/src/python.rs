@@ -10,7 +10,7 @@ use aya_ebpf::{
 };
 use tracer_common::python::{
     PyFrame, PyOffsets, PySeed, PyStack, PyStat, GIL_LAST_HOLDER, GIL_LOCKED, GIL_SIZE,
-    PY_FRAME_ENTRY, PY_FRAME_WINDOW, PY_MAX_FRAMES, PY_NO_OFFSET, PY_PROCS_ENTRIES,
+    PY_FRAME_ENTRY, PY_FRAME_WINDOW, PY_MAX_FRAMES, PY_NO_OFFSET, PY_OFF_LASTI, PY_PROCS_ENTRIES,
     PY_SEED_ENTRIES, PY_STACKS_ENTRIES, PY_STACK_PENDING, PY_STACK_TRUNCATED, PY_TSTATE_ENTRIES,
 };
 use tracer_common::wall::GIL_HOLDER_UNKNOWN;
@@ -28,7 +28,8 @@ static PY_STACKS: HashMap<u64, PyStack> = HashMap::with_max_entries(PY_STACKS_EN
 #[map(name = "PY_SCRATCH")]
 static PY_SCRATCH: PerCpuArray<PyStack> = PerCpuArray::with_max_entries(1, 0);
 
-/// The first bytes of the frame being walked: one read per frame instead of one per field.
+/// The bytes of the frame being walked that hold its fields: one read per frame instead of one
+/// per field.
 #[map(name = "PY_WINDOW")]
 static PY_WINDOW: PerCpuArray<[u64; WINDOW_WORDS]> = PerCpuArray::with_max_entries(1, 0);
 
@@ -240,7 +241,7 @@ fn step_inner(w: &mut Walk) -> Result<bool, PyStat> {
     };
     unsafe {
         bpf_probe_read_user_buf(
-            frame as *const u8,
+            frame.wrapping_add(w.off.frame_window as u64) as *const u8,
             core::slice::from_raw_parts_mut(win.as_mut_ptr().cast::<u8>(), PY_FRAME_WINDOW),
         )
     }
@@ -261,11 +262,15 @@ fn step_inner(w: &mut Walk) -> Result<bool, PyStat> {
         }
     }
     let instr = word(win, off.frame_prev_instr)?;
-    let mut flags = 0;
+    let (instr_off, mut flags) = if off.flags & PY_OFF_LASTI == 0 {
+        (instr.wrapping_sub(code) as u32, 0)
+    } else {
+        // `f_lasti` is the low half of the word. Each 3.10 frame has its own eval activation.
+        ((instr as u32).wrapping_mul(2), PY_FRAME_ENTRY)
+    };
     if off.frame_is_entry != PY_NO_OFFSET && byte(win, off.frame_is_entry)? != 0 {
         flags = PY_FRAME_ENTRY;
     }
-    let instr_off = instr.wrapping_sub(code) as u32;
     st.frames[n] = PyFrame {
         code,
         instr_off,

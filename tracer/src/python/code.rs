@@ -6,13 +6,14 @@ use std::io;
 
 use tracer_common::python::{
     PyFrame, PyOffsets, PyStack, PY_FRAME_ENTRY, PY_FRAME_WINDOW, PY_MAX_FRAMES, PY_NO_OFFSET,
-    PY_STACK_TRUNCATED,
+    PY_OFF_LASTI, PY_STACK_TRUNCATED,
 };
 
 use super::{
     detect::Interpreter,
+    linetable::LineTable,
     memory::Memory,
-    offsets::{GilAt, VersionOffsets},
+    offsets::{GilAt, ThreadTid, VersionOffsets},
 };
 
 /// Bounds that keep a corrupted list or object from running away.
@@ -40,7 +41,19 @@ pub fn thread_states(
                 // Read while the list was being relinked: try again next time.
                 return Err(bad(format!("thread list loops at {t:#x}")));
             }
-            let native = mem.u64(t + off.tstate_native_id)?;
+            let native = match off.tstate_tid {
+                ThreadTid::Native(o) => mem.u64(t + o)?,
+                ThreadTid::Pthread(o) => {
+                    let tid_off = interp
+                        .pthread_tid
+                        .ok_or_else(|| bad("no struct pthread tid offset".into()))?;
+                    match mem.u64(t + o)? {
+                        // A thread state not yet bound to a thread.
+                        0 => 0,
+                        p => mem.u32(p + tid_off)? as u64,
+                    }
+                }
+            };
             if native != 0 && native <= u32::MAX as u64 {
                 out.push((native as u32, t));
             }
@@ -91,7 +104,7 @@ pub fn walk_stack(mem: &dyn Memory, off: &PyOffsets, pid: u32, tstate: u64) -> i
             break;
         }
         let mut win = [0u8; PY_FRAME_WINDOW];
-        mem.read(frame, &mut win)?;
+        mem.read(frame + off.frame_window as u64, &mut win)?;
         let word = |o: u32| u64::from_le_bytes(win[o as usize..o as usize + 8].try_into().unwrap());
         let code = word(off.frame_code);
         let prev = word(off.frame_previous);
@@ -105,13 +118,18 @@ pub fn walk_stack(mem: &dyn Memory, off: &PyOffsets, pid: u32, tstate: u64) -> i
             continue;
         }
         let instr = word(off.frame_prev_instr);
-        let mut flags = 0;
+        let (instr_off, mut flags) = if off.flags & PY_OFF_LASTI == 0 {
+            (instr.wrapping_sub(code) as u32, 0)
+        } else {
+            // 3.10: `f_lasti` (the low half of the word), and one eval activation per frame.
+            ((instr as u32).wrapping_mul(2), PY_FRAME_ENTRY)
+        };
         if off.frame_is_entry != PY_NO_OFFSET && win[off.frame_is_entry as usize] != 0 {
             flags = PY_FRAME_ENTRY;
         }
         st.frames[n] = PyFrame {
             code,
-            instr_off: instr.wrapping_sub(code) as u32,
+            instr_off,
             flags,
         };
         n += 1;
@@ -130,6 +148,7 @@ pub struct CodeInfo {
     pub filename: String,
     pub first_line: i32,
     pub linetable: Vec<u8>,
+    pub format: LineTable,
 }
 
 pub fn read_code(
@@ -143,9 +162,12 @@ pub fn read_code(
         return Err(bad(format!("{code:#x} is not a code object")));
     }
     let first_line = mem.i32(code + off.code_firstlineno)?;
-    let qualname = match read_str(mem, off, mem.u64(code + off.code_qualname)?) {
-        Ok(s) => s,
-        Err(_) => read_str(mem, off, mem.u64(code + off.code_name)?)?,
+    let qualname = match off
+        .code_qualname
+        .map(|q| read_str(mem, off, mem.u64(code + q)?))
+    {
+        Some(Ok(s)) => s,
+        _ => read_str(mem, off, mem.u64(code + off.code_name)?)?,
     };
     let filename = read_str(mem, off, mem.u64(code + off.code_filename)?)?;
     let linetable = read_bytes(mem, mem.u64(code + off.code_linetable)?)?;
@@ -154,6 +176,7 @@ pub fn read_code(
         filename,
         first_line,
         linetable,
+        format: off.linetable,
     })
 }
 
@@ -215,7 +238,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::python::offsets::PY311;
+    use crate::python::offsets::{PY310, PY311};
 
     /// A sparse fake address space.
     #[derive(Default)]
@@ -230,7 +253,7 @@ mod tests {
         fn put_u64(&mut self, addr: u64, v: u64) {
             self.put(addr, &v.to_le_bytes());
         }
-        /// A compact ASCII `str` in 3.11's layout.
+        /// A compact ASCII `str` in the layout of 3.10 and 3.11.
         fn put_str(&mut self, addr: u64, s: &str) {
             self.put_u64(addr + 16, s.len() as u64);
             let state: u32 = (1 << 2) | (1 << 5) | (1 << 6);
@@ -256,17 +279,28 @@ mod tests {
     fn interp() -> Interpreter {
         Interpreter {
             module: "/usr/bin/python3.11".into(),
-            version: (3, 11, 2),
+            version: (3, 11, Some(2)),
             runtime: 0x1000,
             code_type: CODE_TYPE,
+            pthread_tid: None,
         }
     }
 
-    fn code_object(m: &mut Fake, at: u64, ty: u64) {
-        let off = &PY311;
+    fn interp_310() -> Interpreter {
+        Interpreter {
+            module: "/x/lib/libpython3.10.so.1.0".into(),
+            version: (3, 10, None),
+            pthread_tid: Some(720),
+            ..interp()
+        }
+    }
+
+    fn code_object(m: &mut Fake, off: &VersionOffsets, at: u64, ty: u64) {
         m.put_u64(at + 8, ty);
         m.put(at + off.code_firstlineno, &12i32.to_le_bytes());
-        m.put_u64(at + off.code_qualname, 0x5000);
+        if let Some(q) = off.code_qualname {
+            m.put_u64(at + q, 0x5000);
+        }
         m.put_u64(at + off.code_name, 0x5100);
         m.put_u64(at + off.code_filename, 0x5200);
         m.put_u64(at + off.code_linetable, 0x5300);
@@ -280,26 +314,44 @@ mod tests {
     #[test]
     fn reads_a_code_object() {
         let mut m = Fake::default();
-        code_object(&mut m, 0x4000, CODE_TYPE);
+        code_object(&mut m, &PY311, 0x4000, CODE_TYPE);
         let c = read_code(&m, &interp(), &PY311, 0x4000).unwrap();
         assert_eq!(c.qualname, "Loader.next");
         assert_eq!(c.filename, "/srv/data.py");
         assert_eq!(c.first_line, 12);
         assert_eq!(c.linetable, vec![0x80, 0x00]);
+        assert_eq!(c.format, LineTable::Locations);
+    }
+
+    /// 3.10 has no `co_qualname`: the name is `co_name`, whatever lies where 3.11 keeps the
+    /// qualified name (`co_zombieframe` in 3.10).
+    #[test]
+    fn reads_a_310_code_object() {
+        let mut m = Fake::default();
+        code_object(&mut m, &PY310, 0x4000, CODE_TYPE);
+        m.put_u64(0x4000 + PY311.code_qualname.unwrap(), 0x5000);
+        let c = read_code(&m, &interp_310(), &PY310, 0x4000).unwrap();
+        assert_eq!(c.qualname, "next");
+        assert_eq!(c.filename, "/srv/data.py");
+        assert_eq!(c.first_line, 12);
+        assert_eq!(c.linetable, vec![0x80, 0x00]);
+        assert_eq!(c.format, LineTable::Pep626);
     }
 
     #[test]
     fn refuses_what_is_not_a_code_object() {
-        let mut m = Fake::default();
-        code_object(&mut m, 0x4000, 0x9999);
-        assert!(read_code(&m, &interp(), &PY311, 0x4000).is_err());
-        // A str whose state is not compact (freed or rewritten) is not read.
-        let mut m = Fake::default();
-        code_object(&mut m, 0x4000, CODE_TYPE);
-        m.put(0x5200 + 32, &0u32.to_le_bytes());
-        assert!(read_code(&m, &interp(), &PY311, 0x4000).is_err());
-        // Unmapped memory.
-        assert!(read_code(&Fake::default(), &interp(), &PY311, 0x4000).is_err());
+        for off in [&PY310, &PY311] {
+            let mut m = Fake::default();
+            code_object(&mut m, off, 0x4000, 0x9999);
+            assert!(read_code(&m, &interp(), off, 0x4000).is_err());
+            // A str whose state is not compact (freed or rewritten) is not read.
+            let mut m = Fake::default();
+            code_object(&mut m, off, 0x4000, CODE_TYPE);
+            m.put(0x5200 + 32, &0u32.to_le_bytes());
+            assert!(read_code(&m, &interp(), off, 0x4000).is_err());
+            // Unmapped memory.
+            assert!(read_code(&Fake::default(), &interp(), off, 0x4000).is_err());
+        }
     }
 
     #[test]
@@ -354,14 +406,17 @@ mod tests {
     #[test]
     fn walks_interpreters_and_threads() {
         let off = &PY311;
+        let ThreadTid::Native(native_id) = off.tstate_tid else {
+            panic!("3.11 has native thread ids")
+        };
         let mut m = Fake::default();
         let i = interp();
         m.put_u64(i.runtime + off.runtime_interp_head, 0x2000);
         m.put_u64(0x2000 + off.interp_next, 0);
         m.put_u64(0x2000 + off.interp_threads_head, 0x3000);
-        m.put_u64(0x3000 + off.tstate_native_id, 101);
+        m.put_u64(0x3000 + native_id, 101);
         m.put_u64(0x3000 + off.tstate_next, 0x3400);
-        m.put_u64(0x3400 + off.tstate_native_id, 100);
+        m.put_u64(0x3400 + native_id, 100);
         m.put_u64(0x3400 + off.tstate_next, 0);
         assert_eq!(
             thread_states(&m, &i, off).unwrap(),
@@ -370,5 +425,39 @@ mod tests {
         // A cycle (memory rewritten under us) is an error, not an endless or duplicated list.
         m.put_u64(0x3400 + off.tstate_next, 0x3000);
         assert!(thread_states(&m, &i, off).is_err());
+    }
+
+    /// 3.10: each thread state's `pthread_t` leads to the tid in glibc's `struct pthread`.
+    #[test]
+    fn walks_310_threads_through_pthreads() {
+        let off = &PY310;
+        let ThreadTid::Pthread(thread_id) = off.tstate_tid else {
+            panic!("3.10 has pthread ids")
+        };
+        let mut m = Fake::default();
+        let i = interp_310();
+        let tid_off = i.pthread_tid.unwrap();
+        m.put_u64(i.runtime + off.runtime_interp_head, 0x2000);
+        m.put_u64(0x2000 + off.interp_next, 0);
+        m.put_u64(0x2000 + off.interp_threads_head, 0x3000);
+        m.put_u64(0x3000 + thread_id, 0x7000);
+        m.put(0x7000 + tid_off, &4242u32.to_le_bytes());
+        m.put_u64(0x3000 + off.tstate_next, 0x3400);
+        m.put_u64(0x3400 + thread_id, 0x8000);
+        m.put(0x8000 + tid_off, &4243u32.to_le_bytes());
+        m.put_u64(0x3400 + off.tstate_next, 0x3800);
+        // Not bound to a thread yet: left out.
+        m.put_u64(0x3800 + thread_id, 0);
+        m.put_u64(0x3800 + off.tstate_next, 0);
+        assert_eq!(
+            thread_states(&m, &i, off).unwrap(),
+            vec![(4242, 0x3000), (4243, 0x3400)]
+        );
+        // Without the C library's offset there is no tid to give.
+        let no_libc = Interpreter {
+            pthread_tid: None,
+            ..i
+        };
+        assert!(thread_states(&m, &no_libc, off).is_err());
     }
 }

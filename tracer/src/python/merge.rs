@@ -131,6 +131,35 @@ mod tests {
         );
     }
 
+    /// 3.10: every frame is its own activation, so each eval frame takes one Python frame.
+    #[test]
+    fn splices_one_frame_per_activation_310() {
+        let native = vec![
+            n("main"),
+            n(EVAL_FRAME),
+            n("_PyFunction_Vectorcall"),
+            n(EVAL_FRAME),
+            n("builtin_call"),
+            n(EVAL_FRAME),
+            n("memcpy"),
+        ];
+        let py = vec![p("<module>", true), p("run", true), p("leaf", true)];
+        let (m, how) = merge(&native, &py);
+        assert_eq!(how, Merge::Exact);
+        assert_eq!(
+            names(&m),
+            vec![
+                "main",
+                "<module>",
+                "_PyFunction_Vectorcall",
+                "run",
+                "builtin_call",
+                "leaf",
+                "memcpy"
+            ]
+        );
+    }
+
     #[test]
     fn mismatch_keeps_names_at_the_leaf_eval() {
         let native = vec![n("main"), n(EVAL_FRAME), n("x"), n(EVAL_FRAME), n("y")];

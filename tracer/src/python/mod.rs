@@ -35,7 +35,7 @@ use self::{
     detect::Interpreter,
     memory::{Memory, ProcessMemory},
     merge::{Merge, PyFrameSym},
-    offsets::VersionOffsets,
+    offsets::{ThreadTid, VersionOffsets},
 };
 use crate::{
     probes::{AttachCtx, FinishCtx, ProbeFamily},
@@ -181,8 +181,9 @@ impl PyState {
                 continue;
             }
             // After an exec the old interpreter's addresses mean nothing: detect again.
+            // `PyCode_Type` always has file data; `_PyRuntime` may be in anonymous memory.
             if let Some(ProcState::Python { interp, .. }) = self.procs.get(&pid) {
-                let still = crate::symbolize::find_mapping(&t.maps, interp.runtime)
+                let still = crate::symbolize::find_mapping(&t.maps, interp.code_type)
                     .is_some_and(|m| m.path == interp.module);
                 if !still {
                     let _ = procs.remove(&pid);
@@ -214,14 +215,20 @@ impl PyState {
                     self.notes.push(format!("python: pid {pid}: {e}"));
                     ProcState::Unsupported
                 }
-                Ok(Some(interp)) => {
-                    let (a, b, c) = interp.version;
+                Ok(Some(mut interp)) => {
+                    let (a, b, _) = interp.version;
+                    let v = interp.version_string();
                     let off = offsets::for_version(a, b);
-                    let off = match off.map(|o| verify_at_runtime(&mem, &interp, o)) {
-                        Some(Err(e)) => {
+                    let checked = off.map(|o| verify_at_runtime(pid, maps, &mem, &mut interp, o));
+                    let off = match checked {
+                        Some(Err(Unverified::NotYet(_))) if checks + 1 < YOUNG_CHECKS => {
+                            self.procs
+                                .insert(pid, ProcState::NotPython(t.maps.len(), checks + 1));
+                            continue;
+                        }
+                        Some(Err(Unverified::NotYet(e) | Unverified::Refused(e))) => {
                             self.notes.push(format!(
-                                "python: pid {pid} runs CPython {a}.{b}.{c} ({}): {e}: native \
-                                 frames only",
+                                "python: pid {pid} runs CPython {v} ({}): {e}: native frames only",
                                 interp.module
                             ));
                             self.procs.insert(pid, ProcState::Unsupported);
@@ -232,7 +239,7 @@ impl PyState {
                     match off {
                         None => {
                             self.notes.push(format!(
-                                "python: pid {pid} runs CPython {a}.{b}.{c} ({}), a version without \
+                                "python: pid {pid} runs CPython {v} ({}), a version without \
                                  verified offsets: native frames only",
                                 interp.module
                             ));
@@ -243,7 +250,7 @@ impl PyState {
                                 .insert(pid, off.bpf, 0)
                                 .with_context(|| format!("add pid {pid} to PY_PROCS"))?;
                             self.notes.push(format!(
-                                "python: pid {pid} runs CPython {a}.{b}.{c} ({}); offsets verified",
+                                "python: pid {pid} runs CPython {v} ({}); offsets verified",
                                 interp.module
                             ));
                             ProcState::Python {
@@ -425,7 +432,7 @@ impl PyState {
                 }
             };
             out.push(PyFrameSym {
-                frame: py_frame(info, f.instr_off, off.code_bytecode as u32),
+                frame: py_frame(info, off.instr_addr(f.instr_off)),
                 entry: f.flags & PY_FRAME_ENTRY != 0,
             });
         }
@@ -446,36 +453,59 @@ impl PyState {
     }
 }
 
-/// 3.13+ carries its own offsets (`_Py_DebugOffsets`): the built-in table must agree with them.
+/// Why a process of a version with offsets cannot be walked.
+enum Unverified {
+    /// Something the process may not have mapped yet: a process started by the command is
+    /// detected as soon as the interpreter's module is mapped, and the loader maps the C library
+    /// after it. Checked again while the process is young.
+    NotYet(String),
+    Refused(String),
+}
+
+/// What the built-in table needs from the process itself. 3.10's thread states name their
+/// thread by `pthread_t`: the C library says where the tid is. 3.13+ carries its own offsets
+/// (`_Py_DebugOffsets`): the built-in table must agree with them.
 fn verify_at_runtime(
+    pid: u32,
+    maps: &[procfs::Mapping],
     mem: &ProcessMemory,
-    interp: &Interpreter,
+    interp: &mut Interpreter,
     off: &VersionOffsets,
-) -> Result<(), String> {
-    if interp.version < (3, 13, 0) {
+) -> Result<(), Unverified> {
+    if let ThreadTid::Pthread(_) = off.tstate_tid {
+        match detect::pthread_tid_offset(pid, maps, mem, &interp.module) {
+            Ok(Some(o)) => interp.pthread_tid = Some(o),
+            Ok(None) => {
+                return Err(Unverified::NotYet(
+                    "no _thread_db_pthread_tid in the C library (not glibc?)".into(),
+                ))
+            }
+            Err(e) => return Err(Unverified::Refused(e)),
+        }
+    }
+    if (interp.version.0, interp.version.1) < (3, 13) {
         return Ok(());
     }
     let mut buf = vec![0u8; offsets::DEBUG_OFFSETS_WORDS * 8];
     mem.read(interp.runtime, &mut buf)
-        .map_err(|e| format!("reading _Py_DebugOffsets: {e}"))?;
+        .map_err(|e| Unverified::Refused(format!("reading _Py_DebugOffsets: {e}")))?;
     let words: Vec<u64> = buf
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
         .collect();
-    offsets::check_debug_offsets(&words, off)
+    offsets::check_debug_offsets(&words, off).map_err(Unverified::Refused)
 }
 
-/// `qualname (file.py:line)`; the line is left out when the table gives none.
-pub fn py_frame(info: &CodeInfo, instr_off: u32, bytecode: u32) -> Frame {
+/// `qualname (file.py:line)` for the instruction at byte `addr` of the bytecode (`None`: the
+/// frame has not run its first instruction); the line is left out when the table gives none.
+pub fn py_frame(info: &CodeInfo, addr: Option<u32>) -> Frame {
     let file = Path::new(&info.filename)
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| info.filename.clone());
-    // `prev_instr` sits one code unit before the bytecode until the first instruction runs.
-    let line = if instr_off < bytecode {
-        Some(info.first_line)
-    } else {
-        linetable::line_for(&info.linetable, info.first_line, instr_off - bytecode)
+    let line = match addr {
+        None => Some(info.first_line),
+        Some(a) => info.format.line_for(&info.linetable, info.first_line, a),
     };
     let name = match line {
         Some(l) => format!("{} ({file}:{l})", info.qualname),
@@ -563,6 +593,11 @@ fn walk_stats(ebpf: &Ebpf) -> Result<BTreeMap<String, u64>> {
 mod tests {
     use super::*;
 
+    use crate::python::{
+        linetable::LineTable,
+        offsets::{PY310, PY311},
+    };
+
     #[test]
     fn frame_names_with_lines() {
         let info = CodeInfo {
@@ -570,18 +605,32 @@ mod tests {
             filename: "/srv/app/worker.py".into(),
             first_line: 1,
             linetable: include_bytes!("testdata/linetable_311.bin").to_vec(),
+            format: LineTable::Locations,
         };
         // Offset 30 bytes into the bytecode is on line 4 of the fixture (see linetable tests).
-        assert_eq!(
-            py_frame(&info, 184 + 30, 184).name,
-            "Worker.run (worker.py:4)"
-        );
+        let name = |instr_off| py_frame(&info, PY311.instr_addr(instr_off)).name;
+        assert_eq!(name(184 + 30), "Worker.run (worker.py:4)");
         // Before the first instruction: the def line.
-        assert_eq!(py_frame(&info, 182, 184).name, "Worker.run (worker.py:1)");
+        assert_eq!(name(182), "Worker.run (worker.py:1)");
         // Beyond the table: no line rather than a wrong one.
-        assert_eq!(
-            py_frame(&info, 184 + 10_000, 184).name,
-            "Worker.run (worker.py)"
-        );
+        assert_eq!(name(184 + 10_000), "Worker.run (worker.py)");
+    }
+
+    /// 3.10 frames as the kernel records them (2 * f_lasti), with the 3.10 fixture, whose bytes
+    /// 16..34 are line 4 and 34..40 line 5.
+    #[test]
+    fn frame_names_with_lines_310() {
+        let info = CodeInfo {
+            qualname: "run".into(),
+            filename: "/srv/app/worker.py".into(),
+            first_line: 1,
+            linetable: include_bytes!("testdata/linetable_310.bin").to_vec(),
+            format: LineTable::Pep626,
+        };
+        let name = |lasti: i32| py_frame(&info, PY310.instr_addr((lasti * 2) as u32)).name;
+        assert_eq!(name(8), "run (worker.py:4)");
+        assert_eq!(name(17), "run (worker.py:5)");
+        assert_eq!(name(-1), "run (worker.py:1)");
+        assert_eq!(name(20), "run (worker.py)");
     }
 }
