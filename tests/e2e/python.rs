@@ -191,15 +191,13 @@ fn check_python_offcpu(dir: &Path, report: &serde_json::Value, cpu_folded: &str)
     );
 }
 
-#[test]
-fn python_frames_via_command() {
+/// Traces the workload run by `python` as a command, and checks what every version must show.
+fn traced_by_command(test: &str, python: &str, out: &str, version: &str) {
     let _g = serial();
-    if !require_root("python_frames_via_command")
-        || !interpreter(DEBIAN_311, "python_frames_via_command")
-    {
+    if !require_root(test) || !interpreter(python, test) {
         return;
     }
-    let dir = out_dir("py-cmd");
+    let dir = out_dir(out);
     let w = workload();
     let run = gputrace(&[
         "-F",
@@ -207,11 +205,16 @@ fn python_frames_via_command() {
         "-o",
         dir.to_str().unwrap(),
         "--",
-        DEBIAN_311,
+        python,
         &w,
         "4",
     ]);
-    check_python(&dir, &run, "3.11.");
+    check_python(&dir, &run, version);
+}
+
+#[test]
+fn python_frames_via_command() {
+    traced_by_command("python_frames_via_command", DEBIAN_311, "py-cmd", "3.11.");
 }
 
 #[test]
@@ -249,74 +252,35 @@ fn python_frames_via_pid() {
 
 #[test]
 fn python_312_frames_via_command() {
-    let _g = serial();
-    if !require_root("python_312_frames_via_command")
-        || !interpreter(PYENV_312, "python_312_frames_via_command")
-    {
-        return;
-    }
-    let dir = out_dir("py-312");
-    let w = workload();
-    let run = gputrace(&[
-        "-F",
-        "499",
-        "-o",
-        dir.to_str().unwrap(),
-        "--",
+    traced_by_command(
+        "python_312_frames_via_command",
         PYENV_312,
-        &w,
-        "4",
-    ]);
-    check_python(&dir, &run, "3.12.1");
+        "py-312",
+        "3.12.1",
+    );
 }
 
 #[test]
 fn python_313_frames_via_command() {
-    let _g = serial();
-    if !require_root("python_313_frames_via_command")
-        || !interpreter(PYENV_313, "python_313_frames_via_command")
-    {
-        return;
-    }
-    let dir = out_dir("py-313");
-    let w = workload();
-    let run = gputrace(&[
-        "-F",
-        "499",
-        "-o",
-        dir.to_str().unwrap(),
-        "--",
+    traced_by_command(
+        "python_313_frames_via_command",
         PYENV_313,
-        &w,
-        "4",
-    ]);
-    check_python(&dir, &run, "3.13.0");
+        "py-313",
+        "3.13.0",
+    );
 }
 
 /// 3.10 has no native thread id in its thread states (the tid comes from glibc's `struct
 /// pthread`) and a `PyFrameObject` chain whose frames are each run by their own eval activation.
 #[test]
 fn python_310_frames_via_command() {
-    let _g = serial();
-    if !require_root("python_310_frames_via_command")
-        || !interpreter(PYENV_310, "python_310_frames_via_command")
-    {
-        return;
-    }
-    let dir = out_dir("py-310");
-    let w = workload();
-    let run = gputrace(&[
-        "-F",
-        "499",
-        "-o",
-        dir.to_str().unwrap(),
-        "--",
-        PYENV_310,
-        &w,
-        "4",
-    ]);
     // 3.10 has no Py_Version: the version comes from libpython3.10's name, without a patch.
-    check_python(&dir, &run, "3.10 (");
+    traced_by_command(
+        "python_310_frames_via_command",
+        PYENV_310,
+        "py-310",
+        "3.10 (",
+    );
 }
 
 /// pyenv 3.10's static library and `main`, for a statically linked interpreter.
