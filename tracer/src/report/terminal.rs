@@ -195,6 +195,33 @@ pub fn render_time(o: &mut String, p: &ProcessReport, st: Style) {
         ),
     );
     bars(o, t, 6, "    ", st);
+    if let Some(g) = &p.gil {
+        let holder = g
+            .holders
+            .iter()
+            .find(|h| h.tid.is_some())
+            .map(|h| {
+                format!(
+                    "; held most by tid {}{} ({:.0}% of the wait)",
+                    h.tid.unwrap_or(0),
+                    if h.comm.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", h.comm)
+                    },
+                    h.percent
+                )
+            })
+            .unwrap_or_default();
+        line(
+            o,
+            &clip(&format!(
+                "    GIL: {} thread(s) waited {}{holder}",
+                g.waiters.len(),
+                units::dur(g.wait_ns)
+            )),
+        );
+    }
     let mut threads: Vec<_> = p.threads.iter().filter(|t| t.time.is_some()).collect();
     // Busiest first: time not spent sleeping.
     threads.sort_by_key(|t| {
@@ -217,6 +244,22 @@ pub fn render_time(o: &mut String, p: &ProcessReport, st: Style) {
                 )),
             );
             bars(o, tb, 4, "      ", st);
+            // Where in the Python code the biggest wait or CUDA call was.
+            if let Some(s) = th.python_sites.iter().max_by_key(|s| s.ns) {
+                line(
+                    o,
+                    &clip(&format!(
+                        "      python: {} {:.1}% at {}{}",
+                        s.category,
+                        s.percent,
+                        s.frame,
+                        s.call
+                            .as_deref()
+                            .map(|c| format!(" ({c})"))
+                            .unwrap_or_default()
+                    )),
+                );
+            }
         }
         if threads.len() > MAX_THREADS {
             line(

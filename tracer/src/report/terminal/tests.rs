@@ -147,3 +147,58 @@ fn strip_ansi(s: &str) -> String {
     }
     out
 }
+
+#[test]
+fn python_lines_and_gil_in_the_time_section() {
+    use crate::report::model::python::{GilReport, GilThread, PySite};
+    let mut r = report();
+    let mut worker = thread(101, "worker", &[("gil", 40.0), ("cpu", 60.0)]);
+    worker.python_sites = vec![PySite {
+        category: "gil".into(),
+        frame: "hot (w.py:12)".into(),
+        call: None,
+        ns: 4 * SEC,
+        percent: 40.0,
+    }];
+    let mut p = process(
+        100,
+        None,
+        "python",
+        vec![thread(100, "python", &[("cpu", 100.0)]), worker],
+    );
+    p.gil = Some(GilReport {
+        wait_ns: 4 * SEC,
+        waiters: vec![GilThread {
+            tid: Some(101),
+            comm: "worker".into(),
+            ns: 4 * SEC,
+            percent: 100.0,
+        }],
+        holders: vec![
+            GilThread {
+                tid: None,
+                comm: String::new(),
+                ns: SEC,
+                percent: 25.0,
+            },
+            GilThread {
+                tid: Some(100),
+                comm: "python".into(),
+                ns: 3 * SEC,
+                percent: 75.0,
+            },
+        ],
+    });
+    r.processes.push(p);
+    let out = render(&r, false);
+    assert!(
+        out.contains(
+            "    GIL: 1 thread(s) waited 4.00 s; held most by tid 100 python (75% of the wait)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("      python: gil 40.0% at hot (w.py:12)"),
+        "{out}"
+    );
+}
