@@ -203,47 +203,74 @@ pub struct MemEvent {
 /// Live bytes over time and what was never freed, from the ordered allocation events of one
 /// process. Frees of addresses allocated before the trace are counted but change nothing.
 pub fn memory(events: &[MemEvent], window_start_ns: u64) -> MemoryStat {
-    let mut m = MemoryStat::default();
-    let mut live: HashMap<u64, (u64, u32, u64)> = HashMap::new();
-    let mut live_bytes: u64 = 0;
+    let mut m = MemoryTracker::default();
     for e in events {
+        m.add(e);
+    }
+    m.finish(window_start_ns)
+}
+
+/// [`memory`] one event at a time, as they arrive: it keeps the live allocations and a bounded
+/// series, not the events, so an hour of allocation churn costs no more than its peak.
+#[derive(Debug, Default)]
+pub struct MemoryTracker {
+    m: MemoryStat,
+    /// addr -> (bytes, function id, when).
+    live: HashMap<u64, (u64, u32, u64)>,
+    live_bytes: u64,
+    /// (absolute ns, live bytes) until the series is full.
+    series: Vec<(u64, u64)>,
+}
+
+impl MemoryTracker {
+    pub fn add(&mut self, e: &MemEvent) {
+        let m = &mut self.m;
         match e.size {
             Some(size) => {
                 m.allocs += 1;
                 m.alloc_bytes += size;
-                if let Some((old, _, _)) = live.insert(e.addr, (size, e.fid, e.ts_ns)) {
+                if let Some((old, _, _)) = self.live.insert(e.addr, (size, e.fid, e.ts_ns)) {
                     // Freed without our seeing it (e.g. through a path we do not probe).
-                    live_bytes -= old;
+                    self.live_bytes -= old;
                 }
-                live_bytes += size;
+                self.live_bytes += size;
             }
             None => {
                 m.frees += 1;
-                match live.remove(&e.addr) {
-                    Some((size, _, _)) => live_bytes -= size,
-                    None => continue,
+                match self.live.remove(&e.addr) {
+                    Some((size, _, _)) => self.live_bytes -= size,
+                    None => return,
                 }
             }
         }
-        m.peak_live_bytes = m.peak_live_bytes.max(live_bytes);
-        if m.live_bytes_series.len() < MAX_SERIES {
-            m.live_bytes_series
-                .push((e.ts_ns.saturating_sub(window_start_ns), live_bytes));
+        m.peak_live_bytes = m.peak_live_bytes.max(self.live_bytes);
+        if self.series.len() < MAX_SERIES {
+            self.series.push((e.ts_ns, self.live_bytes));
         }
     }
-    m.live_bytes_at_end = live_bytes;
-    let mut never: Vec<Allocation> = live
-        .into_values()
-        .map(|(bytes, fid, ts)| Allocation {
-            function: table::func(fid).map(|f| f.name).unwrap_or("?").into(),
-            bytes,
-            at_ns: ts.saturating_sub(window_start_ns),
-        })
-        .collect();
-    never.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.at_ns.cmp(&b.at_ns)));
-    never.truncate(MAX_NEVER_FREED);
-    m.never_freed = never;
-    m
+
+    pub fn finish(&self, window_start_ns: u64) -> MemoryStat {
+        let mut m = self.m.clone();
+        m.live_bytes_series = self
+            .series
+            .iter()
+            .map(|&(ts, b)| (ts.saturating_sub(window_start_ns), b))
+            .collect();
+        m.live_bytes_at_end = self.live_bytes;
+        let mut never: Vec<Allocation> = self
+            .live
+            .values()
+            .map(|&(bytes, fid, ts)| Allocation {
+                function: table::func(fid).map(|f| f.name).unwrap_or("?").into(),
+                bytes,
+                at_ns: ts.saturating_sub(window_start_ns),
+            })
+            .collect();
+        never.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.at_ns.cmp(&b.at_ns)));
+        never.truncate(MAX_NEVER_FREED);
+        m.never_freed = never;
+        m
+    }
 }
 
 /// Demangles a C++ symbol (`_Z...`); other names are returned as they are.
@@ -435,5 +462,39 @@ mod tests {
     fn demangles_cpp_names_only() {
         assert_eq!(demangle("_Z5scalePfif"), "scale(float*, int, float)");
         assert_eq!(demangle("plain_c"), "plain_c");
+    }
+
+    /// Churn keeps what is live and a bounded series, not the events.
+    #[test]
+    fn allocation_churn_is_kept_in_bounded_memory() {
+        let mut t = MemoryTracker::default();
+        let n = 200_000u64;
+        for i in 0..n {
+            let addr = 0x1000 + (i % 7) * 0x100;
+            t.add(&MemEvent {
+                ts_ns: 2 * i,
+                fid: fid("cudaMalloc"),
+                addr,
+                size: Some(64),
+            });
+            t.add(&MemEvent {
+                ts_ns: 2 * i + 1,
+                fid: fid("cudaFree"),
+                addr,
+                size: None,
+            });
+        }
+        t.add(&MemEvent {
+            ts_ns: 2 * n,
+            fid: fid("cudaMalloc"),
+            addr: 0x9000,
+            size: Some(4096),
+        });
+        assert_eq!(t.live.len(), 1);
+        assert!(t.series.len() <= MAX_SERIES);
+        let m = t.finish(0);
+        assert_eq!((m.allocs, m.frees), (n + 1, n));
+        assert_eq!((m.peak_live_bytes, m.live_bytes_at_end), (4096, 4096));
+        assert_eq!(m.never_freed.len(), 1);
     }
 }

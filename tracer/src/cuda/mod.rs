@@ -41,7 +41,7 @@ use tracer_common::cuda::{
 };
 
 use self::{
-    aggregate::MemEvent,
+    aggregate::{MemEvent, MemoryTracker},
     discover::Found,
     table::{Layer, FUNCS},
 };
@@ -87,8 +87,8 @@ struct Lib {
 
 #[derive(Default)]
 struct RawEvents {
-    /// pid -> allocation events in order.
-    mem: BTreeMap<u32, Vec<MemEvent>>,
+    /// pid -> its allocations so far (live ones, counts, a bounded series).
+    mem: BTreeMap<u32, MemoryTracker>,
     /// (pid, handle) -> name.
     names: HashMap<(u32, u64), String>,
     /// (pid, function handle) -> kernel handle.
@@ -170,13 +170,13 @@ impl CudaFamily {
             let (kind, pid, fid) = (u32_at(0), u32_at(4), u32_at(12));
             let (ts, addr, size) = (u64_at(16), u64_at(24), u64_at(32));
             match EventKind::from_u32(kind) {
-                Some(EventKind::Alloc) => self.raw.mem.entry(pid).or_default().push(MemEvent {
+                Some(EventKind::Alloc) => self.raw.mem.entry(pid).or_default().add(&MemEvent {
                     ts_ns: ts,
                     fid,
                     addr,
                     size: Some(size),
                 }),
-                Some(EventKind::Free) => self.raw.mem.entry(pid).or_default().push(MemEvent {
+                Some(EventKind::Free) => self.raw.mem.entry(pid).or_default().add(&MemEvent {
                     ts_ns: ts,
                     fid,
                     addr,
@@ -380,10 +380,11 @@ impl ProbeFamily for CudaFamily {
             let kernels = aggregate::kernels(pid, &launches, |fid, func| {
                 kernel_name(raw, sym, pid, maps, alive, fid, func)
             });
-            let memory = aggregate::memory(
-                raw.mem.get(&pid).map(Vec::as_slice).unwrap_or(&[]),
-                ctx.window_start_ktime,
-            );
+            let memory = raw
+                .mem
+                .get(&pid)
+                .map(|m| m.finish(ctx.window_start_ktime))
+                .unwrap_or_default();
             p.cuda = Some(ProcessCuda {
                 libraries,
                 api: api_stats,
