@@ -23,10 +23,12 @@ pub enum Drop {
     SyscallMapFull = 6,
     /// Block I/O maps were full.
     BlockMapFull = 7,
-    /// CUDA maps or the CUDA ring buffer were full.
+    /// CUDA statistics maps (per-thread call state, call counts, launches, copies, errors) were
+    /// full.
     CudaFull = 8,
+    /// The CUDA event ring buffer was full: an allocation, free or kernel-name event was lost.
+    CudaEventsFull = 9,
     /// Spare slots so that later areas can add reasons without changing the map size.
-    Spare9 = 9,
     Spare10 = 10,
     Spare11 = 11,
     Spare12 = 12,
@@ -39,7 +41,7 @@ pub enum Drop {
 impl Drop {
     pub const COUNT: u32 = 16;
 
-    pub const ALL: [Drop; 10] = [
+    pub const ALL: [Drop; 11] = [
         Drop::CpuCountsFull,
         Drop::StackMapFull,
         Drop::ProcEventsFull,
@@ -49,6 +51,7 @@ impl Drop {
         Drop::SyscallMapFull,
         Drop::BlockMapFull,
         Drop::CudaFull,
+        Drop::CudaEventsFull,
         Drop::TimelineFull,
     ];
 
@@ -64,6 +67,7 @@ impl Drop {
             Drop::SyscallMapFull => "sys_enter, sys_exit",
             Drop::BlockMapFull => "block_rq_issue, block_rq_complete, block_bio_queue",
             Drop::CudaFull => "cuda_entry, cuda_ret",
+            Drop::CudaEventsFull => "cuda_ret",
             _ => "",
         }
     }
@@ -79,7 +83,11 @@ impl Drop {
             Drop::TimeMapFull => "time-accounting entries lost (map full)",
             Drop::SyscallMapFull => "syscall statistics lost (map full)",
             Drop::BlockMapFull => "block I/O requests not tracked (map full)",
-            Drop::CudaFull => "CUDA calls or events lost (map or ring buffer full)",
+            Drop::CudaFull => "CUDA call statistics lost (map full)",
+            Drop::CudaEventsFull => {
+                "CUDA allocation/free and kernel-name events lost (ring buffer full): memory \
+                 figures and kernel names incomplete"
+            }
             Drop::TimelineFull => "timeline events (trace.json) lost (ring buffer full)",
             _ => "unused",
         }

@@ -454,7 +454,7 @@ fn copy(pid: u32, dir: u32, flags: u8, bytes: u64, dur: u64) {
 #[inline(always)]
 fn emit(kind: EventKind, pid: u32, tid: u32, fid: u32, addr: u64, size: u64) {
     let Some(mut entry) = CUDA_EVENTS.reserve::<[u64; 5]>(0) else {
-        count_drop(Drop::CudaFull);
+        count_drop(Drop::CudaEventsFull);
         return;
     };
     // The header of a CudaEvent, without the name.
@@ -474,7 +474,7 @@ fn emit_name(pid: u32, tid: u32, fid: u32, handle: u64, name_ptr: u64) {
         return;
     }
     let Some(mut entry) = CUDA_EVENTS.reserve::<CudaEvent>(0) else {
-        count_drop(Drop::CudaFull);
+        count_drop(Drop::CudaEventsFull);
         return;
     };
     let ev = entry.as_mut_ptr();
