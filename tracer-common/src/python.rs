@@ -7,6 +7,14 @@ pub const PY_PROCS_MAP: &str = "PY_PROCS";
 pub const PY_STACKS_MAP: &str = "PY_STACKS";
 pub const PY_STATS_MAP: &str = "PY_STATS";
 pub const PY_SEED_MAP: &str = "PY_SEED";
+/// Processes user space found not to run a supported CPython (tgid -> 1). A traced process in
+/// neither this map nor `PY_PROCS` is not classified yet: its threads' waits are marked
+/// [`PY_STACK_PENDING`], so that they can get their Python stack once it is known. An exec
+/// takes the process out (the kernel does, at once).
+pub const PY_NOT_MAP: &str = "PY_NOT";
+pub const PY_NOT_ENTRIES: u32 = 16_384;
+/// Global of the eBPF object: 0 with `--python off` (no walk, nothing pending).
+pub const PY_ENABLED_GLOBAL: &str = "PY_ENABLED";
 
 /// The Python stack of a thread that left the CPU before user space knew its thread state (a
 /// thread just started, or one blocked since before the attach). A blocked thread's frames do

@@ -63,6 +63,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let (tgid, tid) = current_ids();
     if is_traced(tgid) {
+        crate::python::exec(tgid);
         emit(ProcEventKind::Exec, tgid, tid, 0);
     }
     0

@@ -7,11 +7,13 @@ use aya_ebpf::{
     helpers::{bpf_loop, bpf_probe_read_user, bpf_probe_read_user_buf},
     macros::map,
     maps::{HashMap, PerCpuArray},
+    Global,
 };
 use tracer_common::python::{
     PyFrame, PyOffsets, PySeed, PyStack, PyStat, GIL_LAST_HOLDER, GIL_LOCKED, GIL_SIZE,
-    PY_FRAME_ENTRY, PY_FRAME_WINDOW, PY_MAX_FRAMES, PY_NO_OFFSET, PY_OFF_LASTI, PY_PROCS_ENTRIES,
-    PY_SEED_ENTRIES, PY_STACKS_ENTRIES, PY_STACK_PENDING, PY_STACK_TRUNCATED, PY_TSTATE_ENTRIES,
+    PY_FRAME_ENTRY, PY_FRAME_WINDOW, PY_MAX_FRAMES, PY_NOT_ENTRIES, PY_NO_OFFSET, PY_OFF_LASTI,
+    PY_PROCS_ENTRIES, PY_SEED_ENTRIES, PY_STACKS_ENTRIES, PY_STACK_PENDING, PY_STACK_TRUNCATED,
+    PY_TSTATE_ENTRIES,
 };
 use tracer_common::wall::GIL_HOLDER_UNKNOWN;
 
@@ -32,6 +34,13 @@ static PY_SCRATCH: PerCpuArray<PyStack> = PerCpuArray::with_max_entries(1, 0);
 /// per field.
 #[map(name = "PY_WINDOW")]
 static PY_WINDOW: PerCpuArray<[u64; WINDOW_WORDS]> = PerCpuArray::with_max_entries(1, 0);
+
+#[map(name = "PY_NOT")]
+static PY_NOT: HashMap<u32, u8> = HashMap::with_max_entries(PY_NOT_ENTRIES, 0);
+
+/// 0 with `--python off`.
+#[no_mangle]
+static PY_ENABLED: Global<u32> = Global::new(1);
 
 #[map(name = "PY_SEED")]
 static PY_SEED: HashMap<u32, PySeed> = HashMap::with_max_entries(PY_SEED_ENTRIES, 0);
@@ -85,9 +94,14 @@ fn read_u64(addr: u64) -> Option<u64> {
 /// nothing recorded). Never fails the sample: the native stack is kept either way.
 #[inline(always)]
 pub fn python_stack(tgid: u32, tid: u32) -> u64 {
+    if PY_ENABLED.load() == 0 {
+        return 0;
+    }
     let off = match unsafe { PY_PROCS.get(&tgid) } {
         Some(o) => *o,
-        None => return 0,
+        None if unsafe { PY_NOT.get(&tgid) }.is_some() => return 0,
+        // Not classified yet (just started or just exec'd).
+        None => return PY_STACK_PENDING,
     };
     let tstate = match unsafe { PY_TSTATE.get(&tid) } {
         Some(t) => *t,
@@ -103,6 +117,12 @@ pub fn python_stack(tgid: u32, tid: u32) -> u64 {
             0
         }
     }
+}
+
+/// After an exec the process may be a Python it was not before: unclassified again.
+#[inline(always)]
+pub fn exec(tgid: u32) {
+    let _ = PY_NOT.remove(&tgid);
 }
 
 /// The stack user space walked for `tid`'s wait that began at `off_ns`, or still pending.

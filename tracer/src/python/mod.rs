@@ -24,8 +24,8 @@ use aya::{
 };
 use tracer_common::{
     python::{
-        PySeed, PyStack, PyStat, PY_FRAME_ENTRY, PY_PROCS_MAP, PY_SEED_MAP, PY_STACKS_MAP,
-        PY_STACK_PENDING, PY_STATS_MAP, PY_TSTATE_MAP,
+        PySeed, PyStack, PyStat, PY_ENABLED_GLOBAL, PY_FRAME_ENTRY, PY_NOT_MAP, PY_PROCS_MAP,
+        PY_SEED_MAP, PY_STACKS_MAP, PY_STACK_PENDING, PY_STATS_MAP, PY_TSTATE_MAP,
     },
     wall::{ThreadState, PHASE_ONCPU, THREADS_MAP},
 };
@@ -105,6 +105,8 @@ pub struct PyState {
     tstates: HashMap<(u32, u64), u32>,
     /// Stacks walked by user space for threads already waiting when first found.
     seeded: u64,
+    /// Processes in `PY_NOT`.
+    not_python: HashSet<u32>,
     pub notes: Vec<String>,
     pub merge: MergeStats,
 }
@@ -122,7 +124,8 @@ impl Python {
     }
 
     pub fn family(&self) -> Box<dyn ProbeFamily> {
-        Box::new(PythonFamily(self.clone()))
+        let enabled = u32::from(self.0.borrow().mode != PythonMode::Off);
+        Box::new(PythonFamily(self.clone(), enabled))
     }
 
     /// Reads the stacks recorded since the last tick (call once more before symbolising).
@@ -328,8 +331,40 @@ impl PyState {
         }
         for pid in gone {
             self.procs.remove(&pid);
+            self.not_python.remove(&pid);
         }
+        self.mark_not_python(ebpf)?;
         self.seed_blocked(ebpf, &fresh)
+    }
+
+    /// Tells the kernel which processes are classified as not Python (their waits need no
+    /// pending Python stack); the kernel itself forgets a process when it execs.
+    fn mark_not_python(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, u32, u8> =
+            BpfHashMap::try_from(ebpf.map_mut(PY_NOT_MAP).context("map PY_NOT missing")?)?;
+        for (&pid, state) in &self.procs {
+            let not = !matches!(state, ProcState::Python { .. });
+            // Re-inserted each tick while unsupported: an exec may have removed it, and the
+            // process is then re-classified by its maps.
+            if not && map.get(&pid, 0).is_err() {
+                // Full: the process's waits stay pending (a lookup more each), nothing is lost.
+                let _ = map.insert(pid, 1, 0);
+                self.not_python.insert(pid);
+            } else if !not && self.not_python.remove(&pid) {
+                let _ = map.remove(&pid);
+            }
+        }
+        let stale: Vec<u32> = self
+            .not_python
+            .iter()
+            .copied()
+            .filter(|p| !self.procs.contains_key(p))
+            .collect();
+        for pid in stale {
+            let _ = map.remove(&pid);
+            self.not_python.remove(&pid);
+        }
+        Ok(())
     }
 
     /// Threads just found that are off CPU in a wait that began before their thread state was
@@ -518,11 +553,17 @@ pub fn py_frame(info: &CodeInfo, addr: Option<u32>) -> Frame {
     }
 }
 
-struct PythonFamily(Python);
+/// The shared state, and `PY_ENABLED` for the loader.
+struct PythonFamily(Python, u32);
 
 impl ProbeFamily for PythonFamily {
     fn name(&self) -> &'static str {
         "python"
+    }
+
+    fn configure<'a>(&'a self, loader: &mut aya::EbpfLoader<'a>) -> Result<()> {
+        loader.override_global(PY_ENABLED_GLOBAL, &self.1, true);
+        Ok(())
     }
 
     fn attach(&mut self, _ebpf: &mut Ebpf, _ctx: &AttachCtx<'_>) -> Result<()> {
