@@ -140,7 +140,10 @@ fn a_moderate_launch_rate_is_estimated_within_its_bound() {
         return;
     }
     let (bin, lib) = storm();
-    let n = 500_000u64;
+    // ~8 s at ~120k launches/s: each window's close is paid from the bucket (its uncounted
+    // traps), so the 2% budget affords about one window a second, and the bound narrows
+    // with their number.
+    let n = 1_000_000u64;
     let out = common::out_dir("budget-moderate");
     let run = common::gputrace(&[
         "-F",
@@ -163,7 +166,7 @@ fn a_moderate_launch_rate_is_estimated_within_its_bound() {
     let bound = s["rel_error"]
         .as_f64()
         .unwrap_or_else(|| panic!("no error bound: {o}"));
-    // 0.24-0.41 on this VM (2026-11-21).
+    // 0.24-0.41 on this VM with 500k launches before closes were paid for (2026-11-21).
     assert!(bound < 0.8, "a bound too wide to say anything: {o}");
     let est = launches(&report) as f64;
     assert!(
