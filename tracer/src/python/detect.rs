@@ -228,6 +228,17 @@ pub fn pthread_tid_from_descriptor(d: [u32; 3]) -> Option<u64> {
 mod tests {
     use super::*;
 
+    fn mapping(start: u64, end: u64, offset: u64, path: &str) -> Mapping {
+        Mapping {
+            start,
+            end,
+            offset,
+            perms: "rw-p".into(),
+            inode: 1,
+            path: path.into(),
+        }
+    }
+
     #[test]
     fn names() {
         assert!(candidate("/usr/bin/python3.11"));
@@ -294,14 +305,7 @@ mod tests {
     /// `PyCode_Type` (in .data) into the anonymous mapping after the file's last one.
     #[test]
     fn symbols_without_file_data() {
-        let m = |start, end, offset, path: &str| Mapping {
-            start,
-            end,
-            offset,
-            perms: "rw-p".into(),
-            inode: 1,
-            path: path.into(),
-        };
+        let m = mapping;
         let lib = "/x/lib/libpython3.9.so.1.0";
         let maps = vec![
             m(0x7f00_0000_0000, 0x7f00_0010_0000, 0, lib),
@@ -327,14 +331,7 @@ mod tests {
 
     #[test]
     fn file_offsets_to_addresses() {
-        let m = |start, end, offset, path: &str| Mapping {
-            start,
-            end,
-            offset,
-            perms: "rw-p".into(),
-            inode: 1,
-            path: path.into(),
-        };
+        let m = mapping;
         let mut maps = vec![
             m(0x100000, 0x110000, 0, "/p"),
             m(0x400000, 0x401000, 0, "/p"),
