@@ -258,7 +258,17 @@ fn fake_cuda_calls_are_counted_exactly() {
 
     assert!(run.stdout.contains("CUDA calls"), "{}", run.stdout);
     assert!(run.stdout.contains("vectorAdd"), "{}", run.stdout);
-    assert!(report["drops"].as_array().unwrap().is_empty());
+    // Nothing of the CUDA data lost. (A stack the stack map could not take costs a sample or a
+    // wait its stack, not a CUDA count; those drops are counted and shown on their own.)
+    assert!(
+        report["drops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["reason"] == "StackCollision" || d["reason"] == "StackMapFull"),
+        "{}",
+        report["drops"]
+    );
 }
 
 #[test]

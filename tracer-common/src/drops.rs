@@ -28,8 +28,10 @@ pub enum Drop {
     CudaFull = 8,
     /// The CUDA event ring buffer was full: an allocation, free or kernel-name event was lost.
     CudaEventsFull = 9,
+    /// Two stacks hashed to one slot of the stack-trace map (it keeps the first): a sample or
+    /// wait was counted without its stack. Grows with the number of distinct stacks.
+    StackCollision = 10,
     /// Spare slots so that later areas can add reasons without changing the map size.
-    Spare10 = 10,
     Spare11 = 11,
     Spare12 = 12,
     /// The timeline ring buffer was full: an event of trace.json was lost.
@@ -41,9 +43,10 @@ pub enum Drop {
 impl Drop {
     pub const COUNT: u32 = 16;
 
-    pub const ALL: [Drop; 11] = [
+    pub const ALL: [Drop; 12] = [
         Drop::CpuCountsFull,
         Drop::StackMapFull,
+        Drop::StackCollision,
         Drop::ProcEventsFull,
         Drop::TracedFull,
         Drop::ThreadStateFull,
@@ -60,6 +63,7 @@ impl Drop {
         match self {
             Drop::CpuCountsFull => "cpu_sample",
             Drop::StackMapFull => "cpu_sample, sched_switch",
+            Drop::StackCollision => "cpu_sample, sched_switch",
             Drop::ProcEventsFull => "task_newtask, sched_process_exec, sched_process_exit",
             Drop::TracedFull => "task_newtask",
             Drop::ThreadStateFull => "sched_switch, task_newtask (thread birth and death)",
@@ -77,6 +81,10 @@ impl Drop {
         match self {
             Drop::CpuCountsFull => "CPU samples not counted (sample map full)",
             Drop::StackMapFull => "CPU/off-CPU samples counted without a stack (stack map full)",
+            Drop::StackCollision => {
+                "CPU/off-CPU samples counted without a stack (another stack held its slot in the \
+                 stack map)"
+            }
             Drop::ProcEventsFull => "process fork/exec/exit events lost (ring buffer full)",
             Drop::TracedFull => "child processes not followed (traced-process map full)",
             Drop::ThreadStateFull => "threads whose time could not be accounted (thread map full)",

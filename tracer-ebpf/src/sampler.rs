@@ -20,6 +20,7 @@ use crate::maps::{add_to, count_drop, current_ids, is_traced, STACKS};
 static CPU_COUNTS: HashMap<SampleKey, u64> = HashMap::with_max_entries(CPU_COUNTS_ENTRIES, 0);
 
 const EFAULT: i32 = 14;
+const EEXIST: i32 = 17;
 
 #[perf_event]
 pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
@@ -48,7 +49,9 @@ fn stack_id(ctx: &PerfEventContext, flags: u64) -> i32 {
     match ctx.get_stackid(&STACKS, flags) {
         Ok(id) => id as i32,
         Err(e) => {
-            if e != -EFAULT {
+            if e == -EEXIST {
+                count_drop(Drop::StackCollision);
+            } else if e != -EFAULT {
                 count_drop(Drop::StackMapFull);
             }
             e

@@ -44,6 +44,7 @@ const CLONE_THREAD: u64 = 0x0001_0000;
 /// `prev_state` bits of a task that is exiting (EXIT_DEAD, EXIT_ZOMBIE in TASK_REPORT).
 const EXIT_BITS: i64 = 0x10 | 0x20;
 const EFAULT: i32 = 14;
+const EEXIST: i32 = 17;
 
 #[tracepoint]
 pub fn sched_switch(ctx: TracePointContext) -> u32 {
@@ -139,7 +140,9 @@ fn stack_id(ctx: &TracePointContext, flags: u64) -> i32 {
     match ctx.get_stackid(&STACKS, flags) {
         Ok(id) => id as i32,
         Err(e) => {
-            if e != -EFAULT {
+            if e == -EEXIST {
+                count_drop(Drop::StackCollision);
+            } else if e != -EFAULT {
                 count_drop(Drop::StackMapFull);
             }
             e

@@ -343,7 +343,14 @@ impl PyState {
         let mut map: BpfHashMap<&mut MapData, u32, u8> =
             BpfHashMap::try_from(ebpf.map_mut(PY_NOT_MAP).context("map PY_NOT missing")?)?;
         for (&pid, state) in &self.procs {
-            let not = !matches!(state, ProcState::Python { .. });
+            // Final verdicts only: a young process is checked again each tick (the loader maps
+            // libpython, or libc for 3.10's thread ids, after exec), and its waits stay
+            // pending until then.
+            let not = match state {
+                ProcState::Python { .. } => false,
+                ProcState::NotPython(_, checks) => *checks >= YOUNG_CHECKS,
+                ProcState::Unsupported => true,
+            };
             // Re-inserted each tick while unsupported: an exec may have removed it, and the
             // process is then re-classified by its maps.
             if not && map.get(&pid, 0).is_err() {
