@@ -199,6 +199,13 @@ pub struct WallKey {
     pub gil: u64,
 }
 
+impl WallKey {
+    /// Blocked time the kernel saw waiting on the interpreter's GIL.
+    pub fn gil_wait(&self) -> bool {
+        self.kind == KIND_BLOCKED && self.gil != 0
+    }
+}
+
 /// A GIL wait whose holder could not be read (the GIL was free at that instant: a race with
 /// its release).
 pub const GIL_HOLDER_UNKNOWN: u64 = u64::MAX;

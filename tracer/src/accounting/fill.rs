@@ -101,7 +101,7 @@ pub fn fill(
     let tracker = ctx.tracker;
     let sym = &mut *ctx.symbolizer;
     let threads = aggregate::threads(&rows, &[], &deaths, end, |k| {
-        let v = if k.kind == KIND_BLOCKED && k.gil != 0 {
+        let v = if k.gil_wait() {
             classify::gil_wait(k.sys_nr)
         } else if k.kind == KIND_BLOCKED {
             let frames = kframes.entry(k.kstack).or_insert_with(|| {
@@ -162,12 +162,8 @@ pub fn fill(
                 tid: k.tid,
                 category,
                 frame: ctx.python.innermost(k.tgid, k.pystack),
-                call: category
-                    .is_cuda()
-                    .then(|| crate::cuda::table::func(k.sys_nr as u32).map(|f| f.name))
-                    .flatten()
-                    .filter(|_| k.sys_nr >= 0),
-                gil_holder: (k.kind == KIND_BLOCKED && k.gil != 0).then(|| {
+                call: render::cuda_call(k, category),
+                gil_holder: k.gil_wait().then(|| {
                     (k.gil != GIL_HOLDER_UNKNOWN)
                         .then(|| ctx.python.thread_of(k.tgid, k.gil))
                         .flatten()

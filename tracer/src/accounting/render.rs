@@ -103,18 +103,24 @@ fn user_frames(
         frames.reverse();
     }
     let mut frames = ctx.python.merge(k.tgid, k.pystack, frames);
-    if cat.is_cuda() {
-        if let Some(f) = crate::cuda::table::func(k.sys_nr as u32).filter(|_| k.sys_nr >= 0) {
-            if frames.last().map(|l| l.name.as_str()) != Some(f.name) {
-                frames.push(Frame {
-                    name: f.name.into(),
-                    module: None,
-                    kernel: false,
-                });
-            }
+    if let Some(name) = cuda_call(k, cat) {
+        if frames.last().map(|l| l.name.as_str()) != Some(name) {
+            frames.push(Frame {
+                name: name.into(),
+                module: None,
+                kernel: false,
+            });
         }
     }
     frames
+}
+
+/// The CUDA function a row of CUDA time was charged to (its `sys_nr` holds the function id).
+pub fn cuda_call(k: &WallKey, cat: Category) -> Option<&'static str> {
+    if !cat.is_cuda() || k.sys_nr < 0 {
+        return None;
+    }
+    crate::cuda::table::func(k.sys_nr as u32).map(|f| f.name)
 }
 
 pub struct OffcpuFolded;

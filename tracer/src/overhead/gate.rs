@@ -495,22 +495,8 @@ impl LaunchGate {
             c.close();
         }
         self.watch = None;
-        let mut worst = worst_cuda_thread(&data.report, self.cost_per_hit);
         // The closes' uncounted traps were paid by the launching thread.
-        if let Some(w) = worst.as_mut() {
-            let alive = data
-                .report
-                .processes
-                .iter()
-                .filter(|p| p.pid == w.pid)
-                .flat_map(|p| &p.threads)
-                .find(|t| t.tid == w.tid)
-                .and_then(|t| t.time.as_ref())
-                .map(|t| t.alive_ns);
-            if let Some(a) = alive.filter(|a| *a > 0) {
-                w.estimated += self.close_cost_ns / a as f64;
-            }
-        }
+        let worst = worst_cuda_thread(&data.report, self.cost_per_hit, self.close_cost_ns);
         data.report
             .overhead
             .get_or_insert_with(Overhead::default)

@@ -250,9 +250,14 @@ pub(crate) fn scale_launch_time(t: &mut crate::report::model::time::TimeBreakdow
 }
 
 /// The thread whose CUDA calls cost it the largest share of its time (calls seen, unscaled:
-/// the cost was paid only in the probed windows).
-pub(crate) fn worst_cuda_thread(r: &Report, cost_per_hit: f64) -> Option<ThreadOverhead> {
-    let mut best: Option<ThreadOverhead> = None;
+/// the cost was paid only in the probed windows), with `extra_ns` of probe cost it paid
+/// beyond its counted calls (window closes) added to its share.
+pub(crate) fn worst_cuda_thread(
+    r: &Report,
+    cost_per_hit: f64,
+    extra_ns: f64,
+) -> Option<ThreadOverhead> {
+    let mut best: Option<(ThreadOverhead, u64)> = None;
     for p in &r.processes {
         let Some(c) = &p.cuda else { continue };
         let alive: HashMap<u32, u64> = p
@@ -266,16 +271,22 @@ pub(crate) fn worst_cuda_thread(r: &Report, cost_per_hit: f64) -> Option<ThreadO
             };
             let calls: u64 = t.api.iter().map(|s| s.count).sum();
             let share = calls as f64 * cost_per_hit / a as f64;
-            if best.as_ref().is_none_or(|b| share > b.estimated) {
-                best = Some(ThreadOverhead {
-                    pid: p.pid,
-                    tid: t.tid,
-                    estimated: share,
-                });
+            if best.as_ref().is_none_or(|(b, _)| share > b.estimated) {
+                best = Some((
+                    ThreadOverhead {
+                        pid: p.pid,
+                        tid: t.tid,
+                        estimated: share,
+                    },
+                    a,
+                ));
             }
         }
     }
-    best
+    best.map(|(mut w, alive)| {
+        w.estimated += extra_ns / alive as f64;
+        w
+    })
 }
 
 #[cfg(test)]

@@ -139,7 +139,7 @@ impl Python {
         if key == 0 || key == PY_STACK_PENDING {
             return native;
         }
-        let Some(py) = st.resolve(pid, key) else {
+        let Some(py) = st.resolve(pid, key).map(<[PyFrameSym]>::to_vec) else {
             st.merge.unresolved += 1;
             return native;
         };
@@ -160,8 +160,7 @@ impl Python {
             return None;
         }
         let st = self.0.borrow();
-        let (p, frames) = st.stacks.get(&key)?;
-        (*p == pid).then(|| frames.last().map(|f| f.frame.name.clone()))?
+        st.resolve(pid, key)?.last().map(|f| f.frame.name.clone())
     }
 
     /// The native thread id whose `PyThreadState` was at `tstate` in process `pid`.
@@ -482,9 +481,9 @@ impl PyState {
     }
 
     /// Python frames of stack `key`, root first, when it was symbolised.
-    fn resolve(&self, pid: u32, key: u64) -> Option<Vec<PyFrameSym>> {
+    fn resolve(&self, pid: u32, key: u64) -> Option<&[PyFrameSym]> {
         let (p, frames) = self.stacks.get(&key)?;
-        (*p == pid).then(|| frames.clone())
+        (*p == pid).then_some(frames.as_slice())
     }
 
     fn python_seen(&self) -> bool {
