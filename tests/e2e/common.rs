@@ -92,8 +92,14 @@ impl Run {
 
 /// Runs gputrace to completion.
 pub fn gputrace(args: &[&str]) -> Run {
+    gputrace_env(args, &[])
+}
+
+/// Runs gputrace to completion with extra environment variables.
+pub fn gputrace_env(args: &[&str], env: &[(&str, &str)]) -> Run {
     let output = Command::new(GPUTRACE)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("run gputrace");

@@ -66,8 +66,22 @@ fn syscall_count(thread: &Value, name: &str) -> u64 {
 
 #[test]
 fn ground_truth_time_split() {
+    ground_truth("ground_truth_time_split", &[]);
+}
+
+/// The scheduler programs' classic-tracepoint versions, which kernels without the raw
+/// tracepoints' expected arguments get, keep the same books.
+#[test]
+fn ground_truth_time_split_on_classic_tracepoints() {
+    ground_truth(
+        "ground_truth_time_split_on_classic_tracepoints",
+        &[("GPUTRACE_RAW_TRACEPOINTS", "0")],
+    );
+}
+
+fn ground_truth(name: &str, env: &[(&str, &str)]) {
     let _g = serial();
-    if !require_root("ground_truth_time_split") {
+    if !require_root(name) {
         return;
     }
     let bin = build_c("ground_truth", &[]);
@@ -76,13 +90,21 @@ fn ground_truth_time_split() {
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).unwrap();
     let out = out_dir("time");
-    let run = gputrace(&[
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        bin.to_str().unwrap(),
-        work.to_str().unwrap(),
-    ]);
+    let run = gputrace_env(
+        &[
+            "-o",
+            out.to_str().unwrap(),
+            "-v",
+            "--",
+            bin.to_str().unwrap(),
+            work.to_str().unwrap(),
+        ],
+        env,
+    );
+    let classic = run
+        .stderr
+        .contains("scheduler programs on classic tracepoints");
+    assert_eq!(classic, !env.is_empty(), "stderr:\n{}", run.stderr);
     assert_eq!(
         run.code(),
         0,

@@ -172,6 +172,44 @@ impl ThreadState {
     }
 }
 
+/// The `prev_state` the `sched_switch` tracepoint reports (`__trace_sched_switch_state`),
+/// worked out from what its raw tracepoint passes: `preempt` and the task's `__state`. One bit,
+/// the highest of the task's reportable state: 0x1 S, 0x2 D, 0x4 T, 0x8 t, 0x10 X, 0x20 Z,
+/// 0x40 P, 0x80 I (idle), 0x100 preempted; 0 for running (a yield).
+///
+/// The tracepoint also ORs in `exit_state`, which the raw arguments lack; the last switch of
+/// an exiting task is the only one with `TASK_DEAD` set, and it reports that task as a zombie.
+#[inline(always)]
+pub fn report_state(preempt: bool, raw: u32) -> u32 {
+    const TASK_REPORT: u32 = 0x7f;
+    const TASK_DEAD: u32 = 0x80;
+    const TASK_IDLE: u32 = 0x402;
+    const TASK_RTLOCK_WAIT: u32 = 0x1000;
+    const EXIT_ZOMBIE: u32 = 0x20;
+    if preempt {
+        return 0x100;
+    }
+    let mut state = raw & TASK_REPORT;
+    if raw & TASK_DEAD != 0 {
+        state |= EXIT_ZOMBIE;
+    }
+    if raw & TASK_IDLE == TASK_IDLE {
+        state = 0x80;
+    }
+    if raw & TASK_RTLOCK_WAIT != 0 {
+        state = 0x2;
+    }
+    // The highest set bit, unrolled: the BPF target has no count-leading-zeros instruction.
+    let mut bit = 0x80;
+    while bit != 0 {
+        if state & bit != 0 {
+            return bit;
+        }
+        bit >>= 1;
+    }
+    0
+}
+
 /// How long walked stacks are reused for the same wait (ns).
 pub const STACK_REUSE_NS: u64 = 10_000_000;
 
@@ -379,5 +417,29 @@ pub fn log2_bucket(v: u64) -> usize {
         HIST_BUCKETS - 1
     } else {
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::report_state;
+
+    #[test]
+    fn switch_states_match_the_tracepoints() {
+        assert_eq!(
+            report_state(true, 0x1),
+            0x100,
+            "preempted, whatever the state"
+        );
+        assert_eq!(report_state(false, 0), 0, "yield: still running");
+        assert_eq!(report_state(false, 0x1), 0x1, "S");
+        assert_eq!(report_state(false, 0x2), 0x2, "D");
+        assert_eq!(report_state(false, 0x102), 0x2, "TASK_KILLABLE is D");
+        assert_eq!(report_state(false, 0x2001), 0x1, "freezable S is S");
+        assert_eq!(report_state(false, 0x402), 0x80, "TASK_IDLE is I, not D");
+        assert_eq!(report_state(false, 0x1000), 0x2, "rtlock wait is D");
+        assert_eq!(report_state(false, 0x80), 0x20, "TASK_DEAD: exiting");
+        assert_eq!(report_state(false, 0x40), 0x40, "parked");
+        assert_eq!(report_state(false, 0x8), 0x8, "traced");
     }
 }

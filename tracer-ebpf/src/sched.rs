@@ -4,17 +4,22 @@
 //! `bpf_get_current_pid_tgid`; `next` is found by tid in `THREADS`, which only traced threads
 //! are in. Off-CPU intervals carry what the thread was doing when it left the CPU (syscall,
 //! task state, user and kernel stacks) and are classified in user space.
+//!
+//! Each program comes twice: on a raw tracepoint (the default: it runs on every context switch
+//! of the machine, and a classic tracepoint first copies its record, names included) and on the
+//! classic tracepoint (`*_tp`), for kernels whose BTF does not show the raw arguments expected
+//! here. User space loads one of the two.
 
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
-    helpers::bpf_ktime_get_ns,
-    macros::tracepoint,
-    programs::{tracing::StackIdContext, TracePointContext},
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::{raw_tracepoint, tracepoint},
+    programs::{tracing::StackIdContext, RawTracePointContext, TracePointContext},
     Global,
 };
 use tracer_common::{
     drops::Drop,
-    wall::{ThreadState, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, STACK_REUSE_NS},
+    wall::{report_state, ThreadState, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, STACK_REUSE_NS},
 };
 
 use crate::{
@@ -28,6 +33,9 @@ static OFF_SW_PREV_STATE: Global<u32> = Global::new(32);
 static OFF_SW_NEXT_PID: Global<u32> = Global::new(56);
 #[no_mangle]
 static OFF_WAKE_PID: Global<u32> = Global::new(24);
+/// `task_struct.pid`, from the kernel's BTF (raw tracepoints pass tasks, not their fields).
+#[no_mangle]
+static OFF_TASK_PID: Global<u32> = Global::new(0);
 #[no_mangle]
 static OFF_TN_PID: Global<u32> = Global::new(8);
 #[no_mangle]
@@ -46,14 +54,37 @@ const EXIT_BITS: i64 = 0x10 | 0x20;
 const EFAULT: i32 = 14;
 const EEXIST: i32 = 17;
 
+// TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next,
+//          unsigned int prev_state)
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn sched_switch(ctx: RawTracePointContext) -> u32 {
+    let preempt: u64 = ctx.arg(0);
+    let raw_state: u64 = ctx.arg(3);
+    let next: u64 = ctx.arg(2);
+    let state = report_state(preempt & 0xff != 0, raw_state as u32);
+    switch(&ctx, state as i64, task_pid(next))
+}
+
 #[tracepoint]
-pub fn sched_switch(ctx: TracePointContext) -> u32 {
+pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
+    let state: i64 = unsafe { ctx.read_at(OFF_SW_PREV_STATE.load() as usize) }.unwrap_or(0);
+    let next: i32 = unsafe { ctx.read_at(OFF_SW_NEXT_PID.load() as usize) }.unwrap_or(0);
+    switch(&ctx, state, next)
+}
+
+#[inline(always)]
+fn task_pid(task: u64) -> i32 {
+    unsafe { bpf_probe_read_kernel((task + OFF_TASK_PID.load() as u64) as *const i32) }.unwrap_or(0)
+}
+
+/// `prev_state` in the tracepoint's form (`tracer_common::wall::report_state`).
+#[inline(always)]
+fn switch<C: StackIdContext>(ctx: &C, prev_state: i64, next: i32) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let (tgid, tid) = current_ids();
     if tid != 0 {
-        switch_out(&ctx, tgid, tid, now);
+        switch_out(ctx, tgid, tid, now, prev_state);
     }
-    let next: i32 = unsafe { ctx.read_at(OFF_SW_NEXT_PID.load() as usize) }.unwrap_or(0);
     if next > 0 {
         let next = next as u32;
         if let Some(st) = THREADS.get_ptr_mut(&next) {
@@ -69,7 +100,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
 /// Looked up by tid first, not by TRACED: a process's last thread leaves TRACED at
 /// sched_process_exit, before its final switch-out, which is when its life ends.
 #[inline(always)]
-fn switch_out(ctx: &TracePointContext, tgid: u32, tid: u32, now: u64) {
+fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_state: i64) {
     let st = match THREADS.get_ptr_mut(&tid) {
         Some(st) => st,
         None => {
@@ -89,7 +120,6 @@ fn switch_out(ctx: &TracePointContext, tgid: u32, tid: u32, now: u64) {
         }
     };
     let st: &mut ThreadState = unsafe { &mut *st };
-    let prev_state: i64 = unsafe { ctx.read_at(OFF_SW_PREV_STATE.load() as usize) }.unwrap_or(0);
     close(tid, st, now);
     if prev_state & 0xff & EXIT_BITS != 0 {
         died(tid, st, now);
@@ -136,7 +166,7 @@ fn switch_out(ctx: &TracePointContext, tgid: u32, tid: u32, now: u64) {
 }
 
 #[inline(always)]
-fn stack_id(ctx: &TracePointContext, flags: u64) -> i32 {
+fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
     match ctx.get_stackid(&STACKS, flags) {
         Ok(id) => id as i32,
         Err(e) => {
@@ -151,9 +181,20 @@ fn stack_id(ctx: &TracePointContext, flags: u64) -> i32 {
 }
 
 /// A blocked thread became runnable: what follows until it runs is runqueue time.
+// TP_PROTO(struct task_struct *p)
+#[raw_tracepoint(tracepoint = "sched_wakeup")]
+pub fn sched_wakeup(ctx: RawTracePointContext) -> u32 {
+    let p: u64 = ctx.arg(0);
+    wakeup(task_pid(p))
+}
+
 #[tracepoint]
-pub fn sched_wakeup(ctx: TracePointContext) -> u32 {
-    let pid: i32 = unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0);
+pub fn sched_wakeup_tp(ctx: TracePointContext) -> u32 {
+    wakeup(unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0))
+}
+
+#[inline(always)]
+fn wakeup(pid: i32) -> u32 {
     if pid <= 0 {
         return 0;
     }
@@ -187,9 +228,20 @@ pub fn acct_newtask(ctx: TracePointContext) -> u32 {
 }
 
 /// New processes: by now proc.rs's task_newtask has put a followed child in TRACED.
+// TP_PROTO(struct task_struct *p)
+#[raw_tracepoint(tracepoint = "sched_wakeup_new")]
+pub fn sched_wakeup_new(ctx: RawTracePointContext) -> u32 {
+    let p: u64 = ctx.arg(0);
+    wakeup_new(task_pid(p))
+}
+
 #[tracepoint]
-pub fn sched_wakeup_new(ctx: TracePointContext) -> u32 {
-    let pid: i32 = unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0);
+pub fn sched_wakeup_new_tp(ctx: TracePointContext) -> u32 {
+    wakeup_new(unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0))
+}
+
+#[inline(always)]
+fn wakeup_new(pid: i32) -> u32 {
     if pid <= 0 {
         return 0;
     }

@@ -1,14 +1,18 @@
 //! Syscall statistics and the syscall in progress of each traced thread (raw_syscalls).
 //!
+//! Raw tracepoints, not tracepoints: these run for every syscall of every process, and a
+//! classic tracepoint first copies its whole record (id and six arguments) into a perf buffer
+//! before the program runs, for the many syscalls that are not ours too.
+//!
 //! sys_enter records the syscall in the thread's state (the scheduler programs use it to say
 //! why a thread left the CPU); sys_exit sums count, latency, a log2 histogram, bytes for the
 //! read/write family and errors by errno, keyed by thread and syscall.
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
-    macros::{map, tracepoint},
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::{map, raw_tracepoint},
     maps::{HashMap, PerCpuArray},
-    programs::TracePointContext,
+    programs::RawTracePointContext,
     Global,
 };
 use tracer_common::{
@@ -42,46 +46,48 @@ const SYS_CLOSE: i32 = 3;
 #[map(name = "SYS_ZERO")]
 static SYS_ZERO: PerCpuArray<SysStat> = PerCpuArray::with_max_entries(1, 0);
 
+/// Where the first syscall argument sits in `struct pt_regs` (x86-64 `di`; set by user space
+/// per architecture).
 #[no_mangle]
-static OFF_SYS_ID: Global<u32> = Global::new(8);
-#[no_mangle]
-static OFF_SYS_ARG0: Global<u32> = Global::new(16);
-#[no_mangle]
-static OFF_SYS_RET: Global<u32> = Global::new(16);
+static OFF_REGS_ARG0: Global<u32> = Global::new(112);
 /// The syscall a uretprobe's trampoline makes to return (x86-64 `uretprobe`, 335; set by user
 /// space per architecture). It is gputrace's own probe at work, not the target's syscall:
 /// leaving it out keeps the target's syscall table honest and halves what it costs us.
 #[no_mangle]
 static SYS_URETPROBE: Global<u32> = Global::new(335);
 
-/// The syscall number, the caller's (tgid, tid) and its thread state, when the thread is
-/// traced and the syscall is not a uretprobe's return (sys_exit's `id` sits where sys_enter's
-/// does).
+/// The caller's (tgid, tid) and its thread state, when the thread is traced.
 #[inline(always)]
-fn traced_syscall(ctx: &TracePointContext) -> Option<(i64, u32, u32, &'static mut ThreadState)> {
-    let id: i64 = unsafe { ctx.read_at(OFF_SYS_ID.load() as usize) }.unwrap_or(-1);
-    if id == SYS_URETPROBE.load() as i64 {
-        return None;
-    }
+fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
     let (tgid, tid) = current_ids();
     let st = unsafe { &mut *THREADS.get_ptr_mut(&tid)? };
-    (st.tgid == tgid).then_some((id, tgid, tid, st))
+    (st.tgid == tgid).then_some((tgid, tid, st))
 }
 
-#[tracepoint]
-pub fn sys_enter(ctx: TracePointContext) -> u32 {
-    let Some((id, _, _, st)) = traced_syscall(&ctx) else {
+// TP_PROTO(struct pt_regs *regs, long id)
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
+    let id: i64 = ctx.arg(1);
+    if id == SYS_URETPROBE.load() as i64 {
+        return 0;
+    }
+    let Some((_, _, st)) = traced_thread() else {
         return 0;
     };
+    let regs: u64 = ctx.arg(0);
     st.sys_nr = id as i32;
-    st.sys_arg0 = unsafe { ctx.read_at(OFF_SYS_ARG0.load() as usize) }.unwrap_or(0);
+    st.sys_arg0 = unsafe {
+        bpf_probe_read_kernel((regs + OFF_REGS_ARG0.load() as u64) as *const u64).unwrap_or(0)
+    };
     st.sys_start_ns = unsafe { bpf_ktime_get_ns() };
     0
 }
 
-#[tracepoint]
-pub fn sys_exit(ctx: TracePointContext) -> u32 {
-    let Some((_, tgid, tid, st)) = traced_syscall(&ctx) else {
+// TP_PROTO(struct pt_regs *regs, long ret). The syscall's number is the one sys_enter kept: a
+// uretprobe's return left none, so it is skipped here too.
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
+    let Some((tgid, tid, st)) = traced_thread() else {
         return 0;
     };
     if st.sys_nr == NO_SYSCALL {
@@ -90,7 +96,7 @@ pub fn sys_exit(ctx: TracePointContext) -> u32 {
     let nr = st.sys_nr;
     st.sys_nr = NO_SYSCALL;
     let lat = unsafe { bpf_ktime_get_ns() }.saturating_sub(st.sys_start_ns);
-    let ret: i64 = unsafe { ctx.read_at(OFF_SYS_RET.load() as usize) }.unwrap_or(0);
+    let ret: i64 = ctx.arg(1);
     crate::timeline::syscall(tgid, tid, nr, st.sys_start_ns, lat, ret, st.sys_arg0);
     let key = SysKey {
         tgid,

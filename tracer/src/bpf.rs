@@ -8,7 +8,7 @@ use aya::{
     maps::HashMap,
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-        PerfEvent, ProgramError, TracePoint,
+        PerfEvent, ProgramError, RawTracePoint, TracePoint,
     },
     Ebpf, EbpfLoader,
 };
@@ -67,6 +67,20 @@ pub fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, category: &str, name: &str
     p.load().map_err(|e| load_error(prog, e))?;
     p.attach(category, name).map_err(|e| TraceError::Attach {
         what: format!("{prog} to tracepoint {category}/{name}"),
+        reason: format!("{:#}", anyhow::Error::from(e)),
+    })?;
+    Ok(())
+}
+
+/// Loads and attaches a raw tracepoint program.
+pub fn attach_raw_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<()> {
+    let p: &mut RawTracePoint = ebpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} missing from the object"))?
+        .try_into()?;
+    p.load().map_err(|e| load_error(prog, e))?;
+    p.attach(name).map_err(|e| TraceError::Attach {
+        what: format!("{prog} to raw tracepoint {name}"),
         reason: format!("{:#}", anyhow::Error::from(e)),
     })?;
     Ok(())

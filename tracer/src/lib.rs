@@ -6,6 +6,7 @@
 pub mod accounting;
 pub mod aggregate;
 pub mod bpf;
+pub mod btf;
 pub mod budget;
 pub mod check;
 pub mod cli;

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result};
 use aya::{
     maps::{HashMap, MapData},
-    programs::TracePoint,
+    programs::Program,
     Ebpf, EbpfLoader,
 };
 use tracer_common::{
@@ -41,14 +41,39 @@ pub struct Folded {
 }
 
 /// (program, tracepoint category, tracepoint name), in attach order.
-const SCHED_PROGRAMS: [(&str, &str, &str); 6] = [
-    ("sched_switch", "sched", "sched_switch"),
-    ("sched_wakeup", "sched", "sched_wakeup"),
-    ("sched_wakeup_new", "sched", "sched_wakeup_new"),
-    ("acct_newtask", "task", "task_newtask"),
-    ("sys_enter", "raw_syscalls", "sys_enter"),
-    ("sys_exit", "raw_syscalls", "sys_exit"),
+const TASK_PROGRAMS: [(&str, &str, &str); 1] = [("acct_newtask", "task", "task_newtask")];
+/// The scheduler programs on classic tracepoints, for kernels without the raw ones' arguments.
+const SCHED_TP_PROGRAMS: [(&str, &str, &str); 3] = [
+    ("sched_switch_tp", "sched", "sched_switch"),
+    ("sched_wakeup_tp", "sched", "sched_wakeup"),
+    ("sched_wakeup_new_tp", "sched", "sched_wakeup_new"),
 ];
+/// (program, raw tracepoint, its argument count): these run for every context switch and
+/// every syscall on the machine, and a raw tracepoint skips the record a classic tracepoint
+/// builds first (~25% of the added cost per syscall here).
+const SCHED_RAW_PROGRAMS: [(&str, &str, usize); 3] = [
+    ("sched_switch", "sched_switch", 4),
+    ("sched_wakeup", "sched_wakeup", 1),
+    ("sched_wakeup_new", "sched_wakeup_new", 1),
+];
+const SYS_RAW_PROGRAMS: [(&str, &str); 2] = [("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
+
+/// `task_struct.pid`, when the kernel's BTF shows the raw scheduler tracepoints with the
+/// arguments the programs read (`sched_switch` has passed `prev_state` since Linux 5.18).
+fn raw_sched_offset() -> Result<u32> {
+    // GPUTRACE_RAW_TRACEPOINTS=0 picks the classic ones (what an older kernel gets).
+    if std::env::var("GPUTRACE_RAW_TRACEPOINTS").is_ok_and(|v| v == "0") {
+        anyhow::bail!("GPUTRACE_RAW_TRACEPOINTS=0");
+    }
+    let btf = crate::btf::Btf::kernel()?;
+    for (_, tp, args) in SCHED_RAW_PROGRAMS {
+        let n = btf.raw_tracepoint_args(tp)?;
+        if n != args {
+            anyhow::bail!("raw tracepoint {tp} passes {n} arguments, not {args}");
+        }
+    }
+    btf.member_offset("task_struct", "pid")
+}
 const BLOCK_PROGRAMS: [(&str, &str, &str); 5] = [
     ("block_bio_queue", "block", "block_bio_queue"),
     ("block_split", "block", "block_split"),
@@ -57,8 +82,9 @@ const BLOCK_PROGRAMS: [(&str, &str, &str); 5] = [
     ("block_rq_complete", "block", "block_rq_complete"),
 ];
 
-/// Tracepoint field offsets, as globals of the eBPF object.
-struct Offsets(Vec<(&'static str, u32)>);
+/// Tracepoint field offsets, as globals of the eBPF object, and why the scheduler programs run
+/// on classic tracepoints (`None`: on raw ones).
+struct Offsets(Vec<(&'static str, u32)>, Option<String>);
 
 impl Offsets {
     fn read() -> Result<Offsets> {
@@ -78,21 +104,26 @@ impl Offsets {
         let sw = Format::read("sched", "sched_switch")?;
         let wake = Format::read("sched", "sched_wakeup")?;
         let tn = Format::read("task", "task_newtask")?;
-        let enter = Format::read("raw_syscalls", "sys_enter")?;
-        let exit = Format::read("raw_syscalls", "sys_exit")?;
+        // Where a syscall's first argument sits in `struct pt_regs` (x86-64 `di`, arm64
+        // `regs[0]`): the raw tracepoint hands over the registers, not a copied record.
+        const REGS_ARG0: u32 = if cfg!(target_arch = "aarch64") {
+            0
+        } else {
+            112
+        };
         // GPUTRACE_OFFCPU_STACKS=0 turns off the stack walks at switch-out (cheaper; off-CPU
         // time is then classified by syscall only and the off-CPU graphs have no stacks).
         let stacks = std::env::var("GPUTRACE_OFFCPU_STACKS").map_or(1, |v| u32::from(v != "0"));
+        let raw = raw_sched_offset();
         let mut v = vec![
+            ("OFF_TASK_PID", *raw.as_ref().unwrap_or(&0)),
             ("OFFCPU_STACKS", stacks),
             ("OFF_SW_PREV_STATE", sw.offset("prev_state")?),
             ("OFF_SW_NEXT_PID", sw.offset("next_pid")?),
             ("OFF_WAKE_PID", wake.offset("pid")?),
             ("OFF_TN_PID", tn.offset("pid")?),
             ("OFF_TN_FLAGS", tn.offset("clone_flags")?),
-            ("OFF_SYS_ID", enter.offset("id")?),
-            ("OFF_SYS_ARG0", enter.offset("args")?),
-            ("OFF_SYS_RET", exit.offset("ret")?),
+            ("OFF_REGS_ARG0", REGS_ARG0),
             ("SYS_URETPROBE", SYS_URETPROBE),
             ("SYS_FUTEX", SYS_FUTEX),
         ];
@@ -117,7 +148,7 @@ impl Offsets {
                 ("OFF_RQC_SECTOR", done.offset("sector")?),
             ]);
         }
-        Ok(Offsets(v))
+        Ok(Offsets(v, raw.err().map(|e| format!("{e:#}"))))
     }
 }
 
@@ -244,8 +275,27 @@ impl ProbeFamily for Accounting {
             // The per-event cost of our own programs, printed at the end (xtask bench-sched).
             self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
         }
-        for (prog, cat, name) in SCHED_PROGRAMS {
+        let classic = self.offsets.as_ref().ok().and_then(|o| o.1.as_deref());
+        if let (Some(why), true) = (classic, ctx.args.verbose) {
+            eprintln!("gputrace: scheduler programs on classic tracepoints: {why}");
+        }
+        if classic.is_none() {
+            for (prog, name, _) in SCHED_RAW_PROGRAMS {
+                bpf::attach_raw_tracepoint(ebpf, prog, name)?;
+                self.attached.push(prog);
+            }
+        } else {
+            for (prog, cat, name) in SCHED_TP_PROGRAMS {
+                bpf::attach_tracepoint(ebpf, prog, cat, name)?;
+                self.attached.push(prog);
+            }
+        }
+        for (prog, cat, name) in TASK_PROGRAMS {
             bpf::attach_tracepoint(ebpf, prog, cat, name)?;
+            self.attached.push(prog);
+        }
+        for (prog, name) in SYS_RAW_PROGRAMS {
+            bpf::attach_raw_tracepoint(ebpf, prog, name)?;
             self.attached.push(prog);
         }
         if tracefs::exists("block", "block_rq_issue") {
@@ -291,7 +341,6 @@ impl ProbeFamily for Accounting {
         if self.stats.is_some() {
             for prog in &self.attached {
                 if let Some(p) = ebpf.program(prog) {
-                    let p: &TracePoint = p.try_into()?;
                     if let Ok(info) = p.info() {
                         let runs = info.run_count();
                         eprintln!(
@@ -304,10 +353,12 @@ impl ProbeFamily for Accounting {
         }
         // Stop the programs so that the sums and the open intervals are read at one instant.
         for prog in self.attached.drain(..) {
-            if let Some(p) = ebpf.program_mut(prog) {
-                let p: &mut TracePoint = p.try_into()?;
-                p.unload().with_context(|| format!("detach {prog}"))?;
+            match ebpf.program_mut(prog) {
+                Some(Program::TracePoint(p)) => p.unload(),
+                Some(Program::RawTracePoint(p)) => p.unload(),
+                _ => Ok(()),
             }
+            .with_context(|| format!("detach {prog}"))?;
         }
         let end = ktime_now();
         // The Python stacks of the switch-outs since the session's last read.
