@@ -9,7 +9,7 @@
 //! [`enter_override`], the return probe [`exit_override`]; both close the interval that was
 //! running at that instant, so the split is exact.
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::map, maps::HashMap};
+use aya_ebpf::{macros::map, maps::HashMap};
 use tracer_common::{
     drops::Drop,
     python::PY_STACK_PENDING,
@@ -38,6 +38,9 @@ pub static LIFE: HashMap<LifeKey, LifeVal> = HashMap::with_max_entries(LIFE_ENTR
 ///
 /// A thread's events are serialised by the scheduler (it cannot be switched in on one CPU while
 /// being woken on another), so the plain read-modify-write of its rows is race free.
+///
+/// On-CPU and CUDA-call time is held in the thread's state and written out by [`flush`] (see
+/// `ThreadState::held_cpu`); other rows go to `WALL` at once.
 #[inline(always)]
 pub fn close(tid: u32, st: &mut ThreadState, now: u64) {
     if st.off_pystack == PY_STACK_PENDING && st.phase != PHASE_ONCPU {
@@ -45,22 +48,63 @@ pub fn close(tid: u32, st: &mut ThreadState, now: u64) {
     }
     let ns = now.saturating_sub(st.start_ns);
     st.start_ns = now;
-    let key = st.row_key(tid);
-    if let Some(v) = WALL.get_ptr_mut(&key) {
+    if st.override_cat == NO_OVERRIDE {
+        if st.phase == PHASE_ONCPU {
+            st.held_cpu.ns += ns;
+            st.held_cpu.count += 1;
+            return;
+        }
+        add_row(&st.row_key(tid), ns, 1);
+        return;
+    }
+    if !st.running_is_held_cuda() {
+        flush_cuda(tid, st);
+        st.held_cat = st.override_cat;
+        st.held_fid = st.cuda_fid;
+        st.held_ustack = st.cuda_ustack;
+        st.held_pystack = st.cuda_pystack;
+    }
+    st.held_cuda.ns += ns;
+    st.held_cuda.count += 1;
+}
+
+/// Writes out the time `st` holds: at every switch-out and at death, so that `WALL` is at
+/// most one scheduling slice behind.
+#[inline(always)]
+pub fn flush(tid: u32, st: &mut ThreadState) {
+    if st.held_cpu.count != 0 {
+        add_row(&st.cpu_key(tid), st.held_cpu.ns, st.held_cpu.count);
+        st.held_cpu = WallVal { ns: 0, count: 0 };
+    }
+    flush_cuda(tid, st);
+}
+
+#[inline(always)]
+fn flush_cuda(tid: u32, st: &mut ThreadState) {
+    if st.held_cuda.count != 0 {
+        add_row(&st.held_cuda_key(tid), st.held_cuda.ns, st.held_cuda.count);
+        st.held_cuda = WallVal { ns: 0, count: 0 };
+    }
+}
+
+#[inline(always)]
+fn add_row(key: &WallKey, ns: u64, count: u64) {
+    if let Some(v) = WALL.get_ptr_mut(key) {
         unsafe {
             (*v).ns += ns;
-            (*v).count += 1;
+            (*v).count += count;
         }
         return;
     }
-    if WALL.insert(&key, &WallVal { ns, count: 1 }, 0).is_err() {
+    if WALL.insert(key, &WallVal { ns, count }, 0).is_err() {
         count_drop(Drop::TimeMapFull);
     }
 }
 
 /// Records that a thread died at `now` (its last switch-out) and forgets its state.
 #[inline(always)]
-pub fn died(tid: u32, st: &ThreadState, now: u64) {
+pub fn died(tid: u32, st: &mut ThreadState, now: u64) {
+    flush(tid, st);
     let key = LifeKey {
         born_ns: st.born_ns,
         tid,
@@ -89,10 +133,10 @@ pub fn born(tid: u32, tgid: u32, now: u64) {
 /// From now on, charge `tid`'s time to `category` until [`exit_override`], under the call's
 /// function id and where it was called from (user and Python stacks).
 #[inline(always)]
-pub fn enter_override(tid: u32, category: u32, fid: i32, ustack: i32, pystack: u64) {
+pub fn enter_override(tid: u32, now: u64, category: u32, fid: i32, ustack: i32, pystack: u64) {
     if let Some(st) = THREADS.get_ptr_mut(&tid) {
         let st = unsafe { &mut *st };
-        close(tid, st, unsafe { bpf_ktime_get_ns() });
+        close(tid, st, now);
         st.override_cat = category;
         st.cuda_fid = fid;
         st.cuda_ustack = ustack;
@@ -102,10 +146,10 @@ pub fn enter_override(tid: u32, category: u32, fid: i32, ustack: i32, pystack: u
 
 /// Ends the override started by [`enter_override`].
 #[inline(always)]
-pub fn exit_override(tid: u32) {
+pub fn exit_override(tid: u32, now: u64) {
     if let Some(st) = THREADS.get_ptr_mut(&tid) {
         let st = unsafe { &mut *st };
-        close(tid, st, unsafe { bpf_ktime_get_ns() });
+        close(tid, st, now);
         st.override_cat = NO_OVERRIDE;
     }
 }

@@ -88,8 +88,9 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
         return 0;
     }
     let cookie = Cookie::unpack(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    // One clock read for the gate, the time accounting and the call's start.
+    let now = unsafe { bpf_ktime_get_ns() };
     if is_launch_shape(cookie.shape) {
-        let now = unsafe { bpf_ktime_get_ns() };
         // Per-CPU slots: only this CPU writes them (and user space, between windows).
         if let Some(last) = CUDA_GATE_LAST.get_ptr_mut(0) {
             unsafe { *last = now };
@@ -156,12 +157,13 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     let pystack = crate::python::python_stack(tgid, tid);
     account::enter_override(
         tid,
+        now,
         cookie.category as u32,
         cookie.fid as i32,
         ustack,
         pystack,
     );
-    st.ts = unsafe { bpf_ktime_get_ns() };
+    st.ts = now;
     0
 }
 
@@ -182,10 +184,8 @@ fn is_name_shape(shape: u8) -> bool {
 
 #[uretprobe]
 pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
+    // Only traced threads have a call state (no TRACED lookup: one hash lookup less per call).
     let (tgid, tid) = current_ids();
-    if !is_traced(tgid) {
-        return 0;
-    }
     let now = unsafe { bpf_ktime_get_ns() };
     let cookie = Cookie::unpack(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
     let pid_tgid = ((tgid as u64) << 32) | tid as u64;
@@ -241,7 +241,7 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
     if depth != 1 {
         return 0;
     }
-    account::exit_override(tid);
+    account::exit_override(tid, now);
     let dur = now.saturating_sub(stash_ts);
     let fid = cookie.fid as u32;
     crate::timeline::cuda_call(

@@ -23,7 +23,7 @@ use tracer_common::{
 };
 
 use crate::{
-    account::{born, close, died, THREADS},
+    account::{born, close, died, flush, THREADS},
     maps::{count_drop, current_ids, is_traced, STACKS},
 };
 
@@ -122,9 +122,11 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
     let st: &mut ThreadState = unsafe { &mut *st };
     close(tid, st, now);
     if prev_state & 0xff & EXIT_BITS != 0 {
+        // died() writes out what the thread holds.
         died(tid, st, now);
         return;
     }
+    flush(tid, st);
     st.off_state = prev_state as u32;
     st.off_ns = now;
     st.off_sys_nr = st.sys_nr;

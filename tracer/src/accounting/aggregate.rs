@@ -43,16 +43,21 @@ impl ThreadTime {
     }
 }
 
-/// The row the kernel would write if the thread's running interval closed at `end`.
-pub fn open_row(tid: u32, st: &ThreadState, end: u64) -> Row {
-    let key = st.row_key(tid);
-    Row {
-        key,
+/// The rows the kernel would write if the thread's running interval closed at `end` and it
+/// wrote out the time it holds (`ThreadState::held_cpu`).
+pub fn open_rows(tid: u32, st: &ThreadState, end: u64) -> impl Iterator<Item = Row> {
+    let running = Row {
+        key: st.row_key(tid),
         val: WallVal {
             ns: end.saturating_sub(st.start_ns),
             count: 1,
         },
-    }
+    };
+    st.held_rows(tid)
+        .into_iter()
+        .filter(|(_, v)| v.count != 0)
+        .map(|(key, val)| Row { key, val })
+        .chain(std::iter::once(running))
 }
 
 /// Builds every thread instance's time. `rows` are the kernel's sums, `open` the states of
@@ -85,7 +90,7 @@ pub fn threads(
     }
     let open_rows: Vec<Row> = open
         .iter()
-        .map(|(tid, st)| open_row(*tid, st, end))
+        .flat_map(|(tid, st)| open_rows(*tid, st, end))
         .collect();
     for r in rows.iter().chain(open_rows.iter()) {
         let v = classify(&r.key);
@@ -223,6 +228,47 @@ mod tests {
         assert!(invariant_holds(&b, 0.01));
         assert_eq!(b.categories[0].category, "cpu");
         assert!((b.categories[0].percent - 66.666).abs() < 0.01);
+    }
+
+    fn open_row(tid: u32, st: &ThreadState, end: u64) -> Row {
+        let rows: Vec<Row> = open_rows(tid, st, end).collect();
+        assert_eq!(rows.len(), 1, "nothing held");
+        rows[0]
+    }
+
+    #[test]
+    fn held_time_is_charged_with_the_open_interval() {
+        // A launch loop between two switch-outs: 5 on-CPU stretches (40 ns) and 4 calls of one
+        // CUDA site (60 ns) held in the state, and a call in progress since 900.
+        let mut st = state(0, 900, PHASE_ONCPU);
+        st.held_cpu = WallVal { ns: 40, count: 5 };
+        st.held_cuda = WallVal { ns: 60, count: 4 };
+        st.held_cat = Category::CudaLaunch as u32;
+        st.held_fid = 7;
+        st.held_pystack = 11;
+        st.override_cat = Category::CudaLaunch as u32;
+        st.cuda_fid = 7;
+        st.cuda_pystack = 11;
+        let rows: Vec<Row> = open_rows(3, &st, 1000).collect();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0].key, st.cpu_key(3));
+        assert_eq!(rows[0].val, WallVal { ns: 40, count: 5 });
+        assert_eq!(
+            rows[1].key,
+            st.row_key(3),
+            "the held CUDA row is the running call's"
+        );
+        assert_eq!(rows[1].val, WallVal { ns: 60, count: 4 });
+        assert_eq!(rows[2].val, WallVal { ns: 100, count: 1 });
+        assert!(st.running_is_held_cuda());
+        let t = threads(&[], &[(3, st)], &[], 1000, classify);
+        assert_eq!(t[0].categories[&Category::Cpu], 40);
+        assert_eq!(t[0].categories[&Category::CudaLaunch], 160);
+        st.cuda_fid = 8;
+        assert!(
+            !st.running_is_held_cuda(),
+            "another function is another row"
+        );
     }
 
     #[test]

@@ -90,7 +90,7 @@ pub fn fill(
     }
     rows.extend(
         open.iter()
-            .map(|(tid, st)| aggregate::open_row(*tid, st, end)),
+            .flat_map(|(tid, st)| aggregate::open_rows(*tid, st, end)),
     );
     let deaths: Vec<(LifeKey, LifeVal)> = read_map(ebpf, LIFE_MAP)?;
 
