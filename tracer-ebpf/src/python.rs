@@ -97,9 +97,13 @@ pub fn python_stack(tgid: u32, tid: u32) -> u64 {
     if PY_ENABLED.load() == 0 {
         return 0;
     }
+    // Not-Python first: one lookup for the native processes that make CUDA calls at high
+    // rates; a Python process pays the miss, next to a walk that costs microseconds.
+    if unsafe { PY_NOT.get(&tgid) }.is_some() {
+        return 0;
+    }
     let off = match unsafe { PY_PROCS.get(&tgid) } {
         Some(o) => *o,
-        None if unsafe { PY_NOT.get(&tgid) }.is_some() => return 0,
         // Not classified yet (just started or just exec'd).
         None => return PY_STACK_PENDING,
     };
