@@ -9,7 +9,7 @@ pub const DROPS_MAP: &str = "DROPS";
 pub enum Drop {
     /// `CPU_COUNTS` was full: a CPU sample was not counted.
     CpuCountsFull = 0,
-    /// The stack-trace map had no room: a sample was counted without its stack.
+    /// The stack-trace map had no free slot (`-ENOMEM`): a sample was counted without its stack.
     StackMapFull = 1,
     /// The process-event ring buffer was full: a fork/exec/exit event was lost.
     ProcEventsFull = 2,
@@ -31,8 +31,11 @@ pub enum Drop {
     /// Two stacks hashed to one slot of the stack-trace map (it keeps the first): a sample or
     /// wait was counted without its stack. Grows with the number of distinct stacks.
     StackCollision = 10,
+    /// The kernel failed to store a stack for another reason than a full map or a collision
+    /// (for example its stack map's lock was contended): a sample or wait was counted without
+    /// its stack.
+    StackFailed = 11,
     /// Spare slots so that later areas can add reasons without changing the map size.
-    Spare11 = 11,
     Spare12 = 12,
     /// The timeline ring buffer was full: an event of trace.json was lost.
     TimelineFull = 13,
@@ -43,10 +46,11 @@ pub enum Drop {
 impl Drop {
     pub const COUNT: u32 = 16;
 
-    pub const ALL: [Drop; 12] = [
+    pub const ALL: [Drop; 13] = [
         Drop::CpuCountsFull,
         Drop::StackMapFull,
         Drop::StackCollision,
+        Drop::StackFailed,
         Drop::ProcEventsFull,
         Drop::TracedFull,
         Drop::ThreadStateFull,
@@ -64,6 +68,7 @@ impl Drop {
             Drop::CpuCountsFull => "cpu_sample",
             Drop::StackMapFull => "cpu_sample, sched_switch",
             Drop::StackCollision => "cpu_sample, sched_switch",
+            Drop::StackFailed => "cpu_sample, sched_switch",
             Drop::ProcEventsFull => "task_newtask, sched_process_exec, sched_process_exit",
             Drop::TracedFull => "task_newtask",
             Drop::ThreadStateFull => "sched_switch, task_newtask (thread birth and death)",
@@ -84,6 +89,10 @@ impl Drop {
             Drop::StackCollision => {
                 "CPU/off-CPU samples counted without a stack (another stack held its slot in the \
                  stack map)"
+            }
+            Drop::StackFailed => {
+                "CPU/off-CPU samples counted without a stack (the kernel could not store it: \
+                 not a full map)"
             }
             Drop::ProcEventsFull => "process fork/exec/exit events lost (ring buffer full)",
             Drop::TracedFull => "child processes not followed (traced-process map full)",

@@ -21,6 +21,7 @@ static CPU_COUNTS: HashMap<SampleKey, u64> = HashMap::with_max_entries(CPU_COUNT
 
 const EFAULT: i32 = 14;
 const EEXIST: i32 = 17;
+const ENOMEM: i32 = 12;
 
 #[perf_event]
 pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
@@ -51,8 +52,10 @@ fn stack_id(ctx: &PerfEventContext, flags: u64) -> i32 {
         Err(e) => {
             if e == -EEXIST {
                 count_drop(Drop::StackCollision);
-            } else if e != -EFAULT {
+            } else if e == -ENOMEM {
                 count_drop(Drop::StackMapFull);
+            } else if e != -EFAULT {
+                count_drop(Drop::StackFailed);
             }
             e
         }

@@ -53,6 +53,7 @@ const CLONE_THREAD: u64 = 0x0001_0000;
 const EXIT_BITS: i64 = 0x10 | 0x20;
 const EFAULT: i32 = 14;
 const EEXIST: i32 = 17;
+const ENOMEM: i32 = 12;
 
 // TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next,
 //          unsigned int prev_state)
@@ -174,8 +175,10 @@ fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
         Err(e) => {
             if e == -EEXIST {
                 count_drop(Drop::StackCollision);
-            } else if e != -EFAULT {
+            } else if e == -ENOMEM {
                 count_drop(Drop::StackMapFull);
+            } else if e != -EFAULT {
+                count_drop(Drop::StackFailed);
             }
             e
         }
