@@ -193,7 +193,8 @@ fn btf() -> Check {
         Err(_) => Check::new(
             Status::Warn,
             "btf",
-            "no /sys/kernel/btf/vmlinux: probes that read kernel structures cannot load",
+            "no /sys/kernel/btf/vmlinux: the scheduler programs use classic tracepoints (dearer \
+             per context switch)",
         )
         .fix("use a kernel built with CONFIG_DEBUG_INFO_BTF=y"),
     }

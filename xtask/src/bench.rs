@@ -55,7 +55,7 @@ impl Row {
     }
 }
 
-pub fn run(quick: bool) -> Result<()> {
+pub fn run(quick: bool, window_only: bool) -> Result<()> {
     if !crate::is_root() {
         bail!("the benchmarks load eBPF programs: run `sudo -E cargo xtask bench`");
     }
@@ -73,6 +73,10 @@ pub fn run(quick: bool) -> Result<()> {
     let dir = root.join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let w = Workloads::build(&dir)?;
+    if window_only {
+        println!("{}", window_cost(&g, &w, &dir)?);
+        return Ok(());
+    }
     let scale = if quick { 1 } else { 4 };
 
     let mut rows = Vec::new();
@@ -223,8 +227,9 @@ pub fn run(quick: bool) -> Result<()> {
 
     let pipeline = pipeline(&g, &w, &dir, 2_000_000 * scale as u64)?;
     let big = big_target(&g, &w, &dir)?;
+    let window = window_cost(&g, &w, &dir)?;
     let py = python_walk(&g, seconds)?;
-    let rest = format!("{pipeline}\n{big}\n{py}");
+    let rest = format!("{pipeline}\n{big}\n{window}\n{py}");
     println!("{rest}");
 
     let md = root.join("BENCHMARKS.md");
@@ -299,6 +304,8 @@ struct Workloads {
     big: PathBuf,
     /// Copies of the fake runtime under distinct names: many mapped (and probed) libraries.
     libs: Vec<PathBuf>,
+    /// A launch storm that records its calls per 5 ms slot.
+    rate: PathBuf,
 }
 
 impl Workloads {
@@ -329,6 +336,7 @@ impl Workloads {
             libs: (0..64)
                 .map(|i| libdir.join(format!("libbench{i}.so")))
                 .collect(),
+            rate: dir.join("launch_rate"),
         };
         cc("syscall_loop", &w.syscall, &[])?;
         cc("ctxswitch", &w.ctxswitch, &[])?;
@@ -336,6 +344,7 @@ impl Workloads {
         cc("launch_loop", &w.launch, &["-ldl"])?;
         cc("fake_cudart", &w.cudart, &["-shared", "-fPIC"])?;
         cc("big_target", &w.big, &["-ldl"])?;
+        cc("launch_rate", &w.rate, &["-ldl"])?;
         for l in &w.libs {
             std::fs::copy(&w.cudart, l).with_context(|| format!("copy to {}", l.display()))?;
         }
@@ -596,6 +605,74 @@ fn pipeline(g: &Path, w: &Workloads, dir: &Path, n: u64) -> Result<String> {
         drops(&r),
         rss as f64 / 1024.0
     ))
+}
+
+/// Calls a storm lost, from its own record of calls per 5 ms slot: in each slot under the
+/// median, the missing share of the slot (ms).
+fn lost_ms(stdout: &str) -> Result<f64> {
+    let counts: Vec<f64> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("slot "))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    if counts.len() < 20 {
+        bail!("launch_rate printed {} slots", counts.len());
+    }
+    let median = median(counts.clone());
+    Ok(counts
+        .iter()
+        .map(|&c| (median - c).max(0.0) / median * 5.0)
+        .sum())
+}
+
+/// What one window of the launch probes (attach, probed calls, and the close, during which the
+/// calls keep trapping) costs a ~2M launches/s storm, measured from the storm's own progress,
+/// against what the report charged for it.
+fn window_cost(g: &Path, w: &Workloads, dir: &Path) -> Result<String> {
+    eprintln!("xtask: bench window cost");
+    let out = dir.join("window");
+    let (rate, lib) = (w.rate.to_str().unwrap(), w.cudart.to_str().unwrap());
+    let cmd = [rate, lib, "4000000", "1600"];
+    let mut rows = Vec::new();
+    for _ in 0..3 {
+        let (base, _, _, _) = timed(&cmd)?;
+        let mut args = vec![g.to_str().unwrap(), "--max-overhead", "0.01%", "-o"];
+        args.push(out.to_str().unwrap());
+        args.push("--");
+        args.extend(cmd);
+        let (traced, _, _, _) = timed(&args)?;
+        let r = read_report(&out)?;
+        let o = &r["overhead"];
+        let tid = o["worst_thread"]["tid"].as_u64().unwrap_or(0);
+        let alive = r["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["threads"].as_array().into_iter().flatten())
+            .find(|t| t["tid"].as_u64() == Some(tid))
+            .and_then(|t| t["time"]["alive_ns"].as_f64())
+            .unwrap_or(0.0);
+        let charged = o["worst_thread"]["estimated"].as_f64().unwrap_or(0.0) * alive / 1e6;
+        let windows = o["sampled"]["windows"].as_u64().unwrap_or(0);
+        rows.push((lost_ms(&base)?, lost_ms(&traced)?, charged, windows));
+    }
+    let mut s = String::from(
+        "Window cost, measured: `launch_rate` (a storm of cudaLaunchKernel calls with ~0.5 us \
+         of work each, counting its calls per 5 ms slot) traced with `--max-overhead 0.01%` \
+         (one window), against the same storm untraced; \"lost\" is the share of its slots' \
+         calls missing under the median, in ms.\n\n\
+         | run | lost untraced (noise) ms | lost traced ms | traced - untraced ms | report's \
+         charge ms | windows |\n|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for (i, (b, t, c, n)) in rows.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "| {} | {b:.1} | {t:.1} | {:.1} | {c:.1} | {n} |",
+            i + 1,
+            t - b
+        );
+    }
+    Ok(s)
 }
 
 /// Attach and report times for a large target: many threads, many mapped (and CUDA-probed)

@@ -38,6 +38,10 @@ enum Cmd {
         /// Smaller iteration counts (about a minute).
         #[arg(long)]
         quick: bool,
+        /// Only measure what one window of the launch probes costs a storm (printed, not
+        /// appended to BENCHMARKS.md).
+        #[arg(long)]
+        window_cost: bool,
     },
 }
 
@@ -54,9 +58,9 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Setup => setup::run(),
-        Cmd::Bench { quick } => {
+        Cmd::Bench { quick, window_cost } => {
             setup::run()?;
-            bench::run(quick)
+            bench::run(quick, window_cost)
         }
         Cmd::Run { args } => {
             setup::run()?;
