@@ -304,7 +304,7 @@ struct Workloads {
     big: PathBuf,
     /// Copies of the fake runtime under distinct names: many mapped (and probed) libraries.
     libs: Vec<PathBuf>,
-    /// A launch storm that records its calls per 5 ms slot.
+    /// A launch storm that records its calls per 5 ms slot (with STORM_SLOTS set).
     rate: PathBuf,
 }
 
@@ -336,7 +336,7 @@ impl Workloads {
             libs: (0..64)
                 .map(|i| libdir.join(format!("libbench{i}.so")))
                 .collect(),
-            rate: dir.join("launch_rate"),
+            rate: dir.join("launch_storm"),
         };
         cc("syscall_loop", &w.syscall, &[])?;
         cc("ctxswitch", &w.ctxswitch, &[])?;
@@ -344,7 +344,17 @@ impl Workloads {
         cc("launch_loop", &w.launch, &["-ldl"])?;
         cc("fake_cudart", &w.cudart, &["-shared", "-fPIC"])?;
         cc("big_target", &w.big, &["-ldl"])?;
-        cc("launch_rate", &w.rate, &["-ldl"])?;
+        // The e2e tests' storm, which records its calls per slot when asked (STORM_SLOTS).
+        let st = Command::new("gcc")
+            .args(["-O2", "-fno-omit-frame-pointer", "-o"])
+            .arg(&w.rate)
+            .arg(workspace_root().join("tests/workloads/launch_storm.c"))
+            .arg("-ldl")
+            .status()
+            .context("gcc")?;
+        if !st.success() {
+            bail!("gcc launch_storm.c failed");
+        }
         for l in &w.libs {
             std::fs::copy(&w.cudart, l).with_context(|| format!("copy to {}", l.display()))?;
         }
@@ -616,7 +626,7 @@ fn lost_ms(stdout: &str) -> Result<f64> {
         .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
         .collect();
     if counts.len() < 20 {
-        bail!("launch_rate printed {} slots", counts.len());
+        bail!("the storm printed {} slots", counts.len());
     }
     let median = median(counts.clone());
     Ok(counts
@@ -630,6 +640,8 @@ fn lost_ms(stdout: &str) -> Result<f64> {
 /// against what the report charged for it.
 fn window_cost(g: &Path, w: &Workloads, dir: &Path) -> Result<String> {
     eprintln!("xtask: bench window cost");
+    // The storm counts its calls per slot; gputrace passes its environment on to it.
+    std::env::set_var("STORM_SLOTS", "1");
     let out = dir.join("window");
     let (rate, lib) = (w.rate.to_str().unwrap(), w.cudart.to_str().unwrap());
     let cmd = [rate, lib, "4000000", "1600"];
@@ -657,8 +669,8 @@ fn window_cost(g: &Path, w: &Workloads, dir: &Path) -> Result<String> {
         rows.push((lost_ms(&base)?, lost_ms(&traced)?, charged, windows));
     }
     let mut s = String::from(
-        "Window cost, measured: `launch_rate` (a storm of cudaLaunchKernel calls with ~0.5 us \
-         of work each, counting its calls per 5 ms slot) traced with `--max-overhead 0.01%` \
+        "Window cost, measured: `tests/workloads/launch_storm.c` (a storm of cudaLaunchKernel \
+         calls with 1600 iterations of work each, counting its calls per 5 ms slot) traced with `--max-overhead 0.01%` \
          (one window), against the same storm untraced; \"lost\" is the share of its slots' \
          calls missing under the median, in ms.\n\n\
          | run | lost untraced (noise) ms | lost traced ms | traced - untraced ms | report's \
