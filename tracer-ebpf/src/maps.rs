@@ -3,6 +3,7 @@
 use aya_ebpf::{
     macros::map,
     maps::{HashMap, PerCpuArray, StackTrace},
+    programs::tracing::StackIdContext,
 };
 use tracer_common::{cpu, drops::Drop, proc};
 
@@ -17,6 +18,31 @@ pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Drop::COUNT, 
 /// User and kernel stacks of CPU samples (and of off-CPU switch-outs).
 #[map(name = "STACKS")]
 pub static STACKS: StackTrace = StackTrace::with_max_entries(cpu::STACKS_ENTRIES, 0);
+
+const EFAULT: i32 = 14;
+const EEXIST: i32 = 17;
+const ENOMEM: i32 = 12;
+
+/// The id of the current stack in `STACKS` (`flags`: 0 for the kernel stack,
+/// `BPF_F_USER_STACK` for the user one), or the negative errno, counted by what it means:
+/// -EFAULT (no kernel stack in user mode, no user stack in a kernel thread) is normal, -EEXIST
+/// is another stack in the slot, -ENOMEM a full map.
+#[inline(always)]
+pub fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
+    match ctx.get_stackid(&STACKS, flags) {
+        Ok(id) => id as i32,
+        Err(e) => {
+            if e == -EEXIST {
+                count_drop(Drop::StackCollision);
+            } else if e == -ENOMEM {
+                count_drop(Drop::StackMapFull);
+            } else if e != -EFAULT {
+                count_drop(Drop::StackFailed);
+            }
+            e
+        }
+    }
+}
 
 #[inline(always)]
 pub fn is_traced(tgid: u32) -> bool {

@@ -7,21 +7,17 @@ use aya_ebpf::{
     helpers::bpf_get_current_comm,
     macros::{map, perf_event},
     maps::HashMap,
-    programs::{tracing::StackIdContext, PerfEventContext},
+    programs::PerfEventContext,
 };
 use tracer_common::{
     cpu::{SampleKey, CPU_COUNTS_ENTRIES},
     drops::Drop,
 };
 
-use crate::maps::{add_to, count_drop, current_ids, is_traced, STACKS};
+use crate::maps::{add_to, current_ids, is_traced, stack_id};
 
 #[map(name = "CPU_COUNTS")]
 static CPU_COUNTS: HashMap<SampleKey, u64> = HashMap::with_max_entries(CPU_COUNTS_ENTRIES, 0);
-
-const EFAULT: i32 = 14;
-const EEXIST: i32 = 17;
-const ENOMEM: i32 = 12;
 
 #[perf_event]
 pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
@@ -41,23 +37,4 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
     };
     add_to(&CPU_COUNTS, &key, 1, Drop::CpuCountsFull);
     0
-}
-
-/// A stack id, or the negative errno; -EFAULT (no kernel stack in user mode, no user stack in a
-/// kernel thread) is normal, anything else means the stack map had no room.
-#[inline(always)]
-fn stack_id(ctx: &PerfEventContext, flags: u64) -> i32 {
-    match ctx.get_stackid(&STACKS, flags) {
-        Ok(id) => id as i32,
-        Err(e) => {
-            if e == -EEXIST {
-                count_drop(Drop::StackCollision);
-            } else if e == -ENOMEM {
-                count_drop(Drop::StackMapFull);
-            } else if e != -EFAULT {
-                count_drop(Drop::StackFailed);
-            }
-            e
-        }
-    }
 }

@@ -17,14 +17,13 @@ use aya_ebpf::{
     programs::{tracing::StackIdContext, RawTracePointContext, TracePointContext},
     Global,
 };
-use tracer_common::{
-    drops::Drop,
-    wall::{report_state, ThreadState, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, STACK_REUSE_NS},
+use tracer_common::wall::{
+    report_state, ThreadState, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, STACK_REUSE_NS,
 };
 
 use crate::{
     account::{born, close, died, flush, THREADS},
-    maps::{count_drop, current_ids, is_traced, STACKS},
+    maps::{current_ids, is_traced, stack_id},
 };
 
 #[no_mangle]
@@ -51,9 +50,6 @@ static SYS_FUTEX: Global<u32> = Global::new(202);
 const CLONE_THREAD: u64 = 0x0001_0000;
 /// `prev_state` bits of a task that is exiting (EXIT_DEAD, EXIT_ZOMBIE in TASK_REPORT).
 const EXIT_BITS: i64 = 0x10 | 0x20;
-const EFAULT: i32 = 14;
-const EEXIST: i32 = 17;
-const ENOMEM: i32 = 12;
 
 // TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next,
 //          unsigned int prev_state)
@@ -165,23 +161,6 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
     st.off_gil = 0;
     if st.phase == PHASE_BLOCKED && st.sys_nr == SYS_FUTEX.load() as i32 {
         st.off_gil = crate::python::gil_holder(tgid, st.sys_arg0);
-    }
-}
-
-#[inline(always)]
-fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
-    match ctx.get_stackid(&STACKS, flags) {
-        Ok(id) => id as i32,
-        Err(e) => {
-            if e == -EEXIST {
-                count_drop(Drop::StackCollision);
-            } else if e == -ENOMEM {
-                count_drop(Drop::StackMapFull);
-            } else if e != -EFAULT {
-                count_drop(Drop::StackFailed);
-            }
-            e
-        }
     }
 }
 
