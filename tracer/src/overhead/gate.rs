@@ -185,12 +185,11 @@ fn watchdog(fd: OwnedFd, shared: Arc<Mutex<Window>>) {
                 std::mem::take(&mut w.ret_links),
             )
         };
-        // Closing a uprobe link takes 100-200 ms here (the kernel waits for a grace period
-        // after removing the breakpoint): the entry links close on their own thread, and the
-        // return links follow 1 ms later, once the entry breakpoints are gone, instead of
-        // after the entry's whole close, during which every call would still pay the return
-        // probe.
-        // The calls trap until the entry links' drop returns (see `close_cost`).
+        // Dropping a uprobe link takes ~100 ms here (a grace period before the kernel removes
+        // the breakpoint). The entry links drop on their own thread and the return links 1 ms
+        // later, so that the two grace periods overlap: the calls trap until the entry links'
+        // drop returns (see `close_cost`). Dropping the return links first was measured to
+        // keep the calls trapping through both.
         let started = Instant::now();
         let entries = std::thread::spawn(move || {
             drop(links);
