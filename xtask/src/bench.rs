@@ -55,6 +55,14 @@ impl Row {
     }
 }
 
+/// bpftrace's side of the syscall and context-switch rows.
+const BT_SYSCALLS: &str = "tracepoint:raw_syscalls:sys_enter /pid == cpid/ { @s[tid] = nsecs; } \
+     tracepoint:raw_syscalls:sys_exit /@s[tid]/ { @lat = hist(nsecs - @s[tid]); delete(@s[tid]); }";
+const BT_OFFCPU: &str = "tracepoint:sched:sched_switch { @off[args->prev_pid] = nsecs; \
+     if (@off[args->next_pid]) { @t = sum(nsecs - @off[args->next_pid]); delete(@off[args->next_pid]); } }";
+const BT_WAKEUP: &str =
+    "tracepoint:sched:sched_wakeup /@off[args->pid]/ { @w[args->pid] = nsecs; }";
+
 pub fn run(quick: bool, window_only: bool) -> Result<()> {
     if !crate::is_root() {
         bail!("the benchmarks load eBPF programs: run `sudo -E cargo xtask bench`");
@@ -94,11 +102,7 @@ pub fn run(quick: bool, window_only: bool) -> Result<()> {
             },
             Tracer {
                 label: "bpftrace (latency hist)",
-                tool: Tool::Bpftrace(
-                    "tracepoint:raw_syscalls:sys_enter /pid == cpid/ { @s[tid] = nsecs; } \
-                     tracepoint:raw_syscalls:sys_exit /@s[tid]/ { @lat = hist(nsecs - @s[tid]); delete(@s[tid]); }"
-                        .into(),
-                ),
+                tool: Tool::Bpftrace(BT_SYSCALLS.into()),
                 vs: Some("gputrace"),
             },
         ],
@@ -116,25 +120,14 @@ pub fn run(quick: bool, window_only: bool) -> Result<()> {
             },
             Tracer {
                 label: "bpftrace (off-CPU sum)",
-                tool: Tool::Bpftrace(
-                    "tracepoint:sched:sched_switch { @off[args->prev_pid] = nsecs; \
-                     if (@off[args->next_pid]) { @t = sum(nsecs - @off[args->next_pid]); delete(@off[args->next_pid]); } }"
-                        .into(),
-                ),
+                tool: Tool::Bpftrace(BT_OFFCPU.into()),
                 vs: Some("gputrace"),
             },
             // The same probes gputrace has on a ping-pong (each round trip is two switches and
             // four syscalls): the per-hit comparison the 1.2x target is about.
             Tracer {
                 label: "bpftrace (off-CPU sum + syscall latency hist)",
-                tool: Tool::Bpftrace(
-                    "tracepoint:sched:sched_switch { @off[args->prev_pid] = nsecs; \
-                     if (@off[args->next_pid]) { @t = sum(nsecs - @off[args->next_pid]); delete(@off[args->next_pid]); } } \
-                     tracepoint:sched:sched_wakeup /@off[args->pid]/ { @w[args->pid] = nsecs; } \
-                     tracepoint:raw_syscalls:sys_enter /pid == cpid/ { @s[tid] = nsecs; } \
-                     tracepoint:raw_syscalls:sys_exit /@s[tid]/ { @lat = hist(nsecs - @s[tid]); delete(@s[tid]); }"
-                        .into(),
-                ),
+                tool: Tool::Bpftrace(format!("{BT_OFFCPU} {BT_WAKEUP} {BT_SYSCALLS}")),
                 vs: Some("gputrace"),
             },
         ],
