@@ -107,14 +107,45 @@ fn fake_cuda_calls_are_counted_exactly() {
     if !require_root("fake_cuda_calls_are_counted_exactly") {
         return;
     }
+    let run = counted_exactly("cuda-fake", &[]);
+    // Linux 6.6+ has uprobe_multi links, and this one is what the tests run on: the default
+    // path must be the one taken.
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    if gputrace::check::parse_kernel_release(release.trim()) >= Some((6, 6)) {
+        assert!(
+            run.stderr.contains("uprobes on uprobe_multi links"),
+            "{}",
+            run.stderr
+        );
+    }
+}
+
+/// The same calls through aya's perf-event links, the path of kernels without uprobe_multi.
+#[test]
+fn fake_cuda_calls_are_counted_exactly_on_perf_links() {
+    let _g = serial();
+    if !require_root("fake_cuda_calls_are_counted_exactly_on_perf_links") {
+        return;
+    }
+    let run = counted_exactly("cuda-fake-perf", &[("GPUTRACE_UPROBE_MULTI", "0")]);
+    assert!(
+        run.stderr.contains("uprobes on perf-event links"),
+        "{}",
+        run.stderr
+    );
+}
+
+fn counted_exactly(name: &str, env: &[(&str, &str)]) -> Run {
     let dir = fake_cuda();
-    let out = common::out_dir("cuda-fake");
+    let out = common::out_dir(name);
     let workload = dir.join("workload").display().to_string();
     // The workload waits 1.5 s before its first call, so discovery (every 0.5 s) has found
     // both libraries by then.
+    let mut env = env.to_vec();
+    env.push((nvml_env(), "/nonexistent/libnvidia-ml.so.1"));
     let run = run_traced(
-        &["-o", out.to_str().unwrap(), "--", &workload, "1500"],
-        &[(nvml_env(), "/nonexistent/libnvidia-ml.so.1")],
+        &["-v", "-o", out.to_str().unwrap(), "--", &workload, "1500"],
+        &env,
     );
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
     assert!(run.stdout.contains("workload done"), "{}", run.stdout);
@@ -269,6 +300,7 @@ fn fake_cuda_calls_are_counted_exactly() {
         "{}",
         report["drops"]
     );
+    run
 }
 
 #[test]

@@ -124,6 +124,7 @@ pub fn gather() -> Vec<Check> {
     v.push(perf_events());
     v.push(ring_buffer());
     v.push(ebpf_object(privileged && tracefs_ok));
+    v.push(uprobe_links(privileged && tracefs_ok));
     v.push(nvml());
     v.push(cuda_processes(privileged));
     v
@@ -431,6 +432,51 @@ fn ebpf_object(can_load: bool) -> Check {
         "ebpf object",
         format!("{maps} maps created, {verified} programs passed the verifier{extra}"),
     )
+}
+
+/// Whether the CUDA probes get uprobe_multi links (what the launch gate's windows cost).
+fn uprobe_links(can_load: bool) -> Check {
+    const NAME: &str = "uprobe links";
+    if !can_load {
+        return Check::new(
+            Status::Info,
+            NAME,
+            "not checked: needs the privileges and tracefs above",
+        );
+    }
+    let Ok(mut ebpf) = bpf::load(
+        &bpf::LoadOptions {
+            follow_children: true,
+        },
+        &[],
+    ) else {
+        return Check::new(Status::Info, NAME, "not checked: see the ebpf object row");
+    };
+    let progs = [
+        tracer_common::cuda::ENTRY_PROG,
+        tracer_common::cuda::RET_PROG,
+    ];
+    match crate::uprobes::Uprobes::load(&mut ebpf, bpf::OBJECT, &progs) {
+        Ok(u) => match u.why_perf() {
+            None => Check::new(
+                Status::Ok,
+                NAME,
+                "uprobe_multi: one link per program and library, breakpoints removed before \
+                 the kernel's grace period",
+            ),
+            Some(why) => Check::new(
+                Status::Warn,
+                NAME,
+                format!("perf-event links, one per function ({why})"),
+            )
+            .fix(
+                "Linux 6.6+ has uprobe_multi links; without them each close of a launch-probe \
+                 window lets the calls trap ~100 ms uncounted, and exit waits per function",
+            ),
+        },
+        Err(e) => Check::new(Status::Fail, NAME, format!("{e:#}"))
+            .fix("report it with `uname -r` and this line"),
+    }
 }
 
 fn nvml() -> Check {

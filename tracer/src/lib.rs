@@ -26,4 +26,5 @@ pub mod symbolize;
 pub mod target;
 pub mod tracefs;
 pub mod tracker;
+pub mod uprobes;
 pub mod verdict;

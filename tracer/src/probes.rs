@@ -12,6 +12,8 @@ pub struct AttachCtx<'a> {
     pub pids: &'a [u32],
     /// The `-- CMD` child, still waiting to exec: its life in the trace starts at the release.
     pub launched: Option<u32>,
+    /// The uprobe programs, loaded for the links this kernel has.
+    pub uprobes: &'a crate::uprobes::Uprobes,
 }
 
 pub struct FinishCtx<'a> {
@@ -23,6 +25,7 @@ pub struct FinishCtx<'a> {
     /// The window in CLOCK_MONOTONIC ns (the clock of `bpf_ktime_get_ns`).
     pub window_start_ktime: u64,
     pub window_end_ktime: u64,
+    pub uprobes: &'a crate::uprobes::Uprobes,
 }
 
 pub trait ProbeFamily {

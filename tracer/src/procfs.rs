@@ -170,6 +170,18 @@ pub fn map_file_path(pid: u32, m: &Mapping) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
 }
 
+/// The file and file offset of `addr` in gputrace's own code, to put a uprobe there.
+pub fn own_code(addr: u64) -> anyhow::Result<(PathBuf, u64)> {
+    use anyhow::Context;
+    let pid = std::process::id();
+    let maps = read_maps(pid).context("read /proc/self/maps")?;
+    let m = maps
+        .iter()
+        .find(|m| m.start <= addr && addr < m.end && m.is_file())
+        .context("gputrace's own code is not in a mapped file")?;
+    Ok((map_file_path(pid, m), addr - m.start + m.offset))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

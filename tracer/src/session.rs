@@ -111,6 +111,21 @@ fn trace(
         },
         &families,
     )?;
+    // Before any family takes a map out of `ebpf`: the uprobe_multi programs are relocated
+    // against all of them.
+    let uprobes = crate::uprobes::Uprobes::load(
+        &mut ebpf,
+        bpf::OBJECT,
+        &[
+            tracer_common::cuda::ENTRY_PROG,
+            tracer_common::cuda::RET_PROG,
+            tracer_common::overhead::CALIB_ENTRY_PROG,
+            tracer_common::overhead::CALIB_RET_PROG,
+        ],
+    )?;
+    if args.verbose {
+        eprintln!("gputrace: {}", uprobes.describe());
+    }
     let mut tracker = Tracker::new(roots);
     let mut initial: Vec<u32> = roots.to_vec();
     if follow && launched.is_none() {
@@ -138,6 +153,7 @@ fn trace(
         args,
         pids: &initial,
         launched: launched.as_ref().map(|l| l.pid),
+        uprobes: &uprobes,
     };
     for f in families.iter_mut() {
         f.attach(&mut ebpf, &attach_ctx)
@@ -257,6 +273,7 @@ fn trace(
         python: &python,
         window_start_ktime,
         window_end_ktime,
+        uprobes: &uprobes,
     };
     for f in families.iter_mut() {
         f.finish(&mut ebpf, &mut finish_ctx, &mut data)

@@ -29,10 +29,6 @@ use std::{
 use anyhow::{Context, Result};
 use aya::{
     maps::{HashMap as BpfHashMap, MapData, RingBuf},
-    programs::{
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
-        UProbe,
-    },
     Ebpf, Pod,
 };
 use tracer_common::cuda::{
@@ -46,12 +42,12 @@ use self::{
     table::{Layer, FUNCS},
 };
 use crate::{
-    bpf::load_error,
     cli::TraceArgs,
     probes::{AttachCtx, FinishCtx, ProbeFamily},
     procfs,
     report::{model::cuda::CudaLibrary, model::cuda::ProcessCuda, ReportData},
     tracker::Tracker,
+    uprobes::{Link, Uprobes},
 };
 
 /// Libraries are looked for in every traced process this often (ticks of 100 ms), so one
@@ -77,12 +73,15 @@ pub struct CudaFamily {
     named: Vec<usize>,
     /// Switches the launch probes on and off under `--max-overhead` (issue 6).
     gate: crate::overhead::LaunchGate,
+    uprobes: Option<Uprobes>,
 }
 
 struct Lib {
     found: Found,
     attached: Vec<String>,
     failed: Vec<String>,
+    /// The links of the probes the gate does not switch (it holds its own).
+    links: Vec<Link>,
 }
 
 #[derive(Default)]
@@ -118,6 +117,7 @@ impl CudaFamily {
             checked: HashMap::new(),
             named: Vec::new(),
             gate: crate::overhead::LaunchGate::new(args.max_overhead, args.cuda_entry_only, trap),
+            uprobes: None,
         }
     }
 
@@ -130,11 +130,15 @@ impl CudaFamily {
         {
             return i;
         }
-        let (attached, failed) = attach_library(ebpf, &found, self.entry_only != 0, &mut self.gate);
+        let (attached, failed, links) = match &self.uprobes {
+            Some(u) => attach_library(ebpf, u, &found, self.entry_only != 0, &mut self.gate),
+            None => (vec![], vec!["uprobe programs not loaded".into()], vec![]),
+        };
         self.libs.push(Lib {
             found,
             attached,
             failed,
+            links,
         });
         self.libs.len() - 1
     }
@@ -199,72 +203,79 @@ impl CudaFamily {
     }
 }
 
-/// Attaches the entry (and return) program at every table function the library exports.
+/// Attaches the entry (and return) program at every table function the library exports: one
+/// link per program for the functions the gate switches and one for the others (uprobe_multi),
+/// or one per function (perf links). Returns the functions attached, the failures, and the
+/// links the gate does not hold.
 fn attach_library(
     ebpf: &mut Ebpf,
+    uprobes: &Uprobes,
     lib: &Found,
     entry_only: bool,
     gate: &mut crate::overhead::LaunchGate,
-) -> (Vec<String>, Vec<String>) {
+) -> (Vec<String>, Vec<String>, Vec<Link>) {
     let ids: Vec<usize> = table::of_layer(lib.layer).collect();
     let names: Vec<&str> = ids.iter().map(|&i| FUNCS[i].name).collect();
     let offsets = match discover::symbol_offsets(&lib.open_path, &names) {
         Ok(o) => o,
-        Err(e) => return (vec![], vec![format!("{}: {e:#}", lib.path)]),
+        Err(e) => return (vec![], vec![format!("{}: {e:#}", lib.path)], vec![]),
     };
-    let mut attached = Vec::new();
-    let mut failed = Vec::new();
-    for &fid in &ids {
-        let f = &FUNCS[fid];
-        let Some(&off) = offsets.get(f.name) else {
-            continue;
-        };
-        let cookie = table::cookie(fid);
-        // The return probe first: a call entered between the two attachments would otherwise
-        // raise the thread's depth with no return to lower it, and hide its later calls.
-        let mut progs = vec![];
-        if !entry_only {
-            progs.push(RET_PROG);
-        }
-        progs.push(ENTRY_PROG);
-        let mut ok = true;
-        for prog in progs {
-            let r = ebpf
-                .program_mut(prog)
-                .and_then(|p| <&mut UProbe>::try_from(p).ok())
-                .map(|p| {
-                    p.attach(
-                        UProbeAttachPoint {
-                            location: UProbeAttachLocation::AbsoluteOffset(off),
-                            cookie: Some(cookie),
-                        },
-                        &lib.open_path,
-                        UProbeScope::AllProcesses,
-                    )
-                });
-            match r {
-                Some(Ok(id)) => {
-                    if gate.gated(fid) {
-                        gate.add(ebpf, prog, lib.open_path.clone(), off, cookie, id);
+    let exported: Vec<(usize, u64)> = ids
+        .iter()
+        .filter_map(|&fid| offsets.get(FUNCS[fid].name).map(|&off| (fid, off)))
+        .collect();
+    let mut failed: BTreeMap<usize, String> = BTreeMap::new();
+    let mut links = Vec::new();
+    // The return probes first: a call entered between the two attachments would otherwise
+    // raise the thread's depth with no return to lower it, and hide its later calls.
+    let progs: &[&'static str] = if entry_only {
+        &[ENTRY_PROG]
+    } else {
+        &[RET_PROG, ENTRY_PROG]
+    };
+    for &prog in progs {
+        for gated in [false, true] {
+            let group: Vec<(usize, u64)> = exported
+                .iter()
+                .copied()
+                .filter(|(fid, _)| gate.gated(*fid) == gated && !failed.contains_key(fid))
+                .collect();
+            let points = |g: &[(usize, u64)]| -> Vec<(u64, u64)> {
+                g.iter()
+                    .map(|&(fid, off)| (off, table::cookie(fid)))
+                    .collect()
+            };
+            let mut made = Vec::new();
+            match uprobes.attach(ebpf, prog, &lib.open_path, &points(&group), None) {
+                Ok(l) => made.push((points(&group), l)),
+                // One at a time, to say which functions could not be probed.
+                Err(_) => {
+                    for one in group.chunks(1) {
+                        match uprobes.attach(ebpf, prog, &lib.open_path, &points(one), None) {
+                            Ok(l) => made.push((points(one), l)),
+                            Err(e) => {
+                                let name = FUNCS[one[0].0].name;
+                                failed.insert(one[0].0, format!("{name} ({prog}): {e:#}"));
+                            }
+                        }
                     }
                 }
-                Some(Err(e)) => {
-                    failed.push(format!("{} ({prog}): {e}", f.name));
-                    ok = false;
-                    break;
-                }
-                None => {
-                    failed.push(format!("{}: program {prog} missing", f.name));
-                    ok = false;
-                    break;
+            }
+            for (points, l) in made {
+                if gated {
+                    gate.add(ebpf, prog, lib.open_path.clone(), points, l);
+                } else {
+                    links.extend(l);
                 }
             }
         }
-        if ok {
-            attached.push(f.name.to_string());
-        }
     }
-    (attached, failed)
+    let attached = exported
+        .iter()
+        .filter(|(fid, _)| !failed.contains_key(fid))
+        .map(|(fid, _)| FUNCS[*fid].name.to_string())
+        .collect();
+    (attached, failed.into_values().collect(), links)
 }
 
 fn read_map<K: Pod, V: Pod>(ebpf: &Ebpf, name: &str) -> Result<Vec<(K, V)>> {
@@ -286,15 +297,10 @@ impl ProbeFamily for CudaFamily {
     }
 
     fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()> {
-        for prog in [ENTRY_PROG, RET_PROG] {
-            let p: &mut UProbe = ebpf
-                .program_mut(prog)
-                .with_context(|| format!("program {prog} missing from the object"))?
-                .try_into()?;
-            p.load().map_err(|e| load_error(prog, e))?;
-        }
+        // Loaded with the session's other uprobe programs (`Uprobes::load`).
+        self.uprobes = Some(ctx.uprobes.clone());
         // Before the first library is attached: the gate's first window needs the cost.
-        self.gate.calibrate(ebpf, ctx.args.verbose);
+        self.gate.calibrate(ebpf, ctx.uprobes, ctx.args.verbose);
         crate::bpf::attach_tracepoint(ebpf, "cuda_thread_exit", "sched", "sched_process_exit")?;
         for (path, layer) in self.overrides.clone() {
             let found = discover::from_path(&path, layer)?;
@@ -395,6 +401,13 @@ impl ProbeFamily for CudaFamily {
             });
         }
         self.gate.finish(ebpf, data, ctx.tracker.ended_at());
+        // Nothing more to count: the links go now, together (each close waits for the kernel).
+        crate::uprobes::close_all(
+            self.libs
+                .iter_mut()
+                .flat_map(|l| l.links.drain(..))
+                .collect(),
+        );
         for l in self.libs.iter().filter(|l| l.found.embedded) {
             data.report.blind_spots.push(format!(
                 "{} carries its own CUDA runtime (statically linked); probed through its \

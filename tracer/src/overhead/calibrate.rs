@@ -8,23 +8,16 @@
 //! counts are sensitive to it: in a launch storm the probes are ~3/4 of a window's time, so a
 //! cost 20% off puts the workload's own time in the window 60% off.
 
-use std::{
-    num::NonZeroU32,
-    path::PathBuf,
-    sync::{Arc, Mutex},
-};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
-use aya::{
-    programs::{
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeScope},
-        UProbe,
-    },
-    Ebpf,
-};
+use aya::Ebpf;
 use tracer_common::overhead::{CALIB_ENTRY_PROG, CALIB_RET_PROG};
 
-use crate::{budget, procfs};
+use crate::{
+    budget, procfs,
+    uprobes::{Link, Uprobes},
+};
 
 /// Trap cost per hit outside the program, and where it came from.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -156,48 +149,14 @@ fn per_call_ns(f: CalibFn, calls: u32) -> f64 {
 }
 
 /// (run count, run time ns) of a program, from the kernel's statistics.
-pub(super) fn runs(ebpf: &Ebpf, name: &str) -> (u64, u64) {
-    ebpf.program(name)
-        .and_then(|p| p.info().ok())
-        .map(|i| (i.run_count(), i.run_time().as_nanos() as u64))
-        .unwrap_or((0, 0))
-}
-
 /// Per-hit program time since `before`.
-fn bpf_ns_per_hit(ebpf: &Ebpf, name: &str, before: (u64, u64)) -> f64 {
-    let (n, t) = runs(ebpf, name);
+fn bpf_ns_per_hit(ebpf: &Ebpf, u: &Uprobes, name: &str, before: (u64, u64)) -> f64 {
+    let (n, t) = u.runs(ebpf, name);
     let hits = n.saturating_sub(before.0);
     if hits == 0 {
         return 0.0;
     }
     t.saturating_sub(before.1) as f64 / hits as f64
-}
-
-fn load(ebpf: &mut Ebpf, prog: &str) -> Result<()> {
-    let p: &mut UProbe = ebpf
-        .program_mut(prog)
-        .with_context(|| format!("program {prog} missing from the object"))?
-        .try_into()?;
-    p.load().with_context(|| format!("load {prog}"))
-}
-
-fn attach(ebpf: &mut Ebpf, prog: &str, path: &PathBuf, offset: u64) -> Result<UProbeLink> {
-    let p: &mut UProbe = ebpf
-        .program_mut(prog)
-        .with_context(|| format!("program {prog} missing from the object"))?
-        .try_into()?;
-    let pid = NonZeroU32::new(std::process::id()).context("pid 0")?;
-    let id = p
-        .attach(
-            UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(offset),
-                cookie: None,
-            },
-            path,
-            UProbeScope::OneProcess(pid),
-        )
-        .with_context(|| format!("attach {prog} to {}", path.display()))?;
-    Ok(p.take_link(id)?)
 }
 
 /// Median of each part on its own.
@@ -220,7 +179,8 @@ fn median(samples: &[TrapCost]) -> TrapCost {
 /// The probed copies and what they have measured.
 pub struct Calibrator {
     fns: [CalibFn; 3],
-    links: Vec<UProbeLink>,
+    uprobes: Uprobes,
+    links: Vec<Link>,
     samples: Vec<TrapCost>,
     /// How many of `samples` were taken at startup.
     startup: usize,
@@ -231,8 +191,8 @@ impl Calibrator {
     /// Attaches the empty programs and takes a first measurement of several rounds. The
     /// syscall tracepoints must be attached already: on x86-64 a uretprobe returns through a
     /// syscall, and what they cost there is part of the return probe's cost.
-    pub fn start(ebpf: &mut Ebpf, shared: SharedTrapCost) -> Result<Calibrator> {
-        let result = Self::attach_all(ebpf, shared.clone());
+    pub fn start(ebpf: &mut Ebpf, uprobes: &Uprobes, shared: SharedTrapCost) -> Result<Calibrator> {
+        let result = Self::attach_all(ebpf, uprobes, shared.clone());
         let mut c = match result {
             Ok(c) => c,
             Err(e) => {
@@ -255,30 +215,23 @@ impl Calibrator {
         Ok(c)
     }
 
-    fn attach_all(ebpf: &mut Ebpf, shared: SharedTrapCost) -> Result<Calibrator> {
+    fn attach_all(ebpf: &mut Ebpf, u: &Uprobes, shared: SharedTrapCost) -> Result<Calibrator> {
         let fns = targets().context("no calibration target on this architecture")?;
-        let pid = std::process::id();
-        let maps = procfs::read_maps(pid).context("read /proc/self/maps")?;
-        let locate = |f: CalibFn| -> Result<(PathBuf, u64)> {
-            let addr = f as usize as u64;
-            let m = maps
-                .iter()
-                .find(|m| m.start <= addr && addr < m.end && m.is_file())
-                .context("gputrace's own code is not in a mapped file")?;
-            Ok((procfs::map_file_path(pid, m), addr - m.start + m.offset))
-        };
-        load(ebpf, CALIB_ENTRY_PROG)?;
-        load(ebpf, CALIB_RET_PROG)?;
-        let (path, entry_off) = locate(fns[1])?;
-        let (_, both_off) = locate(fns[2])?;
+        let (path, entry_off) = procfs::own_code(fns[1] as *const () as u64)?;
+        let (_, both_off) = procfs::own_code(fns[2] as *const () as u64)?;
+        let me = Some(std::process::id());
         // The return probe first: a call in between would pay for it alone, none is made.
-        let links = vec![
-            attach(ebpf, CALIB_RET_PROG, &path, both_off)?,
-            attach(ebpf, CALIB_ENTRY_PROG, &path, both_off)?,
-            attach(ebpf, CALIB_ENTRY_PROG, &path, entry_off)?,
-        ];
+        let mut links = u.attach(ebpf, CALIB_RET_PROG, &path, &[(both_off, 0)], me)?;
+        links.extend(u.attach(
+            ebpf,
+            CALIB_ENTRY_PROG,
+            &path,
+            &[(both_off, 0), (entry_off, 0)],
+            me,
+        )?);
         Ok(Calibrator {
             fns,
+            uprobes: u.clone(),
             links,
             samples: Vec::new(),
             startup: 0,
@@ -290,13 +243,14 @@ impl Calibrator {
     pub fn sample(&mut self, ebpf: &Ebpf) {
         let [bare, entry, both] = self.fns;
         let b = per_call_ns(bare, CALLS);
-        let before = runs(ebpf, CALIB_ENTRY_PROG);
+        let u = &self.uprobes;
+        let before = u.runs(ebpf, CALIB_ENTRY_PROG);
         let e = per_call_ns(entry, CALLS);
-        let e_bpf = bpf_ns_per_hit(ebpf, CALIB_ENTRY_PROG, before);
-        let before = (runs(ebpf, CALIB_ENTRY_PROG), runs(ebpf, CALIB_RET_PROG));
+        let e_bpf = bpf_ns_per_hit(ebpf, u, CALIB_ENTRY_PROG, before);
+        let before = (u.runs(ebpf, CALIB_ENTRY_PROG), u.runs(ebpf, CALIB_RET_PROG));
         let r = per_call_ns(both, CALLS);
-        let r_bpf = bpf_ns_per_hit(ebpf, CALIB_ENTRY_PROG, before.0)
-            + bpf_ns_per_hit(ebpf, CALIB_RET_PROG, before.1);
+        let r_bpf = bpf_ns_per_hit(ebpf, u, CALIB_ENTRY_PROG, before.0)
+            + bpf_ns_per_hit(ebpf, u, CALIB_RET_PROG, before.1);
         let t = TrapCost {
             entry_ns: e - b - e_bpf,
             ret_ns: r - e - (r_bpf - e_bpf),

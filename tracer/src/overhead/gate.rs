@@ -3,7 +3,7 @@
 //! within milliseconds when the bucket runs dry.
 
 use std::{
-    os::fd::{AsFd, AsRawFd, OwnedFd},
+    os::fd::{AsFd, OwnedFd},
     path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -11,10 +11,6 @@ use std::{
 
 use aya::{
     maps::{PerCpuArray, PerCpuValues},
-    programs::{
-        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope},
-        UProbe,
-    },
     Ebpf,
 };
 use tracer_common::cuda::{ENTRY_PROG, GATE_FIRST_MAP, GATE_LAST_MAP, RET_PROG};
@@ -28,6 +24,7 @@ use crate::{
         model::overhead::{Overhead, ProbeSampling},
         ReportData,
     },
+    uprobes::{close_all, run_stats, Link, Uprobes},
 };
 
 /// The launch probes' links, switched on and off by the budget's gate: the main thread opens
@@ -43,6 +40,8 @@ pub struct LaunchGate {
     entry_only: bool,
     trap: super::SharedTrapCost,
     calibrator: Option<super::Calibrator>,
+    /// Set by `calibrate`, before the first link is added.
+    uprobes: Option<Uprobes>,
     /// Whether a window is open (links attached) as far as the main thread asked.
     open: bool,
     /// When the window now open was opened (CLOCK_MONOTONIC ns), if in the current tick.
@@ -55,19 +54,20 @@ pub struct LaunchGate {
 
 const WATCH_EVERY: Duration = Duration::from_millis(2);
 
+/// What a link was attached with, to attach it again at the next window.
 struct GateLink {
     prog: &'static str,
     path: PathBuf,
-    offset: u64,
-    cookie: u64,
+    /// File offsets and cookies.
+    points: Vec<(u64, u64)>,
 }
 
 /// What the main thread and the watchdog share.
 #[derive(Default)]
 struct Window {
     /// Entry links first: dropped in this order, so a call inside still finds its return probe.
-    links: Vec<UProbeLink>,
-    ret_links: Vec<UProbeLink>,
+    links: Vec<Link>,
+    ret_links: Vec<Link>,
     /// Bucket at the window's last tick, the entry program's run count then, and the time.
     tokens_ns: f64,
     base_runs: u64,
@@ -101,16 +101,7 @@ impl Drop for Watch {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        // Each close waits ~200 ms for the kernel (a grace period per uprobe): closed one
-        // after another, a target with many probed libraries would hold the report for
-        // seconds. Concurrent closes share the wait.
-        let closers: Vec<_> = links
-            .into_iter()
-            .map(|l| std::thread::spawn(move || drop(l)))
-            .collect();
-        for c in closers {
-            let _ = c.join();
-        }
+        close_all(links);
     }
 }
 
@@ -122,44 +113,18 @@ struct Counts {
     ret_ns: u64,
 }
 
-fn counts(ebpf: &Ebpf) -> Counts {
-    let (entry_runs, entry_ns) = super::calibrate::runs(ebpf, ENTRY_PROG);
-    let (ret_runs, ret_ns) = super::calibrate::runs(ebpf, RET_PROG);
+fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>) -> Counts {
+    let Some(u) = uprobes else {
+        return Counts::default();
+    };
+    let (entry_runs, entry_ns) = u.runs(ebpf, ENTRY_PROG);
+    let (ret_runs, ret_ns) = u.runs(ebpf, RET_PROG);
     Counts {
         entry_runs,
         entry_ns,
         ret_runs,
         ret_ns,
     }
-}
-
-/// `run_cnt` of a program through its fd (BPF_OBJ_GET_INFO_BY_FD): the watchdog's cheap read.
-fn run_count(fd: &OwnedFd) -> Option<u64> {
-    // struct bpf_prog_info up to run_cnt (offset 200, linux/bpf.h); the kernel fills what
-    // fits in info_len.
-    let mut info = [0u8; 208];
-    #[repr(C)]
-    struct InfoAttr {
-        bpf_fd: u32,
-        info_len: u32,
-        info: u64,
-    }
-    let attr = InfoAttr {
-        bpf_fd: fd.as_raw_fd() as u32,
-        info_len: info.len() as u32,
-        info: info.as_mut_ptr() as u64,
-    };
-    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-    // SAFETY: attr points at a live buffer of info_len bytes for the duration of the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET_INFO_BY_FD,
-            &attr as *const InfoAttr,
-            std::mem::size_of::<InfoAttr>(),
-        )
-    };
-    (r == 0).then(|| u64::from_ne_bytes(info[200..208].try_into().unwrap()))
 }
 
 fn watchdog(fd: OwnedFd, shared: Arc<Mutex<Window>>) {
@@ -174,7 +139,9 @@ fn watchdog(fd: OwnedFd, shared: Arc<Mutex<Window>>) {
             if w.links.is_empty() && w.ret_links.is_empty() {
                 continue;
             }
-            let Some(runs) = run_count(&fd) else { continue };
+            let Some((runs, _)) = run_stats(fd.as_fd()) else {
+                continue;
+            };
             let spent = runs.saturating_sub(w.base_runs) as f64 * w.cost_per_hit;
             let since = base_at.elapsed().as_nanos() as u64;
             if !budget::must_close(w.tokens_ns, w.budget, since, spent) {
@@ -185,11 +152,18 @@ fn watchdog(fd: OwnedFd, shared: Arc<Mutex<Window>>) {
                 std::mem::take(&mut w.ret_links),
             )
         };
-        // Dropping a uprobe link takes ~100 ms here (a grace period before the kernel removes
-        // the breakpoint). The entry links drop on their own thread and the return links 1 ms
-        // later, so that the two grace periods overlap: the calls trap until the entry links'
-        // drop returns (see `close_cost`). Dropping the return links first was measured to
-        // keep the calls trapping through both.
+        // Dropping a perf-event uprobe link takes ~100 ms here (a grace period before the
+        // kernel removes the breakpoint). The entry links drop on their own thread and the
+        // return links 1 ms later, so that the two grace periods overlap: the calls trap until
+        // the entry links' drop returns (see `close_cost`). Dropping the return links first was
+        // measured to keep the calls trapping through both. A uprobe_multi link takes its
+        // consumer off and removes the breakpoint before its grace period: every call that
+        // still traps runs a program (the return program alone once the entry link is gone,
+        // which the gate charges as transition cost), so its drop time is not charged.
+        let perf = links
+            .iter()
+            .chain(rets.iter())
+            .any(|l| matches!(l, Link::Perf(_)));
         let started = Instant::now();
         let entries = std::thread::spawn(move || {
             drop(links);
@@ -202,13 +176,15 @@ fn watchdog(fd: OwnedFd, shared: Arc<Mutex<Window>>) {
         drop(rets);
         let trapping = entries.join().unwrap_or_else(|_| started.elapsed());
         if let Ok(mut w) = shared.lock() {
-            w.closes_ns += trapping.as_nanos() as u64;
+            if perf {
+                w.closes_ns += trapping.as_nanos() as u64;
+            }
         }
     }
 }
 
-/// What the calls made while a window's links were being closed cost, uncounted. Dropping a
-/// link takes its program off at once, but the kernel then waits for a grace period (~100 ms
+/// What the calls made while a window's perf-event links were being closed cost, uncounted.
+/// Dropping such a link takes its program off at once, but the kernel then waits for a grace period (~100 ms
 /// here) before it destroys the probe and removes the breakpoint, and every call meanwhile
 /// traps with no program to count it: the entry trap, and the return trap too while the return
 /// probe is still registered on the same breakpoint. Measured on a storm that recorded its own
@@ -234,8 +210,9 @@ pub fn close_cost(trapping_ns: u64, rate: f64, cost_per_hit: f64, trap_ns: f64) 
 impl LaunchGate {
     /// Measures the trap costs (again at each window the gate opens). Failure leaves the
     /// built-in constants, and a warning in the report.
-    pub fn calibrate(&mut self, ebpf: &mut Ebpf, verbose: bool) {
-        if let Ok(c) = super::Calibrator::start(ebpf, self.trap.clone()) {
+    pub fn calibrate(&mut self, ebpf: &mut Ebpf, uprobes: &Uprobes, verbose: bool) {
+        self.uprobes = Some(uprobes.clone());
+        if let Ok(c) = super::Calibrator::start(ebpf, uprobes, self.trap.clone()) {
             if verbose {
                 let t = c.current();
                 eprintln!(
@@ -257,6 +234,7 @@ impl LaunchGate {
             entry_only,
             trap,
             calibrator: None,
+            uprobes: None,
             open: true,
             opened_at: None,
             watch: None,
@@ -275,16 +253,10 @@ impl LaunchGate {
             // Measured after this gate was made: the first window works with it.
             let t = super::calibrate::current(&self.trap);
             self.cost_per_hit = t.per_call(self.entry_only);
-            let fd = ebpf
-                .program(ENTRY_PROG)?
-                .fd()
-                .ok()?
-                .as_fd()
-                .try_clone_to_owned()
-                .ok()?;
+            let fd = self.uprobes.as_ref()?.program_fd(ebpf, ENTRY_PROG)?;
             let shared = Arc::new(Mutex::new(Window {
                 tokens_ns: self.gate.tokens_ns(),
-                base_runs: counts(ebpf).entry_runs,
+                base_runs: counts(ebpf, self.uprobes.as_ref()).entry_runs,
                 base_at: Some(Instant::now()),
                 cost_per_hit: self.cost_per_hit,
                 budget: self.gate.budget(),
@@ -303,45 +275,33 @@ impl LaunchGate {
         self.watch.as_ref().map(|w| &w.shared)
     }
 
-    /// Records a launch probe just attached and hands its link to the watchdog (or drops it
-    /// at once while the gate is closed).
+    /// Records launch probes just attached and hands their links to the watchdog (or drops
+    /// them at once while the gate is closed).
     pub fn add(
         &mut self,
-        ebpf: &mut Ebpf,
+        ebpf: &Ebpf,
         prog: &'static str,
         path: PathBuf,
-        offset: u64,
-        cookie: u64,
-        id: UProbeLinkId,
+        points: Vec<(u64, u64)>,
+        links: Vec<Link>,
     ) {
-        self.links.push(GateLink {
-            prog,
-            path,
-            offset,
-            cookie,
-        });
-        let Some(link) = ebpf
-            .program_mut(prog)
-            .and_then(|p| <&mut UProbe>::try_from(p).ok())
-            .and_then(|p| p.take_link(id).ok())
-        else {
-            return;
-        };
+        self.links.push(GateLink { prog, path, points });
         if !self.open {
+            close_all(links);
             return;
         }
         // The gate's clock starts with its first probe: counts seen before the first tick
         // belong to a window like any other (they are scaled like any other).
         if self.last.is_none() {
-            self.last = Some((ktime_now(), counts(ebpf)));
+            self.last = Some((ktime_now(), counts(ebpf, self.uprobes.as_ref())));
         }
         if let Some(shared) = self.start_watch(ebpf) {
             if let Ok(mut w) = shared.lock() {
                 if w.closed_at.is_none() {
                     if prog == RET_PROG {
-                        w.ret_links.push(link);
+                        w.ret_links.extend(links);
                     } else {
-                        w.links.push(link);
+                        w.links.extend(links);
                     }
                 }
             }
@@ -358,7 +318,7 @@ impl LaunchGate {
         if !self.gate.samples() || self.links.is_empty() {
             return;
         }
-        let c = counts(ebpf);
+        let c = counts(ebpf, self.uprobes.as_ref());
         let Some((t0, c0)) = self.last.replace((now, c)) else {
             return;
         };
@@ -473,12 +433,13 @@ impl LaunchGate {
         // Return probes first, as at the first attach: a call entered in between would
         // otherwise raise its thread's depth with no return to lower it.
         for prog in [RET_PROG, ENTRY_PROG] {
+            let Some(u) = &self.uprobes else { break };
             for l in self.links.iter().filter(|l| l.prog == prog) {
-                if let Some(link) = attach(ebpf, l) {
+                if let Ok(links) = u.attach(ebpf, prog, &l.path, &l.points, None) {
                     if prog == RET_PROG {
-                        rets.push(link);
+                        rets.extend(links);
                     } else {
-                        entries.push(link);
+                        entries.extend(links);
                     }
                 }
             }
@@ -593,23 +554,6 @@ fn reset_gate_first(ebpf: &mut Ebpf) {
 /// The latest launch entry on any CPU.
 fn gate_last(ebpf: &Ebpf) -> Option<u64> {
     gate_times(ebpf, GATE_LAST_MAP).into_iter().max()
-}
-
-fn attach(ebpf: &mut Ebpf, l: &GateLink) -> Option<UProbeLink> {
-    let p = ebpf
-        .program_mut(l.prog)
-        .and_then(|p| <&mut UProbe>::try_from(p).ok())?;
-    let id = p
-        .attach(
-            UProbeAttachPoint {
-                location: UProbeAttachLocation::AbsoluteOffset(l.offset),
-                cookie: Some(l.cookie),
-            },
-            &l.path,
-            UProbeScope::AllProcesses,
-        )
-        .ok()?;
-    p.take_link(id).ok()
 }
 
 #[cfg(test)]

@@ -51,11 +51,11 @@ impl OverheadFamily {
 }
 
 /// Trap cost outside the program for one hit of `name`.
-fn trap_ns(name: &str, prog: &Program, trap: TrapCost) -> f64 {
-    match prog {
-        Program::UProbe(_) if name == RET_PROG => trap.ret_ns,
-        Program::UProbe(_) => trap.entry_ns,
-        _ => budget::TRACEPOINT_NS,
+fn trap_ns(name: &str, uprobe: bool, trap: TrapCost) -> f64 {
+    match uprobe {
+        true if name == RET_PROG => trap.ret_ns,
+        true => trap.entry_ns,
+        false => budget::TRACEPOINT_NS,
     }
 }
 
@@ -73,26 +73,42 @@ impl ProbeFamily for OverheadFamily {
     fn finish(
         &mut self,
         ebpf: &mut Ebpf,
-        _ctx: &mut FinishCtx<'_>,
+        ctx: &mut FinishCtx<'_>,
         data: &mut ReportData,
     ) -> Result<()> {
         let trap = calibrate::current(&self.trap);
+        // Those aya loaded, and the uprobe programs loaded for uprobe_multi links.
+        let runs = ebpf
+            .programs()
+            .filter_map(|(name, prog)| {
+                let info = prog.info().ok()?;
+                let uprobe = matches!(prog, Program::UProbe(_));
+                Some((
+                    name,
+                    uprobe,
+                    info.run_count(),
+                    info.run_time().as_nanos() as u64,
+                ))
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .chain(
+                ctx.uprobes
+                    .own_programs()
+                    .into_iter()
+                    .map(|(name, _, n, t)| (name, true, n, t)),
+            );
         let mut programs = Vec::new();
-        for (name, prog) in ebpf.programs() {
+        for (name, uprobe, hits, ns) in runs {
             // gputrace's own calls, made before the trace started.
-            if name == CALIB_ENTRY_PROG || name == CALIB_RET_PROG {
-                continue;
-            }
-            let Ok(info) = prog.info() else { continue };
-            let hits = info.run_count();
-            if hits == 0 {
+            if name == CALIB_ENTRY_PROG || name == CALIB_RET_PROG || hits == 0 {
                 continue;
             }
             programs.push(ProgramCost {
                 program: name.to_string(),
                 hits,
-                bpf_ns_per_hit: info.run_time().as_nanos() as f64 / hits as f64,
-                trap_ns_per_hit: trap_ns(name, prog, trap),
+                bpf_ns_per_hit: ns as f64 / hits as f64,
+                trap_ns_per_hit: trap_ns(name, uprobe, trap),
             });
         }
         let cost = |p: &ProgramCost| p.hits as f64 * (p.bpf_ns_per_hit + p.trap_ns_per_hit);
