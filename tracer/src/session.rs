@@ -310,10 +310,11 @@ fn trace(
             stop.elapsed().as_secs_f64() * 1e3
         );
     }
-    // The report is out before the programs are detached: the kernel takes ~90 ms per uprobe
-    // link, one link after another (a grace period each), so a process with a probed
-    // libcudart holds the exit for seconds. Everything is detached before gputrace exits.
+    // The report is out before the programs are detached: each uprobe link's close waits for
+    // a grace period (the CUDA family closes its links together when dropped, after this).
+    // Everything is detached before gputrace exits.
     drop(ebpf);
+    drop(families);
     Ok(())
 }
 

@@ -202,7 +202,9 @@ impl Uprobes {
 /// concurrent closes share it (one after another, a target with many probed libraries held
 /// gputrace's exit for seconds).
 pub fn close_all(links: Vec<Link>) {
-    const THREADS: usize = 64;
+    // Perf links are one per probed function: a target with 64 probed libraries has
+    // thousands, and each thread closes its share one after another.
+    const THREADS: usize = 256;
     if links.is_empty() {
         return;
     }

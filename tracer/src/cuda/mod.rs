@@ -76,6 +76,19 @@ pub struct CudaFamily {
     uprobes: Option<Uprobes>,
 }
 
+impl Drop for CudaFamily {
+    /// After the report (the session drops the families last): the links go together, each
+    /// close waits for the kernel.
+    fn drop(&mut self) {
+        crate::uprobes::close_all(
+            self.libs
+                .iter_mut()
+                .flat_map(|l| l.links.drain(..))
+                .collect(),
+        );
+    }
+}
+
 struct Lib {
     found: Found,
     attached: Vec<String>,
@@ -401,13 +414,6 @@ impl ProbeFamily for CudaFamily {
             });
         }
         self.gate.finish(ebpf, data, ctx.tracker.ended_at());
-        // Nothing more to count: the links go now, together (each close waits for the kernel).
-        crate::uprobes::close_all(
-            self.libs
-                .iter_mut()
-                .flat_map(|l| l.links.drain(..))
-                .collect(),
-        );
         for l in self.libs.iter().filter(|l| l.found.embedded) {
             data.report.blind_spots.push(format!(
                 "{} carries its own CUDA runtime (statically linked); probed through its \
