@@ -157,13 +157,12 @@ fn watchdog(fd: OwnedFd, shared: Arc<Mutex<Window>>) {
         // return links 1 ms later, so that the two grace periods overlap: the calls trap until
         // the entry links' drop returns (see `close_cost`). Dropping the return links first was
         // measured to keep the calls trapping through both. A uprobe_multi link takes its
-        // consumer off and removes the breakpoint before its grace period: every call that
-        // still traps runs a program (the return program alone once the entry link is gone,
-        // which the gate charges as transition cost), so its drop time is not charged.
-        let perf = links
-            .iter()
-            .chain(rets.iter())
-            .any(|l| matches!(l, Link::Perf(_)));
+        // consumer off and removes the breakpoint before its grace period, so its calls trap
+        // for a few ms only, each running a program; but the breakpoint's install and removal
+        // stall the target, unseen from here. A storm lost ~22 ms per multi-link close on
+        // average (BENCHMARKS.md, noisy); charging its drop time the same way (8-16 ms per
+        // close measured) stands in for that. Not charging it let the gate open 10 windows
+        // where it had opened 3-4, and a storm came out 25% slower once in the budget test.
         let started = Instant::now();
         let entries = std::thread::spawn(move || {
             drop(links);
@@ -176,15 +175,14 @@ fn watchdog(fd: OwnedFd, shared: Arc<Mutex<Window>>) {
         drop(rets);
         let trapping = entries.join().unwrap_or_else(|_| started.elapsed());
         if let Ok(mut w) = shared.lock() {
-            if perf {
-                w.closes_ns += trapping.as_nanos() as u64;
-            }
+            w.closes_ns += trapping.as_nanos() as u64;
         }
     }
 }
 
-/// What the calls made while a window's perf-event links were being closed cost, uncounted.
-/// Dropping such a link takes its program off at once, but the kernel then waits for a grace period (~100 ms
+/// What the calls made while a window's links were being closed cost, uncounted (for
+/// uprobe_multi links, a stand-in: see `watchdog`). Dropping a perf-event link takes its
+/// program off at once, but the kernel then waits for a grace period (~100 ms
 /// here) before it destroys the probe and removes the breakpoint, and every call meanwhile
 /// traps with no program to count it: the entry trap, and the return trap too while the return
 /// probe is still registered on the same breakpoint. Measured on a storm that recorded its own
