@@ -7,6 +7,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod drops;
+pub mod hits;
 pub mod overhead;
 pub mod proc;
 pub mod python;

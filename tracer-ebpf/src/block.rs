@@ -67,6 +67,7 @@ static OFF_RQC_NR_SECTOR: Global<u32> = Global::new(24);
 /// Runs in the submitter's context: remembers who submitted the bio.
 #[tracepoint]
 pub fn block_bio_queue(ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::BlockBioQueue);
     let (tgid, _) = current_ids();
     if !is_traced(tgid) {
         return 0;
@@ -109,6 +110,7 @@ fn stat(key: &BlkKey) -> Option<*mut BlkStat> {
 /// A split bio's second part starts at `new_sector`; it has the same owner.
 #[tracepoint]
 pub fn block_split(ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::BlockSplit);
     let sector: u64 = unsafe { ctx.read_at(OFF_SPLIT_SECTOR.load() as usize) }.unwrap_or(0);
     let Some(owner) = (unsafe { BIO_OWNER.get(&sector) }).copied() else {
         return 0;
@@ -120,12 +122,14 @@ pub fn block_split(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn block_rq_insert(ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::BlockRqInsert);
     start(&ctx, true);
     0
 }
 
 #[tracepoint]
 pub fn block_rq_issue(ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::BlockRqIssue);
     start(&ctx, false);
     0
 }
@@ -200,6 +204,7 @@ fn rw_kind(rwbs: &[u8; 4]) -> u32 {
 
 #[tracepoint]
 pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::BlockRqComplete);
     let now = unsafe { bpf_ktime_get_ns() };
     let dev: u32 = unsafe { ctx.read_at(OFF_RQC_DEV.load() as usize) }.unwrap_or(0);
     let sector: u64 = unsafe { ctx.read_at(OFF_RQC_SECTOR.load() as usize) }.unwrap_or(0);

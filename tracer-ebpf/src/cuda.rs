@@ -83,6 +83,7 @@ const FRESH: ThreadState = ThreadState {
 
 #[uprobe]
 pub fn cuda_entry(ctx: ProbeContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::CudaEntry);
     let (tgid, tid) = current_ids();
     if !is_traced(tgid) {
         return 0;
@@ -184,6 +185,7 @@ fn is_name_shape(shape: u8) -> bool {
 
 #[uretprobe]
 pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::CudaRet);
     // Only traced threads have a call state (no TRACED lookup: one hash lookup less per call).
     let (tgid, tid) = current_ids();
     let now = unsafe { bpf_ktime_get_ns() };
@@ -350,6 +352,7 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
 /// returns; its depth must not survive into a later thread that reuses the id.
 #[tracepoint]
 pub fn cuda_thread_exit(_ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::CudaThreadExit);
     let (tgid, tid) = current_ids();
     if !is_traced(tgid) {
         return 0;

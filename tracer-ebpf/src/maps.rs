@@ -5,7 +5,7 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray, StackTrace},
     programs::tracing::StackIdContext,
 };
-use tracer_common::{cpu, drops::Drop, proc};
+use tracer_common::{cpu, drops::Drop, hits, proc};
 
 /// tgid -> flags of every traced process (user space seeds it; fork adds children).
 #[map(name = "TRACED")]
@@ -14,6 +14,20 @@ pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(proc::TRACED_EN
 /// One counter per [`Drop`] reason, per CPU.
 #[map(name = "DROPS")]
 pub static DROPS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Drop::COUNT, 0);
+
+/// Each program's runs, per CPU (`tracer_common::hits`).
+#[map(name = "PROG_HITS")]
+pub static PROG_HITS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(hits::PROGRAMS.len() as u32, 0);
+
+/// Counts a run of program `p`: the first thing every program does.
+#[inline(always)]
+pub fn hit(p: hits::Prog) {
+    if let Some(slot) = PROG_HITS.get_ptr_mut(p as u32) {
+        // Per-CPU slot, as `count_drop`.
+        unsafe { *slot += 1 };
+    }
+}
 
 /// User and kernel stacks of CPU samples (and of off-CPU switch-outs).
 #[map(name = "STACKS")]

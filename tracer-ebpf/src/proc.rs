@@ -39,6 +39,7 @@ const CLONE_THREAD: u64 = 0x0001_0000;
 /// sched_process_fork cannot.
 #[tracepoint]
 pub fn task_newtask(ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::TaskNewtask);
     let (tgid, _) = current_ids();
     if !is_traced(tgid) {
         return 0;
@@ -61,6 +62,7 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::SchedProcessExec);
     let (tgid, tid) = current_ids();
     if is_traced(tgid) {
         crate::python::exec(tgid);
@@ -71,6 +73,7 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::SchedProcessExit);
     let (tgid, tid) = current_ids();
     if !is_traced(tgid) {
         return 0;

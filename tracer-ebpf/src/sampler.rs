@@ -21,6 +21,7 @@ static CPU_COUNTS: HashMap<SampleKey, u64> = HashMap::with_max_entries(CPU_COUNT
 
 #[perf_event]
 pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::CpuSample);
     let (tgid, tid) = current_ids();
     if tid == 0 || !is_traced(tgid) {
         return 0;

@@ -55,6 +55,7 @@ const EXIT_BITS: i64 = 0x10 | 0x20;
 //          unsigned int prev_state)
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn sched_switch(ctx: RawTracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::SchedSwitch);
     let preempt: u64 = ctx.arg(0);
     let raw_state: u64 = ctx.arg(3);
     let next: u64 = ctx.arg(2);
@@ -64,6 +65,7 @@ pub fn sched_switch(ctx: RawTracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::SchedSwitchTp);
     let state: i64 = unsafe { ctx.read_at(OFF_SW_PREV_STATE.load() as usize) }.unwrap_or(0);
     let next: i32 = unsafe { ctx.read_at(OFF_SW_NEXT_PID.load() as usize) }.unwrap_or(0);
     switch(&ctx, state, next)
@@ -168,12 +170,14 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
 // TP_PROTO(struct task_struct *p)
 #[raw_tracepoint(tracepoint = "sched_wakeup")]
 pub fn sched_wakeup(ctx: RawTracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::SchedWakeup);
     let p: u64 = ctx.arg(0);
     wakeup(task_pid(p))
 }
 
 #[tracepoint]
 pub fn sched_wakeup_tp(ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::SchedWakeupTp);
     wakeup(unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0))
 }
 
@@ -196,6 +200,7 @@ fn wakeup(pid: i32) -> u32 {
 /// New threads of traced processes (clone_flags tell a thread from a process here).
 #[tracepoint]
 pub fn acct_newtask(ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::AcctNewtask);
     let flags: u64 = unsafe { ctx.read_at(OFF_TN_FLAGS.load() as usize) }.unwrap_or(0);
     if flags & CLONE_THREAD == 0 {
         return 0;
@@ -215,12 +220,14 @@ pub fn acct_newtask(ctx: TracePointContext) -> u32 {
 // TP_PROTO(struct task_struct *p)
 #[raw_tracepoint(tracepoint = "sched_wakeup_new")]
 pub fn sched_wakeup_new(ctx: RawTracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::SchedWakeupNew);
     let p: u64 = ctx.arg(0);
     wakeup_new(task_pid(p))
 }
 
 #[tracepoint]
 pub fn sched_wakeup_new_tp(ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::SchedWakeupNewTp);
     wakeup_new(unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0))
 }
 

@@ -67,6 +67,7 @@ fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
 // TP_PROTO(struct pt_regs *regs, long id)
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::SysEnter);
     let id: i64 = ctx.arg(1);
     if id == SYS_URETPROBE.load() as i64 {
         return 0;
@@ -87,6 +88,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
 // uretprobe's return left none, so it is skipped here too.
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::SysExit);
     let Some((tgid, tid, st)) = traced_thread() else {
         return 0;
     };

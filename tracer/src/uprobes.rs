@@ -169,20 +169,6 @@ impl Uprobes {
         }
     }
 
-    /// A descriptor of the loaded program, for a thread of its own to read its run count.
-    pub fn program_fd(&self, ebpf: &Ebpf, prog: &str) -> Option<OwnedFd> {
-        match &self.multi {
-            Some(m) => m.get(prog)?.fd.try_clone().ok(),
-            None => ebpf
-                .program(prog)?
-                .fd()
-                .ok()?
-                .as_fd()
-                .try_clone_to_owned()
-                .ok(),
-        }
-    }
-
     /// The programs loaded here rather than by aya (absent from `Ebpf::programs`), with their
     /// run counts and times, and whether each is a return probe.
     pub fn own_programs(&self) -> Vec<(&'static str, bool, u64, u64)> {
@@ -229,9 +215,8 @@ pub fn close_all(links: Vec<Link>) {
     }
 }
 
-/// `run_time_ns` and `run_cnt` of a program (BPF_OBJ_GET_INFO_BY_FD): the count without a
-/// map read, cheap enough for the gate's watchdog every 2 ms.
-pub fn run_stats(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u64, u64)> {
+/// `run_cnt` and `run_time_ns` of a program (BPF_OBJ_GET_INFO_BY_FD).
+fn run_stats(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u64, u64)> {
     // struct bpf_prog_info up to run_cnt (run_time_ns at 192, run_cnt at 200, linux/bpf.h);
     // the kernel fills what fits in info_len.
     let mut info = [0u8; 208];

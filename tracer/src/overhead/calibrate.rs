@@ -243,6 +243,8 @@ impl Calibrator {
     pub fn sample(&mut self, ebpf: &Ebpf) {
         let [bare, entry, both] = self.fns;
         let b = per_call_ns(bare, CALLS);
+        // The programs' run times come from the kernel's statistics.
+        let _on = super::stats_on();
         let u = &self.uprobes;
         let before = u.runs(ebpf, CALIB_ENTRY_PROG);
         let e = per_call_ns(entry, CALLS);

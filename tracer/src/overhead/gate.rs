@@ -3,7 +3,6 @@
 //! within milliseconds when the bucket runs dry.
 
 use std::{
-    os::fd::{AsFd, OwnedFd},
     path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -15,7 +14,7 @@ use aya::{
 };
 use tracer_common::cuda::{ENTRY_PROG, GATE_FIRST_MAP, GATE_LAST_MAP, RET_PROG};
 
-use super::{scale_cuda, scale_launch_time, worst_cuda_thread};
+use super::{scale_cuda, scale_launch_time, stats_on, worst_cuda_thread, Hits, StatsOn};
 use crate::{
     budget::{self, Gate, TickObs},
     cuda::table::FUNCS,
@@ -24,7 +23,7 @@ use crate::{
         model::overhead::{Overhead, ProbeSampling},
         ReportData,
     },
-    uprobes::{close_all, run_stats, Link, Uprobes},
+    uprobes::{close_all, Link, Uprobes},
 };
 
 /// The launch probes' links, switched on and off by the budget's gate: the main thread opens
@@ -42,6 +41,7 @@ pub struct LaunchGate {
     calibrator: Option<super::Calibrator>,
     /// Set by `calibrate`, before the first link is added.
     uprobes: Option<Uprobes>,
+    hits: Option<Hits>,
     /// Whether a window is open (links attached) as far as the main thread asked.
     open: bool,
     /// When the window now open was opened (CLOCK_MONOTONIC ns), if in the current tick.
@@ -68,6 +68,8 @@ struct Window {
     /// Entry links first: dropped in this order, so a call inside still finds its return probe.
     links: Vec<Link>,
     ret_links: Vec<Link>,
+    /// The kernel's statistics, on while the window is open: they time the launch programs.
+    stats: Option<StatsOn>,
     /// Bucket at the window's last tick, the entry program's run count then, and the time.
     tokens_ns: f64,
     base_runs: u64,
@@ -92,6 +94,7 @@ impl Drop for Watch {
         let links = match self.shared.lock() {
             Ok(mut w) => {
                 w.stop = true;
+                w.stats = None;
                 let mut l = std::mem::take(&mut w.links);
                 l.append(&mut std::mem::take(&mut w.ret_links));
                 l
@@ -107,27 +110,33 @@ impl Drop for Watch {
 
 #[derive(Clone, Copy, Default)]
 struct Counts {
+    /// The programs' own hit counts.
     entry_runs: u64,
-    entry_ns: u64,
     ret_runs: u64,
+    /// Runs the kernel timed (while its statistics were on) and their time.
+    entry_timed: u64,
+    entry_ns: u64,
+    ret_timed: u64,
     ret_ns: u64,
 }
 
-fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>) -> Counts {
-    let Some(u) = uprobes else {
+fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>, hits: Option<&Hits>) -> Counts {
+    let (Some(u), Some(h)) = (uprobes, hits) else {
         return Counts::default();
     };
-    let (entry_runs, entry_ns) = u.runs(ebpf, ENTRY_PROG);
-    let (ret_runs, ret_ns) = u.runs(ebpf, RET_PROG);
+    let (entry_timed, entry_ns) = u.runs(ebpf, ENTRY_PROG);
+    let (ret_timed, ret_ns) = u.runs(ebpf, RET_PROG);
     Counts {
-        entry_runs,
+        entry_runs: h.get(ENTRY_PROG),
+        ret_runs: h.get(RET_PROG),
+        entry_timed,
         entry_ns,
-        ret_runs,
+        ret_timed,
         ret_ns,
     }
 }
 
-fn watchdog(fd: OwnedFd, shared: Arc<Mutex<Window>>) {
+fn watchdog(hits: Hits, shared: Arc<Mutex<Window>>) {
     loop {
         std::thread::sleep(WATCH_EVERY);
         let (links, rets) = {
@@ -139,14 +148,13 @@ fn watchdog(fd: OwnedFd, shared: Arc<Mutex<Window>>) {
             if w.links.is_empty() && w.ret_links.is_empty() {
                 continue;
             }
-            let Some((runs, _)) = run_stats(fd.as_fd()) else {
-                continue;
-            };
+            let runs = hits.get(ENTRY_PROG);
             let spent = runs.saturating_sub(w.base_runs) as f64 * w.cost_per_hit;
             let since = base_at.elapsed().as_nanos() as u64;
             if !budget::must_close(w.tokens_ns, w.budget, since, spent) {
                 continue;
             }
+            w.stats = None;
             (
                 std::mem::take(&mut w.links),
                 std::mem::take(&mut w.ret_links),
@@ -210,6 +218,7 @@ impl LaunchGate {
     /// built-in constants, and a warning in the report.
     pub fn calibrate(&mut self, ebpf: &mut Ebpf, uprobes: &Uprobes, verbose: bool) {
         self.uprobes = Some(uprobes.clone());
+        self.hits = Hits::open(ebpf).ok();
         if let Ok(c) = super::Calibrator::start(ebpf, uprobes, self.trap.clone()) {
             if verbose {
                 let t = c.current();
@@ -233,6 +242,7 @@ impl LaunchGate {
             trap,
             calibrator: None,
             uprobes: None,
+            hits: None,
             open: true,
             opened_at: None,
             watch: None,
@@ -251,10 +261,10 @@ impl LaunchGate {
             // Measured after this gate was made: the first window works with it.
             let t = super::calibrate::current(&self.trap);
             self.cost_per_hit = t.per_call(self.entry_only);
-            let fd = self.uprobes.as_ref()?.program_fd(ebpf, ENTRY_PROG)?;
+            let hits = Hits::open(ebpf).ok()?;
             let shared = Arc::new(Mutex::new(Window {
                 tokens_ns: self.gate.tokens_ns(),
-                base_runs: counts(ebpf, self.uprobes.as_ref()).entry_runs,
+                base_runs: counts(ebpf, self.uprobes.as_ref(), self.hits.as_ref()).entry_runs,
                 base_at: Some(Instant::now()),
                 cost_per_hit: self.cost_per_hit,
                 budget: self.gate.budget(),
@@ -263,7 +273,7 @@ impl LaunchGate {
             let s = shared.clone();
             let thread = std::thread::Builder::new()
                 .name("gputrace-budget".into())
-                .spawn(move || watchdog(fd, s))
+                .spawn(move || watchdog(hits, s))
                 .ok()?;
             self.watch = Some(Watch {
                 shared,
@@ -291,11 +301,17 @@ impl LaunchGate {
         // The gate's clock starts with its first probe: counts seen before the first tick
         // belong to a window like any other (they are scaled like any other).
         if self.last.is_none() {
-            self.last = Some((ktime_now(), counts(ebpf, self.uprobes.as_ref())));
+            self.last = Some((
+                ktime_now(),
+                counts(ebpf, self.uprobes.as_ref(), self.hits.as_ref()),
+            ));
         }
         if let Some(shared) = self.start_watch(ebpf) {
             if let Ok(mut w) = shared.lock() {
                 if w.closed_at.is_none() {
+                    if w.stats.is_none() {
+                        w.stats = Some(stats_on());
+                    }
                     if prog == RET_PROG {
                         w.ret_links.extend(links);
                     } else {
@@ -316,7 +332,7 @@ impl LaunchGate {
         if !self.gate.samples() || self.links.is_empty() {
             return;
         }
-        let c = counts(ebpf, self.uprobes.as_ref());
+        let c = counts(ebpf, self.uprobes.as_ref(), self.hits.as_ref());
         let Some((t0, c0)) = self.last.replace((now, c)) else {
             return;
         };
@@ -324,11 +340,11 @@ impl LaunchGate {
         let ret_hits = c.ret_runs.saturating_sub(c0.ret_runs);
         // Per program over the whole trace: run times per hit are steady.
         let trap = super::calibrate::current(&self.trap);
-        let entry = budget::cost_per_hit(c.entry_ns, c.entry_runs, trap.entry_ns);
+        let entry = budget::cost_per_hit(c.entry_ns, c.entry_timed, trap.entry_ns);
         let ret = if self.entry_only {
             0.0
         } else {
-            budget::cost_per_hit(c.ret_ns, c.ret_runs, trap.ret_ns)
+            budget::cost_per_hit(c.ret_ns, c.ret_timed, trap.ret_ns)
         };
         self.cost_per_hit = entry + ret;
         // The return probe also fires alone while the links are attached or detached (each
@@ -452,6 +468,7 @@ impl LaunchGate {
             if let Ok(mut w) = shared.lock() {
                 w.links = entries;
                 w.ret_links = rets;
+                w.stats = Some(stats_on());
                 w.tokens_ns = tokens;
                 w.base_runs = runs;
                 w.base_at = Some(Instant::now());

@@ -8,11 +8,13 @@
 
 mod calibrate;
 mod gate;
+mod stats;
 
-use std::{collections::HashMap, os::fd::OwnedFd};
+use std::collections::HashMap;
 
 pub use calibrate::{Calibrator, SharedTrapCost, TrapCost};
 pub use gate::LaunchGate;
+pub use stats::{stats_on, Hits, StatsOn};
 
 use anyhow::Result;
 use aya::{programs::Program, Ebpf};
@@ -32,11 +34,17 @@ use crate::{
     },
 };
 
-/// Keeps the kernel's BPF run-time statistics on for the trace and reads every program's cost
-/// at the end (before any family unloads its programs: this family finishes first).
+/// Turns the kernel's BPF run-time statistics on now and then (`stats`) and reads every
+/// program's cost at the end (before any family unloads its programs: this family finishes
+/// first).
 pub struct OverheadFamily {
     budget: f64,
-    stats: Option<OwnedFd>,
+    /// Held while the statistics are to be on.
+    stats: Option<StatsOn>,
+    /// Whether they could be turned on at all.
+    stats_ok: bool,
+    ticks: u64,
+    hits: Option<Hits>,
     trap: SharedTrapCost,
 }
 
@@ -45,6 +53,9 @@ impl OverheadFamily {
         OverheadFamily {
             budget,
             stats: None,
+            stats_ok: false,
+            ticks: 0,
+            hits: None,
             trap,
         }
     }
@@ -64,9 +75,22 @@ impl ProbeFamily for OverheadFamily {
         "overhead"
     }
 
-    fn attach(&mut self, _ebpf: &mut Ebpf, _ctx: &AttachCtx<'_>) -> Result<()> {
-        // Costs ~two clock reads per program run; without it only the trap constants count.
-        self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+    fn attach(&mut self, ebpf: &mut Ebpf, _ctx: &AttachCtx<'_>) -> Result<()> {
+        // Without them only the trap constants count.
+        let on = stats_on();
+        self.stats_ok = on.is_on();
+        self.stats = Some(on);
+        self.hits = Hits::open(ebpf).ok();
+        Ok(())
+    }
+
+    fn tick(&mut self, _ebpf: &mut Ebpf, _tracker: &crate::tracker::Tracker) -> Result<()> {
+        self.ticks += 1;
+        if !stats::sampled_tick(self.ticks) {
+            self.stats = None;
+        } else if self.stats.is_none() {
+            self.stats = Some(stats_on());
+        }
         Ok(())
     }
 
@@ -99,18 +123,25 @@ impl ProbeFamily for OverheadFamily {
                     .map(|(name, _, n, t)| (name, true, n, t)),
             );
         let mut programs = Vec::new();
-        for (name, uprobe, hits, ns) in runs {
+        for (name, uprobe, timed, ns) in runs {
             // gputrace's own calls, made before the trace started.
-            if name == CALIB_ENTRY_PROG || name == CALIB_RET_PROG || hits == 0 {
+            if name == CALIB_ENTRY_PROG || name == CALIB_RET_PROG {
+                continue;
+            }
+            // Its own count (the kernel counts only while its statistics are on), timed by
+            // the kernel's runs then.
+            let hits = self.hits.as_ref().map_or(timed, |h| h.get(name));
+            if hits == 0 {
                 continue;
             }
             programs.push(ProgramCost {
                 program: name.to_string(),
                 hits,
-                bpf_ns_per_hit: ns as f64 / hits as f64,
+                bpf_ns_per_hit: ns as f64 / timed.max(1) as f64,
                 trap_ns_per_hit: trap_ns(name, uprobe, trap),
             });
         }
+        self.stats = None;
         let cost = |p: &ProgramCost| p.hits as f64 * (p.bpf_ns_per_hit + p.trap_ns_per_hit);
         programs.sort_by(|a, b| cost(b).total_cmp(&cost(a)));
         let o = data.report.overhead.get_or_insert_with(Overhead::default);
@@ -125,7 +156,7 @@ impl ProbeFamily for OverheadFamily {
                  estimate uses built-in constants"
             ));
         }
-        if self.stats.is_none() {
+        if !self.stats_ok {
             data.report.warnings.push(
                 "the kernel's BPF run-time statistics could not be enabled: the overhead \
                  estimate counts trap costs only"

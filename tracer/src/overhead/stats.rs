@@ -1,0 +1,77 @@
+//! Hit counts and run times of gputrace's programs.
+//!
+//! Every program counts its runs in `PROG_HITS` (`tracer_common::hits`), always. The kernel's
+//! BPF statistics (`kernel.bpf_stats_enabled`: run counts and run times) cost every BPF program
+//! on the machine, not only gputrace's, two clock reads per run: measured on the development VM,
+//! bpftrace's counting uprobe went from 930-1060 to 1100-1240 ns per hit with them on. So they
+//! are on only while something is timed: the first second of the trace, one tick in ten after
+//! that, the launch-probe windows, and the trap calibration. A program's time per run is
+//! what the kernel measured then; its hits are its own counts.
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{Map, MapData, PerCpuArray},
+    Ebpf,
+};
+use tracer_common::hits::{slot, HITS_MAP};
+
+/// A handle on `PROG_HITS` of its own (a thread can read it without the `Ebpf`).
+pub struct Hits {
+    map: PerCpuArray<MapData, u64>,
+}
+
+impl Hits {
+    pub fn open(ebpf: &Ebpf) -> Result<Hits> {
+        let fd = match ebpf.map(HITS_MAP) {
+            Some(Map::PerCpuArray(d)) => d.fd().as_fd().try_clone_to_owned(),
+            _ => anyhow::bail!("map {HITS_MAP} missing"),
+        }
+        .with_context(|| format!("duplicate the {HITS_MAP} descriptor"))?;
+        let data = MapData::from_fd(fd).with_context(|| format!("open {HITS_MAP}"))?;
+        let map = PerCpuArray::try_from(Map::PerCpuArray(data))?;
+        Ok(Hits { map })
+    }
+
+    /// Runs of program `name` on all CPUs so far (0 for a program without a counter).
+    pub fn get(&self, name: &str) -> u64 {
+        slot(name)
+            .and_then(|s| self.map.get(&(s as u32), 0).ok())
+            .map(|v| v.iter().sum())
+            .unwrap_or(0)
+    }
+}
+
+/// The kernel's BPF statistics, on while this is held (the kernel keeps them on while any
+/// holder's descriptor is open); `None` inside when they could not be turned on.
+pub struct StatsOn(Option<OwnedFd>);
+
+pub fn stats_on() -> StatsOn {
+    StatsOn(aya::sys::enable_stats(aya::sys::Stats::RunTime).ok())
+}
+
+impl StatsOn {
+    pub fn is_on(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+/// Whether the statistics are on in tick `n` of the trace (ticks of 100 ms): the first second,
+/// then one tick in ten.
+pub fn sampled_tick(n: u64) -> bool {
+    n < 10 || n.is_multiple_of(10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sampled_tick;
+
+    #[test]
+    fn a_tenth_of_the_ticks_after_the_first_second() {
+        let on = (0..110).filter(|&n| sampled_tick(n)).count();
+        assert_eq!(on, 10 + 10);
+        assert!((0..10).all(sampled_tick));
+        assert!(!sampled_tick(11) && sampled_tick(20));
+    }
+}
