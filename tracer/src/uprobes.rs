@@ -169,6 +169,11 @@ impl Uprobes {
         }
     }
 
+    /// Whether program `name` was loaded here (its statistics are not aya's).
+    pub fn owns(&self, name: &str) -> bool {
+        self.multi.as_ref().is_some_and(|m| m.contains_key(name))
+    }
+
     /// The programs loaded here rather than by aya (absent from `Ebpf::programs`), with their
     /// run counts and times, and whether each is a return probe.
     pub fn own_programs(&self) -> Vec<(&'static str, bool, u64, u64)> {

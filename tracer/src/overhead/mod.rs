@@ -45,6 +45,7 @@ pub struct OverheadFamily {
     stats_ok: bool,
     ticks: u64,
     hits: Option<Hits>,
+    uprobes: Option<crate::uprobes::Uprobes>,
     trap: SharedTrapCost,
 }
 
@@ -56,6 +57,7 @@ impl OverheadFamily {
             stats_ok: false,
             ticks: 0,
             hits: None,
+            uprobes: None,
             trap,
         }
     }
@@ -75,18 +77,35 @@ impl ProbeFamily for OverheadFamily {
         "overhead"
     }
 
-    fn attach(&mut self, ebpf: &mut Ebpf, _ctx: &AttachCtx<'_>) -> Result<()> {
+    fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()> {
         // Without them only the trap constants count.
         let on = stats_on();
         self.stats_ok = on.is_on();
         self.stats = Some(on);
         self.hits = Hits::open(ebpf).ok();
+        self.uprobes = Some(ctx.uprobes.clone());
         Ok(())
     }
 
-    fn tick(&mut self, _ebpf: &mut Ebpf, _tracker: &crate::tracker::Tracker) -> Result<()> {
+    fn tick(&mut self, ebpf: &mut Ebpf, _tracker: &crate::tracker::Tracker) -> Result<()> {
         self.ticks += 1;
-        if !stats::sampled_tick(self.ticks) {
+        let runs = tracer_common::hits::PROGRAMS.iter().map(|name| {
+            let hits = self.hits.as_ref().map_or(0, |h| h.get(name));
+            // Only programs that ran need a look at the kernel's count.
+            let timed = if hits == 0 {
+                0
+            } else {
+                match self.uprobes.as_ref().filter(|u| u.owns(name)) {
+                    Some(u) => u.runs(ebpf, name).0,
+                    None => ebpf
+                        .program(name)
+                        .and_then(|p| p.info().ok())
+                        .map_or(0, |i| i.run_count()),
+                }
+            };
+            (hits, timed)
+        });
+        if !stats::sampled_tick(self.ticks, runs) {
             self.stats = None;
         } else if self.stats.is_none() {
             self.stats = Some(stats_on());

@@ -4,9 +4,9 @@
 //! BPF statistics (`kernel.bpf_stats_enabled`: run counts and run times) cost every BPF program
 //! on the machine, not only gputrace's, two clock reads per run: measured on the development VM,
 //! bpftrace's counting uprobe went from 930-1060 to 1100-1240 ns per hit with them on. So they
-//! are on only while something is timed: the first second of the trace, one tick in ten after
-//! that, the launch-probe windows, and the trap calibration. A program's time per run is
-//! what the kernel measured then; its hits are its own counts.
+//! are on only while something is timed: until every program that has run has had runs timed,
+//! then one 100 ms tick in ten, the launch-probe windows, and the trap calibration. A
+//! program's time per run is what the kernel measured then; its hits are its own counts.
 
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -57,10 +57,16 @@ impl StatsOn {
     }
 }
 
-/// Whether the statistics are on in tick `n` of the trace (ticks of 100 ms): the first second,
-/// then one tick in ten.
-pub fn sampled_tick(n: u64) -> bool {
-    n < 10 || n.is_multiple_of(10)
+/// Whether the statistics are on in tick `n` of the trace (ticks of 100 ms): one tick in ten,
+/// and any tick while a program that has run often (`runs`: its own hits and the runs the
+/// kernel timed, per program) has none timed yet. A rare one (an exec) would keep them on for
+/// the rest of the trace, waiting for a second run; its few hits cost their traps only.
+pub fn sampled_tick(n: u64, runs: impl IntoIterator<Item = (u64, u64)>) -> bool {
+    const OFTEN: u64 = 100;
+    n.is_multiple_of(10)
+        || runs
+            .into_iter()
+            .any(|(hits, timed)| hits >= OFTEN && timed == 0)
 }
 
 #[cfg(test)]
@@ -68,10 +74,13 @@ mod tests {
     use super::sampled_tick;
 
     #[test]
-    fn a_tenth_of_the_ticks_after_the_first_second() {
-        let on = (0..110).filter(|&n| sampled_tick(n)).count();
-        assert_eq!(on, 10 + 10);
-        assert!((0..10).all(sampled_tick));
-        assert!(!sampled_tick(11) && sampled_tick(20));
+    fn a_tenth_of_the_ticks_once_every_program_is_timed() {
+        let timed = [(100, 10), (0, 0)];
+        let on = (0..100).filter(|&n| sampled_tick(n, timed)).count();
+        assert_eq!(on, 10);
+        assert!(sampled_tick(0, timed) && !sampled_tick(11, timed) && sampled_tick(20, timed));
+        // A program that ran unseen keeps them on.
+        assert!(sampled_tick(11, [(100, 10), (500, 0)]));
+        assert!(!sampled_tick(11, [(100, 10), (5, 0)]));
     }
 }
