@@ -253,6 +253,9 @@ fn attach_library(
                 .copied()
                 .filter(|(fid, _)| gate.gated(*fid) == gated && !failed.contains_key(fid))
                 .collect();
+            if group.is_empty() {
+                continue;
+            }
             let points = |g: &[(usize, u64)]| -> Vec<(u64, u64)> {
                 g.iter()
                     .map(|&(fid, off)| (off, table::cookie(fid)))
