@@ -7,7 +7,9 @@
 //!   when the path no longer leads to the mapped file.
 //! - Probes: one entry and one return program for all functions (tracer-ebpf/src/cuda.rs); the
 //!   attach cookie carries the function id, argument shape, time category and copy direction
-//!   (`table.rs`). Return probes are attached before entry probes.
+//!   (`table.rs`). Return probes are attached before entry probes. Per library and program one
+//!   uprobe_multi link for the launch functions (the gate switches it) and one for the rest,
+//!   or aya's perf links, one per function, on kernels without them (`crate::uprobes`).
 //! - Scope: `UProbeScope::AllProcesses` with the traced-set filter in the kernel. Untraced
 //!   processes that map the same library file pay the trap (~1 us per call) while gputrace runs.
 //! - Cost on the development VM (`cargo xtask bench-cuda`, a launch = cudaLaunchKernel calling
