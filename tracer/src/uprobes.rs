@@ -1,5 +1,6 @@
-//! Attaching the uprobe programs: one `uprobe_multi` link per program and file where the kernel
-//! has them (6.6+), aya's perf-event links (one per offset) elsewhere.
+//! Attaching the uprobe programs: `uprobe_multi` links where the kernel has them (6.6+), one per
+//! program and file (two where the launch gate switches some of the functions), aya's
+//! perf-event links (one per offset) elsewhere.
 //!
 //! Why it matters: closing a perf-event uprobe link takes the program off, waits for a
 //! tasks-trace RCU grace period (~100 ms on the development VM), and only then unregisters the

@@ -4,9 +4,10 @@
 //! BPF statistics (`kernel.bpf_stats_enabled`: run counts and run times) cost every BPF program
 //! on the machine, not only gputrace's, two clock reads per run: measured on the development VM,
 //! bpftrace's counting uprobe went from 930-1060 to 1100-1240 ns per hit with them on. So they
-//! are on only while something is timed: until every program that has run has had runs timed,
-//! then one 100 ms tick in ten, the launch-probe windows, and the trap calibration. A
-//! program's time per run is what the kernel measured then; its hits are its own counts.
+//! are on only while something is timed: the first 100 ms tick, one tick in ten after it, any
+//! tick while a program with 100 or more hits has none timed, the launch-probe windows, and the
+//! trap calibration. A program's time per run is what the kernel measured then; its hits are
+//! its own counts.
 
 use std::os::fd::{AsFd, OwnedFd};
 
