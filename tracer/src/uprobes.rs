@@ -155,24 +155,17 @@ impl Uprobes {
         Ok(links)
     }
 
-    /// The program's run count and run time (ns) from the kernel's BPF statistics.
+    /// A program's run count and run time (ns) from the kernel's BPF statistics: of the copy
+    /// loaded here if there is one, else of aya's.
     pub fn runs(&self, ebpf: &Ebpf, prog: &str) -> (u64, u64) {
-        match &self.multi {
-            Some(m) => m
-                .get(prog)
-                .and_then(|p| run_stats(p.fd.as_fd()))
-                .unwrap_or((0, 0)),
+        match self.multi.as_ref().and_then(|m| m.get(prog)) {
+            Some(p) => run_stats(p.fd.as_fd()).unwrap_or((0, 0)),
             None => ebpf
                 .program(prog)
                 .and_then(|p| p.info().ok())
                 .map(|i| (i.run_count(), i.run_time().as_nanos() as u64))
                 .unwrap_or((0, 0)),
         }
-    }
-
-    /// Whether program `name` was loaded here (its statistics are not aya's).
-    pub fn owns(&self, name: &str) -> bool {
-        self.multi.as_ref().is_some_and(|m| m.contains_key(name))
     }
 
     /// The programs loaded here rather than by aya (absent from `Ebpf::programs`), with their

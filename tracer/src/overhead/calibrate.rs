@@ -148,7 +148,6 @@ fn per_call_ns(f: CalibFn, calls: u32) -> f64 {
     (thread_cpu_ns() - t0) as f64 / calls as f64
 }
 
-/// (run count, run time ns) of a program, from the kernel's statistics.
 /// Per-hit program time since `before`.
 fn bpf_ns_per_hit(ebpf: &Ebpf, u: &Uprobes, name: &str, before: (u64, u64)) -> f64 {
     let (n, t) = u.runs(ebpf, name);

@@ -92,16 +92,9 @@ impl ProbeFamily for OverheadFamily {
         let runs = tracer_common::hits::PROGRAMS.iter().map(|name| {
             let hits = self.hits.as_ref().map_or(0, |h| h.get(name));
             // Only programs that ran need a look at the kernel's count.
-            let timed = if hits == 0 {
-                0
-            } else {
-                match self.uprobes.as_ref().filter(|u| u.owns(name)) {
-                    Some(u) => u.runs(ebpf, name).0,
-                    None => ebpf
-                        .program(name)
-                        .and_then(|p| p.info().ok())
-                        .map_or(0, |i| i.run_count()),
-                }
+            let timed = match &self.uprobes {
+                Some(u) if hits > 0 => u.runs(ebpf, name).0,
+                _ => 0,
             };
             (hits, timed)
         });
@@ -133,8 +126,6 @@ impl ProbeFamily for OverheadFamily {
                     info.run_time().as_nanos() as u64,
                 ))
             })
-            .collect::<Vec<_>>()
-            .into_iter()
             .chain(
                 ctx.uprobes
                     .own_programs()
