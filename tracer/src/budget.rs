@@ -16,6 +16,14 @@
 //! and a watchdog closes it as soon as the bucket is empty ([`must_close`]), so a storm that
 //! starts while the probes are on costs at most one bucket. Hits are summed over all threads
 //! and charged to one thread, so the control is conservative when several threads launch.
+//!
+//! The budget is a ceiling, not a target. While consecutive windows see the same launch rate
+//! (within [`AGREE`]), another window a second later adds little to what the estimate knows
+//! (its error is then mostly the cost per hit's uncertainty, which no window narrows), so
+//! the windows spread out: half of [`MAX_GAP_S`] apart, then `MAX_GAP_S` (shorter at budgets
+//! above the default, which buy more windows). A window that disagrees with the one before
+//! brings them back to as often as the bucket allows. A launch-bound job traced for a minute
+//! pays about a sixth of the budget instead of all of it.
 
 /// Added time of one uprobe hit outside the BPF program (breakpoint trap, uprobe lookup, return
 /// to user space). Calibrated on this VM (2 vCPUs, Linux 6.18, 2026-11-21) with
@@ -59,6 +67,17 @@ pub const COST_UNCERTAINTY: f64 = 0.5;
 /// thread, windows of ~25 ms every ~1 s.
 pub const BURST_S: f64 = 1.0;
 
+/// Consecutive windows whose launch rates differ by at most this share of their mean agree:
+/// the rate is steady and the windows may spread out.
+pub const AGREE: f64 = 0.2;
+
+/// The longest wait from one window's opening to the next once windows agree, at the default
+/// budget; a budget `k` times the default waits `k` times less.
+pub const MAX_GAP_S: f64 = 8.0;
+
+/// The default `--max-overhead`.
+pub const DEFAULT_BUDGET: f64 = 0.02;
+
 /// One tick as the probes saw it.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TickObs {
@@ -74,10 +93,12 @@ pub struct TickObs {
     pub trap_ns: f64,
     /// Cost of the probes that are never switched off, in the tick (ns).
     pub other_cost_ns: f64,
+    /// The window closed in this tick (the watchdog emptied the bucket).
+    pub closed: bool,
 }
 
 /// One tick as the gate kept it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Slot {
     /// Time with the sampled probes on, and what one hit cost then (of which `trap_ns` the
     /// traps).
@@ -127,6 +148,15 @@ pub struct Gate {
     /// Trap cost per hit measured over the whole trace, used by the estimate in place of what
     /// each tick knew then.
     final_trap: Option<f64>,
+    /// Whether a window is open, and when the last one opened (ns of trace).
+    open: bool,
+    opened_ns: u64,
+    /// The open window so far: time, hits and their cost.
+    window: Slot,
+    /// Launches per ns of own time in the last closed window.
+    last_rate: Option<f64>,
+    /// How long to wait from one window's opening to the next (ns), beyond a full bucket.
+    gap_ns: u64,
 }
 
 /// What the windows add up to.
@@ -155,6 +185,11 @@ impl Gate {
             spent_ns: 0.0,
             slots: Vec::new(),
             final_trap: None,
+            open: true,
+            opened_ns: 0,
+            window: Slot::default(),
+            last_rate: None,
+            gap_ns: 0,
         }
     }
 
@@ -176,8 +211,13 @@ impl Gate {
         self.tokens_ns
     }
 
-    /// Takes one tick's observation; returns whether a closed window should open for the next
-    /// tick (an open one stays open until the watchdog closes it).
+    /// The longest wait between windows that agree (ns).
+    fn max_gap_ns(&self) -> u64 {
+        (MAX_GAP_S * 1e9 * (DEFAULT_BUDGET / self.budget).min(1.0)) as u64
+    }
+
+    /// Takes one tick's observation; returns whether a window should be open for the next tick
+    /// (an open one stays open until the watchdog closes it: `closed`).
     pub fn tick(&mut self, o: TickObs) -> bool {
         self.elapsed_ns += o.dt_ns;
         let sampled_cost = o.sampled_hits as f64 * o.cost_per_hit_ns;
@@ -204,9 +244,44 @@ impl Gate {
         if !self.samples() {
             return true;
         }
+        if on_ns > 0 {
+            self.window.on_ns += on_ns;
+            self.window.hits += slot.hits;
+            self.window.cost_per_hit = slot.cost_per_hit;
+            self.window.trap_ns = slot.trap_ns;
+        }
+        if o.closed && self.open {
+            self.open = false;
+            self.close_window();
+        }
         // Full: each window costs its attach and detach (ms with the return probe firing
         // alone), so few long windows beat many short ones.
-        self.tokens_ns >= self.capacity() * 0.99
+        let full = self.tokens_ns >= self.capacity() * 0.99;
+        let spaced = self.elapsed_ns.saturating_sub(self.opened_ns) >= self.gap_ns;
+        if !self.open && full && spaced {
+            self.open = true;
+            self.opened_ns = self.elapsed_ns;
+        }
+        self.open
+    }
+
+    /// Spaces the windows out while they agree, back to the bucket's pace when one does not.
+    fn close_window(&mut self) {
+        let w = std::mem::take(&mut self.window);
+        let cost = Cost { trap: None, k: 1.0 };
+        let Some(rate) = w.rate(cost) else { return };
+        let agree = self.last_rate.is_some_and(|last| {
+            let mean = (last + rate) / 2.0;
+            mean <= 0.0 || (last - rate).abs() <= AGREE * mean
+        });
+        self.gap_ns = if !agree {
+            0
+        } else if self.gap_ns == 0 {
+            self.max_gap_ns() / 2
+        } else {
+            self.max_gap_ns()
+        };
+        self.last_rate = Some(rate);
     }
 
     /// The trap cost per hit as measured over the whole trace (the ticks worked with what
@@ -367,9 +442,20 @@ mod tests {
     /// a window is open; the watchdog closes the window when the bucket is empty. Returns
     /// (launches seen, all launches, wall ns).
     fn simulate(g: &mut Gate, ticks: usize, work: f64, cost: f64) -> (u64, u64, f64) {
+        simulate_with(g, ticks, |_| work, cost)
+    }
+
+    /// The same with the work per launch given for each tick.
+    fn simulate_with(
+        g: &mut Gate,
+        ticks: usize,
+        work_at: impl Fn(usize) -> f64,
+        cost: f64,
+    ) -> (u64, u64, f64) {
         let (mut seen, mut truth, mut wall) = (0u64, 0u64, 0.0);
         let mut open = true;
-        for _ in 0..ticks {
+        for tick in 0..ticks {
+            let work = work_at(tick);
             let dt = TICK as f64;
             let (mut on_ns, mut hits) = (0.0, 0u64);
             let mut closed = !open;
@@ -397,10 +483,9 @@ mod tests {
                 cost_per_hit_ns: cost,
                 trap_ns: 0.0,
                 other_cost_ns: 0.0,
+                closed: open && closed,
             });
-            // A window the watchdog did not close stays open; a closed one reopens when the
-            // gate says so.
-            open = !closed || reopen;
+            open = reopen;
         }
         (seen, truth, wall)
     }
@@ -434,16 +519,14 @@ mod tests {
     fn a_launch_storm_is_sampled_under_the_budget() {
         // 1M launches/s (1 us of work each) at 3.8 us per probed launch: 380% if always on.
         let mut g = Gate::new(0.02);
-        let (seen, truth, wall) = simulate(&mut g, 600, 1000.0, 3800.0);
+        let (seen, truth, _) = simulate(&mut g, 600, 1000.0, 3800.0);
         let e = g.estimate();
-        // Over the trace: the budget plus at most one burst (the bucket's capacity).
-        assert!(e.overhead <= 0.02 + 0.02 * BURST_S * 1e9 / wall, "{e:?}");
-        assert!(
-            e.overhead > 0.015,
-            "the budget should be used, not wasted: {e:?}"
-        );
-        // Probed, the storm spends 79% of its time in probes: 2% / 79% = 2.5% of the time on.
-        assert!(e.duty < 0.03, "{e:?}");
+        // A steady storm: two windows a second apart agree, then one 4 s later and one every
+        // 8 s: 9 windows of one bucket (20 ms) each in a minute, 0.3%.
+        assert_eq!(e.windows, 9, "{e:?}");
+        assert!(e.overhead > 0.002 && e.overhead < 0.004, "{e:?}");
+        // Probed, the storm spends 79% of its time in probes: a window lasts ~25 ms.
+        assert!(e.duty < 0.005, "{e:?}");
         let estimated = seen as f64 * e.scale;
         assert!(
             (estimated - truth as f64).abs() / (truth as f64) < 0.01,
@@ -473,6 +556,40 @@ mod tests {
     }
 
     #[test]
+    fn a_changing_rate_gets_windows_as_often_as_the_budget_allows() {
+        // The same storm, its rate doubling and halving every 1.5 s: windows that disagree
+        // come as soon as the bucket is full (two in the same phase agree and wait 4 s): more
+        // than three times the windows of the steady storm, within the budget.
+        let mut g = Gate::new(0.02);
+        let (seen, truth, wall) = simulate_with(
+            &mut g,
+            600,
+            |t| if (t / 15) % 2 == 0 { 1000.0 } else { 2000.0 },
+            3800.0,
+        );
+        let e = g.estimate();
+        // Over the trace: the budget plus at most one burst (the bucket's capacity).
+        assert!(e.overhead <= 0.02 + 0.02 * BURST_S * 1e9 / wall, "{e:?}");
+        assert!(e.overhead > 0.008, "{e:?}");
+        assert!(e.windows > 27, "{e:?}");
+        let estimated = seen as f64 * e.scale;
+        assert!(
+            (estimated - truth as f64).abs() / (truth as f64) < 0.1,
+            "{estimated} vs {truth} ({e:?})"
+        );
+    }
+
+    #[test]
+    fn a_larger_budget_buys_closer_windows() {
+        // The steady storm at 10%: windows of 100 ms of probes, 0.8 s then 1.6 s apart.
+        let mut g = Gate::new(0.1);
+        simulate(&mut g, 600, 1000.0, 3800.0);
+        let e = g.estimate();
+        assert!(e.windows > 30, "{e:?}");
+        assert!(e.overhead > 0.05 && e.overhead < 0.1, "{e:?}");
+    }
+
+    #[test]
     fn the_first_burst_is_bounded_by_the_bucket() {
         let mut g = Gate::new(0.02);
         let (_, _, wall) = simulate(&mut g, 10, 1000.0, 3800.0);
@@ -499,6 +616,7 @@ mod tests {
         let mut g = Gate::new(0.02);
         let mut open = true;
         for _ in 0..10 {
+            // The bucket is empty from the first tick on: the watchdog closes the window.
             open = g.tick(TickObs {
                 dt_ns: TICK,
                 on_ns: if open { TICK } else { 0 },
@@ -506,6 +624,7 @@ mod tests {
                 cost_per_hit_ns: 1000.0,
                 trap_ns: 0.0,
                 other_cost_ns: 0.05 * TICK as f64,
+                closed: open,
             });
         }
         assert!(!open);
@@ -574,6 +693,7 @@ mod tests {
                 cost_per_hit_ns: 0.0,
                 trap_ns: 0.0,
                 other_cost_ns: 0.0,
+                closed: true,
             });
             seen += on / 1000;
             truth += TICK / 1000;

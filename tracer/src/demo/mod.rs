@@ -48,6 +48,11 @@ pub struct DemoArgs {
     #[arg(long)]
     pub json: bool,
 
+    /// The trace's overhead budget (as `gputrace --max-overhead`), to see what it buys and
+    /// costs on a job of known shape.
+    #[arg(long, default_value = "2%", value_parser = crate::budget::parse_budget, value_name = "PERCENT")]
+    pub max_overhead: f64,
+
     /// Internal (benchmarks): run the same job without tracing it, for the untraced baseline.
     #[arg(long, hide = true)]
     pub untraced: bool,
@@ -182,6 +187,7 @@ fn trace_args(args: &DemoArgs, data_dir: &Path, lib: &Path) -> Result<crate::cli
     if args.json {
         argv.push("--json".into());
     }
+    argv.push(format!("--max-overhead={}", args.max_overhead));
     argv.push("--".into());
     argv.push(exe.to_string_lossy().into_owned());
     argv.push("demo".into());
@@ -267,6 +273,7 @@ mod tests {
             fixed: false,
             output: Some(PathBuf::from("out")),
             json: false,
+            max_overhead: 0.005,
             role: None,
             data_dir: None,
             lib: None,
@@ -275,6 +282,7 @@ mod tests {
         };
         let t = trace_args(&args, Path::new("/d"), Path::new("/l/libcudart.so.12")).unwrap();
         assert_eq!(t.output, Some(PathBuf::from("out")));
+        assert_eq!(t.max_overhead, 0.005);
         assert!(t.pids.is_empty());
         let cmd = t.command.join(" ");
         assert!(

@@ -418,6 +418,7 @@ impl LaunchGate {
                 } else {
                     hits as f64 * self.cost_per_hit
                 },
+            closed: closed_at.is_some(),
         });
         self.opened_at = None;
         if open && !self.open {
