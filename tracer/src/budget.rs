@@ -17,13 +17,13 @@
 //! starts while the probes are on costs at most one bucket. Hits are summed over all threads
 //! and charged to one thread, so the control is conservative when several threads launch.
 //!
-//! The budget is a ceiling, not a target. While consecutive windows see the same launch rate
-//! (within [`AGREE`]), another window a second later adds little to what the estimate knows
-//! (its error is then mostly the cost per hit's uncertainty, which no window narrows), so
-//! the windows spread out: half of [`MAX_GAP_S`] apart, then `MAX_GAP_S` (shorter at budgets
-//! above the default, which buy more windows). A window that disagrees with the one before
-//! brings them back to as often as the bucket allows. A launch-bound job traced for a minute
-//! pays about a sixth of the budget instead of all of it.
+//! The budget is a ceiling, not a target. Once three windows in a row see the same launch
+//! rate (within [`AGREE`]), another window a second later adds little to what the estimate
+//! knows (its error is then mostly the cost per hit's uncertainty, which no window narrows),
+//! so the windows spread out: half of [`MAX_GAP_S`] apart, then `MAX_GAP_S` (shorter at
+//! budgets above the default, which buy more windows). A window that disagrees with the one
+//! before brings them back to as often as the bucket allows. A launch-bound job traced for a
+//! minute pays about a sixth of the budget instead of all of it.
 
 /// Added time of one uprobe hit outside the BPF program (breakpoint trap, uprobe lookup, return
 /// to user space). Calibrated on this VM (2 vCPUs, Linux 6.18, 2026-11-21) with
@@ -155,8 +155,10 @@ pub struct Gate {
     window: Slot,
     /// Launches per ns of own time in the last closed window.
     last_rate: Option<f64>,
-    /// How long to wait from one window's opening to the next (ns), beyond a full bucket.
+    /// How long to wait from one window's opening to the next (ns), beyond a full bucket, and
+    /// how many windows in a row have agreed with the one before.
     gap_ns: u64,
+    agreed: u32,
 }
 
 /// What the windows add up to.
@@ -190,6 +192,7 @@ impl Gate {
             window: Slot::default(),
             last_rate: None,
             gap_ns: 0,
+            agreed: 0,
         }
     }
 
@@ -274,12 +277,14 @@ impl Gate {
             let mean = (last + rate) / 2.0;
             mean <= 0.0 || (last - rate).abs() <= AGREE * mean
         });
-        self.gap_ns = if !agree {
-            0
-        } else if self.gap_ns == 0 {
-            self.max_gap_ns() / 2
-        } else {
-            self.max_gap_ns()
+        // Three windows in a row first: the first often straddles the job's start, and the
+        // bound on the stretches filled in between spread windows (and after the last) comes
+        // from how much consecutive windows have differed so far.
+        self.agreed = if agree { self.agreed + 1 } else { 0 };
+        self.gap_ns = match self.agreed {
+            0 | 1 => 0,
+            2 => self.max_gap_ns() / 2,
+            _ => self.max_gap_ns(),
         };
         self.last_rate = Some(rate);
     }
@@ -521,9 +526,9 @@ mod tests {
         let mut g = Gate::new(0.02);
         let (seen, truth, _) = simulate(&mut g, 600, 1000.0, 3800.0);
         let e = g.estimate();
-        // A steady storm: two windows a second apart agree, then one 4 s later and one every
-        // 8 s: 9 windows of one bucket (20 ms) each in a minute, 0.3%.
-        assert_eq!(e.windows, 9, "{e:?}");
+        // A steady storm: three windows a second apart agree, then one 4 s later and one
+        // every 8 s: 10 windows of one bucket (20 ms) each in a minute, 0.34%.
+        assert_eq!(e.windows, 10, "{e:?}");
         assert!(e.overhead > 0.002 && e.overhead < 0.004, "{e:?}");
         // Probed, the storm spends 79% of its time in probes: a window lasts ~25 ms.
         assert!(e.duty < 0.005, "{e:?}");
