@@ -20,6 +20,7 @@ use anyhow::Result;
 use aya::{programs::Program, Ebpf};
 use tracer_common::{
     cuda::{ENTRY_PROG, RET_PROG},
+    hits::{Prog, PROGRAMS},
     overhead::{CALIB_ENTRY_PROG, CALIB_RET_PROG},
 };
 
@@ -68,8 +69,15 @@ fn trap_ns(name: &str, uprobe: bool, trap: TrapCost) -> f64 {
     match uprobe {
         true if name == RET_PROG => trap.ret_ns,
         true => trap.entry_ns,
+        false if is_syscall_tracepoint(name) => budget::SYSCALL_TRACEPOINT_NS,
         false => budget::TRACEPOINT_NS,
     }
+}
+
+fn is_syscall_tracepoint(name: &str) -> bool {
+    [Prog::SysEnter, Prog::SysExit]
+        .iter()
+        .any(|p| PROGRAMS[*p as usize] == name)
 }
 
 impl ProbeFamily for OverheadFamily {
@@ -349,6 +357,18 @@ pub(crate) fn worst_cuda_thread(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn syscall_tracepoints_cost_the_slow_path_too() {
+        let t = TrapCost::DEFAULT;
+        assert_eq!(
+            trap_ns("sys_enter", false, t),
+            budget::SYSCALL_TRACEPOINT_NS
+        );
+        assert_eq!(trap_ns("sys_exit", false, t), budget::SYSCALL_TRACEPOINT_NS);
+        assert_eq!(trap_ns("sched_switch", false, t), budget::TRACEPOINT_NS);
+        assert_eq!(trap_ns(RET_PROG, true, t), t.ret_ns);
+    }
     use crate::report::model::cuda::{ApiStat, KernelStat, ProcessCuda, ThreadCuda};
 
     #[test]
