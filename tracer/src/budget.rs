@@ -220,6 +220,11 @@ impl Gate {
         self.tokens_ns
     }
 
+    /// Whether a window is open: from a tick that opened it to the tick that saw it closed.
+    pub fn is_open(&self) -> bool {
+        self.open
+    }
+
     /// The longest wait between windows that agree (ns).
     fn max_gap_ns(&self) -> u64 {
         (MAX_GAP_S * 1e9 * (DEFAULT_BUDGET / self.budget).min(1.0)) as u64

@@ -42,8 +42,6 @@ pub struct LaunchGate {
     /// Set by `calibrate`, before the first link is added.
     uprobes: Option<Uprobes>,
     hits: Option<Hits>,
-    /// Whether a window is open (links attached) as far as the main thread asked.
-    open: bool,
     /// When the window now open was opened (CLOCK_MONOTONIC ns), if in the current tick.
     opened_at: Option<u64>,
     watch: Option<Watch>,
@@ -243,7 +241,6 @@ impl LaunchGate {
             calibrator: None,
             uprobes: None,
             hits: None,
-            open: true,
             opened_at: None,
             watch: None,
             last_rate: 0.0,
@@ -294,7 +291,7 @@ impl LaunchGate {
         links: Vec<Link>,
     ) {
         self.links.push(GateLink { prog, path, points });
-        if !self.open {
+        if !self.gate.is_open() {
             close_all(links);
             return;
         }
@@ -366,7 +363,9 @@ impl LaunchGate {
                     .map(|mut w| (w.closed_at.take(), std::mem::take(&mut w.closes_ns)))
             })
             .unwrap_or((None, 0));
-        let on = if !self.open {
+        // Open during this tick (the watchdog may have closed it since).
+        let was_open = self.gate.is_open();
+        let on = if !was_open {
             0
         } else {
             let mut from = self.opened_at.unwrap_or(t0).max(t0);
@@ -391,10 +390,7 @@ impl LaunchGate {
             };
             end.saturating_sub(from)
         };
-        if closed_at.is_some() {
-            self.open = false;
-        }
-        let was_open = self.open || closed_at.is_some();
+        let still_open = was_open && closed_at.is_none();
         if was_open && on > 0 && hits > 0 {
             self.last_rate = hits as f64 / on as f64;
         }
@@ -421,9 +417,9 @@ impl LaunchGate {
             closed: closed_at.is_some(),
         });
         self.opened_at = None;
-        if open && !self.open {
+        if open && !still_open {
             self.reopen(ebpf, c.entry_runs);
-        } else if self.open {
+        } else if still_open {
             // Still open: the watchdog measures from this tick with the bucket as it is now.
             if let Some(w) = &self.watch {
                 if let Ok(mut w) = w.shared.lock() {
@@ -477,7 +473,6 @@ impl LaunchGate {
                 w.closed_at = None;
             }
         }
-        self.open = true;
     }
 
     /// Last partial tick, then the scaled counts and the sampling note in the report. `ended`:

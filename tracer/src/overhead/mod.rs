@@ -97,7 +97,7 @@ impl ProbeFamily for OverheadFamily {
 
     fn tick(&mut self, ebpf: &mut Ebpf, _tracker: &crate::tracker::Tracker) -> Result<()> {
         self.ticks += 1;
-        let runs = tracer_common::hits::PROGRAMS.iter().map(|name| {
+        let runs = PROGRAMS.iter().map(|name| {
             let hits = self.hits.as_ref().map_or(0, |h| h.get(name));
             // Only programs that ran need a look at the kernel's count.
             let timed = match &self.uprobes {
@@ -357,6 +357,7 @@ pub(crate) fn worst_cuda_thread(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::model::cuda::{ApiStat, KernelStat, ProcessCuda, ThreadCuda};
 
     #[test]
     fn syscall_tracepoints_cost_the_slow_path_too() {
@@ -369,7 +370,6 @@ mod tests {
         assert_eq!(trap_ns("sched_switch", false, t), budget::TRACEPOINT_NS);
         assert_eq!(trap_ns(RET_PROG, true, t), t.ret_ns);
     }
-    use crate::report::model::cuda::{ApiStat, KernelStat, ProcessCuda, ThreadCuda};
 
     #[test]
     fn launch_time_moves_from_cpu() {
