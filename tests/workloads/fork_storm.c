@@ -1,9 +1,10 @@
 /* A fork storm: many short-lived children, the shape of a shell loop or a badly configured
  * worker pool.
  *
- *   fork_storm CHILDREN [SPIN_MS]
+ *   fork_storm CHILDREN [SPIN_MS [CHILD_SPIN_MS]]
  *
- * Forks CHILDREN children one after the other; each exits at once (no exec). The parent reaps
+ * Forks CHILDREN children one after the other; each exits at once (no exec), or after burning
+ * CHILD_SPIN_MS of CPU in child_spin() (children the sampler catches). The parent reaps
  * them all, prints "forked N last PID", then burns SPIN_MS of CPU in storm_spin() so the trace has
  * samples of the parent after the storm.
  */
@@ -28,15 +29,21 @@ __attribute__((noinline)) void storm_spin(double seconds) {
         for (int i = 0; i < 1000; i++) sink += i;
 }
 
+__attribute__((noinline)) void child_spin(double seconds) { storm_spin(seconds); }
+
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 2000;
     int spin_ms = argc > 2 ? atoi(argv[2]) : 300;
+    int child_spin_ms = argc > 3 ? atoi(argv[3]) : 0;
     int forked = 0;
     pid_t last = 0;
     for (int i = 0; i < n; i++) {
         pid_t p = fork();
-        if (p == 0)
+        if (p == 0) {
+            if (child_spin_ms > 0)
+                child_spin(child_spin_ms / 1000.0);
             _exit(0);
+        }
         if (p > 0) {
             forked++;
             last = p;

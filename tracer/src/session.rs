@@ -280,8 +280,9 @@ fn trace(
             .with_context(|| format!("collect the {} data", f.name()))?;
     }
     crate::overhead::complete(&mut data.report);
-    bound_report(&mut data.report, &tracker);
+    // Verdicts first, so that they weigh every process followed, not only those listed.
     report::finalize(&mut data);
+    bound_report(&mut data.report, &tracker);
 
     // Files first: a reader that closes stdout early (`| head`) must not cost the report.
     let written = args
@@ -405,11 +406,24 @@ fn bound_report(report: &mut report::model::Report, tracker: &Tracker) {
     report.followed.processes = tracker.seen;
     report.followed.forgotten = tracker.untracked;
     report.followed.maps_evicted = tracker.maps_evicted;
-    let removed = report::bound::limit_idle_processes(report, report::bound::MAX_IDLE_PROCESSES);
-    if removed > 0 {
+    let out = report::bound::limit_processes(
+        report,
+        report::bound::MAX_IDLE_PROCESSES,
+        report::bound::MAX_LISTED_PROCESSES,
+    );
+    if out.idle > 0 {
         report.warnings.push(format!(
-            "followed {} processes; {removed} with nothing to show are not listed",
-            tracker.seen
+            "followed {} processes; {} with nothing to show are not listed",
+            tracker.seen, out.idle
+        ));
+    }
+    if out.light > 0 {
+        report.warnings.push(format!(
+            "{} more processes are not listed, the lightest beyond the {} listed ({} CPU samples \
+             between them, all in cpu.folded)",
+            out.light,
+            report::bound::MAX_LISTED_PROCESSES,
+            out.light_samples
         ));
     }
     if tracker.untracked > 0 {

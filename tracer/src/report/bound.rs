@@ -1,10 +1,33 @@
 //! Keeps the report's size bounded however many processes the trace followed: processes with
-//! nothing to show beyond the first few are counted, not listed.
+//! nothing to show beyond the first few are counted, not listed, and so are the lightest of
+//! those beyond a fixed number (a fork storm's children each caught by one sample).
 
 use super::model::{ProcessReport, Report};
 
 /// Processes with nothing to show that are still listed (a few show that children were seen).
 pub const MAX_IDLE_PROCESSES: usize = 32;
+
+/// Processes listed at most besides the targets. A training job's data-loader workers and
+/// torch.compile's worker pool (up to 32) fit; past this, a process is one of thousands of short-lived
+/// children and the flame graph (which keeps every sample) says more than its entry would.
+pub const MAX_LISTED_PROCESSES: usize = 64;
+
+/// What was left out of `processes`, so that the report can say so.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Unlisted {
+    /// Idle processes beyond the first `max_idle`.
+    pub idle: u64,
+    /// The lightest processes beyond `max_listed`.
+    pub light: u64,
+    /// CPU samples the light ones held between them (still in cpu.folded).
+    pub light_samples: u64,
+}
+
+impl Unlisted {
+    pub fn total(&self) -> u64 {
+        self.idle + self.light
+    }
+}
 
 /// A process is idle (worth counting, not listing) when it has no CPU samples, no CUDA, no
 /// block I/O, and lived for only a sliver of the window: what a fork storm's children look like.
@@ -16,11 +39,26 @@ fn is_idle(p: &ProcessReport, window_ns: u64) -> bool {
         && p.time.as_ref().is_none_or(|t| t.alive_ns < short)
 }
 
-/// Removes idle processes beyond `max_idle` (targets always stay); returns how many it removed
-/// and records the number in `report.followed.not_listed`.
-pub fn limit_idle_processes(report: &mut Report, max_idle: usize) -> u64 {
+/// How much a process shows, for choosing which to keep: CUDA first (the question this tool
+/// answers), then its samples as CPU time plus the wall time it was traced for, so that an
+/// I/O-bound worker with no samples outranks a child that lived a millisecond.
+fn weight(p: &ProcessReport, sample_period_ns: u64) -> (bool, u64) {
+    let alive = p.time.as_ref().map_or(0, |t| t.alive_ns);
+    (
+        p.cuda.is_some(),
+        p.samples
+            .saturating_mul(sample_period_ns)
+            .saturating_add(alive),
+    )
+}
+
+/// Removes idle processes beyond `max_idle`, then the lightest beyond `max_listed` (targets
+/// always stay, the rest keep their order); records the count in `report.followed.not_listed`.
+pub fn limit_processes(report: &mut Report, max_idle: usize, max_listed: usize) -> Unlisted {
     let roots = report.target.pids.clone();
     let window_ns = report.window.duration_ns;
+    let mut out = Unlisted::default();
+
     let mut idle_kept = 0usize;
     let before = report.processes.len();
     report.processes.retain(|p| {
@@ -30,9 +68,33 @@ pub fn limit_idle_processes(report: &mut Report, max_idle: usize) -> u64 {
         idle_kept += 1;
         idle_kept <= max_idle
     });
-    let removed = (before - report.processes.len()) as u64;
-    report.followed.not_listed += removed;
-    removed
+    out.idle = (before - report.processes.len()) as u64;
+
+    let period_ns = 1_000_000_000 / report.sampling.frequency_hz.max(1);
+    let mut others: Vec<(usize, (bool, u64))> = report
+        .processes
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| !roots.contains(&p.pid))
+        .map(|(i, p)| (i, weight(p, period_ns)))
+        .collect();
+    if others.len() > max_listed {
+        // Heaviest first; among equals the earlier-listed (older) process stays.
+        others.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut drop = vec![false; report.processes.len()];
+        for &(i, _) in &others[max_listed..] {
+            drop[i] = true;
+            out.light += 1;
+            out.light_samples += report.processes[i].samples;
+        }
+        let mut i = 0;
+        report.processes.retain(|_| {
+            i += 1;
+            !drop[i - 1]
+        });
+    }
+    report.followed.not_listed += out.total();
+    out
 }
 
 #[cfg(test)]
@@ -73,7 +135,7 @@ mod tests {
         ps.extend((2..2000).map(|pid| process(pid, 0)));
         ps.push(process(5000, 7));
         let mut r = report(ps);
-        let removed = limit_idle_processes(&mut r, 3);
+        let removed = limit_processes(&mut r, 3, MAX_LISTED_PROCESSES).idle;
         let pids: Vec<u32> = r.processes.iter().map(|p| p.pid).collect();
         assert_eq!(pids, vec![1, 2, 3, 4, 5000]);
         assert_eq!(removed, 1995);
@@ -94,7 +156,7 @@ mod tests {
         ps.extend((10..20).map(|pid| alive(pid, 1_000_000)));
         let mut r = report(ps);
         r.window.duration_ns = 10_000_000_000;
-        assert_eq!(limit_idle_processes(&mut r, 2), 8);
+        assert_eq!(limit_processes(&mut r, 2, MAX_LISTED_PROCESSES).total(), 8);
         let pids: Vec<u32> = r.processes.iter().map(|p| p.pid).collect();
         assert_eq!(pids, vec![1, 7, 10, 11]);
     }
@@ -102,7 +164,40 @@ mod tests {
     #[test]
     fn a_small_report_is_untouched() {
         let mut r = report(vec![process(1, 0), process(2, 0), process(3, 5)]);
-        assert_eq!(limit_idle_processes(&mut r, MAX_IDLE_PROCESSES), 0);
+        assert_eq!(
+            limit_processes(&mut r, MAX_IDLE_PROCESSES, MAX_LISTED_PROCESSES).total(),
+            0
+        );
         assert_eq!(r.processes.len(), 3);
+    }
+
+    #[test]
+    fn beyond_the_cap_the_lightest_go_and_their_samples_are_counted() {
+        let alive = |pid: u32, samples: u64, ns: u64| {
+            let mut p = process(pid, samples);
+            p.time = Some(crate::report::model::time::TimeBreakdown {
+                alive_ns: ns,
+                ..Default::default()
+            });
+            p
+        };
+        // The target, an I/O-bound worker with no samples that lived 5 s, a CUDA process with
+        // one sample, and a storm of children each caught by one sample in a millisecond.
+        let mut ps = vec![process(1, 0), alive(2, 0, 5_000_000_000)];
+        let mut gpu = alive(3, 1, 1_000_000);
+        gpu.cuda = Some(Default::default());
+        ps.push(gpu);
+        ps.extend((10..300).map(|pid| alive(pid, 1, 1_000_000)));
+        ps.push(alive(400, 2, 1_000_000));
+        let mut r = report(ps);
+        r.window.duration_ns = 10_000_000_000;
+        r.sampling.frequency_hz = 100;
+        let out = limit_processes(&mut r, MAX_IDLE_PROCESSES, 8);
+        let pids: Vec<u32> = r.processes.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, vec![1, 2, 3, 10, 11, 12, 13, 14, 400]);
+        assert_eq!(out.light, 285);
+        assert_eq!(out.light_samples, 285);
+        assert_eq!(out.idle, 0);
+        assert_eq!(r.followed.not_listed, 285);
     }
 }

@@ -599,8 +599,12 @@ fn render_footer(o: &mut String, r: &Report, st: Style) {
             );
         }
     }
+    // Wrapped, not clipped: a warning's tail (a count, what to do) is often the point.
     for w in &r.warnings {
-        line(o, &clip(&format!("warning: {w}")));
+        for (i, l) in wrap(w, WIDTH - 9).iter().enumerate() {
+            let lead = if i == 0 { "warning: " } else { "         " };
+            line(o, &format!("{lead}{l}"));
+        }
     }
 }
 

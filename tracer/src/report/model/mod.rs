@@ -137,7 +137,8 @@ pub struct ThreadReport {
 pub struct Followed {
     /// Processes seen during the trace: the targets, their descendants, every fork followed.
     pub processes: u64,
-    /// Processes with nothing to show (no samples, no time, no CUDA) left out of `processes`.
+    /// Processes left out of `processes`: idle ones beyond a few, then the lightest beyond
+    /// `report::bound::MAX_LISTED_PROCESSES`.
     pub not_listed: u64,
     /// Processes gputrace stopped remembering to bound its memory: not followed by name, or
     /// exited ones forgotten; their samples keep pid and comm only.

@@ -124,6 +124,27 @@ fn verdict_comes_first() {
 }
 
 #[test]
+fn a_long_warning_is_wrapped_whole() {
+    let mut r = full_report();
+    let w = "186 more processes are not listed, the lightest beyond the 64 listed (184 CPU \
+             samples between them, all in cpu.folded)";
+    r.warnings.push(w.into());
+    let out = render(&r, false);
+    let at = out.find("warning: 186 more").expect(&out);
+    let lines: Vec<&str> = out[at..].lines().take(2).collect();
+    assert!(lines.iter().all(|l| l.chars().count() <= 100), "{lines:?}");
+    assert!(lines[1].starts_with("         ") && lines[1].ends_with("in cpu.folded)"));
+    assert_eq!(
+        lines
+            .join(" ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+        format!("warning: {w}")
+    );
+}
+
+#[test]
 fn wraps_words() {
     assert_eq!(wrap("aa bb cc", 5), vec!["aa bb", "cc"]);
     assert_eq!(wrap("", 5), vec![""]);
