@@ -63,7 +63,7 @@ const BT_OFFCPU: &str = "tracepoint:sched:sched_switch { @off[args->prev_pid] = 
 const BT_WAKEUP: &str =
     "tracepoint:sched:sched_wakeup /@off[args->pid]/ { @w[args->pid] = nsecs; }";
 
-pub fn run(quick: bool, window_only: bool) -> Result<()> {
+pub fn run(quick: bool, window_only: bool, demo_only: bool) -> Result<()> {
     if !crate::is_root() {
         bail!("the benchmarks load eBPF programs: run `sudo -E cargo xtask bench`");
     }
@@ -83,6 +83,10 @@ pub fn run(quick: bool, window_only: bool) -> Result<()> {
     let w = Workloads::build(&dir)?;
     if window_only {
         println!("{}", window_cost(&g, &w, &dir)?);
+        return Ok(());
+    }
+    if demo_only {
+        println!("{}", demo_table(&g, &dir, quick)?);
         return Ok(());
     }
     let scale = if quick { 1 } else { 4 };
@@ -210,13 +214,9 @@ pub fn run(quick: bool, window_only: bool) -> Result<()> {
     let micro = render(&rows);
     println!("{micro}");
 
-    let seconds = if quick { 3 } else { 5 };
-    let mut demo = Vec::new();
-    for mode in ["data", "launch", "transfer", "gpu"] {
-        demo.push(demo_row(&g, mode, seconds, &dir)?);
-    }
-    let e2e = render_demo(&demo, seconds);
+    let e2e = demo_table(&g, &dir, quick)?;
     println!("{e2e}");
+    let seconds = if quick { 3 } else { 5 };
 
     let pipeline = pipeline(&g, &w, &dir, 2_000_000 * scale as u64)?;
     let big = big_target(&g, &w, &dir)?;
@@ -419,7 +419,12 @@ fn ns_per_op(cmd: &mut Command) -> Result<f64> {
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    let n = v.len();
+    if n.is_multiple_of(2) {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    } else {
+        v[n / 2]
+    }
 }
 
 fn render(rows: &[Row]) -> String {
@@ -479,10 +484,11 @@ struct DemoRow {
     mode: String,
     untraced_ms: f64,
     traced_ms: f64,
-    untraced_step_cpu: f64,
-    traced_step_cpu: f64,
-    untraced_cpu: f64,
-    traced_cpu: f64,
+    /// Traced over untraced minus one, per pair: wall ms/step and the trainer's CPU ms/step.
+    slowdown: Vec<f64>,
+    cpu_slowdown: Vec<f64>,
+    /// Median of (traced run's CPU - untraced run's CPU), seconds: gputrace's own cost.
+    tool_cpu: f64,
     rss_kib: u64,
     estimated: f64,
     hits_per_s: f64,
@@ -515,73 +521,112 @@ fn drops(r: &Value) -> u64 {
         .unwrap_or(0)
 }
 
-fn demo_row(g: &Path, mode: &str, seconds: u64, dir: &Path) -> Result<DemoRow> {
-    eprintln!("xtask: bench demo --mode {mode}");
+/// One run of the demo: (wall ms/step, CPU ms/step, the run's CPU s, its peak RSS KiB).
+fn demo_run(g: &str, mode: &str, secs: &str, out: Option<&str>) -> Result<(f64, f64, f64, u64)> {
+    let mut cmd = vec![g, "demo", "--mode", mode, "--seconds", secs];
+    match out {
+        Some(o) => cmd.extend(["-o", o]),
+        None => cmd.push("--untraced"),
+    }
+    let (_, e, cpu, rss) = timed(&cmd)?;
+    let (ms, step_cpu) = ms_per_step(&e)?;
+    Ok((ms, step_cpu, cpu, rss))
+}
+
+/// Whether pair `k` runs the traced job first: ABBA order (U T, T U, U T, ...), so that a
+/// drift, or a cost one run leaves to the next, falls on both sides alike.
+fn traced_first(k: usize) -> bool {
+    k % 2 == 1
+}
+
+fn demo_row(g: &Path, mode: &str, seconds: u64, pairs: usize, dir: &Path) -> Result<DemoRow> {
+    eprintln!("xtask: bench demo --mode {mode} ({pairs} pairs)");
     let g = g.to_str().unwrap();
     let secs = seconds.to_string();
     let out = dir.join(format!("demo-{mode}"));
-    let _ = std::fs::remove_dir_all(&out);
     let out_s = out.to_str().unwrap();
-    let mut best_u = (f64::MAX, 0.0);
-    let mut best_t = (f64::MAX, 0.0, 0u64);
-    // The trainer's CPU time per step, fastest of each on its own.
-    let (mut cpu_u, mut cpu_t) = (f64::MAX, f64::MAX);
-    // Interleaved, fastest of two each: noise on this shared machine only adds time.
-    for _ in 0..2 {
-        let (_, e, cpu, _) = timed(&[g, "demo", "--mode", mode, "--seconds", &secs, "--untraced"])?;
-        let (ms, step_cpu) = ms_per_step(&e)?;
-        cpu_u = cpu_u.min(step_cpu);
-        if ms < best_u.0 {
-            best_u = (ms, cpu);
-        }
+    let (mut u_ms, mut t_ms, mut slow, mut cpu_slow, mut tool) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let mut rss = 0;
+    for k in 0..pairs {
         let _ = std::fs::remove_dir_all(&out);
-        let (_, e, cpu, rss) =
-            timed(&[g, "demo", "--mode", mode, "--seconds", &secs, "-o", out_s])?;
-        let (ms, step_cpu) = ms_per_step(&e)?;
-        cpu_t = cpu_t.min(step_cpu);
-        if ms < best_t.0 {
-            best_t = (ms, cpu, rss);
-        }
+        let (u, t) = if traced_first(k) {
+            let t = demo_run(g, mode, &secs, Some(out_s))?;
+            (demo_run(g, mode, &secs, None)?, t)
+        } else {
+            let u = demo_run(g, mode, &secs, None)?;
+            (u, demo_run(g, mode, &secs, Some(out_s))?)
+        };
+        u_ms.push(u.0);
+        t_ms.push(t.0);
+        slow.push(t.0 / u.0 - 1.0);
+        cpu_slow.push(t.1 / u.1 - 1.0);
+        tool.push(t.2 - u.2);
+        rss = rss.max(t.3);
     }
     let r = read_report(&out)?;
     let o = &r["overhead"];
     let dur = r["window"]["duration_ns"].as_f64().unwrap_or(1.0) / 1e9;
     Ok(DemoRow {
         mode: mode.into(),
-        untraced_ms: best_u.0,
-        traced_ms: best_t.0,
-        untraced_step_cpu: cpu_u,
-        traced_step_cpu: cpu_t,
-        untraced_cpu: best_u.1,
-        traced_cpu: best_t.1,
-        rss_kib: best_t.2,
+        untraced_ms: median(u_ms),
+        traced_ms: median(t_ms),
+        slowdown: slow,
+        cpu_slowdown: cpu_slow,
+        tool_cpu: median(tool),
+        rss_kib: rss,
         estimated: o["estimated"].as_f64().unwrap_or(0.0),
         hits_per_s: o["probe_hits"].as_f64().unwrap_or(0.0) / dur,
         drops: drops(&r),
     })
 }
 
-fn render_demo(rows: &[DemoRow], seconds: u64) -> String {
+/// The demo job in each mode, traced against untraced: quick, 2 pairs of 3 s runs; full, 6
+/// pairs of 10 s (a 1% effect on this host needs both: single runs differ by 2-3%).
+fn demo_table(g: &Path, dir: &Path, quick: bool) -> Result<String> {
+    let (seconds, pairs) = if quick { (3, 2) } else { (10, 6) };
+    let mut demo = Vec::new();
+    for mode in ["data", "launch", "transfer", "gpu"] {
+        demo.push(demo_row(g, mode, seconds, pairs, dir)?);
+    }
+    Ok(render_demo(&demo, seconds, pairs))
+}
+
+/// "+0.4% (-1.2..+2.0)": the median of the pairs and their range.
+fn spread(v: &[f64]) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!(
+        "{:+.1}% ({:+.1}..{:+.1})",
+        100.0 * median(v.to_vec()),
+        100.0 * lo,
+        100.0 * hi
+    )
+}
+
+fn render_demo(rows: &[DemoRow], seconds: u64, pairs: usize) -> String {
     let mut t = format!(
         "End to end: `gputrace demo --mode M --seconds {seconds}` (default settings) against the \
-         same job untraced (`--untraced`), the trainer's own ms/step, fastest of 2 each; \
-         \"CPU slowdown\" compares the trainer thread's CPU time per step (probe traps are \
-         charged to it; it moves less than wall time with the host's load). gputrace CPU = CPU \
-         time of the traced run minus the untraced run's (rusage of the child, job included); \
-         peak RSS is the largest of gputrace and the job's processes.\n\n\
+         same job untraced (`--untraced`), the trainer's own ms/step, {pairs} pairs run in ABBA \
+         order (untraced-traced, traced-untraced, ...); slowdowns are the median of the pairs' \
+         ratios with their range. \"CPU slowdown\" compares the trainer thread's CPU time per \
+         step (probe traps are charged to it; it moves less than wall time with the host's \
+         load). gputrace CPU = CPU time of the traced run minus the untraced run's (rusage of \
+         the child, job included), median of the pairs; peak RSS is the largest of gputrace and \
+         the job's processes; the last columns are from the last traced run's report.\n\n\
          | demo mode | untraced ms/step | traced ms/step | slowdown | CPU slowdown | gputrace CPU s | peak RSS MiB | estimated overhead (report) | probe hits/s | drops |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     );
     for r in rows {
         let _ = writeln!(
             t,
-            "| {} | {:.2} | {:.2} | {:+.1}% | {:+.1}% | {:.2} | {:.0} | {:.2}% | {:.0} | {} |",
+            "| {} | {:.2} | {:.2} | {} | {} | {:.2} | {:.0} | {:.2}% | {:.0} | {} |",
             r.mode,
             r.untraced_ms,
             r.traced_ms,
-            100.0 * (r.traced_ms / r.untraced_ms - 1.0),
-            100.0 * (r.traced_step_cpu / r.untraced_step_cpu - 1.0),
-            r.traced_cpu - r.untraced_cpu,
+            spread(&r.slowdown),
+            spread(&r.cpu_slowdown),
+            r.tool_cpu,
             r.rss_kib as f64 / 1024.0,
             100.0 * r.estimated,
             r.hits_per_s,
@@ -789,7 +834,19 @@ fn machine() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::ms_per_step;
+    use super::{ms_per_step, spread, traced_first};
+
+    #[test]
+    fn pairs_alternate_which_side_runs_first() {
+        let order: Vec<bool> = (0..4).map(traced_first).collect();
+        assert_eq!(order, vec![false, true, false, true]);
+    }
+
+    #[test]
+    fn spread_is_the_median_and_the_range() {
+        assert_eq!(spread(&[0.02, -0.01, 0.004]), "+0.4% (-1.0..+2.0)");
+        assert_eq!(spread(&[0.01, 0.03]), "+2.0% (+1.0..+3.0)");
+    }
 
     #[test]
     fn the_trainers_line_gives_wall_and_cpu_per_step() {

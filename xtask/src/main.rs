@@ -42,6 +42,9 @@ enum Cmd {
         /// appended to BENCHMARKS.md).
         #[arg(long)]
         window_cost: bool,
+        /// Only the end-to-end demo table (printed, not appended to BENCHMARKS.md).
+        #[arg(long, conflicts_with = "window_cost")]
+        demo_only: bool,
     },
 }
 
@@ -58,9 +61,13 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Setup => setup::run(),
-        Cmd::Bench { quick, window_cost } => {
+        Cmd::Bench {
+            quick,
+            window_cost,
+            demo_only,
+        } => {
             setup::run()?;
-            bench::run(quick, window_cost)
+            bench::run(quick, window_cost, demo_only)
         }
         Cmd::Run { args } => {
             setup::run()?;
