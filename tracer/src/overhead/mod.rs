@@ -9,6 +9,7 @@
 mod calibrate;
 mod gate;
 mod stats;
+mod threads;
 
 use std::collections::HashMap;
 
@@ -206,7 +207,24 @@ pub fn complete(report: &mut Report) {
     };
     o.traced_cost_ns = traced;
     o.estimated = traced as f64 / denom.max(1) as f64;
+    let launches: Vec<&str> = FUNCS
+        .iter()
+        .filter(|f| f.is_launch())
+        .map(|f| f.name)
+        .collect();
+    let costliest = threads::costliest_thread(report, &launches, MIN_ALIVE_NS);
+    let Some(o) = report.overhead.as_mut() else {
+        return;
+    };
+    o.costliest_thread = costliest;
+    if let Some(l) = o.over_budget_line() {
+        report.warnings.push(l);
+    }
 }
+
+/// Threads alive for less than this are not candidates for the costliest thread: one sample
+/// in a millisecond's life is not a share worth a warning.
+const MIN_ALIVE_NS: u64 = 100_000_000;
 
 /// Hits of each program that the traced threads caused, from what the report counts for them.
 fn traced_cost_ns(r: &Report) -> u64 {

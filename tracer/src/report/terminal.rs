@@ -557,7 +557,9 @@ fn render_nvml(o: &mut String, r: &Report) {
 fn render_footer(o: &mut String, r: &Report, st: Style) {
     line(o, "");
     if let Some(ov) = &r.overhead {
-        line(o, &clip(&ov.summary()));
+        for (i, l) in wrap(&ov.summary(), WIDTH - 2).iter().enumerate() {
+            line(o, &if i == 0 { l.clone() } else { format!("  {l}") });
+        }
         if let Some(l) = ov.sampling_line() {
             for w in wrap(&l, WIDTH) {
                 line(o, &st.severity("medium", &w));

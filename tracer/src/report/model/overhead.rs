@@ -12,6 +12,11 @@ pub struct Overhead {
     /// The same for the thread that paid most for CUDA probes, when CUDA calls were traced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worst_thread: Option<ThreadOverhead>,
+    /// The thread (alive 100 ms or more) that paid the largest share of its time for all
+    /// probes: syscall and scheduler tracepoints, the CPU sampler, CUDA probes. What the budget
+    /// is a ceiling on; only the CUDA launch probes can be windowed to keep it there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub costliest_thread: Option<ThreadCost>,
     /// All probe hits in the window and their estimated cost, machine-wide (tracepoints run
     /// for every thread, traced or not, and return early for the others).
     pub probe_hits: u64,
@@ -37,6 +42,24 @@ pub struct ThreadOverhead {
     pub pid: u32,
     pub tid: u32,
     pub estimated: f64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ThreadCost {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// Share of the thread's alive time.
+    pub estimated: f64,
+    /// What the cost came from, largest first.
+    pub parts: Vec<ThreadCostPart>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ThreadCostPart {
+    /// "syscall tracepoints", "scheduler tracepoints", "CPU sampler" or "CUDA probes".
+    pub what: String,
+    pub ns: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -76,7 +99,19 @@ impl Overhead {
             self.probe_hits,
             pct(self.budget)
         );
-        if let Some(w) = &self.worst_thread {
+        if let Some(c) = &self.costliest_thread {
+            s.push_str(&format!(
+                "; costliest thread {} ({}) ~{:.2}%",
+                c.tid,
+                c.comm,
+                c.estimated * 100.0
+            ));
+        }
+        if let Some(w) = self.worst_thread.as_ref().filter(|w| {
+            self.costliest_thread
+                .as_ref()
+                .is_none_or(|c| c.tid != w.tid)
+        }) {
             s.push_str(&format!(
                 "; busiest CUDA thread {} ~{:.2}%",
                 w.tid,
@@ -84,6 +119,35 @@ impl Overhead {
             ));
         }
         s
+    }
+
+    /// Said when a thread pays more than the budget for probes the budget cannot switch off.
+    pub fn over_budget_line(&self) -> Option<String> {
+        let c = self.costliest_thread.as_ref()?;
+        if c.estimated <= self.budget {
+            return None;
+        }
+        let total = c.parts.iter().map(|p| p.ns).sum::<u64>().max(1) as f64;
+        let parts: Vec<String> = c
+            .parts
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {:.1}%",
+                    p.what,
+                    100.0 * c.estimated * p.ns as f64 / total
+                )
+            })
+            .collect();
+        Some(format!(
+            "over budget: thread {} ({}) paid ~{:.1}% of its time for probes ({}), over the {}% \
+             budget; the budget switches only the CUDA launch probes on and off",
+            c.tid,
+            c.comm,
+            c.estimated * 100.0,
+            parts.join(", "),
+            pct(self.budget)
+        ))
     }
 
     pub fn sampling_line(&self) -> Option<String> {
@@ -109,5 +173,47 @@ fn pct(f: f64) -> String {
         format!("{p:.0}")
     } else {
         format!("{p}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn costly(estimated: f64) -> Overhead {
+        Overhead {
+            budget: 0.02,
+            estimated: 0.01,
+            costliest_thread: Some(ThreadCost {
+                pid: 7,
+                tid: 8,
+                comm: "loader".into(),
+                estimated,
+                parts: vec![
+                    ThreadCostPart {
+                        what: "syscall tracepoints".into(),
+                        ns: 300,
+                    },
+                    ThreadCostPart {
+                        what: "scheduler tracepoints".into(),
+                        ns: 100,
+                    },
+                ],
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_thread_over_the_budget_is_named_with_what_it_paid_for() {
+        let o = costly(0.04);
+        assert!(o.summary().contains("costliest thread 8 (loader) ~4.00%"));
+        assert_eq!(
+            o.over_budget_line().unwrap(),
+            "over budget: thread 8 (loader) paid ~4.0% of its time for probes (syscall \
+             tracepoints 3.0%, scheduler tracepoints 1.0%), over the 2% budget; the budget \
+             switches only the CUDA launch probes on and off"
+        );
+        assert_eq!(costly(0.019).over_budget_line(), None);
     }
 }

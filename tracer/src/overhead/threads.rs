@@ -1,0 +1,353 @@
+//! What each traced thread paid for all of gputrace's probes, not only the CUDA ones: the
+//! budget promises a ceiling per thread, and a thread that makes 200k syscalls a second pays
+//! for the syscall tracepoints whatever the gate does with the launch probes.
+//!
+//! Each thread's hits are read off what the report counts for it (its syscalls, CPU samples,
+//! switches out, wakeups, CUDA calls seen, its process's block requests shared by the
+//! threads' disk waits) and priced at each program's mean cost per hit.
+//! Switches are counted from the thread's off-CPU intervals: a wait inside a CUDA call is
+//! charged to the call's category, not counted as an interval of its own, so a thread that
+//! blocks in cudaDeviceSynchronize has its switches under-counted.
+//! The scheduler programs' mean includes the many cheap hits of untraced tasks, which return
+//! at once, so a traced thread's switches cost more than it says; the stack walks that make
+//! the difference are bounded (one per blocking wait, reused for repeats), and the figure is
+//! marked as an estimate.
+
+use crate::report::model::{
+    overhead::{Overhead, ThreadCost, ThreadCostPart},
+    time::TimeBreakdown,
+    Report, ThreadReport,
+};
+
+/// Mean cost of one hit of `name` (its raw or classic tracepoint variant alike), in ns.
+fn per_hit(o: &Overhead, name: &str) -> f64 {
+    let (mut hits, mut ns) = (0u64, 0.0);
+    for p in o
+        .programs
+        .iter()
+        .filter(|p| p.program == name || p.program.strip_suffix("_tp") == Some(name))
+    {
+        hits += p.hits;
+        ns += p.hits as f64 * (p.bpf_ns_per_hit + p.trap_ns_per_hit);
+    }
+    if hits == 0 {
+        0.0
+    } else {
+        ns / hits as f64
+    }
+}
+
+/// (switches out, wakeups): every blocking wait begins with a switch out and ends with a
+/// wakeup (the runqueue wait after it, "woken, waiting for a CPU", is the same switch); a
+/// preemption is a switch out with no wakeup.
+fn switches(t: &TimeBreakdown) -> (u64, u64) {
+    let (mut blocked, mut preempted) = (0, 0);
+    for r in &t.reasons {
+        if r.category == "runqueue" {
+            if r.reason == "preempted" {
+                preempted += r.count;
+            }
+        } else if r.category != "cpu" && !r.category.starts_with("cuda_") {
+            blocked += r.count;
+        }
+    }
+    (blocked + preempted, blocked)
+}
+
+/// CUDA calls the probes saw on a thread: launches were scaled up by `scale` when the gate
+/// sampled them, and cost only what was seen.
+fn cuda_calls_seen(r: &Report, pid: u32, tid: u32, launches: &[&str], scale: f64) -> f64 {
+    let Some(c) = r
+        .processes
+        .iter()
+        .find(|p| p.pid == pid)
+        .and_then(|p| p.cuda.as_ref())
+    else {
+        return 0.0;
+    };
+    c.threads
+        .iter()
+        .filter(|t| t.tid == tid)
+        .flat_map(|t| t.api.iter())
+        .map(|a| {
+            if launches.contains(&a.function.as_str()) {
+                a.count as f64 / scale
+            } else {
+                a.count as f64
+            }
+        })
+        .sum()
+}
+
+/// Blocking waits on disk I/O: how a process's block requests are shared among its threads.
+fn io_waits(t: &ThreadReport) -> u64 {
+    t.time.as_ref().map_or(0, |tb| {
+        tb.reasons
+            .iter()
+            .filter(|r| r.category == "io")
+            .map(|r| r.count)
+            .sum()
+    })
+}
+
+/// One thread's cost by what caused it (ns), largest first; parts with no cost are left out.
+/// `requests`: the block requests charged to it (submitted in its context, bar the completion).
+fn thread_parts(
+    r: &Report,
+    o: &Overhead,
+    pid: u32,
+    t: &ThreadReport,
+    requests: f64,
+    launches: &[&str],
+) -> Vec<ThreadCostPart> {
+    let scale = o.sampled.as_ref().map_or(1.0, |s| s.scale.max(1.0));
+    let syscalls: u64 = t.syscalls.iter().map(|s| s.count).sum();
+    let (switches, wakeups) = t.time.as_ref().map_or((0, 0), switches);
+    let mut cuda = cuda_calls_seen(r, pid, t.tid, launches, scale)
+        * (per_hit(o, tracer_common::cuda::ENTRY_PROG) + per_hit(o, tracer_common::cuda::RET_PROG));
+    // The window closes' traps, paid by the thread the gate charged them to.
+    if let Some(w) = o.worst_thread.as_ref().filter(|w| w.tid == t.tid) {
+        let alive = t.time.as_ref().map_or(0, |tb| tb.alive_ns) as f64;
+        cuda = cuda.max(w.estimated * alive);
+    }
+    let mut parts: Vec<ThreadCostPart> = [
+        (
+            "syscall tracepoints",
+            syscalls as f64 * (per_hit(o, "sys_enter") + per_hit(o, "sys_exit")),
+        ),
+        (
+            "scheduler tracepoints",
+            switches as f64 * per_hit(o, "sched_switch")
+                + wakeups as f64 * per_hit(o, "sched_wakeup"),
+        ),
+        ("CPU sampler", t.samples as f64 * per_hit(o, "cpu_sample")),
+        (
+            "block I/O tracepoints",
+            requests
+                * [
+                    "block_bio_queue",
+                    "block_rq_insert",
+                    "block_rq_issue",
+                    "block_rq_complete",
+                ]
+                .iter()
+                .map(|n| per_hit(o, n))
+                .sum::<f64>(),
+        ),
+        ("CUDA probes", cuda),
+    ]
+    .into_iter()
+    .filter(|(_, ns)| *ns >= 1.0)
+    .map(|(what, ns)| ThreadCostPart {
+        what: what.into(),
+        ns: ns as u64,
+    })
+    .collect();
+    parts.sort_by_key(|p| std::cmp::Reverse(p.ns));
+    parts
+}
+
+/// The traced thread that paid the largest share of its time for the probes. Threads alive
+/// for under `min_alive_ns` are passed over: a thread that lived a millisecond and was
+/// caught by one sample is not what the budget is about.
+pub fn costliest_thread(r: &Report, launches: &[&str], min_alive_ns: u64) -> Option<ThreadCost> {
+    let o = r.overhead.as_ref()?;
+    let mut best: Option<ThreadCost> = None;
+    for p in &r.processes {
+        let requests: u64 = p.block_io.iter().map(|b| b.requests).sum();
+        let waits: u64 = p.threads.iter().map(io_waits).sum();
+        for t in &p.threads {
+            let alive = t.time.as_ref().map_or(0, |tb| tb.alive_ns);
+            if alive < min_alive_ns.max(1) {
+                continue;
+            }
+            let mine = if waits == 0 {
+                0.0
+            } else {
+                requests as f64 * io_waits(t) as f64 / waits as f64
+            };
+            let parts = thread_parts(r, o, p.pid, t, mine, launches);
+            let ns: u64 = parts.iter().map(|p| p.ns).sum();
+            let share = ns as f64 / alive as f64;
+            if best.as_ref().is_none_or(|b| share > b.estimated) {
+                best = Some(ThreadCost {
+                    pid: p.pid,
+                    tid: t.tid,
+                    comm: t.comm.clone(),
+                    estimated: share,
+                    parts,
+                });
+            }
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::model::{
+        cuda::{ApiStat, ProcessCuda, ThreadCuda},
+        overhead::{ProbeSampling, ProgramCost, ThreadOverhead},
+        time::{ReasonTime, SyscallStat},
+    };
+
+    fn prog(name: &str, hits: u64, bpf: f64, trap: f64) -> ProgramCost {
+        ProgramCost {
+            program: name.into(),
+            hits,
+            bpf_ns_per_hit: bpf,
+            trap_ns_per_hit: trap,
+        }
+    }
+
+    fn thread(tid: u32, alive_s: f64, syscalls: u64, blocked: u64, preempted: u64) -> ThreadReport {
+        let reason = |c: &str, r: &str, count| ReasonTime {
+            category: c.into(),
+            reason: r.into(),
+            ns: 1,
+            count,
+        };
+        ThreadReport {
+            tid,
+            comm: format!("t{tid}"),
+            samples: 100,
+            kernel_samples: 0,
+            top_self: vec![],
+            time: Some(TimeBreakdown {
+                alive_ns: (alive_s * 1e9) as u64,
+                reasons: vec![
+                    reason("cpu", "on-CPU", 10 * (blocked + preempted)),
+                    reason("io", "read", blocked),
+                    reason("runqueue", "woken, waiting for a CPU", blocked),
+                    reason("runqueue", "preempted", preempted),
+                    reason("cuda_sync", "cudaDeviceSynchronize", 1000),
+                ],
+                ..Default::default()
+            }),
+            syscalls: vec![SyscallStat {
+                name: "read".into(),
+                count: syscalls,
+                ..Default::default()
+            }],
+            python_sites: vec![],
+        }
+    }
+
+    fn report(threads: Vec<ThreadReport>) -> Report {
+        let mut r = crate::report::fixtures::report();
+        r.processes = vec![crate::report::fixtures::process(10, None, "job", threads)];
+        r.overhead = Some(Overhead {
+            programs: vec![
+                prog("sys_enter", 1_000_000, 130.0, 170.0),
+                prog("sys_exit", 1_000_000, 230.0, 170.0),
+                prog("sched_switch", 10_000, 1000.0, 30.0),
+                prog("sched_switch_tp", 10_000, 3000.0, 30.0),
+                prog("sched_wakeup", 5_000, 470.0, 30.0),
+                prog("cpu_sample", 1_000, 4970.0, 30.0),
+                prog("cuda_entry", 1_000, 500.0, 1000.0),
+                prog("cuda_ret", 1_000, 500.0, 2000.0),
+            ],
+            ..Default::default()
+        });
+        r
+    }
+
+    #[test]
+    fn a_syscall_storm_thread_is_the_costliest_and_says_why() {
+        // 10 s each: a quiet thread and one making 100k syscalls a second.
+        let r = report(vec![
+            thread(1, 10.0, 100, 50, 0),
+            thread(2, 10.0, 1_000_000, 400, 100),
+        ]);
+        let c = costliest_thread(&r, &[], 0).unwrap();
+        assert_eq!(c.tid, 2);
+        assert!(c.parts.iter().all(|p| p.what != "block I/O tracepoints"));
+        // 1M x (300 + 400) ns = 0.7 s of 10 s; 400 blocking waits and 100 preemptions are 500
+        // switches at the mean of both variants (2030 ns) and 400 wakeups at 500 ns; 100
+        // samples at 5 us.
+        assert_eq!(c.parts[0].what, "syscall tracepoints");
+        assert_eq!(c.parts[0].ns, 700_000_000);
+        let sched = c
+            .parts
+            .iter()
+            .find(|p| p.what == "scheduler tracepoints")
+            .unwrap();
+        assert_eq!(sched.ns, 500 * 2030 + 400 * 500);
+        let sampler = c.parts.iter().find(|p| p.what == "CPU sampler").unwrap();
+        assert_eq!(sampler.ns, 500_000);
+        assert!((c.estimated - 0.0702).abs() < 0.0002, "{}", c.estimated);
+    }
+
+    #[test]
+    fn block_requests_are_shared_by_the_threads_that_wait_on_disk() {
+        // Thread 1 waited on disk 3 times as often as thread 2 ("read" waits are io).
+        let mut r = report(vec![thread(1, 10.0, 0, 300, 0), thread(2, 10.0, 0, 100, 0)]);
+        for t in r.processes[0].threads.iter_mut() {
+            t.samples = 0;
+            t.time
+                .as_mut()
+                .unwrap()
+                .reasons
+                .retain(|x| x.category == "io");
+        }
+        r.processes[0].block_io = vec![crate::report::model::time::BlockIo {
+            requests: 40_000,
+            ..Default::default()
+        }];
+        let o = r.overhead.as_mut().unwrap();
+        for n in [
+            "block_bio_queue",
+            "block_rq_insert",
+            "block_rq_issue",
+            "block_rq_complete",
+        ] {
+            o.programs.push(prog(n, 40_000, 970.0, 30.0));
+        }
+        let c = costliest_thread(&r, &[], 0).unwrap();
+        assert_eq!(c.tid, 1);
+        let block = c
+            .parts
+            .iter()
+            .find(|p| p.what == "block I/O tracepoints")
+            .unwrap();
+        assert_eq!(block.ns, 30_000 * 4_000);
+    }
+
+    #[test]
+    fn sampled_launches_cost_only_what_was_seen_and_the_closes_count() {
+        let mut r = report(vec![thread(1, 10.0, 0, 0, 0), thread(2, 0.0005, 0, 0, 0)]);
+        let api = |f: &str, count| ApiStat {
+            function: f.into(),
+            count,
+            ..Default::default()
+        };
+        r.processes[0].cuda = Some(ProcessCuda {
+            threads: vec![ThreadCuda {
+                tid: 1,
+                api: vec![api("cudaLaunchKernel", 40_000), api("cudaMemcpy", 100)],
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let o = r.overhead.as_mut().unwrap();
+        o.sampled = Some(ProbeSampling {
+            scale: 10.0,
+            ..Default::default()
+        });
+        // (4000 seen launches + 100 copies) x 4 us = 16.4 ms; 100 samples x 5 us = 0.5 ms.
+        let c = costliest_thread(&r, &["cudaLaunchKernel"], 1_000_000).unwrap();
+        assert_eq!(c.tid, 1, "the 0.5 ms thread is passed over");
+        assert_eq!(c.parts[0].what, "CUDA probes");
+        assert_eq!(c.parts[0].ns, 16_400_000);
+        // The gate's figure for that thread (with its window closes) wins when larger.
+        r.overhead.as_mut().unwrap().worst_thread = Some(ThreadOverhead {
+            pid: 10,
+            tid: 1,
+            estimated: 0.005,
+        });
+        let c = costliest_thread(&r, &["cudaLaunchKernel"], 1_000_000).unwrap();
+        assert_eq!(c.parts[0].ns, 50_000_000);
+        assert!((c.estimated - 0.00505).abs() < 1e-6, "{}", c.estimated);
+    }
+}
