@@ -205,3 +205,65 @@ fn full_budget_counts_every_launch() {
     );
     assert!(!stdout.contains("ESTIMATED"), "{stdout}");
 }
+
+/// The budget windows only the CUDA launch probes: a thread that pays more than the budget
+/// for the always-on ones (here the syscall tracepoints, under `dd bs=1`: two syscalls per
+/// byte) is named in a warning with what it paid for, not hidden in the average.
+#[test]
+fn a_syscall_storm_thread_over_the_budget_is_named() {
+    let _g = serial();
+    if !require_root("a_syscall_storm_thread_over_the_budget_is_named") {
+        return;
+    }
+    let out = common::out_dir("syscall-storm-budget");
+    let run = common::gputrace(&[
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=1",
+        "count=400000",
+    ]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let r = run.report(&out);
+    let c = &r["overhead"]["costliest_thread"];
+    assert_eq!(c["comm"], "dd", "{:#}", r["overhead"]);
+    assert_eq!(c["tid"], r["target"]["pids"][0], "{c:#}");
+    assert_eq!(c["parts"][0]["what"], "syscall tracepoints", "{c:#}");
+    // 800k syscalls, each paying two tracepoint hits of a few hundred ns: far over 2%.
+    let est = c["estimated"].as_f64().unwrap();
+    assert!(est > 0.05, "{c:#}");
+    let warned = r["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w.as_str())
+        .any(|w| w.starts_with("over budget: thread ") && w.contains("(dd)"));
+    assert!(warned, "{:#}", r["warnings"]);
+    let shown = run.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        shown.contains("warning: over budget: thread"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        shown.contains("costliest thread") && shown.contains("(dd)"),
+        "{}",
+        run.stdout
+    );
+
+    // A thread that only sleeps pays next to nothing and is not warned about.
+    let out = common::out_dir("sleep-budget");
+    let run = common::gputrace(&["-o", out.to_str().unwrap(), "--", "sleep", "0.5"]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let r = run.report(&out);
+    let c = &r["overhead"]["costliest_thread"];
+    assert!(c["estimated"].as_f64().unwrap() < 0.001, "{c:#}");
+    assert!(
+        !r["warnings"].to_string().contains("over budget"),
+        "{:#}",
+        r["warnings"]
+    );
+}
