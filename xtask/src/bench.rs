@@ -491,6 +491,8 @@ struct DemoRow {
     tool_cpu: f64,
     rss_kib: u64,
     estimated: f64,
+    /// The report's costliest thread: "comm x.xx%".
+    costliest: String,
     hits_per_s: f64,
     drops: u64,
 }
@@ -576,9 +578,19 @@ fn demo_row(g: &Path, mode: &str, seconds: u64, pairs: usize, dir: &Path) -> Res
         tool_cpu: median(tool),
         rss_kib: rss,
         estimated: o["estimated"].as_f64().unwrap_or(0.0),
+        costliest: costliest(o),
         hits_per_s: o["probe_hits"].as_f64().unwrap_or(0.0) / dur,
         drops: drops(&r),
     })
+}
+
+/// The report's costliest thread as "comm 1.23%", or "-" when it has none.
+fn costliest(overhead: &Value) -> String {
+    let c = &overhead["costliest_thread"];
+    match (c["comm"].as_str(), c["estimated"].as_f64()) {
+        (Some(comm), Some(e)) => format!("{comm} {:.2}%", 100.0 * e),
+        _ => "-".into(),
+    }
 }
 
 /// The demo job in each mode, traced against untraced: quick, 2 pairs of 3 s runs; full, 6
@@ -613,14 +625,15 @@ fn render_demo(rows: &[DemoRow], seconds: u64, pairs: usize) -> String {
          step (probe traps are charged to it; it moves less than wall time with the host's \
          load). gputrace CPU = CPU time of the traced run minus the untraced run's (rusage of \
          the child, job included), median of the pairs; peak RSS is the largest of gputrace and \
-         the job's processes; the last columns are from the last traced run's report.\n\n\
-         | demo mode | untraced ms/step | traced ms/step | slowdown | CPU slowdown | gputrace CPU s | peak RSS MiB | estimated overhead (report) | probe hits/s | drops |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+         the job's processes; the last columns are from the last traced run's report \
+         (estimated overhead: the traced threads' average, and the costliest thread's).\n\n\
+         | demo mode | untraced ms/step | traced ms/step | slowdown | CPU slowdown | gputrace CPU s | peak RSS MiB | estimated overhead (report) | costliest thread (report) | probe hits/s | drops |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     );
     for r in rows {
         let _ = writeln!(
             t,
-            "| {} | {:.2} | {:.2} | {} | {} | {:.2} | {:.0} | {:.2}% | {:.0} | {} |",
+            "| {} | {:.2} | {:.2} | {} | {} | {:.2} | {:.0} | {:.2}% | {} | {:.0} | {} |",
             r.mode,
             r.untraced_ms,
             r.traced_ms,
@@ -629,6 +642,7 @@ fn render_demo(rows: &[DemoRow], seconds: u64, pairs: usize) -> String {
             r.tool_cpu,
             r.rss_kib as f64 / 1024.0,
             100.0 * r.estimated,
+            r.costliest,
             r.hits_per_s,
             r.drops
         );
@@ -840,6 +854,13 @@ mod tests {
     fn pairs_alternate_which_side_runs_first() {
         let order: Vec<bool> = (0..4).map(traced_first).collect();
         assert_eq!(order, vec![false, true, false, true]);
+    }
+
+    #[test]
+    fn costliest_thread_cell() {
+        let o = serde_json::json!({"costliest_thread": {"comm": "trainer", "estimated": 0.0123}});
+        assert_eq!(super::costliest(&o), "trainer 1.23%");
+        assert_eq!(super::costliest(&serde_json::json!({})), "-");
     }
 
     #[test]
