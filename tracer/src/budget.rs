@@ -81,8 +81,9 @@ pub const AGREE: f64 = 0.2;
 /// budget; a budget `k` times the default waits `k` times less.
 pub const MAX_GAP_S: f64 = 8.0;
 
-/// The default `--max-overhead`.
+/// The default `--max-overhead`, and as the command line spells it.
 pub const DEFAULT_BUDGET: f64 = 0.02;
+pub const DEFAULT_BUDGET_ARG: &str = "2%";
 
 /// One tick as the probes saw it.
 #[derive(Debug, Clone, Copy, Default)]
@@ -509,6 +510,7 @@ mod tests {
     #[test]
     fn budgets_parse() {
         assert_eq!(parse_budget("2%").unwrap(), 0.02);
+        assert_eq!(parse_budget(DEFAULT_BUDGET_ARG).unwrap(), DEFAULT_BUDGET);
         assert_eq!(parse_budget("0.5%").unwrap(), 0.005);
         assert_eq!(parse_budget("0.1").unwrap(), 0.1);
         assert_eq!(parse_budget("100%").unwrap(), 1.0);

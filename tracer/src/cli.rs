@@ -110,7 +110,7 @@ pub struct TraceArgs {
     /// Keep gputrace's estimated cost per traced thread under this share of its time (e.g. 2%,
     /// 0.5%); high-rate probes (CUDA launches) are then switched on and off in windows and their
     /// counts scaled and marked as estimated. 100% never samples: every count is exact.
-    #[arg(long, default_value = "2%", value_parser = crate::budget::parse_budget, value_name = "PERCENT")]
+    #[arg(long, default_value = crate::budget::DEFAULT_BUDGET_ARG, value_parser = crate::budget::parse_budget, value_name = "PERCENT")]
     pub max_overhead: f64,
 
     /// Count CUDA calls at entry only (no durations or errors); for measuring probe cost.

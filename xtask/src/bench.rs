@@ -484,9 +484,11 @@ struct DemoRow {
     mode: String,
     untraced_ms: f64,
     traced_ms: f64,
-    /// Traced over untraced minus one, per pair: wall ms/step and the trainer's CPU ms/step.
+    /// Per pair: traced over untraced wall ms/step, minus one; and the trainer's added CPU
+    /// ms/step as a share of the untraced step (what the probes took from it, comparable with
+    /// the report's per-thread estimate).
     slowdown: Vec<f64>,
-    cpu_slowdown: Vec<f64>,
+    added_cpu: Vec<f64>,
     /// Median of (traced run's CPU - untraced run's CPU), seconds: gputrace's own cost.
     tool_cpu: f64,
     rss_kib: u64,
@@ -562,7 +564,7 @@ fn demo_row(g: &Path, mode: &str, seconds: u64, pairs: usize, dir: &Path) -> Res
         u_ms.push(u.0);
         t_ms.push(t.0);
         slow.push(t.0 / u.0 - 1.0);
-        cpu_slow.push(t.1 / u.1 - 1.0);
+        cpu_slow.push((t.1 - u.1) / u.0);
         tool.push(t.2 - u.2);
         rss = rss.max(t.3);
     }
@@ -574,7 +576,7 @@ fn demo_row(g: &Path, mode: &str, seconds: u64, pairs: usize, dir: &Path) -> Res
         untraced_ms: median(u_ms),
         traced_ms: median(t_ms),
         slowdown: slow,
-        cpu_slowdown: cpu_slow,
+        added_cpu: cpu_slow,
         tool_cpu: median(tool),
         rss_kib: rss,
         estimated: o["estimated"].as_f64().unwrap_or(0.0),
@@ -621,13 +623,14 @@ fn render_demo(rows: &[DemoRow], seconds: u64, pairs: usize) -> String {
         "End to end: `gputrace demo --mode M --seconds {seconds}` (default settings) against the \
          same job untraced (`--untraced`), the trainer's own ms/step, {pairs} pairs run in ABBA \
          order (untraced-traced, traced-untraced, ...); slowdowns are the median of the pairs' \
-         ratios with their range. \"CPU slowdown\" compares the trainer thread's CPU time per \
-         step (probe traps are charged to it; it moves less than wall time with the host's \
-         load). gputrace CPU = CPU time of the traced run minus the untraced run's (rusage of \
+         ratios with their range. \"added CPU\" is the trainer thread's CPU time per step \
+         traced minus untraced, as a share of the untraced step (probe traps and programs run \
+         in its context are charged to it; it moves less than wall time with the host's load, \
+         and compares with the costliest-thread estimate when the trainer is that thread). gputrace CPU = CPU time of the traced run minus the untraced run's (rusage of \
          the child, job included), median of the pairs; peak RSS is the largest of gputrace and \
          the job's processes; the last columns are from the last traced run's report \
          (estimated overhead: the traced threads' average, and the costliest thread's).\n\n\
-         | demo mode | untraced ms/step | traced ms/step | slowdown | CPU slowdown | gputrace CPU s | peak RSS MiB | estimated overhead (report) | costliest thread (report) | probe hits/s | drops |\n\
+         | demo mode | untraced ms/step | traced ms/step | slowdown | added CPU (% of step) | gputrace CPU s | peak RSS MiB | estimated overhead (report) | costliest thread (report) | probe hits/s | drops |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     );
     for r in rows {
@@ -638,7 +641,7 @@ fn render_demo(rows: &[DemoRow], seconds: u64, pairs: usize) -> String {
             r.untraced_ms,
             r.traced_ms,
             spread(&r.slowdown),
-            spread(&r.cpu_slowdown),
+            spread(&r.added_cpu),
             r.tool_cpu,
             r.rss_kib as f64 / 1024.0,
             100.0 * r.estimated,

@@ -50,7 +50,7 @@ pub struct DemoArgs {
 
     /// The trace's overhead budget (as `gputrace --max-overhead`), to see what it buys and
     /// costs on a job of known shape.
-    #[arg(long, default_value = "2%", value_parser = crate::budget::parse_budget, value_name = "PERCENT")]
+    #[arg(long, default_value = crate::budget::DEFAULT_BUDGET_ARG, value_parser = crate::budget::parse_budget, value_name = "PERCENT")]
     pub max_overhead: f64,
 
     /// Internal (benchmarks): run the same job without tracing it, for the untraced baseline.
