@@ -109,7 +109,9 @@ pub struct TraceArgs {
 
     /// Keep gputrace's estimated cost per traced thread under this share of its time (e.g. 2%,
     /// 0.5%); high-rate probes (CUDA launches) are then switched on and off in windows and their
-    /// counts scaled and marked as estimated. 100% never samples: every count is exact.
+    /// counts scaled and marked as estimated. The other probes stay on: a thread that pays more
+    /// than this for them (a syscall storm) is named in a warning. 100% never samples: every
+    /// count is exact.
     #[arg(long, default_value = crate::budget::DEFAULT_BUDGET_ARG, value_parser = crate::budget::parse_budget, value_name = "PERCENT")]
     pub max_overhead: f64,
 
