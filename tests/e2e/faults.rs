@@ -7,7 +7,7 @@
 
 use std::{
     io::{BufRead, BufReader},
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     sync::{mpsc, Arc, Mutex},
     time::{Duration, Instant},
@@ -335,32 +335,39 @@ fn launched_target_exits_mid_trace() {
     assert_released(&held, live.pid());
 }
 
-#[test]
-fn fork_storm_is_followed_counted_and_bounded() {
-    let _g = serial();
-    if !require_root("fork_storm_is_followed_counted_and_bounded") {
-        return;
-    }
+/// Traces `fork_storm ARGS` to its end: the run, the BPF objects it held while tracing, its
+/// output directory and its report.
+fn traced_storm(name: &str, args: &[&str]) -> (Live, Held, PathBuf, serde_json::Value) {
     let storm = build_c("fork_storm", &[]);
-    let dir = out_dir("fork-storm");
-    const CHILDREN: u64 = 2500;
-    let mut live = Live::start(&[
+    let dir = out_dir(name);
+    let mut argv = vec![
         "-v",
         "--output",
         dir.to_str().unwrap(),
         "--",
         storm.to_str().unwrap(),
-        &CHILDREN.to_string(),
-        "300",
-    ]);
+    ];
+    argv.extend_from_slice(args);
+    let mut live = Live::start(&argv);
     live.wait_attached();
     let held = live.held();
     let st = live
         .wait_for(Duration::from_secs(60))
         .expect("gputrace hung");
     assert!(st.success(), "{st:?}\n{}", live.stderr());
-    assert!(live.stdout().contains(&format!("forked {CHILDREN} ")));
     let r = report_at(&dir, &live);
+    (live, held, dir, r)
+}
+
+#[test]
+fn fork_storm_is_followed_counted_and_bounded() {
+    let _g = serial();
+    if !require_root("fork_storm_is_followed_counted_and_bounded") {
+        return;
+    }
+    const CHILDREN: u64 = 2500;
+    let (live, held, dir, r) = traced_storm("fork-storm", &[&CHILDREN.to_string(), "300"]);
+    assert!(live.stdout().contains(&format!("forked {CHILDREN} ")));
 
     // Every child was either followed or its lost fork event was counted: nothing silent.
     let followed = r["followed"]["processes"].as_u64().unwrap();
@@ -410,27 +417,9 @@ fn a_storm_of_busy_children_lists_the_heaviest_and_counts_the_rest() {
     if !require_root("a_storm_of_busy_children_lists_the_heaviest_and_counts_the_rest") {
         return;
     }
-    let storm = build_c("fork_storm", &[]);
-    let dir = out_dir("busy-storm");
     // 250 children burning 12 ms each: at 99 Hz most are caught by a sample, so far more have
     // something to show than the 64 listed.
-    let mut live = Live::start(&[
-        "-v",
-        "--output",
-        dir.to_str().unwrap(),
-        "--",
-        storm.to_str().unwrap(),
-        "250",
-        "100",
-        "12",
-    ]);
-    live.wait_attached();
-    let held = live.held();
-    let st = live
-        .wait_for(Duration::from_secs(60))
-        .expect("gputrace hung");
-    assert!(st.success(), "{st:?}\n{}", live.stderr());
-    let r = report_at(&dir, &live);
+    let (live, held, dir, r) = traced_storm("busy-storm", &["250", "100", "12"]);
 
     let listed = r["processes"].as_array().unwrap();
     assert_eq!(listed.len(), 1 + 64, "{} processes listed", listed.len());
