@@ -201,6 +201,37 @@ fn ground_truth(name: &str, env: &[(&str, &str)]) {
             "block layer read {block_read} bytes, the workload read {direct_bytes} with O_DIRECT"
         ));
     }
+    // Each 1 MiB pread is one request or more, each timed from issue to completion (a few
+    // completions the kernel does not trace are allowed: Drop::BlockNoCompletion).
+    let direct_calls = truth.iter().find(|t| t.name == "direct").unwrap().calls as f64;
+    let sum = |f: &str| -> f64 {
+        main["block_io"]
+            .as_array()
+            .map(|a| a.iter().map(|d| d[f].as_f64().unwrap()).sum())
+            .unwrap_or(0.0)
+    };
+    let (requests, total_ns) = (sum("requests"), sum("total_ns"));
+    if requests < 0.95 * direct_calls || total_ns <= 0.0 {
+        failures.push(format!(
+            "{requests} block requests taking {total_ns} ns for {direct_calls} O_DIRECT preads"
+        ));
+    }
+    // Which set of block programs ran: the raw ones by default, the classic ones with
+    // GPUTRACE_RAW_TRACEPOINTS=0.
+    let programs: Vec<&str> = report["overhead"]["programs"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|p| p["program"].as_str()).collect())
+        .unwrap_or_default();
+    let want = if env.is_empty() {
+        "block_rq_issue"
+    } else {
+        "block_rq_insert_tp"
+    };
+    if !programs.contains(&want) {
+        failures.push(format!(
+            "no {want} among the programs that ran: {programs:?}"
+        ));
+    }
 
     // The pipe's fd number was used by another file before: per-open accounting keeps them apart.
     let files = main["files"].as_array().expect("files");

@@ -100,7 +100,14 @@ impl Btf {
                     }
                     o += vlen * 12;
                 }
-                KIND_ENUM => o += vlen * 8,
+                KIND_ENUM => {
+                    // Enumerators as (name, value).
+                    for i in 0..vlen {
+                        let m = o + i * 8;
+                        members.push((u32_at(m)?, u32_at(m + 4)?));
+                    }
+                    o += vlen * 8;
+                }
                 KIND_FUNC_PROTO => {
                     for i in 0..vlen {
                         let m = o + i * 8;
@@ -163,6 +170,18 @@ impl Btf {
         Ok(bits / 8)
     }
 
+    /// The value of the enumerator `name` (of any enum; the kernel's enumerator names are
+    /// unique, C wants them so).
+    pub fn enum_value(&self, name: &str) -> Result<u32> {
+        self.types
+            .iter()
+            .filter(|t| t.kind == KIND_ENUM)
+            .flat_map(|t| t.members.iter())
+            .find(|(n, _)| self.name(*n) == name)
+            .map(|(_, v)| *v)
+            .with_context(|| format!("no enumerator {name} in the kernel's BTF"))
+    }
+
     /// How many arguments the raw tracepoint `name` passes (its `TP_PROTO`), from the
     /// `btf_trace_<name>` typedef: a pointer to a prototype whose first parameter is the
     /// tracepoint's private data, not an argument.
@@ -192,7 +211,7 @@ mod tests {
     /// A table with `struct task { int a; int pid; }` and `typedef void (*btf_trace_x)(void *,
     /// int, int)`, laid out as the kernel writes it.
     fn tiny() -> Vec<u8> {
-        let strings = b"\0task\0a\0pid\0int\0btf_trace_x\0";
+        let strings = b"\0task\0a\0pid\0int\0btf_trace_x\0op\0OP_READ\0OP_WRITE\0";
         let s = |name: &str| -> u32 {
             let pat = format!("\0{name}\0");
             strings
@@ -211,6 +230,9 @@ mod tests {
         t.extend([0, (KIND_FUNC_PROTO << 24) | 3, 0, 0, 0, 0, 1, 0, 1]);
         t.extend([0, KIND_PTR << 24, 3]);
         t.extend([s("btf_trace_x"), KIND_TYPEDEF << 24, 4]);
+        // 6: enum op { OP_READ = 0, OP_WRITE = 7 }
+        t.extend([s("op"), (KIND_ENUM << 24) | 2, 4]);
+        t.extend([s("OP_READ"), 0, s("OP_WRITE"), 7]);
         let types: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut d = Vec::new();
         d.extend(MAGIC.to_le_bytes());
@@ -234,6 +256,9 @@ mod tests {
         assert!(b.member_offset("nope", "pid").is_err());
         assert_eq!(b.raw_tracepoint_args("x").unwrap(), 2);
         assert!(b.raw_tracepoint_args("y").is_err());
+        assert_eq!(b.enum_value("OP_WRITE").unwrap(), 7);
+        assert_eq!(b.enum_value("OP_READ").unwrap(), 0);
+        assert!(b.enum_value("OP_FLUSH").is_err());
     }
 
     #[test]
@@ -262,5 +287,10 @@ mod tests {
         assert_eq!(b.raw_tracepoint_args("sched_switch").unwrap(), 4);
         assert_eq!(b.raw_tracepoint_args("sched_wakeup").unwrap(), 1);
         assert_eq!(b.raw_tracepoint_args("sys_enter").unwrap(), 2);
+        // What the raw block programs read (accounting::raw_block_offsets).
+        assert_eq!(b.raw_tracepoint_args("block_rq_complete").unwrap(), 3);
+        assert_eq!(b.enum_value("REQ_OP_READ").unwrap(), 0);
+        assert_eq!(b.enum_value("REQ_OP_WRITE").unwrap(), 1);
+        assert!(b.member_offset("request", "start_time_ns").is_ok());
     }
 }

@@ -74,17 +74,70 @@ fn raw_sched_offset() -> Result<u32> {
     }
     btf.member_offset("task_struct", "pid")
 }
-const BLOCK_PROGRAMS: [(&str, &str, &str); 5] = [
-    ("block_bio_queue", "block", "block_bio_queue"),
-    ("block_split", "block", "block_split"),
-    ("block_rq_insert", "block", "block_rq_insert"),
-    ("block_rq_issue", "block", "block_rq_issue"),
-    ("block_rq_complete", "block", "block_rq_complete"),
+/// The block programs on classic tracepoints, for kernels whose BTF does not show the fields
+/// the raw ones read.
+const BLOCK_TP_PROGRAMS: [(&str, &str, &str); 5] = [
+    ("block_bio_queue_tp", "block", "block_bio_queue"),
+    ("block_split_tp", "block", "block_split"),
+    ("block_rq_insert_tp", "block", "block_rq_insert"),
+    ("block_rq_issue_tp", "block", "block_rq_issue"),
+    ("block_rq_complete_tp", "block", "block_rq_complete"),
+];
+/// (program, raw tracepoint, its argument count). Four runs per disk request, where the
+/// classic set takes five and formats a record for each first.
+const BLOCK_RAW_PROGRAMS: [(&str, &str, usize); 4] = [
+    ("block_bio_queue", "block_bio_queue", 1),
+    ("block_split", "block_split", 2),
+    ("block_rq_issue", "block_rq_issue", 1),
+    ("block_rq_complete", "block_rq_complete", 3),
 ];
 
-/// Tracepoint field offsets, as globals of the eBPF object, and why the scheduler programs run
-/// on classic tracepoints (`None`: on raw ones).
-struct Offsets(Vec<(&'static str, u32)>, Option<String>);
+/// The struct offsets and `enum req_op` values the raw block programs read, from the
+/// kernel's BTF.
+fn raw_block_offsets() -> Result<Vec<(&'static str, u32)>> {
+    if std::env::var("GPUTRACE_RAW_TRACEPOINTS").is_ok_and(|v| v == "0") {
+        anyhow::bail!("GPUTRACE_RAW_TRACEPOINTS=0");
+    }
+    let btf = crate::btf::Btf::kernel()?;
+    for (_, tp, args) in BLOCK_RAW_PROGRAMS {
+        let n = btf.raw_tracepoint_args(tp)?;
+        if n != args {
+            anyhow::bail!("raw tracepoint {tp} passes {n} arguments, not {args}");
+        }
+    }
+    let off = |s: &str, f: &str| btf.member_offset(s, f);
+    let iter = off("bio", "bi_iter")?;
+    Ok(vec![
+        ("OFF_K_BIO_SECTOR", iter + off("bvec_iter", "bi_sector")?),
+        ("OFF_K_BIO_SIZE", iter + off("bvec_iter", "bi_size")?),
+        ("OFF_K_BIO_OPF", off("bio", "bi_opf")?),
+        ("OFF_K_BIO_BDEV", off("bio", "bi_bdev")?),
+        ("OFF_K_BDEV_DEV", off("block_device", "bd_dev")?),
+        ("OFF_K_RQ_Q", off("request", "q")?),
+        ("OFF_K_RQ_SECTOR", off("request", "__sector")?),
+        ("OFF_K_RQ_LEN", off("request", "__data_len")?),
+        ("OFF_K_RQ_FLAGS", off("request", "cmd_flags")?),
+        ("OFF_K_RQ_START", off("request", "start_time_ns")?),
+        ("OFF_K_Q_DISK", off("request_queue", "disk")?),
+        ("OFF_K_DISK_MAJOR", off("gendisk", "major")?),
+        ("OFF_K_DISK_MINOR", off("gendisk", "first_minor")?),
+        ("REQ_OP_READ", btf.enum_value("REQ_OP_READ")?),
+        ("REQ_OP_WRITE", btf.enum_value("REQ_OP_WRITE")?),
+        // Zoned devices only; a kernel without it has no such requests.
+        (
+            "REQ_OP_ZONE_APPEND",
+            btf.enum_value("REQ_OP_ZONE_APPEND").unwrap_or(u32::MAX),
+        ),
+    ])
+}
+
+/// Tracepoint field offsets, as globals of the eBPF object, and why the scheduler and the block
+/// programs run on classic tracepoints (`None`: on raw ones).
+struct Offsets {
+    globals: Vec<(&'static str, u32)>,
+    sched_classic: Option<String>,
+    block_classic: Option<String>,
+}
 
 impl Offsets {
     fn read() -> Result<Offsets> {
@@ -127,7 +180,12 @@ impl Offsets {
             ("SYS_URETPROBE", SYS_URETPROBE),
             ("SYS_FUTEX", SYS_FUTEX),
         ];
+        let mut block_classic = None;
         if tracefs::exists("block", "block_rq_issue") {
+            match raw_block_offsets() {
+                Ok(o) => v.extend(o),
+                Err(e) => block_classic = Some(format!("{e:#}")),
+            }
             let issue = Format::read("block", "block_rq_issue")?;
             let done = Format::read("block", "block_rq_complete")?;
             let bio = Format::read("block", "block_bio_queue")?;
@@ -148,7 +206,11 @@ impl Offsets {
                 ("OFF_RQC_SECTOR", done.offset("sector")?),
             ]);
         }
-        Ok(Offsets(v, raw.err().map(|e| format!("{e:#}"))))
+        Ok(Offsets {
+            globals: v,
+            sched_classic: raw.err().map(|e| format!("{e:#}")),
+            block_classic,
+        })
     }
 }
 
@@ -264,7 +326,7 @@ impl ProbeFamily for Accounting {
             .offsets
             .as_ref()
             .map_err(|e| anyhow::anyhow!("read the scheduler/syscall tracepoint formats: {e}"))?;
-        for (name, off) in &offsets.0 {
+        for (name, off) in &offsets.globals {
             loader.override_global(name, off, true);
         }
         Ok(())
@@ -275,10 +337,19 @@ impl ProbeFamily for Accounting {
             // The per-event cost of our own programs, printed at the end (xtask bench-sched).
             self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
         }
-        let classic = self.offsets.as_ref().ok().and_then(|o| o.1.as_deref());
+        let classic = self
+            .offsets
+            .as_ref()
+            .ok()
+            .and_then(|o| o.sched_classic.as_deref());
         if let (Some(why), true) = (classic, ctx.args.verbose) {
             eprintln!("gputrace: scheduler programs on classic tracepoints: {why}");
         }
+        let block_classic = self
+            .offsets
+            .as_ref()
+            .ok()
+            .and_then(|o| o.block_classic.as_deref());
         if classic.is_none() {
             for (prog, name, _) in SCHED_RAW_PROGRAMS {
                 bpf::attach_raw_tracepoint(ebpf, prog, name)?;
@@ -299,9 +370,22 @@ impl ProbeFamily for Accounting {
             self.attached.push(prog);
         }
         if tracefs::exists("block", "block_rq_issue") {
-            for (prog, cat, name) in BLOCK_PROGRAMS {
-                bpf::attach_tracepoint(ebpf, prog, cat, name)?;
-                self.attached.push(prog);
+            match block_classic {
+                None => {
+                    for (prog, name, _) in BLOCK_RAW_PROGRAMS {
+                        bpf::attach_raw_tracepoint(ebpf, prog, name)?;
+                        self.attached.push(prog);
+                    }
+                }
+                Some(why) => {
+                    if ctx.args.verbose {
+                        eprintln!("gputrace: block programs on classic tracepoints: {why}");
+                    }
+                    for (prog, cat, name) in BLOCK_TP_PROGRAMS {
+                        bpf::attach_tracepoint(ebpf, prog, cat, name)?;
+                        self.attached.push(prog);
+                    }
+                }
             }
         }
         // The launched command is seeded at its release (see `before_release`): until then it
