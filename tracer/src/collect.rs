@@ -78,3 +78,45 @@ pub fn drops(ebpf: &Ebpf) -> Result<Vec<(Drop, u64, Vec<u64>)>> {
     }
     Ok(out)
 }
+
+/// Runs of each program that the kernel skipped, when any: `recursion_misses` from
+/// `/proc/self/fdinfo` (aya's `ProgramInfo` does not carry it). A classic tracepoint or
+/// perf-event program is skipped while another such program runs on the same CPU (a wakeup in
+/// an interrupt that lands on a running program), a raw tracepoint program while itself runs
+/// there. Nothing else says that those events are missing.
+pub fn kernel_skips(ebpf: &Ebpf) -> Vec<(String, u64)> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let mut out = Vec::new();
+    for (name, prog) in ebpf.programs() {
+        let Ok(fd) = prog.fd() else { continue };
+        let raw = fd.as_fd().as_raw_fd();
+        let Ok(text) = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}")) else {
+            continue;
+        };
+        if let Some(n) = recursion_misses(&text).filter(|&n| n > 0) {
+            out.push((name.to_string(), n));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn recursion_misses(fdinfo: &str) -> Option<u64> {
+    fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("recursion_misses:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_recursion_misses_from_fdinfo() {
+        let text = "pos:\t0\nflags:\t02000002\nprog_type:\t5\nrun_time_ns:\t0\nrun_cnt:\t0\n\
+                    recursion_misses:\t7\nverified_insns:\t120\n";
+        assert_eq!(recursion_misses(text), Some(7));
+        assert_eq!(recursion_misses("prog_type:\t5\n"), None);
+    }
+}

@@ -219,6 +219,7 @@ fn trace(
     let stop = Instant::now();
     let samples = collect::cpu_counts(&ebpf)?;
     let drops = collect::drops(&ebpf)?;
+    let skips = collect::kernel_skips(&ebpf);
     let mut symbolizer = Symbolizer::new();
     python.sync(&mut ebpf)?;
     let cpu = symbolize_samples(&ebpf, &tracker, &samples, &mut symbolizer, &python)?;
@@ -253,6 +254,16 @@ fn trace(
                 programs: d.programs().into(),
                 per_cpu,
             })
+            .chain(skips.into_iter().map(|(prog, n)| DropCount {
+                reason: "KernelSkipped".into(),
+                affects: format!(
+                    "runs of {prog} the kernel skipped (another BPF program was running on \
+                     that CPU): the events they would have counted are missing"
+                ),
+                count: n,
+                programs: prog,
+                per_cpu: Vec::new(),
+            }))
             .collect(),
         blind_spots: vec![],
         warnings: vec![],
