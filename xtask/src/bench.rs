@@ -63,7 +63,7 @@ const BT_OFFCPU: &str = "tracepoint:sched:sched_switch { @off[args->prev_pid] = 
 const BT_WAKEUP: &str =
     "tracepoint:sched:sched_wakeup /@off[args->pid]/ { @w[args->pid] = nsecs; }";
 
-pub fn run(quick: bool, window_only: bool, demo_only: bool) -> Result<()> {
+pub fn run(quick: bool, window_only: bool, demo_only: bool, modes: &[String]) -> Result<()> {
     if !crate::is_root() {
         bail!("the benchmarks load eBPF programs: run `sudo -E cargo xtask bench`");
     }
@@ -86,7 +86,7 @@ pub fn run(quick: bool, window_only: bool, demo_only: bool) -> Result<()> {
         return Ok(());
     }
     if demo_only {
-        println!("{}", demo_table(&g, &dir, quick)?);
+        println!("{}", demo_table(&g, &dir, quick, modes)?);
         return Ok(());
     }
     let scale = if quick { 1 } else { 4 };
@@ -214,7 +214,7 @@ pub fn run(quick: bool, window_only: bool, demo_only: bool) -> Result<()> {
     let micro = render(&rows);
     println!("{micro}");
 
-    let e2e = demo_table(&g, &dir, quick)?;
+    let e2e = demo_table(&g, &dir, quick, modes)?;
     println!("{e2e}");
     let seconds = if quick { 3 } else { 5 };
 
@@ -597,10 +597,10 @@ fn costliest(overhead: &Value) -> String {
 
 /// The demo job in each mode, traced against untraced: quick, 2 pairs of 3 s runs; full, 6
 /// pairs of 10 s (a 1% effect on this host needs both: single runs differ by 2-3%).
-fn demo_table(g: &Path, dir: &Path, quick: bool) -> Result<String> {
+fn demo_table(g: &Path, dir: &Path, quick: bool, modes: &[String]) -> Result<String> {
     let (seconds, pairs) = if quick { (3, 2) } else { (10, 6) };
     let mut demo = Vec::new();
-    for mode in ["data", "launch", "transfer", "gpu"] {
+    for mode in modes {
         demo.push(demo_row(g, mode, seconds, pairs, dir)?);
     }
     Ok(render_demo(&demo, seconds, pairs))

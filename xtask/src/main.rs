@@ -45,6 +45,13 @@ enum Cmd {
         /// Only the end-to-end demo table (printed, not appended to BENCHMARKS.md).
         #[arg(long, conflicts_with = "window_cost")]
         demo_only: bool,
+        /// The demo modes to run, comma-separated (default: data,launch,transfer,gpu).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "data,launch,transfer,gpu"
+        )]
+        modes: Vec<String>,
     },
 }
 
@@ -65,9 +72,10 @@ fn run(cli: Cli) -> Result<()> {
             quick,
             window_cost,
             demo_only,
+            modes,
         } => {
             setup::run()?;
-            bench::run(quick, window_cost, demo_only)
+            bench::run(quick, window_cost, demo_only, &modes)
         }
         Cmd::Run { args } => {
             setup::run()?;
