@@ -68,8 +68,8 @@ pub fn close(tid: u32, st: &mut ThreadState, now: u64) {
     st.held_cuda.count += 1;
 }
 
-/// Writes out the time `st` holds: at every switch-out and at death, so that `WALL` is at
-/// most one scheduling slice behind.
+/// Writes out the time `st` holds: at death (user space adds what live threads hold at the
+/// end), and before a stale state is replaced.
 #[inline(always)]
 pub fn flush(tid: u32, st: &mut ThreadState) {
     if st.held_cpu.count != 0 {
@@ -124,6 +124,10 @@ pub fn died(tid: u32, st: &mut ThreadState, now: u64) {
 /// Starts accounting a thread created at `now`; it is runnable until it first runs.
 #[inline(always)]
 pub fn born(tid: u32, tgid: u32, now: u64) {
+    // A state left by a thread whose death went unseen keeps the time it held.
+    if let Some(old) = THREADS.get_ptr_mut(&tid) {
+        flush(tid, unsafe { &mut *old });
+    }
     let st = ThreadState::new(now, tgid, PHASE_RUNNABLE);
     if THREADS.insert(&tid, &st, 0).is_err() {
         count_drop(Drop::ThreadStateFull);
