@@ -94,8 +94,9 @@ pub struct ThreadState {
     pub cuda_fid: i32,
     /// Closed intervals not yet added to `WALL`: plain on-CPU time, and time in one CUDA call
     /// site (category, function, stacks in `held_*`). A thread that launches a million kernels
-    /// between two context switches alternates between these two rows; summing them here and
-    /// writing them out at its next switch-out (or death) saves two hash updates per call.
+    /// between two context switches alternates between these two rows; summing them here
+    /// saves two hash updates per call. On-CPU time is written out at death, CUDA time when
+    /// the call site changes (or at death).
     /// User space adds what is held to the open rows at the end ([`ThreadState::held_rows`]).
     pub held_cpu: WallVal,
     pub held_cuda: WallVal,
