@@ -35,10 +35,10 @@ pub enum Drop {
     /// (for example its stack map's lock was contended): a sample or wait was counted without
     /// its stack.
     StackFailed = 11,
-    /// A request's address was issued again while the last request issued there was never
-    /// seen completing: `block_rq_complete` did not run for it (on the development VM, Linux
-    /// 6.18, 0.1-0.6% of a direct-I/O reader's requests, with bpftrace alone as well). Raw
-    /// block programs only.
+    /// A request's address was issued again (or its slot held for 5 minutes) while the last
+    /// request issued there was never seen completing: no `block_rq_complete` run for it (on
+    /// the development VM, Linux 6.18, 0.1-0.6% of a direct-I/O reader's requests, with
+    /// bpftrace alone as well, and no recursion misses). Raw block programs only.
     BlockNoCompletion = 12,
     /// The timeline ring buffer was full: an event of trace.json was lost.
     TimelineFull = 13,
@@ -106,8 +106,8 @@ impl Drop {
             Drop::SyscallMapFull => "syscall statistics lost (map full)",
             Drop::BlockMapFull => "block I/O requests not tracked (map full)",
             Drop::BlockNoCompletion => {
-                "block I/O requests issued but never seen completing (the block_rq_complete \
-                 tracepoint did not fire for them): missing from request counts and latencies"
+                "block I/O requests issued but never seen completing (no block_rq_complete run \
+                 for them): missing from request counts and latencies"
             }
             Drop::CudaFull => "CUDA call statistics lost (map full)",
             Drop::CudaEventsFull => {

@@ -77,7 +77,8 @@ pub struct ThreadState {
     pub stack_sys_nr: i32,
     pub stack_k: i32,
     pub stack_u: i32,
-    pub _pad: u32,
+    /// 1 once the thread's on-CPU row exists in `WALL` (written at its first switch-out).
+    pub cpu_row: u32,
     /// When the thread last left the CPU (the start of its off-CPU interval, for the timeline).
     pub off_ns: u64,
     /// The Python stack (`PY_STACKS` key) walked with `stack_k`/`stack_u`, 0 for none.
@@ -95,8 +96,9 @@ pub struct ThreadState {
     /// Closed intervals not yet added to `WALL`: plain on-CPU time, and time in one CUDA call
     /// site (category, function, stacks in `held_*`). A thread that launches a million kernels
     /// between two context switches alternates between these two rows; summing them here
-    /// saves two hash updates per call. On-CPU time is written out at death, CUDA time when
-    /// the call site changes (or at death).
+    /// saves two hash updates per call. On-CPU time is written out at the first switch-out
+    /// (which creates its row while `WALL` has room) and at death, CUDA time at every
+    /// switch-out, when the call site changes and at death.
     /// User space adds what is held to the open rows at the end ([`ThreadState::held_rows`]).
     pub held_cpu: WallVal,
     pub held_cuda: WallVal,
@@ -129,7 +131,7 @@ impl ThreadState {
             stack_sys_nr: NO_SYSCALL,
             stack_k: -1,
             stack_u: -1,
-            _pad: 0,
+            cpu_row: 0,
             off_ns: 0,
             stack_py: 0,
             off_pystack: 0,

@@ -68,8 +68,8 @@ pub fn close(tid: u32, st: &mut ThreadState, now: u64) {
     st.held_cuda.count += 1;
 }
 
-/// Writes out the time `st` holds: at death (user space adds what live threads hold at the
-/// end), and before a stale state is replaced.
+/// Writes out the time `st` holds: at a thread's first switch-out, at death (user space adds
+/// what live threads hold at the end), and before a stale state is replaced.
 #[inline(always)]
 pub fn flush(tid: u32, st: &mut ThreadState) {
     if st.held_cpu.count != 0 {
@@ -80,7 +80,7 @@ pub fn flush(tid: u32, st: &mut ThreadState) {
 }
 
 #[inline(always)]
-fn flush_cuda(tid: u32, st: &mut ThreadState) {
+pub fn flush_cuda(tid: u32, st: &mut ThreadState) {
     if st.held_cuda.count != 0 {
         add_row(&st.held_cuda_key(tid), st.held_cuda.ns, st.held_cuda.count);
         st.held_cuda = WallVal { ns: 0, count: 0 };

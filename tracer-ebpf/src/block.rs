@@ -86,6 +86,9 @@ struct RqSlot {
     /// Its `start_time_ns`: a request issued again with the same one was requeued, with
     /// another one the address was recycled for a new request.
     alloc_ns: u64,
+    /// Its first bio: a request that block layer did not stamp (`alloc_ns` 0) is told from a
+    /// new one at the same address by this.
+    bio: u64,
     issue_ns: u64,
     bytes: u64,
     tgid: u32,
@@ -153,6 +156,8 @@ static OFF_K_RQ_FLAGS: Global<u32> = Global::new(0);
 #[no_mangle]
 static OFF_K_RQ_START: Global<u32> = Global::new(0);
 #[no_mangle]
+static OFF_K_RQ_BIO: Global<u32> = Global::new(0);
+#[no_mangle]
 static OFF_K_Q_DISK: Global<u32> = Global::new(0);
 #[no_mangle]
 static OFF_K_DISK_MAJOR: Global<u32> = Global::new(0);
@@ -176,8 +181,8 @@ fn kread<T: Copy + Default>(base: u64, off: u32) -> T {
     unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.unwrap_or_default()
 }
 
-/// 0 read, 1 write, 2 neither, from a `blk_opf_t` (the classic tracepoints' rwbs says the same:
-/// `R`, `W` for writes and zone appends, `D`, `F`, `N` otherwise).
+/// 0 read, 1 write, 2 neither, from a `blk_opf_t`: as the classic tracepoints' rwbs (`R`, `W`,
+/// `D`, `F`, `N`), except that a zone append, data written, counts as a write (rwbs says `N`).
 #[inline(always)]
 fn op_kind(opf: u32) -> u32 {
     let op = opf & REQ_OP_MASK;
@@ -266,13 +271,15 @@ fn stat(key: &BlkKey) -> Option<*mut BlkStat> {
 }
 
 /// A split bio's second part starts at `new_sector`; it has the same owner.
-// TP_PROTO(struct bio *bio, unsigned int new_sector)
+// TP_PROTO(struct bio *split, unsigned int new_sector)
 #[raw_tracepoint(tracepoint = "block_split")]
 pub fn block_split(ctx: RawTracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::BlockSplit);
+    // `bio` is the front part, still at the original sector; the rest starts where it ends
+    // (the tracepoint's own `new_sector` is 32 bits: wrong past 2 TiB).
     let bio: u64 = ctx.arg(0);
-    let new: u64 = ctx.arg::<u64>(1) & 0xffff_ffff;
     let sector: u64 = kread(bio, OFF_K_BIO_SECTOR.load());
+    let new = sector + (kread::<u32>(bio, OFF_K_BIO_SIZE.load()) as u64 >> 9);
     let Some(o) = BIO_OWNERS.get_ptr(slot_of(sector, OWNER_SLOTS)) else {
         return 0;
     };
@@ -336,14 +343,19 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> u32 {
     };
     let mine = unsafe { (*slot).rq == rq };
     let spilled = spilled() != 0;
-    // 0 when the block layer did not stamp it (no I/O statistics, no scheduler).
-    let alloc: u64 = if mine || spilled {
-        kread(rq, OFF_K_RQ_START.load())
+    // Who the request is: its allocation stamp (0 when the block layer did not stamp it: no
+    // I/O statistics, no scheduler) and its first bio. Requests allocated under one plug share
+    // a stamp, and an unstamped one has none, so the bio tells them apart.
+    let (alloc, bio): (u64, u64) = if mine || spilled {
+        (
+            kread(rq, OFF_K_RQ_START.load()),
+            kread(rq, OFF_K_RQ_BIO.load()),
+        )
     } else {
-        0
+        (0, 0)
     };
     // Issued again after a requeue: it keeps its owner and its allocation time.
-    if mine && alloc != 0 && unsafe { (*slot).alloc_ns } == alloc {
+    if mine && unsafe { (*slot).alloc_ns == alloc && (*slot).bio == bio } {
         unsafe {
             (*slot).issue_ns = now;
             (*slot).bytes = kread::<u32>(rq, OFF_K_RQ_LEN.load()) as u64;
@@ -357,7 +369,7 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> u32 {
     }
     if spilled {
         if let Some(r) = RQ_SPILL.get_ptr_mut(&rq) {
-            if alloc != 0 && unsafe { (*r).alloc_ns } == alloc {
+            if unsafe { (*r).alloc_ns == alloc && (*r).bio == bio } {
                 unsafe {
                     (*r).issue_ns = now;
                     (*r).bytes = kread::<u32>(rq, OFF_K_RQ_LEN.load()) as u64;
@@ -390,23 +402,33 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> u32 {
         }
         cur
     };
-    let alloc: u64 = if mine || spilled {
-        alloc
+    let (alloc, bio) = if mine || spilled {
+        (alloc, bio)
     } else {
-        kread(rq, OFF_K_RQ_START.load())
+        (
+            kread(rq, OFF_K_RQ_START.load()),
+            kread(rq, OFF_K_RQ_BIO.load()),
+        )
     };
     let opf: u32 = kread(rq, OFF_K_RQ_FLAGS.load());
     let v = RqSlot {
         rq,
         alloc_ns: alloc,
+        bio,
         issue_ns: now,
         bytes: kread::<u32>(rq, OFF_K_RQ_LEN.load()) as u64,
         tgid,
         write: op_kind(opf),
     };
+    // Two CPUs may fill one free slot at once (plain stores): rare, and it costs one of the
+    // two requests or a misattribution, not the counts of others.
+    let held = unsafe { (*slot).rq != 0 };
     // A slot held longer than the block layer's timeouts allow is a completion never seen.
-    let free = unsafe { (*slot).rq == 0 || now.saturating_sub((*slot).issue_ns) > STALE_NS };
-    if free {
+    let stale = held && now.saturating_sub(unsafe { (*slot).issue_ns }) > STALE_NS;
+    if stale {
+        count_drop(Drop::BlockNoCompletion);
+    }
+    if !held || stale {
         unsafe { *slot = v };
     } else if RQ_SPILL.insert(&rq, &v, 0).is_ok() {
         spill_count(1);

@@ -118,6 +118,7 @@ fn raw_block_offsets() -> Result<Vec<(&'static str, u32)>> {
         ("OFF_K_RQ_LEN", off("request", "__data_len")?),
         ("OFF_K_RQ_FLAGS", off("request", "cmd_flags")?),
         ("OFF_K_RQ_START", off("request", "start_time_ns")?),
+        ("OFF_K_RQ_BIO", off("request", "bio")?),
         ("OFF_K_Q_DISK", off("request_queue", "disk")?),
         ("OFF_K_DISK_MAJOR", off("gendisk", "major")?),
         ("OFF_K_DISK_MINOR", off("gendisk", "first_minor")?),
