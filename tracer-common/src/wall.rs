@@ -106,7 +106,13 @@ pub struct ThreadState {
     pub held_cat: u32,
     pub held_fid: i32,
     pub held_ustack: i32,
+    /// The fd of the thread's last per-file syscall and that fd's open generation (`FD_GEN`),
+    /// good while no traced process has closed an fd since (`fd_epoch` against `FD_EPOCH`):
+    /// a reader looping on one fd skips a hash lookup per call.
+    pub fd_cached: i32,
+    pub fd_gen: u32,
     pub _pad2: u32,
+    pub fd_epoch: u64,
 }
 
 impl ThreadState {
@@ -145,7 +151,11 @@ impl ThreadState {
             held_cat: 0,
             held_fid: -1,
             held_ustack: -1,
+            fd_cached: -1,
+            fd_gen: 0,
             _pad2: 0,
+            // Never an epoch: the first per-file call looks the generation up.
+            fd_epoch: u64::MAX,
         }
     }
 

@@ -11,7 +11,7 @@
 use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{map, raw_tracepoint},
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::RawTracePointContext,
     Global,
 };
@@ -39,6 +39,11 @@ static FILEIO: HashMap<FdKey, FdStat> = HashMap::with_max_entries(FILEIO_ENTRIES
 
 #[map(name = "FD_GEN")]
 static FD_GEN: HashMap<FdGenKey, u32> = HashMap::with_max_entries(FILEIO_ENTRIES, 0);
+
+/// Successful closes by traced processes so far: a thread's cached fd generation
+/// (`ThreadState::fd_gen`) holds while this has not moved.
+#[map(name = "FD_EPOCH")]
+static FD_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 
 const SYS_CLOSE: i32 = 3;
 
@@ -159,12 +164,26 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
                 let _ = FD_GEN.insert(&gk, &1, 0);
             }
         }
+        if let Some(e) = FD_EPOCH.get_ptr_mut(0) {
+            crate::maps::atomic_add(e, 1);
+        }
     }
     if per_fd(nr) {
         let fd = st.sys_arg0 as i32;
-        let gen = unsafe { FD_GEN.get(&FdGenKey { tgid, fd }) }
-            .copied()
-            .unwrap_or(0);
+        let epoch = FD_EPOCH
+            .get_ptr(0)
+            .map_or(u64::MAX, |e| unsafe { core::ptr::read_volatile(e) });
+        let gen = if st.fd_cached == fd && st.fd_epoch == epoch {
+            st.fd_gen
+        } else {
+            let g = unsafe { FD_GEN.get(&FdGenKey { tgid, fd }) }
+                .copied()
+                .unwrap_or(0);
+            st.fd_cached = fd;
+            st.fd_gen = g;
+            st.fd_epoch = epoch;
+            g
+        };
         let fk = FdKey {
             tgid,
             fd,
