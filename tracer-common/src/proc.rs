@@ -7,6 +7,12 @@
 pub const TRACED_MAP: &str = "TRACED";
 pub const PROC_EVENTS_MAP: &str = "PROC_EVENTS";
 pub const TRACED_ENTRIES: u32 = 16_384;
+/// One byte per id (a tid or a tgid) modulo `MAYBE_SLOTS`: 1 once that id may be traced. Set
+/// before any entry for the id goes into `TRACED` or `THREADS` (by the kernel side and by user
+/// space), never cleared: the hot tracepoints stop an untraced thread's event at one array
+/// read instead of a hash-map miss.
+pub const MAYBE_MAP: &str = "MAYBE_IDS";
+pub const MAYBE_SLOTS: u32 = 65_536;
 pub const PROC_EVENTS_BYTES: u32 = 256 * 1024;
 
 /// Globals set by the loader.

@@ -129,6 +129,7 @@ pub fn born(tid: u32, tgid: u32, now: u64) {
         flush(tid, unsafe { &mut *old });
     }
     let st = ThreadState::new(now, tgid, PHASE_RUNNABLE);
+    crate::maps::mark_maybe(tid);
     if THREADS.insert(&tid, &st, 0).is_err() {
         count_drop(Drop::ThreadStateFull);
     }

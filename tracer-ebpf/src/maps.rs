@@ -2,7 +2,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuArray, StackTrace},
+    maps::{Array, HashMap, PerCpuArray, StackTrace},
     programs::tracing::StackIdContext,
 };
 use tracer_common::{cpu, drops::Drop, hits, proc};
@@ -10,6 +10,27 @@ use tracer_common::{cpu, drops::Drop, hits, proc};
 /// tgid -> flags of every traced process (user space seeds it; fork adds children).
 #[map(name = "TRACED")]
 pub static TRACED: HashMap<u32, u32> = HashMap::with_max_entries(proc::TRACED_ENTRIES, 0);
+
+/// `tracer_common::proc::MAYBE_MAP`: which ids may be traced.
+#[map(name = "MAYBE_IDS")]
+pub static MAYBE_IDS: Array<u8> = Array::with_max_entries(proc::MAYBE_SLOTS, 0);
+
+/// Whether `id` (a tid or a tgid) may be traced: false is sure, true needs the hash map. An
+/// array read the verifier inlines, where a hash-map miss costs ~0.2 µs on the development VM.
+#[inline(always)]
+pub fn maybe_traced(id: u32) -> bool {
+    MAYBE_IDS
+        .get(id % proc::MAYBE_SLOTS)
+        .is_none_or(|b| *b != 0)
+}
+
+/// Marks `id` as possibly traced: before it goes into `TRACED` or `THREADS`.
+#[inline(always)]
+pub fn mark_maybe(id: u32) {
+    if let Some(b) = MAYBE_IDS.get_ptr_mut(id % proc::MAYBE_SLOTS) {
+        unsafe { *b = 1 };
+    }
+}
 
 /// One counter per [`Drop`] reason, per CPU.
 #[map(name = "DROPS")]
@@ -60,7 +81,7 @@ pub fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
 
 #[inline(always)]
 pub fn is_traced(tgid: u32) -> bool {
-    unsafe { TRACED.get(&tgid) }.is_some()
+    maybe_traced(tgid) && unsafe { TRACED.get(&tgid) }.is_some()
 }
 
 #[inline(always)]

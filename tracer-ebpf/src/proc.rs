@@ -53,8 +53,11 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let child = child as u32;
-    if FOLLOW_CHILDREN.load() != 0 && TRACED.insert(&child, &0, 0).is_err() {
-        count_drop(Drop::TracedFull);
+    if FOLLOW_CHILDREN.load() != 0 {
+        crate::maps::mark_maybe(child);
+        if TRACED.insert(&child, &0, 0).is_err() {
+            count_drop(Drop::TracedFull);
+        }
     }
     emit(ProcEventKind::Fork, child, child, tgid);
     0

@@ -23,7 +23,7 @@ use tracer_common::wall::{
 
 use crate::{
     account::{born, close, died, flush, flush_cuda, THREADS},
-    maps::{current_ids, is_traced, stack_id},
+    maps::{current_ids, is_traced, maybe_traced, stack_id},
 };
 
 #[no_mangle]
@@ -84,7 +84,7 @@ fn switch<C: StackIdContext>(ctx: &C, prev_state: i64, next: i32) -> u32 {
     if tid != 0 {
         switch_out(ctx, tgid, tid, now, prev_state);
     }
-    if next > 0 {
+    if next > 0 && maybe_traced(next as u32) {
         let next = next as u32;
         if let Some(st) = THREADS.get_ptr_mut(&next) {
             let st = unsafe { &mut *st };
@@ -100,6 +100,9 @@ fn switch<C: StackIdContext>(ctx: &C, prev_state: i64, next: i32) -> u32 {
 /// sched_process_exit, before its final switch-out, which is when its life ends.
 #[inline(always)]
 fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_state: i64) {
+    if !maybe_traced(tid) && !maybe_traced(tgid) {
+        return;
+    }
     let st = match THREADS.get_ptr_mut(&tid) {
         Some(st) => st,
         None => {
@@ -197,6 +200,9 @@ fn wakeup(pid: i32) -> u32 {
         return 0;
     }
     let tid = pid as u32;
+    if !maybe_traced(tid) {
+        return 0;
+    }
     if let Some(st) = THREADS.get_ptr_mut(&tid) {
         let st = unsafe { &mut *st };
         if st.phase == PHASE_BLOCKED {

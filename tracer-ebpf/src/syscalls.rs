@@ -65,6 +65,9 @@ static SYS_URETPROBE: Global<u32> = Global::new(335);
 #[inline(always)]
 fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
     let (tgid, tid) = current_ids();
+    if !crate::maps::maybe_traced(tid) {
+        return None;
+    }
     let st = unsafe { &mut *THREADS.get_ptr_mut(&tid)? };
     (st.tgid == tgid).then_some((tgid, tid, st))
 }

@@ -12,7 +12,7 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use tracer_common::proc::TRACED_MAP;
+use tracer_common::proc::{MAYBE_MAP, MAYBE_SLOTS, TRACED_MAP};
 
 use crate::{error::TraceError, tracefs::Format};
 
@@ -46,8 +46,22 @@ pub fn load(opts: &LoadOptions, families: &[Box<dyn crate::probes::ProbeFamily>]
         .map_err(|e| TraceError::BpfLoad(format!("{:#}", anyhow::Error::from(e))).into())
 }
 
+/// Marks ids (tids, tgids) as possibly traced (`tracer_common::proc::MAYBE_MAP`): before they
+/// go into `TRACED` or `THREADS`, whose lookups the hot programs skip for unmarked ids.
+pub fn mark_maybe(ebpf: &mut Ebpf, ids: impl IntoIterator<Item = u32>) -> Result<()> {
+    let mut maybe: aya::maps::Array<_, u8> =
+        aya::maps::Array::try_from(ebpf.map_mut(MAYBE_MAP).context("map MAYBE_IDS missing")?)?;
+    for id in ids {
+        maybe
+            .set(id % MAYBE_SLOTS, 1, 0)
+            .with_context(|| format!("mark id {id} as traced"))?;
+    }
+    Ok(())
+}
+
 /// Adds processes to the in-kernel traced set.
 pub fn trace_pids(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
+    mark_maybe(ebpf, pids.iter().copied())?;
     let mut traced: HashMap<_, u32, u32> =
         HashMap::try_from(ebpf.map_mut(TRACED_MAP).context("map TRACED missing")?)?;
     for &pid in pids {

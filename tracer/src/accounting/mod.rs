@@ -271,30 +271,33 @@ impl Default for Accounting {
 /// Threads that exist now: accounted from now, in what /proc says they are doing.
 /// BPF_NOEXIST: a thread the programs already saw keeps the kernel's exact state.
 fn seed_threads(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
+    let tids: Vec<(u32, u32)> = pids
+        .iter()
+        .flat_map(|&pid| procfs::tasks(pid).into_iter().map(move |tid| (pid, tid)))
+        .collect();
+    bpf::mark_maybe(ebpf, tids.iter().map(|&(_, tid)| tid))?;
     let now = ktime_now();
     let mut threads: HashMap<&mut MapData, u32, ThreadState> =
         HashMap::try_from(ebpf.map_mut(THREADS_MAP).context("map THREADS missing")?)?;
-    for &pid in pids {
-        for tid in procfs::tasks(pid) {
-            let Some((phase, state, nr)) = thread_now(pid, tid) else {
-                continue;
-            };
-            let st = ThreadState {
-                sys_start_ns: now,
-                sys_nr: nr,
-                off_state: state,
-                off_sys_nr: nr,
-                // Blocked since before the attach: user space walks its Python frames, if any,
-                // once it knows the thread state (tracer_common::python::PY_SEED_MAP).
-                off_pystack: if phase == PHASE_ONCPU {
-                    0
-                } else {
-                    PY_STACK_PENDING
-                },
-                ..ThreadState::new(now, pid, phase)
-            };
-            let _ = threads.insert(tid, st, 1);
-        }
+    for &(pid, tid) in &tids {
+        let Some((phase, state, nr)) = thread_now(pid, tid) else {
+            continue;
+        };
+        let st = ThreadState {
+            sys_start_ns: now,
+            sys_nr: nr,
+            off_state: state,
+            off_sys_nr: nr,
+            // Blocked since before the attach: user space walks its Python frames, if any,
+            // once it knows the thread state (tracer_common::python::PY_SEED_MAP).
+            off_pystack: if phase == PHASE_ONCPU {
+                0
+            } else {
+                PY_STACK_PENDING
+            },
+            ..ThreadState::new(now, pid, phase)
+        };
+        let _ = threads.insert(tid, st, 1);
     }
     Ok(())
 }
