@@ -528,8 +528,19 @@ fn a_reused_pid_is_not_traced() {
         !folded.lines().any(|l| l.split(';').any(|f| f == "spin")),
         "the process that reused pid {child} was traced:\n{folded}"
     );
+    // The entry for that pid, if any, is the traced child: it exited at once, so a sample or
+    // two at most (the intruder burns 2 s: ~200 at 99 Hz), and it is not named after the
+    // process that took its pid later (comm `spin`, or the test binary before its exec).
     if let Some(p) = process(&r, child) {
-        assert_eq!(p["samples"], 0, "pid {child} has samples: {p:#}");
+        assert!(
+            p["samples"].as_u64().unwrap_or(0) <= 2,
+            "pid {child} has samples: {p:#}"
+        );
+        let names = format!("{} {}", p["comm"], p["cmdline"]);
+        assert!(
+            !names.contains("spin") && !names.contains("e2e"),
+            "pid {child} is named after the process that reused it: {p:#}"
+        );
     }
     assert!(folded.contains("storm_spin"), "{folded}");
     assert_released(&held, live.pid());

@@ -61,6 +61,11 @@ impl Tracker {
 
     /// Starts tracking a process that exists now (roots, pre-existing descendants, forks).
     pub fn add(&mut self, pid: u32, ppid: Option<u32>) {
+        self.add_with(pid, ppid, true);
+    }
+
+    /// `read_proc`: whether /proc/PID describes this process (not when its pid was reused).
+    fn add_with(&mut self, pid: u32, ppid: Option<u32>, read_proc: bool) {
         if !self.procs.contains_key(&pid) {
             self.seen += 1;
             if self.procs.len() >= MAX_TRACKED && !self.evict_one_exited() {
@@ -70,6 +75,10 @@ impl Tracker {
         }
         let t = self.procs.entry(pid).or_default();
         t.info.pid = pid;
+        if !read_proc {
+            t.info.ppid = ppid;
+            return;
+        }
         if t.info.ppid.is_none() {
             t.info.ppid = ppid.or_else(|| procfs::stat(pid).map(|s| s.ppid));
         }
@@ -95,7 +104,11 @@ impl Tracker {
         }
         match ProcEventKind::from_u32(ev.kind) {
             Some(ProcEventKind::Fork) => {
-                self.add(ev.pid, Some(ev.ppid));
+                // Read up to 100 ms later: a short-lived child may be gone and its pid taken by
+                // another process, whose /proc says another parent. Its name and maps then come
+                // from the parent only.
+                let reused = procfs::stat(ev.pid).is_some_and(|st| st.ppid != ev.ppid);
+                self.add_with(ev.pid, Some(ev.ppid), !reused);
                 // Until it execs the child runs its parent's code: start from the parent's maps
                 // and name (a short-lived child is gone before /proc can be read).
                 let parent = self
@@ -257,6 +270,25 @@ mod tests {
 
     // Above the kernel's pid_max (4194304), so /proc never has them.
     const BASE: u32 = 5_000_000;
+
+    /// A fork event for a pid that /proc shows with another parent (this test process, whose
+    /// parent is not BASE): the pid was reused, and its /proc names are not the child's.
+    #[test]
+    fn a_reused_pid_is_not_named_from_proc() {
+        let me = std::process::id();
+        let mut t = Tracker::new(&[BASE]);
+        t.add(BASE, None);
+        t.procs.get_mut(&BASE).unwrap().info.comm = "storm".into();
+        t.on_event(&ev(ProcEventKind::Fork, me, BASE));
+        let child = &t.procs[&me];
+        assert_eq!(
+            child.info.comm, "storm",
+            "named after the parent, not /proc/{me}"
+        );
+        assert!(child.info.cmdline.is_empty());
+        assert!(!child.maps_stale, "its maps would be another process's");
+        assert_eq!(child.info.ppid, Some(BASE));
+    }
 
     fn ev(kind: ProcEventKind, pid: u32, ppid: u32) -> ProcEvent {
         let mut comm = [0u8; 16];
