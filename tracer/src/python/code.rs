@@ -180,6 +180,27 @@ pub fn read_code(
     })
 }
 
+/// What tells one code object from another that later took its address: its type, name and
+/// file objects and first line. Cheap to read (one span), unlike the strings and line table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeIdentity([u64; 4]);
+
+pub fn code_identity(
+    mem: &dyn Memory,
+    off: &VersionOffsets,
+    code: u64,
+) -> io::Result<CodeIdentity> {
+    let fields = [8, off.code_name, off.code_filename, off.code_firstlineno];
+    let end = fields.iter().copied().max().unwrap_or(8) + 8;
+    let mut buf = vec![0u8; end as usize];
+    mem.read(code, &mut buf)?;
+    let at = |o: u64| u64::from_le_bytes(buf[o as usize..o as usize + 8].try_into().unwrap());
+    let mut id = fields.map(at);
+    // The first line is an int: not its neighbour's bits.
+    id[3] &= 0xffff_ffff;
+    Ok(CodeIdentity(id))
+}
+
 fn bad(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
@@ -296,6 +317,8 @@ mod tests {
     }
 
     fn code_object(m: &mut Fake, off: &VersionOffsets, at: u64, ty: u64) {
+        // The header is contiguous memory, as in a process.
+        m.put(at, &[0; 192]);
         m.put_u64(at + 8, ty);
         m.put(at + off.code_firstlineno, &12i32.to_le_bytes());
         if let Some(q) = off.code_qualname {
@@ -321,6 +344,21 @@ mod tests {
         assert_eq!(c.first_line, 12);
         assert_eq!(c.linetable, vec![0x80, 0x00]);
         assert_eq!(c.format, LineTable::Locations);
+    }
+
+    /// A code object freed and another allocated at its address (exec'd strings, lambdas):
+    /// the identity changes, so a cached reading is not reused for it.
+    #[test]
+    fn a_new_code_object_at_an_old_address_has_another_identity() {
+        let mut m = Fake::default();
+        code_object(&mut m, &PY311, 0x4000, CODE_TYPE);
+        let first = code_identity(&m, &PY311, 0x4000).unwrap();
+        assert_eq!(code_identity(&m, &PY311, 0x4000).unwrap(), first);
+        // Same address, another name object and first line.
+        m.put_u64(0x4000 + PY311.code_name, 0x6100);
+        m.put_str(0x6100, "<module>");
+        m.put(0x4000 + PY311.code_firstlineno, &1i32.to_le_bytes());
+        assert_ne!(code_identity(&m, &PY311, 0x4000).unwrap(), first);
     }
 
     /// 3.10 has no `co_qualname`: the name is `co_name`, whatever lies where 3.11 keeps the

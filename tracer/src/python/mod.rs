@@ -99,7 +99,9 @@ pub struct PyState {
     stacks: HashMap<u64, (u32, Vec<PyFrameSym>)>,
     /// Stacks that could not be symbolised yet, and how often that was tried.
     attempts: HashMap<u64, u32>,
-    codes: HashMap<(u32, u64), CodeInfo>,
+    /// Code objects read, by (pid, address), with what they were: an address freed and taken
+    /// by another code object (exec'd strings, lambdas, generated code) is read again.
+    codes: HashMap<(u32, u64), (CodeInfo, code::CodeIdentity)>,
     /// (pid, `PyThreadState *`) -> native thread id, as last seen: names GIL holders. A thread
     /// state freed and reused by a later thread names the later one.
     tstates: HashMap<(u32, u64), u32>,
@@ -465,13 +467,15 @@ impl PyState {
         };
         let len = (st.len as usize).min(st.frames.len());
         let mut out = Vec::with_capacity(len);
+        let mem = ProcessMemory(st.pid);
         for f in st.frames[..len].iter().rev() {
-            let info = match self.codes.entry((st.pid, f.code)) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(code::read_code(&ProcessMemory(st.pid), interp, off, f.code).ok()?)
-                }
-            };
+            let key = (st.pid, f.code);
+            let id = code::code_identity(&mem, off, f.code).ok()?;
+            if self.codes.get(&key).is_none_or(|(_, known)| *known != id) {
+                let info = code::read_code(&mem, interp, off, f.code).ok()?;
+                self.codes.insert(key, (info, id));
+            }
+            let (info, _) = &self.codes[&key];
             out.push(PyFrameSym {
                 frame: py_frame(info, off.instr_addr(f.instr_off)),
                 entry: f.flags & PY_FRAME_ENTRY != 0,
