@@ -58,20 +58,44 @@ const SCHED_RAW_PROGRAMS: [(&str, &str, usize); 3] = [
 ];
 const SYS_RAW_PROGRAMS: [(&str, &str); 2] = [("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
 
-/// `task_struct.pid`, when the kernel's BTF shows the raw scheduler tracepoints with the
-/// arguments the programs read (`sched_switch` has passed `prev_state` since Linux 5.18).
-fn raw_sched_offset() -> Result<u32> {
-    // GPUTRACE_RAW_TRACEPOINTS=0 picks the classic ones (what an older kernel gets).
+/// The kernel's BTF, for the raw tracepoint programs. GPUTRACE_RAW_TRACEPOINTS=0 picks the
+/// classic ones (what an older kernel gets).
+fn raw_btf() -> Result<crate::btf::Btf> {
     if std::env::var("GPUTRACE_RAW_TRACEPOINTS").is_ok_and(|v| v == "0") {
         anyhow::bail!("GPUTRACE_RAW_TRACEPOINTS=0");
     }
-    let btf = crate::btf::Btf::kernel()?;
-    for (_, tp, args) in SCHED_RAW_PROGRAMS {
+    crate::btf::Btf::kernel()
+}
+
+/// `f` on the BTF if it was read, else why it was not.
+fn on_btf<T>(
+    btf: &Result<crate::btf::Btf>,
+    f: impl FnOnce(&crate::btf::Btf) -> Result<T>,
+) -> Result<T> {
+    match btf {
+        Ok(b) => f(b),
+        Err(e) => Err(anyhow::anyhow!("{e:#}")),
+    }
+}
+
+/// Fails unless each raw tracepoint passes the number of arguments its program reads.
+fn check_args<'a>(
+    btf: &crate::btf::Btf,
+    tracepoints: impl IntoIterator<Item = (&'a str, usize)>,
+) -> Result<()> {
+    for (tp, args) in tracepoints {
         let n = btf.raw_tracepoint_args(tp)?;
         if n != args {
             anyhow::bail!("raw tracepoint {tp} passes {n} arguments, not {args}");
         }
     }
+    Ok(())
+}
+
+/// `task_struct.pid`, when the kernel's BTF shows the raw scheduler tracepoints with the
+/// arguments the programs read (`sched_switch` has passed `prev_state` since Linux 5.18).
+fn raw_sched_offset(btf: &crate::btf::Btf) -> Result<u32> {
+    check_args(btf, SCHED_RAW_PROGRAMS.map(|(_, tp, args)| (tp, args)))?;
     btf.member_offset("task_struct", "pid")
 }
 /// The block programs on classic tracepoints, for kernels whose BTF does not show the fields
@@ -94,17 +118,8 @@ const BLOCK_RAW_PROGRAMS: [(&str, &str, usize); 4] = [
 
 /// The struct offsets and `enum req_op` values the raw block programs read, from the
 /// kernel's BTF.
-fn raw_block_offsets() -> Result<Vec<(&'static str, u32)>> {
-    if std::env::var("GPUTRACE_RAW_TRACEPOINTS").is_ok_and(|v| v == "0") {
-        anyhow::bail!("GPUTRACE_RAW_TRACEPOINTS=0");
-    }
-    let btf = crate::btf::Btf::kernel()?;
-    for (_, tp, args) in BLOCK_RAW_PROGRAMS {
-        let n = btf.raw_tracepoint_args(tp)?;
-        if n != args {
-            anyhow::bail!("raw tracepoint {tp} passes {n} arguments, not {args}");
-        }
-    }
+fn raw_block_offsets(btf: &crate::btf::Btf) -> Result<Vec<(&'static str, u32)>> {
+    check_args(btf, BLOCK_RAW_PROGRAMS.map(|(_, tp, args)| (tp, args)))?;
     let off = |s: &str, f: &str| btf.member_offset(s, f);
     let iter = off("bio", "bi_iter")?;
     Ok(vec![
@@ -168,7 +183,9 @@ impl Offsets {
         // GPUTRACE_OFFCPU_STACKS=0 turns off the stack walks at switch-out (cheaper; off-CPU
         // time is then classified by syscall only and the off-CPU graphs have no stacks).
         let stacks = std::env::var("GPUTRACE_OFFCPU_STACKS").map_or(1, |v| u32::from(v != "0"));
-        let raw = raw_sched_offset();
+        // Parsed once for both raw sets (the kernel's BTF is megabytes).
+        let btf = raw_btf();
+        let raw = on_btf(&btf, raw_sched_offset);
         let mut v = vec![
             ("OFF_TASK_PID", *raw.as_ref().unwrap_or(&0)),
             ("OFFCPU_STACKS", stacks),
@@ -183,7 +200,7 @@ impl Offsets {
         ];
         let mut block_classic = None;
         if tracefs::exists("block", "block_rq_issue") {
-            match raw_block_offsets() {
+            match on_btf(&btf, raw_block_offsets) {
                 Ok(o) => v.extend(o),
                 Err(e) => block_classic = Some(format!("{e:#}")),
             }
@@ -341,19 +358,12 @@ impl ProbeFamily for Accounting {
             // The per-event cost of our own programs, printed at the end (xtask bench-sched).
             self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
         }
-        let classic = self
-            .offsets
-            .as_ref()
-            .ok()
-            .and_then(|o| o.sched_classic.as_deref());
+        let offsets = self.offsets.as_ref().ok();
+        let classic = offsets.and_then(|o| o.sched_classic.as_deref());
         if let (Some(why), true) = (classic, ctx.args.verbose) {
             eprintln!("gputrace: scheduler programs on classic tracepoints: {why}");
         }
-        let block_classic = self
-            .offsets
-            .as_ref()
-            .ok()
-            .and_then(|o| o.block_classic.as_deref());
+        let block_classic = offsets.and_then(|o| o.block_classic.as_deref());
         if classic.is_none() {
             for (prog, name, _) in SCHED_RAW_PROGRAMS {
                 bpf::attach_raw_tracepoint(ebpf, prog, name)?;
