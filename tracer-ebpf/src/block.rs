@@ -29,7 +29,7 @@ use tracer_common::{
     },
 };
 
-use crate::maps::{atomic_add, count_drop, current_ids, is_traced};
+use crate::maps::{atomic_add, count_drop, counter, counter_add, current_ids, is_traced};
 
 #[map(name = "BLOCK_IO")]
 static BLOCK_IO: HashMap<BlkKey, BlkStat> = HashMap::with_max_entries(BLOCK_ENTRIES, 0);
@@ -100,6 +100,40 @@ struct RqSlot {
 #[inline(always)]
 fn slot_of(key: u64, slots: u32) -> u32 {
     (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32 % slots
+}
+
+impl RqSlot {
+    /// Whether `rq`'s allocation stamp and first bio are this request's.
+    #[inline(always)]
+    fn same(&self, alloc: u64, bio: u64) -> bool {
+        self.alloc_ns == alloc && self.bio == bio
+    }
+
+    /// Issued again after a requeue: it keeps its owner and its allocation time.
+    #[inline(always)]
+    fn reissued(&mut self, rq: u64, now: u64) {
+        self.issue_ns = now;
+        self.bytes = kread::<u32>(rq, OFF_K_RQ_LEN.load()) as u64;
+    }
+}
+
+/// Records `tgid` as the submitter of the bio at `sector`.
+#[inline(always)]
+fn set_owner(sector: u64, tgid: u32) {
+    if let Some(o) = BIO_OWNERS.get_ptr_mut(slot_of(sector, OWNER_SLOTS)) {
+        unsafe {
+            (*o).sector = sector;
+            (*o).tgid = tgid;
+        }
+    }
+}
+
+/// The owner slot that holds the submitter of the bio at `sector`, when one does.
+#[inline(always)]
+fn owner_slot(sector: u64) -> Option<*mut OwnerSlot> {
+    BIO_OWNERS
+        .get_ptr_mut(slot_of(sector, OWNER_SLOTS))
+        .filter(|&o| unsafe { (*o).tgid != 0 && (*o).sector == sector })
 }
 
 #[map(name = "BLK_ZERO")]
@@ -214,12 +248,7 @@ pub fn block_bio_queue(ctx: RawTracePointContext) -> u32 {
     } else {
         kread(bdev, OFF_K_BDEV_DEV.load())
     };
-    if let Some(o) = BIO_OWNERS.get_ptr_mut(slot_of(sector, OWNER_SLOTS)) {
-        unsafe {
-            (*o).sector = sector;
-            (*o).tgid = tgid;
-        }
-    }
+    set_owner(sector, tgid);
     bio_bytes(tgid, dev, bytes as u64, op_kind(opf));
     0
 }
@@ -280,18 +309,8 @@ pub fn block_split(ctx: RawTracePointContext) -> u32 {
     let bio: u64 = ctx.arg(0);
     let sector: u64 = kread(bio, OFF_K_BIO_SECTOR.load());
     let new = sector + (kread::<u32>(bio, OFF_K_BIO_SIZE.load()) as u64 >> 9);
-    let Some(o) = BIO_OWNERS.get_ptr(slot_of(sector, OWNER_SLOTS)) else {
-        return 0;
-    };
-    let o = unsafe { *o };
-    if o.tgid == 0 || o.sector != sector {
-        return 0;
-    }
-    if let Some(n) = BIO_OWNERS.get_ptr_mut(slot_of(new, OWNER_SLOTS)) {
-        unsafe {
-            (*n).sector = new;
-            (*n).tgid = o.tgid;
-        }
+    if let Some(o) = owner_slot(sector) {
+        set_owner(new, unsafe { (*o).tgid });
     }
     0
 }
@@ -342,74 +361,59 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> u32 {
         return 0;
     };
     let mine = unsafe { (*slot).rq == rq };
-    let spilled = spilled() != 0;
+    let spilled = counter(&RQ_SPILLED) != 0;
     // Who the request is: its allocation stamp (0 when the block layer did not stamp it: no
     // I/O statistics, no scheduler) and its first bio. Requests allocated under one plug share
-    // a stamp, and an unstamped one has none, so the bio tells them apart.
-    let (alloc, bio): (u64, u64) = if mine || spilled {
+    // a stamp, and an unstamped one has none, so the bio tells them apart. Read only when an
+    // entry for this address may exist, or for a request that is kept.
+    let identity = || -> (u64, u64) {
         (
             kread(rq, OFF_K_RQ_START.load()),
             kread(rq, OFF_K_RQ_BIO.load()),
         )
-    } else {
-        (0, 0)
     };
-    // Issued again after a requeue: it keeps its owner and its allocation time.
-    if mine && unsafe { (*slot).alloc_ns == alloc && (*slot).bio == bio } {
-        unsafe {
-            (*slot).issue_ns = now;
-            (*slot).bytes = kread::<u32>(rq, OFF_K_RQ_LEN.load()) as u64;
+    let known = (mine || spilled).then(identity);
+    if let Some((alloc, bio)) = known {
+        if mine {
+            if unsafe { (*slot).same(alloc, bio) } {
+                unsafe { (*slot).reissued(rq, now) };
+                return 0;
+            }
+            // The same address, a new request: the old one completed unseen.
+            unsafe { (*slot).rq = 0 };
+            count_drop(Drop::BlockNoCompletion);
         }
-        return 0;
-    }
-    if mine {
-        // The same address, a new request: the old one completed unseen.
-        unsafe { (*slot).rq = 0 };
-        count_drop(Drop::BlockNoCompletion);
-    }
-    if spilled {
-        if let Some(r) = RQ_SPILL.get_ptr_mut(&rq) {
-            if unsafe { (*r).alloc_ns == alloc && (*r).bio == bio } {
-                unsafe {
-                    (*r).issue_ns = now;
-                    (*r).bytes = kread::<u32>(rq, OFF_K_RQ_LEN.load()) as u64;
-                }
+        // The hash lookup only while something was spilled.
+        let r = if spilled { RQ_SPILL.get_ptr_mut(&rq) } else { None };
+        if let Some(r) = r {
+            if unsafe { (*r).same(alloc, bio) } {
+                unsafe { (*r).reissued(rq, now) };
                 return 0;
             }
             if RQ_SPILL.remove(&rq).is_ok() {
-                spill_count(u64::MAX);
+                counter_add(&RQ_SPILLED, u64::MAX);
                 count_drop(Drop::BlockNoCompletion);
             }
         }
     }
     let sector: u64 = kread(rq, OFF_K_RQ_SECTOR.load());
-    let owner = match BIO_OWNERS.get_ptr_mut(slot_of(sector, OWNER_SLOTS)) {
-        Some(o) if unsafe { (*o).tgid != 0 && (*o).sector == sector } => {
-            let t = unsafe { (*o).tgid };
+    let tgid = match owner_slot(sector) {
+        Some(o) => unsafe {
             // Consumed: a later request at this sector is somebody else's until a traced bio
             // is queued there again.
-            unsafe { (*o).tgid = 0 };
+            let t = (*o).tgid;
+            (*o).tgid = 0;
             t
+        },
+        None => {
+            let (cur, _) = current_ids();
+            if !is_traced(cur) {
+                return 0;
+            }
+            cur
         }
-        _ => 0,
     };
-    let tgid = if owner != 0 {
-        owner
-    } else {
-        let (cur, _) = current_ids();
-        if !is_traced(cur) {
-            return 0;
-        }
-        cur
-    };
-    let (alloc, bio) = if mine || spilled {
-        (alloc, bio)
-    } else {
-        (
-            kread(rq, OFF_K_RQ_START.load()),
-            kread(rq, OFF_K_RQ_BIO.load()),
-        )
-    };
+    let (alloc, bio) = known.unwrap_or_else(identity);
     let opf: u32 = kread(rq, OFF_K_RQ_FLAGS.load());
     let v = RqSlot {
         rq,
@@ -431,26 +435,11 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> u32 {
     if !held || stale {
         unsafe { *slot = v };
     } else if RQ_SPILL.insert(&rq, &v, 0).is_ok() {
-        spill_count(1);
+        counter_add(&RQ_SPILLED, 1);
     } else {
         count_drop(Drop::BlockMapFull);
     }
     0
-}
-
-#[inline(always)]
-fn spilled() -> u64 {
-    RQ_SPILLED
-        .get_ptr(0)
-        .map_or(0, |n| unsafe { core::ptr::read_volatile(n) })
-}
-
-/// Adds `delta` (u64::MAX to take one away) to the spill count.
-#[inline(always)]
-fn spill_count(delta: u64) {
-    if let Some(n) = RQ_SPILLED.get_ptr_mut(0) {
-        atomic_add(n, delta);
-    }
 }
 
 #[tracepoint]
@@ -546,7 +535,7 @@ pub fn block_rq_complete(ctx: RawTracePointContext) -> u32 {
     };
     let (r, in_slot) = if unsafe { (*slot).rq } == rq {
         (unsafe { *slot }, true)
-    } else if spilled() != 0 {
+    } else if counter(&RQ_SPILLED) != 0 {
         match RQ_SPILL.get_ptr(&rq) {
             Some(r) => (unsafe { *r }, false),
             None => return 0,
@@ -565,7 +554,7 @@ pub fn block_rq_complete(ctx: RawTracePointContext) -> u32 {
     } else if in_slot {
         unsafe { (*slot).rq = 0 };
     } else if RQ_SPILL.remove(&rq).is_ok() {
-        spill_count(u64::MAX);
+        counter_add(&RQ_SPILLED, u64::MAX);
     }
     let queued = if r.alloc_ns != 0 {
         r.issue_ns.saturating_sub(r.alloc_ns)

@@ -110,6 +110,21 @@ pub fn atomic_add(ptr: *mut u64, delta: u64) {
     };
 }
 
+/// A counter all CPUs share (an `Array<u64>` of one entry), as the others left it.
+#[inline(always)]
+pub fn counter(map: &Array<u64>) -> u64 {
+    map.get_ptr(0)
+        .map_or(0, |n| unsafe { core::ptr::read_volatile(n) })
+}
+
+/// Adds `delta` to such a counter (`u64::MAX` takes one away).
+#[inline(always)]
+pub fn counter_add(map: &Array<u64>, delta: u64) {
+    if let Some(n) = map.get_ptr_mut(0) {
+        atomic_add(n, delta);
+    }
+}
+
 /// Adds `delta` to `map[key]`, inserting it when absent; counts `full` when there is no room.
 #[inline(always)]
 pub fn add_to<K>(map: &HashMap<K, u64>, key: &K, delta: u64, full: Drop) {

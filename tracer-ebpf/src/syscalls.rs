@@ -167,15 +167,11 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
                 let _ = FD_GEN.insert(&gk, &1, 0);
             }
         }
-        if let Some(e) = FD_EPOCH.get_ptr_mut(0) {
-            crate::maps::atomic_add(e, 1);
-        }
+        crate::maps::counter_add(&FD_EPOCH, 1);
     }
     if per_fd(nr) {
         let fd = st.sys_arg0 as i32;
-        let epoch = FD_EPOCH
-            .get_ptr(0)
-            .map_or(u64::MAX, |e| unsafe { core::ptr::read_volatile(e) });
+        let epoch = crate::maps::counter(&FD_EPOCH);
         let gen = if st.fd_cached == fd && st.fd_epoch == epoch {
             st.fd_gen
         } else {
