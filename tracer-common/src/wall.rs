@@ -113,6 +113,42 @@ pub struct ThreadState {
     pub fd_gen: u32,
     pub _pad2: u32,
     pub fd_epoch: u64,
+    /// Off-CPU time of the thread's last wait, not yet added to `WALL`: its blocked and its
+    /// runqueue row (`wait_key`). A thread that blocks again and again in the same wait (a
+    /// reader on one fd, a ping-pong on one futex) then charges its waits without a hash
+    /// lookup at its wakeup and at its switch-in. Written out when the wait changes, at death
+    /// and before a stale state is replaced; user space adds what is held at the end.
+    pub held_wait: Wait,
+    pub held_blocked: WallVal,
+    pub held_runqueue: WallVal,
+    /// Per-file I/O of the thread's last file (fd `file_fd` of open generation `file_gen`)
+    /// not yet added to its `FILEIO` row. The row itself is written at the first call on a
+    /// file (so the file can be named while it is open); later calls on it are summed here
+    /// and written out when the thread turns to another file, at death and before a stale
+    /// state is replaced. User space adds what is held at the end ([`ThreadState::held_file`]).
+    pub file_fd: i32,
+    pub file_gen: u32,
+    pub held_file: FdStat,
+    /// Bytes of block I/O the thread submitted to device `bio_dev` (`u32::MAX`: none yet) not
+    /// yet added to its process's `BLOCK_IO` row: as `held_file`, the row is written at the
+    /// first bio to a device and later ones are summed here ([`ThreadState::held_bio`]).
+    pub bio_dev: u32,
+    pub _pad3: u32,
+    pub held_bio_read: u64,
+    pub held_bio_write: u64,
+}
+
+/// What tells one off-CPU row of a thread from another: where the thread left the CPU
+/// (`ThreadState::off_*`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wait {
+    pub sys_nr: i32,
+    pub kstack: i32,
+    pub ustack: i32,
+    pub state: u32,
+    pub pystack: u64,
+    pub gil: u64,
 }
 
 impl ThreadState {
@@ -156,7 +192,54 @@ impl ThreadState {
             _pad2: 0,
             // Never an epoch: the first per-file call looks the generation up.
             fd_epoch: u64::MAX,
+            held_wait: Wait {
+                sys_nr: NO_SYSCALL,
+                kstack: -1,
+                ustack: -1,
+                state: 0,
+                pystack: 0,
+                gil: 0,
+            },
+            held_blocked: WallVal { ns: 0, count: 0 },
+            held_runqueue: WallVal { ns: 0, count: 0 },
+            file_fd: -1,
+            file_gen: 0,
+            held_file: FdStat {
+                ns: 0,
+                bytes: 0,
+                calls: 0,
+            },
+            bio_dev: u32::MAX,
+            _pad3: 0,
+            held_bio_read: 0,
+            held_bio_write: 0,
         }
+    }
+
+    /// The `BLOCK_IO` row (process, device) of the bio bytes the thread holds, and the bytes
+    /// read and written.
+    pub fn held_bio(&self) -> Option<(BlkKey, u64, u64)> {
+        (self.held_bio_read != 0 || self.held_bio_write != 0).then_some((
+            BlkKey {
+                tgid: self.tgid,
+                dev: self.bio_dev,
+            },
+            self.held_bio_read,
+            self.held_bio_write,
+        ))
+    }
+
+    /// The `FILEIO` row of the file I/O the thread holds, and what it holds.
+    pub fn held_file(&self) -> Option<(FdKey, FdStat)> {
+        (self.held_file.calls != 0).then_some((
+            FdKey {
+                tgid: self.tgid,
+                fd: self.file_fd,
+                gen: self.file_gen,
+                _pad: 0,
+            },
+            self.held_file,
+        ))
     }
 
     /// The plain on-CPU row of this thread.
@@ -199,11 +282,53 @@ impl ThreadState {
             && self.held_pystack == self.cuda_pystack
     }
 
-    /// The rows whose time the thread holds (see `held_cpu`), as the kernel will write them.
-    pub fn held_rows(&self, tid: u32) -> [(WallKey, WallVal); 2] {
+    /// The wait the thread is in now (meaningful off CPU).
+    #[inline(always)]
+    pub fn current_wait(&self) -> Wait {
+        Wait {
+            sys_nr: self.off_sys_nr,
+            kstack: self.off_kstack,
+            ustack: self.off_ustack,
+            state: self.off_state,
+            pystack: self.off_pystack,
+            gil: self.off_gil,
+        }
+    }
+
+    /// The row of blocked (`blocked`) or runqueue time in wait `w`.
+    #[inline(always)]
+    pub fn wait_key(&self, tid: u32, w: &Wait, blocked: bool) -> WallKey {
+        let mut key = self.cpu_key(tid);
+        key.sys_nr = w.sys_nr;
+        key.kstack = w.kstack;
+        key.ustack = w.ustack;
+        key.pystack = w.pystack;
+        if blocked {
+            key.kind = KIND_BLOCKED;
+            key.state = w.state;
+            key.gil = w.gil;
+        } else {
+            key.kind = crate::time::Category::Runqueue as u32;
+            key.state = if w.state & 0xff == 0 {
+                RQ_PREEMPTED
+            } else {
+                RQ_WOKEN
+            };
+        }
+        key
+    }
+
+    /// The rows whose time the thread holds (see `held_cpu`, `held_wait`), as the kernel will
+    /// write them.
+    pub fn held_rows(&self, tid: u32) -> [(WallKey, WallVal); 4] {
         [
             (self.cpu_key(tid), self.held_cpu),
             (self.held_cuda_key(tid), self.held_cuda),
+            (self.wait_key(tid, &self.held_wait, true), self.held_blocked),
+            (
+                self.wait_key(tid, &self.held_wait, false),
+                self.held_runqueue,
+            ),
         ]
     }
 
@@ -212,29 +337,15 @@ impl ThreadState {
     /// still open at the end of the window), so both always agree.
     #[inline(always)]
     pub fn row_key(&self, tid: u32) -> WallKey {
+        if self.override_cat == crate::time::NO_OVERRIDE && self.phase != PHASE_ONCPU {
+            return self.wait_key(tid, &self.current_wait(), self.phase == PHASE_BLOCKED);
+        }
         let mut key = self.cpu_key(tid);
         if self.override_cat != crate::time::NO_OVERRIDE {
             key.kind = self.override_cat;
             key.sys_nr = self.cuda_fid;
             key.ustack = self.cuda_ustack;
             key.pystack = self.cuda_pystack;
-        } else if self.phase != PHASE_ONCPU {
-            key.sys_nr = self.off_sys_nr;
-            key.kstack = self.off_kstack;
-            key.ustack = self.off_ustack;
-            key.pystack = self.off_pystack;
-            if self.phase == PHASE_BLOCKED {
-                key.kind = KIND_BLOCKED;
-                key.state = self.off_state;
-                key.gil = self.off_gil;
-            } else {
-                key.kind = crate::time::Category::Runqueue as u32;
-                key.state = if self.off_state & 0xff == 0 {
-                    RQ_PREEMPTED
-                } else {
-                    RQ_WOKEN
-                };
-            }
         }
         key
     }
@@ -425,7 +536,7 @@ pub struct BlkKey {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BlkStat {
     pub requests: u64,
     pub reads: u64,

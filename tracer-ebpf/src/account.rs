@@ -9,14 +9,17 @@
 //! [`enter_override`], the return probe [`exit_override`]; both close the interval that was
 //! running at that instant, so the split is exact.
 
-use aya_ebpf::{macros::map, maps::HashMap};
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
 use tracer_common::{
     drops::Drop,
     python::PY_STACK_PENDING,
     time::NO_OVERRIDE,
     wall::{
-        LifeKey, LifeVal, ThreadState, WallKey, WallVal, LIFE_ENTRIES, PHASE_ONCPU, PHASE_RUNNABLE,
-        THREADS_ENTRIES, WALL_ENTRIES,
+        LifeKey, LifeVal, ThreadState, WallKey, WallVal, LIFE_ENTRIES, PHASE_BLOCKED, PHASE_ONCPU,
+        PHASE_RUNNABLE, THREADS_ENTRIES, WALL_ENTRIES,
     },
 };
 
@@ -25,6 +28,9 @@ use crate::maps::count_drop;
 /// tid -> state of every traced thread.
 #[map(name = "THREADS")]
 pub static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(THREADS_ENTRIES, 0);
+
+#[map(name = "NEW_STATE")]
+static NEW_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
 
 /// Time sums per (thread, category or off-CPU reason, stacks).
 #[map(name = "WALL")]
@@ -39,8 +45,9 @@ pub static LIFE: HashMap<LifeKey, LifeVal> = HashMap::with_max_entries(LIFE_ENTR
 /// A thread's events are serialised by the scheduler (it cannot be switched in on one CPU while
 /// being woken on another), so the plain read-modify-write of its rows is race free.
 ///
-/// On-CPU and CUDA-call time is held in the thread's state and written out by [`flush`] (see
-/// `ThreadState::held_cpu`); other rows go to `WALL` at once.
+/// Time is held in the thread's state and written out by [`flush`] (see
+/// `ThreadState::held_cpu`, `held_cuda`, `held_wait`): on-CPU time, time in one CUDA call
+/// site, and the blocked and runqueue time of one wait.
 #[inline(always)]
 pub fn close(tid: u32, st: &mut ThreadState, now: u64) {
     if st.off_pystack == PY_STACK_PENDING && st.phase != PHASE_ONCPU {
@@ -54,7 +61,18 @@ pub fn close(tid: u32, st: &mut ThreadState, now: u64) {
             st.held_cpu.count += 1;
             return;
         }
-        add_row(&st.row_key(tid), ns, 1);
+        let wait = st.current_wait();
+        if st.held_wait != wait {
+            flush_wait(tid, st);
+            st.held_wait = wait;
+        }
+        let held = if st.phase == PHASE_BLOCKED {
+            &mut st.held_blocked
+        } else {
+            &mut st.held_runqueue
+        };
+        held.ns += ns;
+        held.count += 1;
         return;
     }
     if !st.running_is_held_cuda() {
@@ -77,6 +95,29 @@ pub fn flush(tid: u32, st: &mut ThreadState) {
         st.held_cpu = WallVal { ns: 0, count: 0 };
     }
     flush_cuda(tid, st);
+    flush_wait(tid, st);
+    crate::syscalls::flush_file(st);
+    crate::block::flush_bio(st);
+}
+
+#[inline(always)]
+fn flush_wait(tid: u32, st: &mut ThreadState) {
+    if st.held_blocked.count != 0 {
+        add_row(
+            &st.wait_key(tid, &st.held_wait, true),
+            st.held_blocked.ns,
+            st.held_blocked.count,
+        );
+        st.held_blocked = WallVal { ns: 0, count: 0 };
+    }
+    if st.held_runqueue.count != 0 {
+        add_row(
+            &st.wait_key(tid, &st.held_wait, false),
+            st.held_runqueue.ns,
+            st.held_runqueue.count,
+        );
+        st.held_runqueue = WallVal { ns: 0, count: 0 };
+    }
 }
 
 #[inline(always)]
@@ -128,9 +169,13 @@ pub fn born(tid: u32, tgid: u32, now: u64) {
     if let Some(old) = THREADS.get_ptr_mut(&tid) {
         flush(tid, unsafe { &mut *old });
     }
-    let st = ThreadState::new(now, tgid, PHASE_RUNNABLE);
+    // Built in a per-CPU slot: a state is too big for the programs' 512-byte stack.
+    let Some(st) = NEW_STATE.get_ptr_mut(0) else {
+        return;
+    };
+    unsafe { *st = ThreadState::new(now, tgid, PHASE_RUNNABLE) };
     crate::maps::mark_maybe(tid);
-    if THREADS.insert(&tid, &st, 0).is_err() {
+    if THREADS.insert(&tid, unsafe { &*st }, 0).is_err() {
         count_drop(Drop::ThreadStateFull);
     }
 }

@@ -24,12 +24,15 @@ use aya_ebpf::{
 use tracer_common::{
     drops::Drop,
     wall::{
-        log2_bucket, BlkInflight, BlkInflightKey, BlkKey, BlkStat, BLOCK_ENTRIES,
+        log2_bucket, BlkInflight, BlkInflightKey, BlkKey, BlkStat, ThreadState, BLOCK_ENTRIES,
         BLOCK_INFLIGHT_ENTRIES, HIST_BUCKETS,
     },
 };
 
-use crate::maps::{atomic_add, count_drop, counter, counter_add, current_ids, is_traced};
+use crate::{
+    account::THREADS,
+    maps::{atomic_add, count_drop, counter, counter_add, current_ids, is_traced, maybe_traced},
+};
 
 #[map(name = "BLOCK_IO")]
 static BLOCK_IO: HashMap<BlkKey, BlkStat> = HashMap::with_max_entries(BLOCK_ENTRIES, 0);
@@ -234,11 +237,34 @@ fn op_kind(opf: u32) -> u32 {
 #[raw_tracepoint(tracepoint = "block_bio_queue")]
 pub fn block_bio_queue(ctx: RawTracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::BlockBioQueue);
-    let (tgid, _) = current_ids();
+    let (tgid, tid) = current_ids();
+    let bio: u64 = ctx.arg(0);
+    // The submitter's own state when it has one: its bytes are then summed there, one hash
+    // lookup in all. Two separate paths: merged, LLVM emits a read of the state's register on
+    // the path that has none, which the verifier rejects.
+    if maybe_traced(tid) {
+        if let Some(st) = THREADS.get_ptr_mut(&tid) {
+            let st = unsafe { &mut *st };
+            if st.tgid == tgid {
+                let (sector, dev, bytes, kind) = bio_fields(bio);
+                set_owner(sector, tgid);
+                held_bio_bytes(st, dev, bytes, kind);
+                return 0;
+            }
+        }
+    }
     if !is_traced(tgid) {
         return 0;
     }
-    let bio: u64 = ctx.arg(0);
+    let (sector, dev, bytes, kind) = bio_fields(bio);
+    set_owner(sector, tgid);
+    bio_bytes(tgid, dev, bytes, kind);
+    0
+}
+
+/// A bio's start sector, device, size and kind (`op_kind`).
+#[inline(always)]
+fn bio_fields(bio: u64) -> (u64, u32, u64, u32) {
     let sector: u64 = kread(bio, OFF_K_BIO_SECTOR.load());
     let bytes: u32 = kread(bio, OFF_K_BIO_SIZE.load());
     let opf: u32 = kread(bio, OFF_K_BIO_OPF.load());
@@ -248,9 +274,41 @@ pub fn block_bio_queue(ctx: RawTracePointContext) -> u32 {
     } else {
         kread(bdev, OFF_K_BDEV_DEV.load())
     };
-    set_owner(sector, tgid);
-    bio_bytes(tgid, dev, bytes as u64, op_kind(opf));
-    0
+    (sector, dev, bytes as u64, op_kind(opf))
+}
+
+/// As [`bio_bytes`], summed in the submitter's state after its first bio to `dev`
+/// (`ThreadState::bio_dev`).
+#[inline(always)]
+fn held_bio_bytes(st: &mut ThreadState, dev: u32, bytes: u64, kind: u32) {
+    if st.bio_dev != dev {
+        flush_bio(st);
+        st.bio_dev = dev;
+        bio_bytes(st.tgid, dev, bytes, kind);
+        return;
+    }
+    match kind {
+        0 => st.held_bio_read += bytes,
+        1 => st.held_bio_write += bytes,
+        _ => {}
+    }
+}
+
+/// Writes out the bio bytes `st` holds (`ThreadState::held_bio`).
+#[inline(always)]
+pub fn flush_bio(st: &mut ThreadState) {
+    if st.held_bio_read == 0 && st.held_bio_write == 0 {
+        return;
+    }
+    if let Some(s) = stat(&BlkKey {
+        tgid: st.tgid,
+        dev: st.bio_dev,
+    }) {
+        atomic_add(unsafe { &mut (*s).read_bytes }, st.held_bio_read);
+        atomic_add(unsafe { &mut (*s).write_bytes }, st.held_bio_write);
+    }
+    st.held_bio_read = 0;
+    st.held_bio_write = 0;
 }
 
 #[tracepoint]
@@ -384,7 +442,11 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> u32 {
             count_drop(Drop::BlockNoCompletion);
         }
         // The hash lookup only while something was spilled.
-        let r = if spilled { RQ_SPILL.get_ptr_mut(&rq) } else { None };
+        let r = if spilled {
+            RQ_SPILL.get_ptr_mut(&rq)
+        } else {
+            None
+        };
         if let Some(r) = r {
             if unsafe { (*r).same(alloc, bio) } {
                 unsafe { (*r).reissued(rq, now) };

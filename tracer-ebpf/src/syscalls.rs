@@ -183,37 +183,66 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
             st.fd_epoch = epoch;
             g
         };
-        let fk = FdKey {
-            tgid,
-            fd,
-            gen,
-            _pad: 0,
-        };
         let bytes = if ret > 0 && moves_bytes(nr) {
             ret as u64
         } else {
             0
         };
-        match FILEIO.get_ptr_mut(&fk) {
-            Some(f) => unsafe {
-                // Several threads of a process share an fd row.
-                crate::maps::atomic_add(&mut (*f).ns, lat);
-                crate::maps::atomic_add(&mut (*f).bytes, bytes);
-                crate::maps::atomic_add(&mut (*f).calls, 1);
-            },
-            None => {
-                let v = FdStat {
-                    ns: lat,
-                    bytes,
-                    calls: 1,
-                };
-                if FILEIO.insert(&fk, &v, 1).is_err() {
-                    count_drop(Drop::SyscallMapFull);
-                }
-            }
+        let v = FdStat {
+            ns: lat,
+            bytes,
+            calls: 1,
+        };
+        if st.file_fd == fd && st.file_gen == gen {
+            st.held_file.ns += lat;
+            st.held_file.bytes += bytes;
+            st.held_file.calls += 1;
+        } else {
+            flush_file(st);
+            st.file_fd = fd;
+            st.file_gen = gen;
+            add_file(tgid, fd, gen, &v);
         }
     }
     0
+}
+
+/// Adds `v` to the `FILEIO` row of (`tgid`, `fd`, `gen`), creating it.
+#[inline(always)]
+fn add_file(tgid: u32, fd: i32, gen: u32, v: &FdStat) {
+    let fk = FdKey {
+        tgid,
+        fd,
+        gen,
+        _pad: 0,
+    };
+    match FILEIO.get_ptr_mut(&fk) {
+        Some(f) => unsafe {
+            // Several threads of a process share an fd row.
+            crate::maps::atomic_add(&mut (*f).ns, v.ns);
+            crate::maps::atomic_add(&mut (*f).bytes, v.bytes);
+            crate::maps::atomic_add(&mut (*f).calls, v.calls);
+        },
+        None => {
+            if FILEIO.insert(&fk, v, 1).is_err() {
+                count_drop(Drop::SyscallMapFull);
+            }
+        }
+    }
+}
+
+/// Writes out the file I/O `st` holds (`ThreadState::held_file`).
+#[inline(always)]
+pub fn flush_file(st: &mut ThreadState) {
+    if st.held_file.calls != 0 {
+        let v = st.held_file;
+        add_file(st.tgid, st.file_fd, st.file_gen, &v);
+        st.held_file = FdStat {
+            ns: 0,
+            bytes: 0,
+            calls: 0,
+        };
+    }
 }
 
 /// x86_64 read/write family: the return value is a byte count.

@@ -272,6 +272,36 @@ mod tests {
     }
 
     #[test]
+    fn held_wait_time_is_charged_under_the_rows_of_its_wait() {
+        // A reader that blocked three times in one read (30 ns blocked, 6 ns runnable held),
+        // written to a WALL row once before (20 ns), and on CPU since 900.
+        let mut st = state(0, 900, PHASE_ONCPU);
+        st.off_kstack = 4;
+        st.held_wait = st.current_wait();
+        st.held_blocked = WallVal { ns: 30, count: 3 };
+        st.held_runqueue = WallVal { ns: 6, count: 3 };
+        let rows: Vec<Row> = open_rows(3, &st, 1000).collect();
+        assert_eq!(rows.len(), 3, "two held wait rows and the running one");
+        let mut blocked = st;
+        blocked.phase = PHASE_BLOCKED;
+        let mut runnable = st;
+        runnable.phase = PHASE_RUNNABLE;
+        assert_eq!(rows[0].key, blocked.row_key(3), "the kernel's own row");
+        assert_eq!(rows[0].val, WallVal { ns: 30, count: 3 });
+        assert_eq!(rows[1].key, runnable.row_key(3));
+        assert_eq!(rows[1].key.state, RQ_WOKEN);
+        let written = Row {
+            key: blocked.row_key(3),
+            val: WallVal { ns: 20, count: 2 },
+        };
+        let t = threads(&[written], &[(3, st)], &[], 1000, classify);
+        assert_eq!(t[0].categories[&Category::Lock], 50);
+        assert_eq!(t[0].categories[&Category::Runqueue], 6);
+        assert_eq!(t[0].categories[&Category::Cpu], 100);
+        assert_eq!(t[0].reasons[&(Category::Lock, "r".into())], (50, 5));
+    }
+
+    #[test]
     fn open_interval_keeps_its_phase() {
         let mut st = state(0, 50, PHASE_RUNNABLE);
         let r = open_row(3, &st, 80);

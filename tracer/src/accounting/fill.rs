@@ -176,8 +176,8 @@ pub fn fill(
         comms.get(&tid).map(|c| c.1.clone()).unwrap_or_default()
     });
     fill_syscalls(ebpf, data)?;
-    fill_files(ebpf, data, fds, ctx.args.top)?;
-    fill_block(ebpf, data)?;
+    fill_files(ebpf, data, fds, ctx.args.top, &open)?;
+    fill_block(ebpf, data, &open)?;
     data.time = render::folded(&rows, &verdicts, ctx, data, comms, &mut stacks);
     Ok(())
 }
@@ -365,8 +365,11 @@ fn fill_files(
     data: &mut ReportData,
     fds: &BTreeMap<FdKey, String>,
     top: usize,
+    open: &[(u32, ThreadState)],
 ) -> Result<()> {
-    let rows: Vec<(FdKey, FdStat)> = read_map(ebpf, FILEIO_MAP)?;
+    let mut rows: Vec<(FdKey, FdStat)> = read_map(ebpf, FILEIO_MAP)?;
+    // What live threads hold on top of their rows (`ThreadState::held_file`).
+    rows.extend(open.iter().filter_map(|(_, st)| st.held_file()));
     for p in data.report.processes.iter_mut() {
         let mut files: BTreeMap<String, FileIo> = BTreeMap::new();
         for (k, s) in rows.iter().filter(|(k, _)| k.tgid == p.pid) {
@@ -392,6 +395,23 @@ fn fill_files(
     Ok(())
 }
 
+/// Adds the bio bytes live threads hold (`ThreadState::held_bio`) to their rows (the kernel
+/// wrote each row at the thread's first bio to that device; a row it could not write is made
+/// here).
+fn add_held_bio(rows: &mut Vec<(BlkKey, BlkStat)>, open: &[(u32, ThreadState)]) {
+    for (key, read, write) in open.iter().filter_map(|(_, st)| st.held_bio()) {
+        let i = match rows.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                rows.push((key, BlkStat::default()));
+                rows.len() - 1
+            }
+        };
+        rows[i].1.read_bytes += read;
+        rows[i].1.write_bytes += write;
+    }
+}
+
 fn device_name(dev: u32) -> String {
     let (major, minor) = (dev >> 20, dev & 0xf_ffff);
     let uevent = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent"))
@@ -402,11 +422,12 @@ fn device_name(dev: u32) -> String {
     }
 }
 
-fn fill_block(ebpf: &Ebpf, data: &mut ReportData) -> Result<()> {
-    let rows: Vec<(BlkKey, BlkStat)> = match read_map(ebpf, BLOCK_MAP) {
+fn fill_block(ebpf: &Ebpf, data: &mut ReportData, open: &[(u32, ThreadState)]) -> Result<()> {
+    let mut rows: Vec<(BlkKey, BlkStat)> = match read_map(ebpf, BLOCK_MAP) {
         Ok(r) => r,
         Err(_) => return Ok(()),
     };
+    add_held_bio(&mut rows, open);
     for p in data.report.processes.iter_mut() {
         for (k, s) in rows.iter().filter(|(k, _)| k.tgid == p.pid) {
             let mut hist = s.hist.to_vec();
@@ -432,6 +453,42 @@ fn fill_block(ebpf: &Ebpf, data: &mut ReportData) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_bio_bytes_join_their_rows() {
+        let row = |tgid, dev, read| {
+            (
+                BlkKey { tgid, dev },
+                BlkStat {
+                    requests: 3,
+                    read_bytes: read,
+                    ..Default::default()
+                },
+            )
+        };
+        let mut rows = vec![row(7, 1, 4096), row(7, 2, 512)];
+        let held = |tid, dev, read, write| {
+            let mut st = ThreadState::new(0, 7, PHASE_ONCPU);
+            st.bio_dev = dev;
+            st.held_bio_read = read;
+            st.held_bio_write = write;
+            (tid, st)
+        };
+        // Two threads on device 1 (one also wrote), one on a device whose row is missing, one
+        // holding nothing.
+        let open = [
+            held(7, 1, 8192, 0),
+            held(8, 1, 4096, 1024),
+            held(9, 3, 100, 0),
+            held(10, 2, 0, 0),
+        ];
+        add_held_bio(&mut rows, &open);
+        assert_eq!(rows.len(), 3);
+        assert_eq!((rows[0].1.read_bytes, rows[0].1.write_bytes), (16384, 1024));
+        assert_eq!(rows[0].1.requests, 3, "only bytes are held");
+        assert_eq!(rows[1].1.read_bytes, 512);
+        assert_eq!((rows[2].0.dev, rows[2].1.read_bytes), (3, 100));
+    }
 
     #[test]
     fn merges_syscall_stats_of_threads() {
