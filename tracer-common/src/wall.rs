@@ -70,19 +70,15 @@ pub struct ThreadState {
     pub off_sys_nr: i32,
     pub off_kstack: i32,
     pub off_ustack: i32,
-    /// The last stacks walked, and the wait they were walked for (syscall, its first argument,
-    /// when): blocking again in the same wait soon after reuses them instead of walking again.
-    pub stack_ns: u64,
-    pub stack_arg0: u64,
-    pub stack_sys_nr: i32,
-    pub stack_k: i32,
-    pub stack_u: i32,
     /// 1 once the thread's on-CPU row exists in `WALL` (written at its first switch-out).
     pub cpu_row: u32,
     /// When the thread last left the CPU (the start of its off-CPU interval, for the timeline).
     pub off_ns: u64,
-    /// The Python stack (`PY_STACKS` key) walked with `stack_k`/`stack_u`, 0 for none.
-    pub stack_py: u64,
+    /// The stacks walked for the thread's last two waits, the latest first: blocking again
+    /// in one of them soon after reuses its stacks instead of walking again. Two, because a
+    /// thread often alternates between two waits (a loader's read and its write to a pipe, a
+    /// consumer reading two producers' pipes in turn).
+    pub walked: [Walked; 2],
     /// The Python stack at the last blocking switch-out.
     pub off_pystack: u64,
     /// Set at a switch-out into a wait on the GIL: the `PyThreadState *` holding it then, or
@@ -138,6 +134,43 @@ pub struct ThreadState {
     pub held_bio_write: u64,
 }
 
+/// Stacks walked at a blocking switch-out, and the wait they were walked for: the syscall,
+/// its first argument (fd, futex word) and when.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Walked {
+    pub ns: u64,
+    pub arg0: u64,
+    pub sys_nr: i32,
+    /// `STACKS` ids of the kernel and user stacks (negative: none).
+    pub kstack: i32,
+    pub ustack: i32,
+    pub _pad: u32,
+    /// The Python stack (`PY_STACKS` key) walked with them, 0 for none.
+    pub pystack: u64,
+}
+
+impl Walked {
+    pub const NONE: Walked = Walked {
+        ns: 0,
+        arg0: 0,
+        sys_nr: NO_SYSCALL,
+        kstack: -1,
+        ustack: -1,
+        _pad: 0,
+        pystack: 0,
+    };
+
+    /// Whether a thread blocking at `now` in syscall `sys_nr` on `arg0` may reuse these.
+    #[inline(always)]
+    pub fn reusable(&self, sys_nr: i32, arg0: u64, now: u64) -> bool {
+        self.sys_nr == sys_nr
+            && self.arg0 == arg0
+            && now.saturating_sub(self.ns) < STACK_REUSE_NS
+            && self.kstack >= 0
+    }
+}
+
 /// What tells one off-CPU row of a thread from another: where the thread left the CPU
 /// (`ThreadState::off_*`).
 #[repr(C)]
@@ -168,14 +201,9 @@ impl ThreadState {
             off_sys_nr: NO_SYSCALL,
             off_kstack: -1,
             off_ustack: -1,
-            stack_ns: 0,
-            stack_arg0: 0,
-            stack_sys_nr: NO_SYSCALL,
-            stack_k: -1,
-            stack_u: -1,
             cpu_row: 0,
             off_ns: 0,
-            stack_py: 0,
+            walked: [Walked::NONE; 2],
             off_pystack: 0,
             off_gil: 0,
             cuda_pystack: 0,
@@ -390,7 +418,7 @@ pub fn report_state(preempt: bool, raw: u32) -> u32 {
 }
 
 /// How long walked stacks are reused for the same wait (ns).
-pub const STACK_REUSE_NS: u64 = 10_000_000;
+pub const STACK_REUSE_NS: u64 = 50_000_000;
 
 /// One row of the time sums.
 #[repr(C)]

@@ -18,7 +18,7 @@ use aya_ebpf::{
     Global,
 };
 use tracer_common::wall::{
-    report_state, ThreadState, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, STACK_REUSE_NS,
+    report_state, ThreadState, Walked, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE,
 };
 
 use crate::{
@@ -149,25 +149,31 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
     };
     // Stack walks are most of this program's cost: only for blocking switch-outs, whose
     // kernel stack says what the thread waits for. A preempted thread is simply runnable.
-    // A thread that blocks again in the same wait (same syscall on the same fd or futex word)
-    // within STACK_REUSE_NS reuses the stacks walked last time: a ping-ponging thread then costs
-    // one walk per 10 ms, not one per switch.
+    // A thread that blocks again in one of its last two waits (same syscall on the same fd or
+    // futex word) within STACK_REUSE_NS of that wait's walk reuses its stacks: a thread
+    // looping on a read, or alternating between a read and a write, then costs one walk per
+    // wait per 50 ms, not one per switch.
     if st.phase == PHASE_BLOCKED && OFFCPU_STACKS.load() != 0 {
-        let same_wait = st.stack_sys_nr == st.sys_nr
-            && st.stack_arg0 == st.sys_arg0
-            && now.saturating_sub(st.stack_ns) < STACK_REUSE_NS
-            && st.stack_k >= 0;
-        if !same_wait {
-            st.stack_k = stack_id(ctx, 0);
-            st.stack_u = stack_id(ctx, BPF_F_USER_STACK as u64);
-            st.stack_py = crate::python::python_stack(tgid, tid);
-            st.stack_sys_nr = st.sys_nr;
-            st.stack_arg0 = st.sys_arg0;
-            st.stack_ns = now;
+        let (nr, arg0) = (st.sys_nr, st.sys_arg0);
+        if !st.walked[0].reusable(nr, arg0, now) {
+            if st.walked[1].reusable(nr, arg0, now) {
+                st.walked.swap(0, 1);
+            } else {
+                st.walked[1] = st.walked[0];
+                st.walked[0] = Walked {
+                    ns: now,
+                    arg0,
+                    sys_nr: nr,
+                    kstack: stack_id(ctx, 0),
+                    ustack: stack_id(ctx, BPF_F_USER_STACK as u64),
+                    _pad: 0,
+                    pystack: crate::python::python_stack(tgid, tid),
+                };
+            }
         }
-        st.off_kstack = st.stack_k;
-        st.off_ustack = st.stack_u;
-        st.off_pystack = st.stack_py;
+        st.off_kstack = st.walked[0].kstack;
+        st.off_ustack = st.walked[0].ustack;
+        st.off_pystack = st.walked[0].pystack;
     } else {
         st.off_kstack = -1;
         st.off_ustack = -1;
