@@ -72,6 +72,7 @@ pub struct ThreadState {
     pub off_ustack: i32,
     /// 1 once the thread's on-CPU row exists in `WALL` (written at its first switch-out).
     pub cpu_row: u32,
+    pub _pad4: u32,
     /// When the thread last left the CPU (the start of its off-CPU interval, for the timeline).
     pub off_ns: u64,
     /// The stacks walked for the thread's last two waits, the latest first: blocking again
@@ -161,11 +162,16 @@ impl Walked {
         pystack: 0,
     };
 
+    /// Whether these were walked for a wait in syscall `sys_nr` on `arg0`.
+    #[inline(always)]
+    pub fn is_for(&self, sys_nr: i32, arg0: u64) -> bool {
+        self.sys_nr == sys_nr && self.arg0 == arg0
+    }
+
     /// Whether a thread blocking at `now` in syscall `sys_nr` on `arg0` may reuse these.
     #[inline(always)]
     pub fn reusable(&self, sys_nr: i32, arg0: u64, now: u64) -> bool {
-        self.sys_nr == sys_nr
-            && self.arg0 == arg0
+        self.is_for(sys_nr, arg0)
             && now.saturating_sub(self.ns) < STACK_REUSE_NS
             && self.kstack >= 0
     }
@@ -202,6 +208,7 @@ impl ThreadState {
             off_kstack: -1,
             off_ustack: -1,
             cpu_row: 0,
+            _pad4: 0,
             off_ns: 0,
             walked: [Walked::NONE; 2],
             off_pystack: 0,

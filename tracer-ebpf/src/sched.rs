@@ -159,7 +159,11 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
             if st.walked[1].reusable(nr, arg0, now) {
                 st.walked.swap(0, 1);
             } else {
-                st.walked[1] = st.walked[0];
+                // The other wait moves to the second slot, unless the first holds this one's
+                // expired walk (the second then keeps the other wait).
+                if !st.walked[0].is_for(nr, arg0) {
+                    st.walked[1] = st.walked[0];
+                }
                 st.walked[0] = Walked {
                     ns: now,
                     arg0,
