@@ -90,10 +90,8 @@ pub fn close(tid: u32, st: &mut ThreadState, now: u64) {
 /// what live threads hold at the end), and before a stale state is replaced.
 #[inline(always)]
 pub fn flush(tid: u32, st: &mut ThreadState) {
-    if st.held_cpu.count != 0 {
-        add_row(&st.cpu_key(tid), st.held_cpu.ns, st.held_cpu.count);
-        st.held_cpu = WallVal { ns: 0, count: 0 };
-    }
+    let key = st.cpu_key(tid);
+    write_out(&key, &mut st.held_cpu);
     flush_cuda(tid, st);
     flush_wait(tid, st);
     crate::syscalls::flush_file(st);
@@ -102,29 +100,24 @@ pub fn flush(tid: u32, st: &mut ThreadState) {
 
 #[inline(always)]
 fn flush_wait(tid: u32, st: &mut ThreadState) {
-    if st.held_blocked.count != 0 {
-        add_row(
-            &st.wait_key(tid, &st.held_wait, true),
-            st.held_blocked.ns,
-            st.held_blocked.count,
-        );
-        st.held_blocked = WallVal { ns: 0, count: 0 };
-    }
-    if st.held_runqueue.count != 0 {
-        add_row(
-            &st.wait_key(tid, &st.held_wait, false),
-            st.held_runqueue.ns,
-            st.held_runqueue.count,
-        );
-        st.held_runqueue = WallVal { ns: 0, count: 0 };
-    }
+    let key = st.wait_key(tid, &st.held_wait, true);
+    write_out(&key, &mut st.held_blocked);
+    let key = st.wait_key(tid, &st.held_wait, false);
+    write_out(&key, &mut st.held_runqueue);
 }
 
 #[inline(always)]
 pub fn flush_cuda(tid: u32, st: &mut ThreadState) {
-    if st.held_cuda.count != 0 {
-        add_row(&st.held_cuda_key(tid), st.held_cuda.ns, st.held_cuda.count);
-        st.held_cuda = WallVal { ns: 0, count: 0 };
+    let key = st.held_cuda_key(tid);
+    write_out(&key, &mut st.held_cuda);
+}
+
+/// Adds what `held` holds to row `key` and empties it.
+#[inline(always)]
+fn write_out(key: &WallKey, held: &mut WallVal) {
+    if held.count != 0 {
+        add_row(key, held.ns, held.count);
+        *held = WallVal { ns: 0, count: 0 };
     }
 }
 
