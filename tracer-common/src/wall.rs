@@ -105,7 +105,8 @@ pub struct ThreadState {
     pub held_ustack: i32,
     /// The fd of the thread's last per-file syscall and that fd's open generation (`FD_GEN`),
     /// good while no traced process has closed an fd since (`fd_epoch` against `FD_EPOCH`):
-    /// a reader looping on one fd skips a hash lookup per call.
+    /// a reader looping on one fd skips a hash lookup per call. Also the file whose I/O
+    /// `held_file` holds.
     pub fd_cached: i32,
     pub fd_gen: u32,
     pub _pad2: u32,
@@ -118,13 +119,11 @@ pub struct ThreadState {
     pub held_wait: Wait,
     pub held_blocked: WallVal,
     pub held_runqueue: WallVal,
-    /// Per-file I/O of the thread's last file (fd `file_fd` of open generation `file_gen`)
-    /// not yet added to its `FILEIO` row. The row itself is written at the first call on a
-    /// file (so the file can be named while it is open); later calls on it are summed here
-    /// and written out when the thread turns to another file, at death and before a stale
-    /// state is replaced. User space adds what is held at the end ([`ThreadState::held_file`]).
-    pub file_fd: i32,
-    pub file_gen: u32,
+    /// Per-file I/O of the thread's last file (`fd_cached` of open generation `fd_gen`) not
+    /// yet added to its `FILEIO` row. The row itself is written at the first call on a file
+    /// (so the file can be named while it is open); later calls on it are summed here and
+    /// written out when the thread turns to another file, at death and before a stale state
+    /// is replaced. User space adds what is held at the end ([`ThreadState::held_file`]).
     pub held_file: FdStat,
     /// Bytes of block I/O the thread submitted to device `bio_dev` (`u32::MAX`: none yet) not
     /// yet added to its process's `BLOCK_IO` row: as `held_file`, the row is written at the
@@ -237,8 +236,6 @@ impl ThreadState {
             },
             held_blocked: WallVal { ns: 0, count: 0 },
             held_runqueue: WallVal { ns: 0, count: 0 },
-            file_fd: -1,
-            file_gen: 0,
             held_file: FdStat {
                 ns: 0,
                 bytes: 0,
@@ -269,8 +266,8 @@ impl ThreadState {
         (self.held_file.calls != 0).then_some((
             FdKey {
                 tgid: self.tgid,
-                fd: self.file_fd,
-                gen: self.file_gen,
+                fd: self.fd_cached,
+                gen: self.fd_gen,
                 _pad: 0,
             },
             self.held_file,

@@ -172,36 +172,36 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
     if per_fd(nr) {
         let fd = st.sys_arg0 as i32;
         let epoch = crate::maps::counter(&FD_EPOCH);
-        let gen = if st.fd_cached == fd && st.fd_epoch == epoch {
-            st.fd_gen
-        } else {
-            let g = unsafe { FD_GEN.get(&FdGenKey { tgid, fd }) }
+        // The cached fd and generation are the last call's file, the one whose I/O is held.
+        let mut new_file = st.fd_cached != fd;
+        if new_file || st.fd_epoch != epoch {
+            let gen = unsafe { FD_GEN.get(&FdGenKey { tgid, fd }) }
                 .copied()
                 .unwrap_or(0);
+            new_file |= st.fd_gen != gen;
+            if new_file {
+                flush_file(st);
+            }
             st.fd_cached = fd;
-            st.fd_gen = g;
+            st.fd_gen = gen;
             st.fd_epoch = epoch;
-            g
-        };
+        }
         let bytes = if ret > 0 && moves_bytes(nr) {
             ret as u64
         } else {
             0
         };
-        let v = FdStat {
-            ns: lat,
-            bytes,
-            calls: 1,
-        };
-        if st.file_fd == fd && st.file_gen == gen {
+        if new_file {
+            let v = FdStat {
+                ns: lat,
+                bytes,
+                calls: 1,
+            };
+            add_file(tgid, fd, st.fd_gen, &v);
+        } else {
             st.held_file.ns += lat;
             st.held_file.bytes += bytes;
             st.held_file.calls += 1;
-        } else {
-            flush_file(st);
-            st.file_fd = fd;
-            st.file_gen = gen;
-            add_file(tgid, fd, gen, &v);
         }
     }
     0
@@ -236,7 +236,7 @@ fn add_file(tgid: u32, fd: i32, gen: u32, v: &FdStat) {
 pub fn flush_file(st: &mut ThreadState) {
     if st.held_file.calls != 0 {
         let v = st.held_file;
-        add_file(st.tgid, st.file_fd, st.file_gen, &v);
+        add_file(st.tgid, st.fd_cached, st.fd_gen, &v);
         st.held_file = FdStat {
             ns: 0,
             bytes: 0,
