@@ -204,6 +204,30 @@ fn counted_exactly(name: &str, env: &[(&str, &str)]) -> Run {
     let ssync = api(&c, "cudaStreamSynchronize").unwrap();
     assert_eq!(ssync["count"], 2);
     assert!(ssync["min_ns"].as_u64().unwrap() >= 10_000_000);
+    // The thread's wall time in syncs is the calls' own time: the time sums and the call
+    // timings share their entry and return instants, though the thread slept (was switched
+    // out and in) inside every sync and its time in one call site is held across switches.
+    let sync_calls: u64 = c["api"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["function"].as_str().unwrap().contains("Synchronize"))
+        .map(|a| a["total_ns"].as_u64().unwrap())
+        .sum();
+    let sync_wall: u64 = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["comm"] == "workload")
+        .flat_map(|p| p["threads"].as_array().unwrap())
+        .flat_map(|t| t["time"]["categories"].as_array().unwrap())
+        .filter(|k| k["category"] == "cuda_sync")
+        .map(|k| k["ns"].as_u64().unwrap())
+        .sum();
+    assert!(
+        sync_calls >= 120_000_000 && sync_wall.abs_diff(sync_calls) <= sync_calls / 100,
+        "cuda_sync wall time {sync_wall} ns, sync calls {sync_calls} ns"
+    );
 
     // Copies: H2D = 10 x 1 MiB + 2D 64 x 32 + 3 x 1000 (driver); D2H 5 x 4096 + 3D 16 x 8 x 4;
     // D2D async 4 x 512.

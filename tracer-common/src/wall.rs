@@ -13,6 +13,9 @@ pub const ERRNOS_MAP: &str = "ERRNOS";
 pub const FILEIO_MAP: &str = "FILEIO";
 pub const FD_GEN_MAP: &str = "FD_GEN";
 pub const BLOCK_MAP: &str = "BLOCK_IO";
+/// One `u32`: non-zero once user space has stopped the accounting to read it (see
+/// `account::stopped` in the eBPF crate).
+pub const STOPPED_MAP: &str = "ACCOUNT_STOPPED";
 
 pub const THREADS_ENTRIES: u32 = 65_536;
 pub const WALL_ENTRIES: u32 = 65_536;
@@ -94,8 +97,8 @@ pub struct ThreadState {
     /// site (category, function, stacks in `held_*`). A thread that launches a million kernels
     /// between two context switches alternates between these two rows; summing them here
     /// saves two hash updates per call. On-CPU time is written out at the first switch-out
-    /// (which creates its row while `WALL` has room) and at death, CUDA time at every
-    /// switch-out, when the call site changes and at death.
+    /// (which creates its row while `WALL` has room) and at death, CUDA time when the call
+    /// site changes and at death.
     /// User space adds what is held to the open rows at the end ([`ThreadState::held_rows`]).
     pub held_cpu: WallVal,
     pub held_cuda: WallVal,

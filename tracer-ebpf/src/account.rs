@@ -11,7 +11,7 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
 };
 use tracer_common::{
     drops::Drop,
@@ -31,6 +31,20 @@ pub static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(THREAD
 
 #[map(name = "NEW_STATE")]
 static NEW_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
+
+/// Set by user space once it has detached the scheduler, syscall and block programs, before
+/// it reads `WALL` and then `THREADS`. The CUDA probes are still attached then (closing their
+/// links waits for grace periods, so they go after the report); without this a CUDA call
+/// between the two reads would move time a thread holds into a `WALL` row already read, and
+/// it would be in neither read.
+#[map(name = "ACCOUNT_STOPPED")]
+static STOPPED: Array<u32> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+fn stopped() -> bool {
+    // An array lookup with a constant key: the verifier inlines it, a load or two.
+    STOPPED.get(0).is_some_and(|s| *s != 0)
+}
 
 /// Time sums per (thread, category or off-CPU reason, stacks).
 #[map(name = "WALL")]
@@ -107,7 +121,7 @@ fn flush_wait(tid: u32, st: &mut ThreadState) {
 }
 
 #[inline(always)]
-pub fn flush_cuda(tid: u32, st: &mut ThreadState) {
+fn flush_cuda(tid: u32, st: &mut ThreadState) {
     let key = st.held_cuda_key(tid);
     write_out(&key, &mut st.held_cuda);
 }
@@ -177,6 +191,9 @@ pub fn born(tid: u32, tgid: u32, now: u64) {
 /// function id and where it was called from (user and Python stacks).
 #[inline(always)]
 pub fn enter_override(tid: u32, now: u64, category: u32, fid: i32, ustack: i32, pystack: u64) {
+    if stopped() {
+        return;
+    }
     if let Some(st) = THREADS.get_ptr_mut(&tid) {
         let st = unsafe { &mut *st };
         close(tid, st, now);
@@ -190,6 +207,9 @@ pub fn enter_override(tid: u32, now: u64, category: u32, fid: i32, ustack: i32, 
 /// Ends the override started by [`enter_override`].
 #[inline(always)]
 pub fn exit_override(tid: u32, now: u64) {
+    if stopped() {
+        return;
+    }
     if let Some(st) = THREADS.get_ptr_mut(&tid) {
         let st = unsafe { &mut *st };
         close(tid, st, now);

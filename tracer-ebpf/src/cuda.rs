@@ -27,7 +27,7 @@ use tracer_common::{
 
 use crate::{
     account,
-    maps::{add_to, atomic_add, count_drop, current_ids, is_traced, STACKS},
+    maps::{add_to, atomic_add, count_drop, current_ids, is_traced, maybe_traced, STACKS},
 };
 
 #[no_mangle]
@@ -85,33 +85,24 @@ const FRESH: ThreadState = ThreadState {
 pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::CudaEntry);
     let (tgid, tid) = current_ids();
-    if !is_traced(tgid) {
+    // Processes that are surely not traced stop at an array read (the library's probes fire
+    // in every process that maps it).
+    if !maybe_traced(tgid) {
         return 0;
     }
     let cookie = Cookie::unpack(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
-    // One clock read for the gate, the time accounting and the call's start.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if is_launch_shape(cookie.shape) {
-        // Per-CPU slots: only this CPU writes them (and user space, between windows).
-        if let Some(last) = CUDA_GATE_LAST.get_ptr_mut(0) {
-            unsafe { *last = now };
-        }
-        if let Some(first) = CUDA_GATE_FIRST.get_ptr_mut(0) {
-            if unsafe { *first } == 0 {
-                unsafe { *first = now };
-            }
-        }
-    }
     if CUDA_ENTRY_ONLY.load() != 0 {
-        if let Some(v) = api_val(tgid, tid, cookie.fid as u32) {
-            unsafe { (*v).count += 1 };
-        }
-        return 0;
+        return count_entry(tgid, tid, &cookie);
     }
     let pid_tgid = ((tgid as u64) << 32) | tid as u64;
+    // A thread has a call state only once its process was found traced, and loses it when it
+    // exits (`cuda_thread_exit`): a found state spares the `TRACED` lookup on every call.
     let st = match CUDA_THREAD.get_ptr_mut(&pid_tgid) {
         Some(p) => p,
         None => {
+            if !is_traced(tgid) {
+                return 0;
+            }
             if CUDA_THREAD.insert(&pid_tgid, &FRESH, 0).is_err() {
                 count_drop(Drop::CudaFull);
                 return 0;
@@ -122,6 +113,9 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
             }
         }
     };
+    // One clock read for the gate, the time accounting and the call's start.
+    let now = unsafe { bpf_ktime_get_ns() };
+    gate_seen(cookie.shape, now);
     // Only this thread touches its state.
     let st = unsafe { &mut *st };
     st.depth += 1;
@@ -166,6 +160,53 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     );
     st.ts = now;
     0
+}
+
+/// `--cuda-entry-only`: counts the call in its (process, thread, function) row. A row is
+/// made only for a traced process, so a found one spares the `TRACED` lookup; rows outlive
+/// their threads, so a process that took a traced one's pid and thread id during the trace
+/// (a pid wrap) would be counted under it.
+#[inline(always)]
+fn count_entry(tgid: u32, tid: u32, cookie: &Cookie) -> u32 {
+    let key = ApiKey {
+        pid: tgid,
+        tid,
+        fid: cookie.fid as u32,
+        _pad: 0,
+    };
+    let v = match CUDA_API.get_ptr_mut(&key) {
+        Some(v) => v,
+        None => {
+            if !is_traced(tgid) {
+                return 0;
+            }
+            match api_val(tgid, tid, cookie.fid as u32) {
+                Some(v) => v,
+                None => return 0,
+            }
+        }
+    };
+    gate_seen(cookie.shape, unsafe { bpf_ktime_get_ns() });
+    // Only this thread writes its row.
+    unsafe { (*v).count += 1 };
+    0
+}
+
+/// Records a traced launch's time for the budget's gate (first and last of the window).
+#[inline(always)]
+fn gate_seen(shape: u8, now: u64) {
+    if !is_launch_shape(shape) {
+        return;
+    }
+    // Per-CPU slots: only this CPU writes them (and user space, between windows).
+    if let Some(last) = CUDA_GATE_LAST.get_ptr_mut(0) {
+        unsafe { *last = now };
+    }
+    if let Some(first) = CUDA_GATE_FIRST.get_ptr_mut(0) {
+        if unsafe { *first } == 0 {
+            unsafe { *first = now };
+        }
+    }
 }
 
 #[inline(always)]

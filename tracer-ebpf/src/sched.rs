@@ -22,7 +22,7 @@ use tracer_common::wall::{
 };
 
 use crate::{
-    account::{born, close, died, flush, flush_cuda, THREADS},
+    account::{born, close, died, flush, THREADS},
     maps::{current_ids, is_traced, maybe_traced, stack_id},
 };
 
@@ -131,13 +131,12 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
     // On-CPU time stays held across switches once its row exists (written at the first
     // switch-out, while WALL has room): the row never changes in the thread's life, user space
     // adds what is held at the end (`accounting::aggregate::open_rows`) and died() writes it
-    // out, so a WALL lookup per switch-out (~0.2 µs here) buys nothing. CUDA time is written
-    // out as before: CUDA probes still run while user space reads the sums at the end.
+    // out, so a WALL lookup per switch-out (~0.2 µs here) buys nothing. Time in one CUDA call
+    // site stays held the same way until the site changes (the CUDA probes leave the states
+    // alone once user space stops the accounting to read it: `account::stopped`).
     if st.cpu_row == 0 {
         flush(tid, st);
         st.cpu_row = 1;
-    } else {
-        flush_cuda(tid, st);
     }
     st.off_state = prev_state as u32;
     st.off_ns = now;

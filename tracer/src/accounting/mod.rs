@@ -21,7 +21,7 @@ use aya::{
 };
 use tracer_common::{
     python::PY_STACK_PENDING,
-    wall::{ThreadState, PHASE_BLOCKED, PHASE_ONCPU, THREADS_MAP},
+    wall::{ThreadState, PHASE_BLOCKED, PHASE_ONCPU, STOPPED_MAP, THREADS_MAP},
 };
 
 use crate::{
@@ -458,6 +458,13 @@ impl ProbeFamily for Accounting {
             }
             .with_context(|| format!("detach {prog}"))?;
         }
+        // The CUDA probes stay attached until the report is out: from here they leave the
+        // threads' states alone, so what is read below is one instant's.
+        let mut stopped: aya::maps::Array<_, u32> = aya::maps::Array::try_from(
+            ebpf.map_mut(STOPPED_MAP)
+                .context("map ACCOUNT_STOPPED missing")?,
+        )?;
+        stopped.set(0, 1, 0).context("stop the accounting")?;
         let end = ktime_now();
         // The Python stacks of the switch-outs since the session's last read.
         ctx.python.sync(ebpf)?;
