@@ -376,3 +376,57 @@ fn attached_sleeper_straddles_the_window() {
     let reason = &time["reasons"][0];
     assert_eq!(reason["reason"], "clock_nanosleep", "{time:#}");
 }
+
+/// Files opened, read and closed between two of gputrace's looks at /proc (a data loader
+/// reading one file per sample) are named by the path they were opened with, each file's
+/// opens summed under its name.
+#[test]
+fn short_lived_files_are_named_by_their_open() {
+    let _g = serial();
+    if !require_root("short_lived_files_are_named_by_their_open") {
+        return;
+    }
+    let bin = build_c("open_read_close", &[]);
+    let work = tmp_dir().join(format!("orc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    let out = out_dir("files");
+    let (files, rounds) = (6u64, 20u64);
+    let run = gputrace(&[
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        work.to_str().unwrap(),
+        &files.to_string(),
+        &rounds.to_string(),
+    ]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    let p = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["comm"] == "open_read_close")
+        .unwrap_or_else(|| panic!("no open_read_close process: {report:#}"));
+    let listed = p["files"].as_array().expect("files");
+    for i in 0..files {
+        let name = format!("{}/f{i}.bin", work.display());
+        let f = listed
+            .iter()
+            .find(|f| f["file"] == name.as_str())
+            .unwrap_or_else(|| panic!("{name} not named: {listed:#?}"));
+        // One 64 KiB write, then per round a 64 KiB read and the read that finds the end.
+        assert_eq!(f["bytes"].as_u64(), Some((1 + rounds) * 65536), "{f}");
+        assert_eq!(f["calls"].as_u64(), Some(1 + 2 * rounds), "{f}");
+    }
+    // (The one byte the child reads from gputrace's release pipe before its exec is unnamed.)
+    assert!(
+        !listed.iter().any(
+            |f| f["file"].as_str().is_some_and(|n| n.starts_with("<closed"))
+                && f["bytes"].as_u64().unwrap() >= 65536
+        ),
+        "an unnamed file: {listed:#?}"
+    );
+    let _ = std::fs::remove_dir_all(&work);
+}

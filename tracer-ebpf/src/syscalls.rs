@@ -9,7 +9,7 @@
 //! read/write family and errors by errno, keyed by thread and syscall.
 
 use aya_ebpf::{
-    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user_str_bytes},
     macros::{map, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray},
     programs::RawTracePointContext,
@@ -18,8 +18,9 @@ use aya_ebpf::{
 use tracer_common::{
     drops::Drop,
     wall::{
-        log2_bucket, ErrnoKey, FdGenKey, FdKey, FdStat, SysKey, SysStat, ThreadState,
-        ERRNOS_ENTRIES, FILEIO_ENTRIES, HIST_BUCKETS, NO_SYSCALL, SYSCALLS_ENTRIES,
+        log2_bucket, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, SysKey, SysStat, ThreadState,
+        ERRNOS_ENTRIES, FD_NAMES_ENTRIES, FILEIO_ENTRIES, HIST_BUCKETS, NO_SYSCALL,
+        SYSCALLS_ENTRIES,
     },
 };
 
@@ -39,6 +40,11 @@ static FILEIO: HashMap<FdKey, FdStat> = HashMap::with_max_entries(FILEIO_ENTRIES
 
 #[map(name = "FD_GEN")]
 static FD_GEN: HashMap<FdGenKey, u32> = HashMap::with_max_entries(FILEIO_ENTRIES, 0);
+
+/// The path each file was opened by (`FdName`, at slot `FdName::slot` of its key): what names
+/// a file that was closed before user space could read its link in /proc.
+#[map(name = "FD_NAMES")]
+static FD_NAMES: Array<FdName> = Array::with_max_entries(FD_NAMES_ENTRIES, 0);
 
 /// Successful closes by traced processes so far: a thread's cached fd generation
 /// (`ThreadState::fd_gen`) holds while this has not moved.
@@ -60,6 +66,19 @@ static OFF_REGS_ARG0: Global<u32> = Global::new(112);
 /// leaving it out keeps the target's syscall table honest and halves what it costs us.
 #[no_mangle]
 static SYS_URETPROBE: Global<u32> = Global::new(335);
+/// The second argument's place in `struct pt_regs` (x86-64 `si`).
+#[no_mangle]
+static OFF_REGS_ARG1: Global<u32> = Global::new(104);
+/// The open family (set by user space per architecture; `u32::MAX - 1` where a syscall does
+/// not exist): the path is the first argument of open and creat, the second of the others.
+#[no_mangle]
+static SYS_OPEN: Global<u32> = Global::new(2);
+#[no_mangle]
+static SYS_CREAT: Global<u32> = Global::new(85);
+#[no_mangle]
+static SYS_OPENAT: Global<u32> = Global::new(257);
+#[no_mangle]
+static SYS_OPENAT2: Global<u32> = Global::new(437);
 
 /// The caller's (tgid, tid) and its thread state, when the thread is traced.
 #[inline(always)]
@@ -88,8 +107,43 @@ pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
     st.sys_arg0 = unsafe {
         bpf_probe_read_kernel((regs + OFF_REGS_ARG0.load() as u64) as *const u64).unwrap_or(0)
     };
+    // Only the pointer here: the path is read at the exit, for the opens that succeeded.
+    st.sys_path = if id == SYS_OPENAT.load() as i64 || id == SYS_OPENAT2.load() as i64 {
+        unsafe {
+            bpf_probe_read_kernel((regs + OFF_REGS_ARG1.load() as u64) as *const u64).unwrap_or(0)
+        }
+    } else if id == SYS_OPEN.load() as i64 || id == SYS_CREAT.load() as i64 {
+        st.sys_arg0
+    } else {
+        0
+    };
     st.sys_start_ns = unsafe { bpf_ktime_get_ns() };
     0
+}
+
+/// Records the path `path` (user address) that opened `fd`, under the generation the new file
+/// has (closes of that fd number so far). Written in place: no map update.
+#[inline(always)]
+fn name_fd(tgid: u32, fd: i32, path: u64) {
+    let gen = unsafe { FD_GEN.get(&FdGenKey { tgid, fd }) }
+        .copied()
+        .unwrap_or(0);
+    let key = FdKey {
+        tgid,
+        fd,
+        gen,
+        _pad: 0,
+    };
+    let Some(slot) = FD_NAMES.get_ptr_mut(FdName::slot(&key)) else {
+        return;
+    };
+    let slot = unsafe { &mut *slot };
+    if unsafe { bpf_probe_read_user_str_bytes(path as *const u8, &mut slot.path) }.is_ok() {
+        slot.key = key;
+    } else {
+        // Another file's name may be half overwritten: the slot names nothing now.
+        slot.key.tgid = 0;
+    }
 }
 
 // TP_PROTO(struct pt_regs *regs, long ret). The syscall's number is the one sys_enter kept: a
@@ -155,6 +209,8 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
         add_to(&ERRNOS, &ek, 1, Drop::SyscallMapFull);
     } else if moves_bytes(nr) {
         s.bytes += ret as u64;
+    } else if st.sys_path != 0 {
+        name_fd(tgid, ret as i32, st.sys_path);
     }
     if nr == SYS_CLOSE && ret == 0 {
         let gk = FdGenKey {

@@ -11,10 +11,10 @@ use tracer_common::{
     python::{PySeed, PY_SEED_MAP, PY_STACK_PENDING},
     time::Category,
     wall::{
-        BlkKey, BlkStat, ErrnoKey, FdGenKey, FdKey, FdStat, LifeKey, LifeVal, SysKey, SysStat,
-        ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FILEIO_MAP,
-        GIL_HOLDER_UNKNOWN, KIND_BLOCKED, LIFE_MAP, PHASE_ONCPU, SYSCALLS_MAP, THREADS_MAP,
-        WALL_MAP,
+        BlkKey, BlkStat, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysKey,
+        SysStat, ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FD_NAMES_MAP,
+        FILEIO_MAP, GIL_HOLDER_UNKNOWN, KIND_BLOCKED, LIFE_MAP, PHASE_ONCPU, SYSCALLS_MAP,
+        THREADS_MAP, WALL_MAP,
     },
 };
 
@@ -368,15 +368,18 @@ fn fill_files(
     open: &[(u32, ThreadState)],
 ) -> Result<()> {
     let mut rows: Vec<(FdKey, FdStat)> = read_map(ebpf, FILEIO_MAP)?;
+    // The paths files were opened by: for those closed before /proc showed them.
+    let opened = opened_paths(ebpf);
     // What live threads hold on top of their rows (`ThreadState::held_file`).
     rows.extend(open.iter().filter_map(|(_, st)| st.held_file()));
     for p in data.report.processes.iter_mut() {
         let mut files: BTreeMap<String, FileIo> = BTreeMap::new();
         for (k, s) in rows.iter().filter(|(k, _)| k.tgid == p.pid) {
-            // Resolved while it was open, or never: a later file under the same fd number
-            // must not lend it its name.
+            // Resolved while it was open (an absolute path), else the path it was opened by,
+            // or never: a later file under the same fd number must not lend it its name.
             let name = fds
                 .get(k)
+                .or_else(|| opened.get(k))
                 .cloned()
                 .unwrap_or_else(|| format!("<closed fd {}>", k.fd));
             let f = files.entry(name.clone()).or_insert_with(|| FileIo {
@@ -393,6 +396,21 @@ fn fill_files(
         p.files = files;
     }
     Ok(())
+}
+
+/// The paths in `FD_NAMES` by the file they name (slots never written have tgid 0).
+fn opened_paths(ebpf: &Ebpf) -> BTreeMap<FdKey, String> {
+    let Some(map) = ebpf
+        .map(FD_NAMES_MAP)
+        .and_then(|m| aya::maps::Array::<&MapData, FdName>::try_from(m).ok())
+    else {
+        return BTreeMap::new();
+    };
+    (0..map.len())
+        .filter_map(|i| map.get(&i, 0).ok())
+        .filter(|n| n.key.tgid != 0 && !n.bytes().is_empty())
+        .map(|n| (n.key, String::from_utf8_lossy(n.bytes()).into_owned()))
+        .collect()
 }
 
 /// Adds the bio bytes live threads hold (`ThreadState::held_bio`) to their rows (the kernel

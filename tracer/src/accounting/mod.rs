@@ -180,6 +180,15 @@ impl Offsets {
         } else {
             112
         };
+        const REGS_ARG1: u32 = if cfg!(target_arch = "aarch64") {
+            8
+        } else {
+            104
+        };
+        // The open family, whose paths name the files (arm64 has only openat and openat2).
+        const NONE: u32 = u32::MAX - 1;
+        let arm = cfg!(target_arch = "aarch64");
+        let (sys_open, sys_creat, sys_openat) = if arm { (NONE, NONE, 56) } else { (2, 85, 257) };
         // GPUTRACE_OFFCPU_STACKS=0 turns off the stack walks at switch-out (cheaper; off-CPU
         // time is then classified by syscall only and the off-CPU graphs have no stacks).
         let stacks = std::env::var("GPUTRACE_OFFCPU_STACKS").map_or(1, |v| u32::from(v != "0"));
@@ -195,6 +204,11 @@ impl Offsets {
             ("OFF_TN_PID", tn.offset("pid")?),
             ("OFF_TN_FLAGS", tn.offset("clone_flags")?),
             ("OFF_REGS_ARG0", REGS_ARG0),
+            ("OFF_REGS_ARG1", REGS_ARG1),
+            ("SYS_OPEN", sys_open),
+            ("SYS_CREAT", sys_creat),
+            ("SYS_OPENAT", sys_openat),
+            ("SYS_OPENAT2", 437),
             ("SYS_URETPROBE", SYS_URETPROBE),
             ("SYS_FUTEX", SYS_FUTEX),
         ];

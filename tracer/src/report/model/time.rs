@@ -65,8 +65,8 @@ pub struct ErrnoCount {
 /// I/O time per file, resolved from fds in user space.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct FileIo {
-    /// Path, `pipe:[ino]`, `socket:[ino]`, or `<closed fd N>` when it was closed before
-    /// gputrace could resolve it (never guessed).
+    /// Path (from /proc while open, else as the program opened it), `pipe:[ino]`,
+    /// `socket:[ino]`, or `<closed fd N>` when it could be neither (never guessed).
     pub file: String,
     pub ns: u64,
     pub bytes: u64,

@@ -1,0 +1,46 @@
+/* Writes FILES files of 64 KiB in DIR, then reads each ROUNDS times, opening and closing it
+ * every time, faster than gputrace looks at /proc/PID/fd: each file must be named by the path
+ * it was opened with. Odd files go through the legacy open syscall where there is one.
+ *   open_read_close DIR FILES ROUNDS */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static char buf[65536];
+
+static int open_ro(const char *path, int legacy) {
+#ifdef SYS_open
+    if (legacy) return (int)syscall(SYS_open, path, O_RDONLY);
+#endif
+    (void)legacy;
+    return openat(AT_FDCWD, path, O_RDONLY);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) return 2;
+    const char *dir = argv[1];
+    int files = atoi(argv[2]), rounds = atoi(argv[3]);
+    char path[4096];
+    memset(buf, 'x', sizeof buf);
+    for (int i = 0; i < files; i++) {
+        snprintf(path, sizeof path, "%s/f%d.bin", dir, i);
+        int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+        if (fd < 0 || write(fd, buf, sizeof buf) != (ssize_t)sizeof buf) return 1;
+        close(fd);
+    }
+    for (int r = 0; r < rounds; r++) {
+        for (int i = 0; i < files; i++) {
+            snprintf(path, sizeof path, "%s/f%d.bin", dir, i);
+            int fd = open_ro(path, i % 2);
+            if (fd < 0) return 1;
+            while (read(fd, buf, sizeof buf) > 0) {
+            }
+            close(fd);
+        }
+    }
+    return 0;
+}
