@@ -144,33 +144,45 @@ fn a_moderate_launch_rate_is_estimated_within_its_bound() {
     // traps), so the 2% budget affords about one window a second, and the bound narrows
     // with their number.
     let n = 1_000_000u64;
-    let out = common::out_dir("budget-moderate");
-    let run = common::gputrace(&[
-        "-F",
-        "1",
-        "--libcudart",
-        &lib,
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        &bin,
-        &lib,
-        &n.to_string(),
-        "12000",
-    ]);
-    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
-    let report = run.report(&out);
-    let o = &report["overhead"];
-    let s = &o["sampled"];
-    assert!(s["scale"].as_f64().unwrap_or(0.0) > 2.0, "not sampled: {o}");
-    let bound = s["rel_error"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("no error bound: {o}"));
+    let trace = || {
+        let out = common::out_dir("budget-moderate");
+        let run = common::gputrace(&[
+            "-F",
+            "1",
+            "--libcudart",
+            &lib,
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            &bin,
+            &lib,
+            &n.to_string(),
+            "12000",
+        ]);
+        assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+        let report = run.report(&out);
+        let o = &report["overhead"];
+        let s = &o["sampled"];
+        assert!(s["scale"].as_f64().unwrap_or(0.0) > 2.0, "not sampled: {o}");
+        let bound = s["rel_error"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no error bound: {o}"));
+        (report, bound)
+    };
     // 0.24-0.41 on this VM with 500k launches before closes were paid for (2026-11-21); 0.93
-    // and 0.87 in two of ~20 runs since, on a loaded host, where one of 4-5 windows saw another
-    // rate (the bound widens with how much windows disagree, which the host's load decides).
-    // Under 1: it still says something; the check that matters is the next one.
-    assert!(bound < 1.0, "a bound too wide to say anything: {o}");
+    // and 0.87 in two of ~20 runs since, and 1.0 or more once in a full e2e run (2026-11-22),
+    // on a loaded host, where one of 4-5 windows saw another rate (the bound widens with how
+    // much windows disagree, which the host's load decides). Under 1: it still says
+    // something. A second trace is taken when the first's is wider, so one burst of the host's
+    // load does not fail the test; the check that matters, the estimate inside its bound, is
+    // made on the trace kept.
+    let (mut report, mut bound) = trace();
+    if bound >= 1.0 {
+        eprintln!("bound {bound} on a loaded host: tracing again");
+        (report, bound) = trace();
+    }
+    let o = &report["overhead"];
+    assert!(bound < 1.0, "a bound too wide to say anything, twice: {o}");
     let est = launches(&report) as f64;
     assert!(
         (est - n as f64).abs() / (n as f64) <= bound,

@@ -390,6 +390,8 @@ fn short_lived_files_are_named_by_their_open() {
     let work = tmp_dir().join(format!("orc-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).unwrap();
+    // As /proc would spell it, should gputrace catch a file open.
+    let work = std::fs::canonicalize(&work).unwrap();
     let out = out_dir("files");
     let (files, rounds) = (6u64, 20u64);
     let run = gputrace(&[
@@ -416,10 +418,36 @@ fn short_lived_files_are_named_by_their_open() {
             .iter()
             .find(|f| f["file"] == name.as_str())
             .unwrap_or_else(|| panic!("{name} not named: {listed:#?}"));
-        // One 64 KiB write, then per round a 64 KiB read and the read that finds the end.
-        assert_eq!(f["bytes"].as_u64(), Some((1 + rounds) * 65536), "{f}");
-        assert_eq!(f["calls"].as_u64(), Some(1 + 2 * rounds), "{f}");
+        // One 64 KiB write, then per round a 64 KiB read and the read that finds the end; f0
+        // is read once more at the end, and the 4 KiB read after dup2 put f1 on its fd are
+        // not its own (nor named f1's: a dup names nothing).
+        let extra = u64::from(i == 0);
+        assert_eq!(
+            f["bytes"].as_u64(),
+            Some((1 + rounds + extra) * 65536),
+            "{f}"
+        );
+        assert_eq!(f["calls"].as_u64(), Some(1 + 2 * (rounds + extra)), "{f}");
     }
+    // Their directory sums them.
+    let dir = p["dirs"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["dir"] == work.to_str().unwrap()))
+        .unwrap_or_else(|| panic!("no {} in dirs: {:#}", work.display(), p["dirs"]));
+    assert_eq!(dir["files"].as_u64(), Some(files), "{dir}");
+    assert_eq!(
+        dir["bytes"].as_u64(),
+        Some((files * (1 + rounds) + 1) * 65536),
+        "{dir}"
+    );
+    assert!(
+        listed.iter().any(|f| f["bytes"].as_u64() == Some(4096)
+            && f["calls"].as_u64() == Some(1)
+            && f["file"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("<closed fd"))),
+        "no unnamed row for the read after dup2: {listed:#?}"
+    );
     // (The one byte the child reads from gputrace's release pipe before its exec is unnamed.)
     assert!(
         !listed.iter().any(

@@ -1,6 +1,7 @@
 /* Writes FILES files of 64 KiB in DIR, then reads each ROUNDS times, opening and closing it
  * every time, faster than gputrace looks at /proc/PID/fd: each file must be named by the path
- * it was opened with. Odd files go through the legacy open syscall where there is one.
+ * it was opened with. Odd files go through the legacy open syscall where there is one. Then
+ * one fd is reused by dup2 (below).
  *   open_read_close DIR FILES ROUNDS */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -42,5 +43,17 @@ int main(int argc, char **argv) {
             close(fd);
         }
     }
+    /* f0 read once more under a new fd, then f1 put on that fd with dup2 and 4 KiB read from
+     * it: those 4 KiB are f1's, read through an fd gputrace saw opened on f0. */
+    snprintf(path, sizeof path, "%s/f0.bin", dir);
+    int a = open(path, O_RDONLY);
+    if (a < 0) return 1;
+    while (read(a, buf, sizeof buf) > 0) {
+    }
+    snprintf(path, sizeof path, "%s/f1.bin", dir);
+    int b = open(path, O_RDONLY);
+    if (b < 0 || dup2(b, a) != a || pread(a, buf, 4096, 0) != 4096) return 1;
+    close(a);
+    close(b);
     return 0;
 }

@@ -97,12 +97,17 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     let pid_tgid = ((tgid as u64) << 32) | tid as u64;
     // A thread has a call state only once its process was found traced, and loses it when it
     // exits (`cuda_thread_exit`): a found state spares the `TRACED` lookup on every call.
-    let st = match CUDA_THREAD.get_ptr_mut(&pid_tgid) {
+    let found = CUDA_THREAD.get_ptr_mut(&pid_tgid);
+    if found.is_none() && !is_traced(tgid) {
+        return 0;
+    }
+    // One clock read for the gate, the time accounting and the call's start. The gate sees
+    // every traced launch, even one a full map leaves uncounted.
+    let now = unsafe { bpf_ktime_get_ns() };
+    gate_seen(cookie.shape, now);
+    let st = match found {
         Some(p) => p,
         None => {
-            if !is_traced(tgid) {
-                return 0;
-            }
             if CUDA_THREAD.insert(&pid_tgid, &FRESH, 0).is_err() {
                 count_drop(Drop::CudaFull);
                 return 0;
@@ -113,9 +118,6 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
             }
         }
     };
-    // One clock read for the gate, the time accounting and the call's start.
-    let now = unsafe { bpf_ktime_get_ns() };
-    gate_seen(cookie.shape, now);
     // Only this thread touches its state.
     let st = unsafe { &mut *st };
     st.depth += 1;
@@ -174,19 +176,18 @@ fn count_entry(tgid: u32, tid: u32, cookie: &Cookie) -> u32 {
         fid: cookie.fid as u32,
         _pad: 0,
     };
-    let v = match CUDA_API.get_ptr_mut(&key) {
-        Some(v) => v,
-        None => {
-            if !is_traced(tgid) {
-                return 0;
-            }
-            match api_val(tgid, tid, cookie.fid as u32) {
-                Some(v) => v,
-                None => return 0,
-            }
-        }
-    };
+    let found = CUDA_API.get_ptr_mut(&key);
+    if found.is_none() && !is_traced(tgid) {
+        return 0;
+    }
     gate_seen(cookie.shape, unsafe { bpf_ktime_get_ns() });
+    let v = match found {
+        Some(v) => v,
+        None => match api_val(tgid, tid, cookie.fid as u32) {
+            Some(v) => v,
+            None => return 0,
+        },
+    };
     // Only this thread writes its row.
     unsafe { (*v).count += 1 };
     0
@@ -395,7 +396,10 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
 pub fn cuda_thread_exit(_ctx: TracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::CudaThreadExit);
     let (tgid, tid) = current_ids();
-    if !is_traced(tgid) {
+    // Not `is_traced`: a process's last thread leaves `TRACED` (sched_process_exit, attached
+    // before this) before it gets here, and a state left behind would pass `cuda_entry`'s
+    // check for a later process with the same ids.
+    if !maybe_traced(tgid) {
         return 0;
     }
     let pid_tgid = ((tgid as u64) << 32) | tid as u64;

@@ -9,7 +9,9 @@
 //! read/write family and errors by errno, keyed by thread and syscall.
 
 use aya_ebpf::{
-    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user_str_bytes},
+    helpers::{
+        bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
+    },
     macros::{map, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray},
     programs::RawTracePointContext,
@@ -79,6 +81,21 @@ static SYS_CREAT: Global<u32> = Global::new(85);
 static SYS_OPENAT: Global<u32> = Global::new(257);
 #[no_mangle]
 static SYS_OPENAT2: Global<u32> = Global::new(437);
+/// Pipes and sockets, named `<pipe>` and `<socket>` when closed before /proc showed them.
+#[no_mangle]
+static SYS_PIPE: Global<u32> = Global::new(22);
+#[no_mangle]
+static SYS_PIPE2: Global<u32> = Global::new(293);
+#[no_mangle]
+static SYS_SOCKET: Global<u32> = Global::new(41);
+#[no_mangle]
+static SYS_ACCEPT: Global<u32> = Global::new(43);
+#[no_mangle]
+static SYS_ACCEPT4: Global<u32> = Global::new(288);
+#[no_mangle]
+static SYS_DUP2: Global<u32> = Global::new(33);
+#[no_mangle]
+static SYS_DUP3: Global<u32> = Global::new(292);
 
 /// The caller's (tgid, tid) and its thread state, when the thread is traced.
 #[inline(always)]
@@ -121,10 +138,11 @@ pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
     0
 }
 
-/// Records the path `path` (user address) that opened `fd`, under the generation the new file
-/// has (closes of that fd number so far). Written in place: no map update.
+/// The `FD_NAMES` slot for the file `fd` of `tgid` just got (under the generation it has:
+/// closes of that fd number so far), and its key; written in place, no map update. None when
+/// that key already named a file (see below).
 #[inline(always)]
-fn name_fd(tgid: u32, fd: i32, path: u64) {
+fn name_slot(tgid: u32, fd: i32) -> Option<(&'static mut FdName, FdKey)> {
     let gen = unsafe { FD_GEN.get(&FdGenKey { tgid, fd }) }
         .copied()
         .unwrap_or(0);
@@ -134,16 +152,57 @@ fn name_fd(tgid: u32, fd: i32, path: u64) {
         gen,
         _pad: 0,
     };
-    let Some(slot) = FD_NAMES.get_ptr_mut(FdName::slot(&key)) else {
+    let slot = unsafe { &mut *FD_NAMES.get_ptr_mut(FdName::slot(&key))? };
+    if slot.key == key {
+        // This fd number was opened before with no close seen since (closed by an exec or
+        // `close_range`): its row holds both files' I/O, which no one name names.
+        slot.path[0] = 0;
+        return None;
+    }
+    Some((slot, key))
+}
+
+/// Records the path `path` (user address) that opened `fd`.
+#[inline(always)]
+fn name_fd(tgid: u32, fd: i32, path: u64) {
+    let Some((slot, key)) = name_slot(tgid, fd) else {
         return;
     };
-    let slot = unsafe { &mut *slot };
     if unsafe { bpf_probe_read_user_str_bytes(path as *const u8, &mut slot.path) }.is_ok() {
         slot.key = key;
     } else {
         // Another file's name may be half overwritten: the slot names nothing now.
         slot.key.tgid = 0;
     }
+}
+
+/// Names `fd` by what made it (`<pipe>`, `<socket>`): no path, but not an unknown file.
+#[inline(always)]
+fn label_fd(tgid: u32, fd: i32, label: &[u8; 9]) {
+    if let Some((slot, key)) = name_slot(tgid, fd) {
+        let mut i = 0;
+        while i < label.len() {
+            slot.path[i] = label[i];
+            i += 1;
+        }
+        slot.key = key;
+    }
+}
+
+const PIPE_LABEL: &[u8; 9] = b"<pipe>\0\0\0";
+const SOCKET_LABEL: &[u8; 9] = b"<socket>\0";
+
+/// A new file under `fd` of `tgid`: the fd's generation moves on, so its I/O gets a new row.
+#[inline(always)]
+fn next_gen(tgid: u32, fd: i32) {
+    let gk = FdGenKey { tgid, fd };
+    match FD_GEN.get_ptr_mut(&gk) {
+        Some(g) => unsafe { *g += 1 },
+        None => {
+            let _ = FD_GEN.insert(&gk, &1, 0);
+        }
+    }
+    crate::maps::counter_add(&FD_EPOCH, 1);
 }
 
 // TP_PROTO(struct pt_regs *regs, long ret). The syscall's number is the one sys_enter kept: a
@@ -211,19 +270,26 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
         s.bytes += ret as u64;
     } else if st.sys_path != 0 {
         name_fd(tgid, ret as i32, st.sys_path);
+    } else if nr == SYS_PIPE.load() as i32 || nr == SYS_PIPE2.load() as i32 {
+        // Both ends, from the caller's int[2].
+        if let Ok(fds) = unsafe { bpf_probe_read_user(st.sys_arg0 as *const [i32; 2]) } {
+            label_fd(tgid, fds[0], PIPE_LABEL);
+            label_fd(tgid, fds[1], PIPE_LABEL);
+        }
+    } else if nr == SYS_SOCKET.load() as i32
+        || nr == SYS_ACCEPT.load() as i32
+        || nr == SYS_ACCEPT4.load() as i32
+    {
+        label_fd(tgid, ret as i32, SOCKET_LABEL);
     }
     if nr == SYS_CLOSE && ret == 0 {
-        let gk = FdGenKey {
-            tgid,
-            fd: st.sys_arg0 as i32,
-        };
-        match FD_GEN.get_ptr_mut(&gk) {
-            Some(g) => unsafe { *g += 1 },
-            None => {
-                let _ = FD_GEN.insert(&gk, &1, 0);
-            }
-        }
-        crate::maps::counter_add(&FD_EPOCH, 1);
+        next_gen(tgid, st.sys_arg0 as i32);
+    } else if (nr == SYS_DUP2.load() as i32 || nr == SYS_DUP3.load() as i32)
+        && ret >= 0
+        && ret != st.sys_arg0 as i64
+    {
+        // dup2/dup3 close the file the new fd had, if any, and put another one there.
+        next_gen(tgid, ret as i32);
     }
     if per_fd(nr) {
         let fd = st.sys_arg0 as i32;

@@ -28,7 +28,7 @@ use crate::{
     probes::FinishCtx,
     report::{
         model::{
-            time::{BlockIo, ErrnoCount, FileIo, SyscallStat},
+            time::{BlockIo, DirIo, ErrnoCount, FileIo, SyscallStat},
             ThreadReport,
         },
         ReportData,
@@ -391,11 +391,39 @@ fn fill_files(
             f.calls += s.calls;
         }
         let mut files: Vec<FileIo> = files.into_values().collect();
+        p.dirs = rollup_dirs(&files, top.max(1));
         files.sort_by_key(|x| std::cmp::Reverse(x.ns));
         files.truncate(top.max(1));
         p.files = files;
     }
     Ok(())
+}
+
+/// The directories of the named files (paths, not pipes, sockets or unnamed fds) that hold two
+/// files or more, the `top` costliest first.
+fn rollup_dirs(files: &[FileIo], top: usize) -> Vec<DirIo> {
+    let mut dirs: BTreeMap<&str, DirIo> = BTreeMap::new();
+    for f in files {
+        if f.file.starts_with('<') || f.file.contains(":[") {
+            continue;
+        }
+        let Some(cut) = f.file.rfind('/') else {
+            continue;
+        };
+        let dir = if cut == 0 { "/" } else { &f.file[..cut] };
+        let d = dirs.entry(dir).or_insert_with(|| DirIo {
+            dir: dir.to_string(),
+            ..Default::default()
+        });
+        d.files += 1;
+        d.ns += f.ns;
+        d.bytes += f.bytes;
+        d.calls += f.calls;
+    }
+    let mut dirs: Vec<DirIo> = dirs.into_values().filter(|d| d.files >= 2).collect();
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.ns));
+    dirs.truncate(top);
+    dirs
 }
 
 /// The paths in `FD_NAMES` by the file they name (slots never written have tgid 0).
@@ -471,6 +499,46 @@ fn fill_block(ebpf: &Ebpf, data: &mut ReportData, open: &[(u32, ThreadState)]) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_roll_up_into_their_directories() {
+        let f = |file: &str, ns| FileIo {
+            file: file.into(),
+            ns,
+            bytes: 10,
+            calls: 2,
+        };
+        let files = vec![
+            f("/data/train/a.jpg", 5),
+            f("/data/train/b.jpg", 7),
+            f("/data/train/c.jpg", 1),
+            f("/data/val/x.jpg", 100),
+            f("/data/labels.csv", 3),
+            f("/data/index.bin", 4),
+            f("shard/0.tar", 2),
+            f("shard/1.tar", 2),
+            f("/vmlinuz", 1),
+            f("/init", 1),
+            f("pipe:[123]", 50),
+            f("socket:[9]", 50),
+            f("<closed fd 3>", 50),
+            f("<closed fd 4>", 50),
+        ];
+        let dirs = rollup_dirs(&files, 10);
+        let got: Vec<(&str, u64, u64)> = dirs.iter().map(|d| (&d.dir[..], d.files, d.ns)).collect();
+        // One file in /data/val: not a directory worth a line.
+        assert_eq!(
+            got,
+            vec![
+                ("/data/train", 3, 13),
+                ("/data", 2, 7),
+                ("shard", 2, 4),
+                ("/", 2, 2),
+            ]
+        );
+        assert_eq!((dirs[0].bytes, dirs[0].calls), (30, 6));
+        assert_eq!(rollup_dirs(&files, 1).len(), 1);
+    }
 
     #[test]
     fn held_bio_bytes_join_their_rows() {

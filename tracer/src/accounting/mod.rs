@@ -189,6 +189,10 @@ impl Offsets {
         const NONE: u32 = u32::MAX - 1;
         let arm = cfg!(target_arch = "aarch64");
         let (sys_open, sys_creat, sys_openat) = if arm { (NONE, NONE, 56) } else { (2, 85, 257) };
+        let (sys_dup2, sys_dup3) = if arm { (NONE, 24) } else { (33, 292) };
+        let (sys_pipe, sys_pipe2) = if arm { (NONE, 59) } else { (22, 293) };
+        let (sys_socket, sys_accept, sys_accept4) =
+            if arm { (198, 202, 242) } else { (41, 43, 288) };
         // GPUTRACE_OFFCPU_STACKS=0 turns off the stack walks at switch-out (cheaper; off-CPU
         // time is then classified by syscall only and the off-CPU graphs have no stacks).
         let stacks = std::env::var("GPUTRACE_OFFCPU_STACKS").map_or(1, |v| u32::from(v != "0"));
@@ -209,6 +213,13 @@ impl Offsets {
             ("SYS_CREAT", sys_creat),
             ("SYS_OPENAT", sys_openat),
             ("SYS_OPENAT2", 437),
+            ("SYS_DUP2", sys_dup2),
+            ("SYS_PIPE", sys_pipe),
+            ("SYS_PIPE2", sys_pipe2),
+            ("SYS_SOCKET", sys_socket),
+            ("SYS_ACCEPT", sys_accept),
+            ("SYS_ACCEPT4", sys_accept4),
+            ("SYS_DUP3", sys_dup3),
             ("SYS_URETPROBE", SYS_URETPROBE),
             ("SYS_FUTEX", SYS_FUTEX),
         ];
@@ -292,6 +303,10 @@ impl Accounting {
         }
     }
 }
+
+/// `membarrier(2)`: waits until all running threads of the machine have passed a memory barrier
+/// (`synchronize_rcu`); not in the libc crate's constants.
+const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
 
 impl Default for Accounting {
     fn default() -> Self {
@@ -479,6 +494,10 @@ impl ProbeFamily for Accounting {
                 .context("map ACCOUNT_STOPPED missing")?,
         )?;
         stopped.set(0, 1, 0).context("stop the accounting")?;
+        // A probe that read the flag just before it was set may still be writing: wait for
+        // every CPU to pass through the scheduler (an RCU grace period, which BPF programs
+        // run inside). Best effort: without membarrier that window stays (microseconds).
+        unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
         let end = ktime_now();
         // The Python stacks of the switch-outs since the session's last read.
         ctx.python.sync(ebpf)?;

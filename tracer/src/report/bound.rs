@@ -115,6 +115,7 @@ mod tests {
             time: None,
             syscalls: vec![],
             files: vec![],
+            dirs: vec![],
             block_io: vec![],
             cuda: None,
             gil: None,

@@ -84,6 +84,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
                 time: None,
                 syscalls: Vec::new(),
                 files: Vec::new(),
+                dirs: Vec::new(),
                 block_io: Vec::new(),
                 cuda: None,
                 gil: None,

@@ -151,6 +151,7 @@ pub fn process(
         time: (sum.alive_ns > 0).then_some(sum),
         syscalls: vec![],
         files: vec![],
+        dirs: vec![],
         block_io: vec![],
         cuda: None,
         gil: None,

@@ -489,6 +489,22 @@ fn render_syscalls(o: &mut String, p: &ProcessReport) {
             )),
         );
     }
+    // Worth a line when its files are more than the list above could show.
+    for d in p.dirs.iter().take(3).filter(|d| d.files as usize > 5) {
+        line(
+            o,
+            &clip(&format!(
+                "    dir  {:<50} {:>10} {:>8} calls {:>10}",
+                cut(
+                    &format!("{}/ ({} files)", d.dir.trim_end_matches('/'), d.files),
+                    50
+                ),
+                units::dur(d.ns),
+                d.calls,
+                units::bytes(d.bytes)
+            )),
+        );
+    }
 }
 
 fn render_block_io(o: &mut String, r: &Report, p: &ProcessReport) {

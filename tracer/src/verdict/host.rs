@@ -321,6 +321,17 @@ pub fn io_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
                 units::bytes(f.bytes)
             ));
         }
+        // Many small files (one per sample) say more as their directory.
+        if let Some(d) = p.dirs.first().filter(|d| d.files > 3) {
+            evidence.push(format!(
+                "directory {}: {} files, {} in {} calls, {}",
+                d.dir,
+                d.files,
+                units::dur(d.ns),
+                d.calls,
+                units::bytes(d.bytes)
+            ));
+        }
         let rate = if read > 0 {
             format!(", reading {}", units::rate(read, r.window.duration_ns))
         } else {

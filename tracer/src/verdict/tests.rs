@@ -3,7 +3,7 @@ use crate::report::{
     fixtures::*,
     model::{
         cuda::{Allocation, CopyStat, CudaErrorCount, KernelStat, MemoryStat, ProcessCuda},
-        time::FileIo,
+        time::{DirIo, FileIo},
     },
 };
 
@@ -107,6 +107,36 @@ fn io_bound_cites_devices_and_files() {
             .evidence
             .iter()
             .any(|e| e.contains("mean latency 777.8 µs")),
+        "{:?}",
+        fs[0].evidence
+    );
+    assert!(!fs[0].evidence.iter().any(|e| e.starts_with("directory")));
+}
+
+#[test]
+fn io_bound_over_many_small_files_cites_their_directory() {
+    let mut r = report();
+    let mut p = process(
+        100,
+        None,
+        "python",
+        vec![thread(100, "python", &[("io", 70.0), ("cpu", 10.0)])],
+    );
+    p.dirs = vec![DirIo {
+        dir: "/data/train".into(),
+        files: 12_000,
+        ns: 7 * SEC,
+        bytes: 1_200_000_000,
+        calls: 36_000,
+    }];
+    r.processes.push(p);
+    let fs = evaluate(&r);
+    assert_eq!(rules(&r), vec!["io-bound"]);
+    assert!(
+        fs[0]
+            .evidence
+            .iter()
+            .any(|e| e.starts_with("directory /data/train: 12000 files, 7.00 s in 36000 calls")),
         "{:?}",
         fs[0].evidence
     );

@@ -107,6 +107,8 @@ pub struct ProcessReport {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<time::FileIo>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dirs: Vec<time::DirIo>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub block_io: Vec<time::BlockIo>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda: Option<cuda::ProcessCuda>,

@@ -73,6 +73,20 @@ pub struct FileIo {
     pub calls: u64,
 }
 
+/// I/O time per directory, summed over the files in it that `files` names (all of them, not
+/// only those listed), for directories with two files or more: a loader reading one file per
+/// sample spreads its time over thousands of files, each too small to be listed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct DirIo {
+    /// The files' directory, as their paths spell it (relative when they were opened so).
+    pub dir: String,
+    /// Distinct files in it that did I/O.
+    pub files: u64,
+    pub ns: u64,
+    pub bytes: u64,
+    pub calls: u64,
+}
+
 /// Block I/O of one process on one device.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct BlockIo {
