@@ -66,7 +66,8 @@ pub struct ErrnoCount {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct FileIo {
     /// Path (from /proc while open, else as the program opened it), `pipe:[ino]`,
-    /// `socket:[ino]`, or `<closed fd N>` when it could be neither (never guessed).
+    /// `socket:[ino]`, `<pipe>` or `<socket>` (made and closed between two looks at /proc),
+    /// or `<closed fd N>` when it could be none of these (never guessed).
     pub file: String,
     pub ns: u64,
     pub bytes: u64,
