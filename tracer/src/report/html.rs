@@ -315,6 +315,23 @@ fn process(o: &mut String, r: &Report, p: &ProcessReport) {
         o.push_str("<h3>Files</h3>");
         table(o, &["file", "time", "calls", "bytes"], &files);
     }
+    let dirs: Vec<Vec<String>> = p
+        .dirs
+        .iter()
+        .map(|d| {
+            vec![
+                d.dir.clone(),
+                d.files.to_string(),
+                units::dur(d.ns),
+                d.calls.to_string(),
+                units::bytes(d.bytes),
+            ]
+        })
+        .collect();
+    if !dirs.is_empty() {
+        o.push_str("<h3>Directories</h3>");
+        table(o, &["directory", "files", "time", "calls", "bytes"], &dirs);
+    }
     let bio: Vec<Vec<String>> = p
         .block_io
         .iter()
@@ -534,6 +551,13 @@ mod tests {
         let mut r = fixtures::data_loading_job();
         r.nvml = Some(fixtures::nvml(40.0));
         r.processes[0].comm = "py<thon>".into();
+        r.processes[0].dirs = vec![crate::report::model::time::DirIo {
+            dir: "/data/train".into(),
+            files: 1200,
+            ns: 3_000_000_000,
+            bytes: 1 << 30,
+            calls: 2400,
+        }];
         crate::verdict::apply(&mut r);
         let cpu = CpuProfile::from_samples([StackSample {
             pid: 100,
@@ -569,6 +593,8 @@ mod tests {
         assert!(html.contains("waited 55% of wall time for data"));
         assert!(html.contains("py&lt;thon&gt;") && !html.contains("py<thon>"));
         assert!(html.contains("title=\"ipc 45.0% (4.50 s)\">ipc 45%</div>"));
+        assert!(html.contains("<h3>Directories</h3>"));
+        assert!(html.contains("<td>/data/train</td><td>1200</td><td>3.00 s</td>"));
         assert!(html.contains("<polyline"));
         let b64 = html.split("data:image/svg+xml;base64,").nth(1).unwrap();
         assert!(b64.len() > 100);
