@@ -143,13 +143,10 @@ pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
 /// that key already named a file (see below).
 #[inline(always)]
 fn name_slot(tgid: u32, fd: i32) -> Option<(&'static mut FdName, FdKey)> {
-    let gen = unsafe { FD_GEN.get(&FdGenKey { tgid, fd }) }
-        .copied()
-        .unwrap_or(0);
     let key = FdKey {
         tgid,
         fd,
-        gen,
+        gen: fd_gen(tgid, fd),
         _pad: 0,
     };
     let slot = unsafe { &mut *FD_NAMES.get_ptr_mut(FdName::slot(&key))? };
@@ -191,6 +188,14 @@ fn label_fd(tgid: u32, fd: i32, label: &[u8; 9]) {
 
 const PIPE_LABEL: &[u8; 9] = b"<pipe>\0\0\0";
 const SOCKET_LABEL: &[u8; 9] = b"<socket>\0";
+
+/// The open generation of `fd` of `tgid`: closes of that fd number so far.
+#[inline(always)]
+fn fd_gen(tgid: u32, fd: i32) -> u32 {
+    unsafe { FD_GEN.get(&FdGenKey { tgid, fd }) }
+        .copied()
+        .unwrap_or(0)
+}
 
 /// A new file under `fd` of `tgid`: the fd's generation moves on, so its I/O gets a new row.
 #[inline(always)]
@@ -297,9 +302,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
         // The cached fd and generation are the last call's file, the one whose I/O is held.
         let mut new_file = st.fd_cached != fd;
         if new_file || st.fd_epoch != epoch {
-            let gen = unsafe { FD_GEN.get(&FdGenKey { tgid, fd }) }
-                .copied()
-                .unwrap_or(0);
+            let gen = fd_gen(tgid, fd);
             new_file |= st.fd_gen != gen;
             if new_file {
                 flush_file(st);

@@ -369,7 +369,9 @@ fn fill_files(
 ) -> Result<()> {
     let mut rows: Vec<(FdKey, FdStat)> = read_map(ebpf, FILEIO_MAP)?;
     // The paths files were opened by: for those closed before /proc showed them.
-    let opened = opened_paths(ebpf);
+    let opened = ebpf
+        .map(FD_NAMES_MAP)
+        .and_then(|m| aya::maps::Array::<&MapData, FdName>::try_from(m).ok());
     // What live threads hold on top of their rows (`ThreadState::held_file`).
     rows.extend(open.iter().filter_map(|(_, st)| st.held_file()));
     for p in data.report.processes.iter_mut() {
@@ -379,8 +381,8 @@ fn fill_files(
             // or never: a later file under the same fd number must not lend it its name.
             let name = fds
                 .get(k)
-                .or_else(|| opened.get(k))
                 .cloned()
+                .or_else(|| opened.as_ref().and_then(|m| opened_path(m, k)))
                 .unwrap_or_else(|| format!("<closed fd {}>", k.fd));
             let f = files.entry(name.clone()).or_insert_with(|| FileIo {
                 file: name,
@@ -426,19 +428,12 @@ fn rollup_dirs(files: &[FileIo], top: usize) -> Vec<DirIo> {
     dirs
 }
 
-/// The paths in `FD_NAMES` by the file they name (slots never written have tgid 0).
-fn opened_paths(ebpf: &Ebpf) -> BTreeMap<FdKey, String> {
-    let Some(map) = ebpf
-        .map(FD_NAMES_MAP)
-        .and_then(|m| aya::maps::Array::<&MapData, FdName>::try_from(m).ok())
-    else {
-        return BTreeMap::new();
-    };
-    (0..map.len())
-        .filter_map(|i| map.get(&i, 0).ok())
-        .filter(|n| n.key.tgid != 0 && !n.bytes().is_empty())
-        .map(|n| (n.key, String::from_utf8_lossy(n.bytes()).into_owned()))
-        .collect()
+/// The path in `FD_NAMES` that names the file `key`, if its slot still holds it: one lookup
+/// per row that /proc did not name, not a read of every slot.
+fn opened_path(names: &aya::maps::Array<&MapData, FdName>, key: &FdKey) -> Option<String> {
+    let n = names.get(&FdName::slot(key), 0).ok()?;
+    (n.key == *key && !n.bytes().is_empty())
+        .then(|| String::from_utf8_lossy(n.bytes()).into_owned())
 }
 
 /// Adds the bio bytes live threads hold (`ThreadState::held_bio`) to their rows (the kernel

@@ -214,12 +214,12 @@ impl Offsets {
             ("SYS_OPENAT", sys_openat),
             ("SYS_OPENAT2", 437),
             ("SYS_DUP2", sys_dup2),
+            ("SYS_DUP3", sys_dup3),
             ("SYS_PIPE", sys_pipe),
             ("SYS_PIPE2", sys_pipe2),
             ("SYS_SOCKET", sys_socket),
             ("SYS_ACCEPT", sys_accept),
             ("SYS_ACCEPT4", sys_accept4),
-            ("SYS_DUP3", sys_dup3),
             ("SYS_URETPROBE", SYS_URETPROBE),
             ("SYS_FUTEX", SYS_FUTEX),
         ];

@@ -477,7 +477,7 @@ fn render_syscalls(o: &mut String, p: &ProcessReport) {
     more(o, s.len());
     let mut files: Vec<_> = p.files.iter().collect();
     files.sort_by_key(|f| std::cmp::Reverse(f.ns));
-    for f in files.iter().take(5) {
+    for f in files.iter().take(FILE_LINES) {
         line(
             o,
             &clip(&format!(
@@ -490,7 +490,12 @@ fn render_syscalls(o: &mut String, p: &ProcessReport) {
         );
     }
     // Worth a line when its files are more than the list above could show.
-    for d in p.dirs.iter().take(3).filter(|d| d.files as usize > 5) {
+    for d in p
+        .dirs
+        .iter()
+        .take(3)
+        .filter(|d| d.files as usize > FILE_LINES)
+    {
         line(
             o,
             &clip(&format!(
@@ -506,6 +511,9 @@ fn render_syscalls(o: &mut String, p: &ProcessReport) {
         );
     }
 }
+
+/// Files listed per process in the summary (the report keeps `--top`).
+const FILE_LINES: usize = 5;
 
 fn render_block_io(o: &mut String, r: &Report, p: &ProcessReport) {
     if p.block_io.is_empty() {
