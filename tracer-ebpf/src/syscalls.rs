@@ -21,7 +21,7 @@ use tracer_common::{
     drops::Drop,
     wall::{
         log2_bucket, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, SysKey, SysStat, ThreadState,
-        ERRNOS_ENTRIES, FD_NAMES_ENTRIES, FILEIO_ENTRIES, HIST_BUCKETS, NO_SYSCALL,
+        ERRNOS_ENTRIES, FD_NAMES_ENTRIES, FD_NAME_WAYS, FILEIO_ENTRIES, HIST_BUCKETS, NO_SYSCALL,
         SYSCALLS_ENTRIES,
     },
 };
@@ -43,7 +43,7 @@ static FILEIO: HashMap<FdKey, FdStat> = HashMap::with_max_entries(FILEIO_ENTRIES
 #[map(name = "FD_GEN")]
 static FD_GEN: HashMap<FdGenKey, u32> = HashMap::with_max_entries(FILEIO_ENTRIES, 0);
 
-/// The path each file was opened by (`FdName`, at slot `FdName::slot` of its key): what names
+/// The path each file was opened by (`FdName`, in its key's set: `FdName::set`): what names
 /// a file that was closed before user space could read its link in /proc.
 #[map(name = "FD_NAMES")]
 static FD_NAMES: Array<FdName> = Array::with_max_entries(FD_NAMES_ENTRIES, 0);
@@ -149,14 +149,26 @@ fn name_slot(tgid: u32, fd: i32) -> Option<(&'static mut FdName, FdKey)> {
         gen: fd_gen(tgid, fd),
         _pad: 0,
     };
-    let slot = unsafe { &mut *FD_NAMES.get_ptr_mut(FdName::slot(&key))? };
-    if slot.key == key {
-        // This fd number was opened before with no close seen since (closed by an exec or
-        // `close_range`): its row holds both files' I/O, which no one name names.
-        slot.path[0] = 0;
-        return None;
+    // The first free slot of the key's set, else its home slot.
+    let set = FdName::set(&key);
+    let mut pick = FdName::slot(&key);
+    let mut free = false;
+    let mut i = 0;
+    while i < FD_NAME_WAYS {
+        let slot = unsafe { &mut *FD_NAMES.get_ptr_mut(set + i)? };
+        if slot.key == key {
+            // This fd number was opened before with no close seen since (closed by an exec
+            // or `close_range`): its row holds both files' I/O, which no one name names.
+            slot.path[0] = 0;
+            return None;
+        }
+        if !free && slot.key.tgid == 0 {
+            free = true;
+            pick = set + i;
+        }
+        i += 1;
     }
-    Some((slot, key))
+    Some((unsafe { &mut *FD_NAMES.get_ptr_mut(pick)? }, key))
 }
 
 /// Records the path `path` (user address) that opened `fd`.

@@ -13,8 +13,8 @@ use tracer_common::{
     wall::{
         BlkKey, BlkStat, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysKey,
         SysStat, ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FD_NAMES_MAP,
-        FILEIO_MAP, GIL_HOLDER_UNKNOWN, KIND_BLOCKED, LIFE_MAP, PHASE_ONCPU, SYSCALLS_MAP,
-        THREADS_MAP, WALL_MAP,
+        FD_NAME_WAYS, FILEIO_MAP, GIL_HOLDER_UNKNOWN, KIND_BLOCKED, LIFE_MAP, PHASE_ONCPU,
+        SYSCALLS_MAP, THREADS_MAP, WALL_MAP,
     },
 };
 
@@ -428,12 +428,14 @@ fn rollup_dirs(files: &[FileIo], top: usize) -> Vec<DirIo> {
     dirs
 }
 
-/// The path in `FD_NAMES` that names the file `key`, if its slot still holds it: one lookup
-/// per row that /proc did not name, not a read of every slot.
+/// The path in `FD_NAMES` that names the file `key`, if its set still holds it: a set's
+/// lookups per row that /proc did not name, not a read of every slot.
 fn opened_path(names: &aya::maps::Array<&MapData, FdName>, key: &FdKey) -> Option<String> {
-    let n = names.get(&FdName::slot(key), 0).ok()?;
-    (n.key == *key && !n.bytes().is_empty())
-        .then(|| String::from_utf8_lossy(n.bytes()).into_owned())
+    let set = FdName::set(key);
+    let n = (set..set + FD_NAME_WAYS)
+        .filter_map(|i| names.get(&i, 0).ok())
+        .find(|n| n.key == *key)?;
+    (!n.bytes().is_empty()).then(|| String::from_utf8_lossy(n.bytes()).into_owned())
 }
 
 /// Adds the bio bytes live threads hold (`ThreadState::held_bio`) to their rows (the kernel
