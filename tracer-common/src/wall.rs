@@ -5,7 +5,18 @@
 //! interval at that instant and charges it according to the phase the thread was in, so the
 //! intervals of a thread tile its life without gaps or overlap.
 
+/// Thread states whose slot in `THREAD_SLOTS_MAP` another live thread holds, keyed by tid.
 pub const THREADS_MAP: &str = "THREADS";
+/// Thread states, direct-mapped: thread `tid` is in slot `tid & THREAD_SLOT_MASK` (a global
+/// of the programs: `THREAD_SLOTS - 1` unless a test asks for fewer) when that slot's
+/// `ThreadState::tid` is `tid`, else in `THREADS_MAP` (its spill). Every scheduler, syscall
+/// and block event of a traced thread finds its state; an array slot is a few loads the
+/// verifier inlines, where a hash lookup is a helper call, a hash and a bucket walk. Mappable
+/// (`BPF_F_MMAPABLE`), so user space scans it in memory rather than a syscall per slot.
+pub const THREAD_SLOTS_MAP: &str = "THREAD_SLOTS";
+/// One `u64`: how many states `THREADS_MAP` holds. While 0 a thread not in its slot has no
+/// state, with no hash lookup.
+pub const THREADS_SPILLED_MAP: &str = "THREADS_SPILLED";
 pub const WALL_MAP: &str = "WALL";
 pub const LIFE_MAP: &str = "LIFE";
 pub const SYSCALLS_MAP: &str = "SYSCALLS";
@@ -19,6 +30,11 @@ pub const BLOCK_MAP: &str = "BLOCK_IO";
 pub const STOPPED_MAP: &str = "ACCOUNT_STOPPED";
 
 pub const THREADS_ENTRIES: u32 = 65_536;
+/// Slots of `THREAD_SLOTS_MAP` (~3 MB): thread ids are handed out in sequence, so the threads
+/// of a job share a slot only when their ids differ by a multiple of this.
+pub const THREAD_SLOTS: u32 = 8_192;
+/// `BPF_F_MMAPABLE`, for `THREAD_SLOTS_MAP`.
+pub const MAP_F_MMAPABLE: u32 = 1 << 10;
 pub const WALL_ENTRIES: u32 = 65_536;
 pub const LIFE_ENTRIES: u32 = 65_536;
 pub const SYSCALLS_ENTRIES: u32 = 32_768;
@@ -55,7 +71,7 @@ pub const RQ_WOKEN: u32 = 1;
 /// No syscall in progress.
 pub const NO_SYSCALL: i32 = -1;
 
-/// Per-thread state, keyed by tid. Only traced threads have one.
+/// Per-thread state (`THREAD_SLOTS_MAP`, `THREADS_MAP`). Only traced threads have one.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ThreadState {
@@ -85,7 +101,8 @@ pub struct ThreadState {
     pub off_ustack: i32,
     /// 1 once the thread's on-CPU row exists in `WALL` (written at its first switch-out).
     pub cpu_row: u32,
-    pub _pad4: u32,
+    /// The thread's id: in `THREAD_SLOTS_MAP`, 0 marks a free slot.
+    pub tid: u32,
     /// When the thread last left the CPU (the start of its off-CPU interval, for the timeline).
     pub off_ns: u64,
     /// The stacks walked for the thread's last two waits, the latest first: blocking again
@@ -203,9 +220,9 @@ pub struct Wait {
 }
 
 impl ThreadState {
-    /// A thread accounted from `born_ns` in `phase`, in no syscall and with no stacks yet.
+    /// Thread `tid` accounted from `born_ns` in `phase`, in no syscall and with no stacks yet.
     #[inline(always)]
-    pub const fn new(born_ns: u64, tgid: u32, phase: u32) -> Self {
+    pub const fn new(born_ns: u64, tid: u32, tgid: u32, phase: u32) -> Self {
         ThreadState {
             born_ns,
             start_ns: born_ns,
@@ -221,7 +238,7 @@ impl ThreadState {
             off_kstack: -1,
             off_ustack: -1,
             cpu_row: 0,
-            _pad4: 0,
+            tid,
             off_ns: 0,
             walked: [Walked::NONE; 2],
             off_pystack: 0,

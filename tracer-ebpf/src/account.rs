@@ -1,6 +1,6 @@
 //! Per-thread wall-time accounting, shared by the scheduler, syscall and CUDA programs.
 //!
-//! Each traced thread has a [`ThreadState`] in `THREADS` holding the start of its running
+//! Each traced thread has a [`ThreadState`] (found by [`state`]) holding the start of its running
 //! interval and its phase (on CPU, blocked, runnable). Every event closes the running interval
 //! at that instant and charges it to one row of `WALL`, so a thread's intervals tile its life.
 //!
@@ -12,28 +12,79 @@
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
+    Global,
 };
 use tracer_common::{
     drops::Drop,
     python::PY_STACK_PENDING,
     time::NO_OVERRIDE,
     wall::{
-        LifeKey, LifeVal, ThreadState, WallKey, WallVal, LIFE_ENTRIES, PHASE_BLOCKED, PHASE_ONCPU,
-        PHASE_RUNNABLE, THREADS_ENTRIES, WALL_ENTRIES,
+        LifeKey, LifeVal, ThreadState, WallKey, WallVal, LIFE_ENTRIES, MAP_F_MMAPABLE,
+        PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, THREADS_ENTRIES, THREAD_SLOTS, WALL_ENTRIES,
     },
 };
 
-use crate::maps::count_drop;
+use crate::maps::{count_drop, counter, counter_add};
 
-/// tid -> state of every traced thread.
+/// Thread states, direct-mapped by tid (`tracer_common::wall::THREAD_SLOTS_MAP`).
+#[map(name = "THREAD_SLOTS")]
+static SLOTS: Array<ThreadState> = Array::with_max_entries(THREAD_SLOTS, MAP_F_MMAPABLE);
+
+/// tid -> state of a traced thread whose slot another one holds.
 #[map(name = "THREADS")]
-pub static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(THREADS_ENTRIES, 0);
+static THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(THREADS_ENTRIES, 0);
+
+/// Slot of thread `tid`: `tid & THREAD_SLOT_MASK` (fewer slots than the map has only in tests,
+/// to exercise `THREADS`).
+#[no_mangle]
+static THREAD_SLOT_MASK: Global<u32> = Global::new(THREAD_SLOTS - 1);
+
+#[inline(always)]
+fn thread_slot(tid: u32) -> u32 {
+    tid & THREAD_SLOT_MASK.load()
+}
+
+/// How many states `THREADS` holds (mapped: user space adds the states it seeds there).
+#[map(name = "THREADS_SPILLED")]
+static SPILLED: Array<u64> = Array::with_max_entries(1, MAP_F_MMAPABLE);
+
+/// The state of traced thread `tid`, if it has one. A thread's state is touched only from
+/// its own events (serialised by the scheduler), so callers may hold the pointer for the run.
+#[inline(always)]
+pub fn state(tid: u32) -> Option<*mut ThreadState> {
+    // Free slots hold tid 0: the idle task has no state.
+    if tid == 0 {
+        return None;
+    }
+    let slot = SLOTS.get_ptr_mut(thread_slot(tid))?;
+    if unsafe { (*slot).tid } == tid {
+        return Some(slot);
+    }
+    if counter(&SPILLED) == 0 {
+        return None;
+    }
+    THREADS.get_ptr_mut(&tid)
+}
+
+/// Forgets `tid`'s state.
+#[inline(always)]
+fn forget(tid: u32) {
+    if let Some(slot) = SLOTS.get_ptr_mut(thread_slot(tid)) {
+        if unsafe { (*slot).tid } == tid {
+            unsafe { (*slot).tid = 0 };
+            return;
+        }
+    }
+    if counter(&SPILLED) != 0 && THREADS.remove(&tid).is_ok() {
+        counter_add(&SPILLED, u64::MAX);
+    }
+}
 
 #[map(name = "NEW_STATE")]
 static NEW_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
 
 /// Set by user space once it has detached the scheduler, syscall and block programs, before
-/// it reads `WALL` and then `THREADS`. The CUDA probes are still attached then (closing their
+/// it reads `WALL` and then the thread states. The CUDA probes are still attached then (closing their
 /// links waits for grace periods, so they go after the report); without this a CUDA call
 /// between the two reads would move time a thread holds into a `WALL` row already read, and
 /// it would be in neither read.
@@ -166,23 +217,41 @@ pub fn died(tid: u32, st: &mut ThreadState, now: u64) {
     if LIFE.insert(&key, &val, 0).is_err() {
         count_drop(Drop::ThreadStateFull);
     }
-    let _ = THREADS.remove(&tid);
+    forget(tid);
 }
 
 /// Starts accounting a thread created at `now`; it is runnable until it first runs.
 #[inline(always)]
 pub fn born(tid: u32, tgid: u32, now: u64) {
+    if tid == 0 {
+        return;
+    }
+    let Some(slot) = SLOTS.get_ptr_mut(thread_slot(tid)) else {
+        return;
+    };
     // A state left by a thread whose death went unseen keeps the time it held.
-    if let Some(old) = THREADS.get_ptr_mut(&tid) {
+    if let Some(old) = state(tid) {
         flush(tid, unsafe { &mut *old });
+        if old != slot {
+            forget(tid);
+        }
+    }
+    crate::maps::mark_maybe(tid);
+    let owner = unsafe { (*slot).tid };
+    if owner == 0 || owner == tid {
+        // Two CPUs may fill one free slot at once (plain stores) only for two threads born
+        // together whose ids differ by a multiple of THREAD_SLOTS.
+        unsafe { *slot = ThreadState::new(now, tid, tgid, PHASE_RUNNABLE) };
+        return;
     }
     // Built in a per-CPU slot: a state is too big for the programs' 512-byte stack.
     let Some(st) = NEW_STATE.get_ptr_mut(0) else {
         return;
     };
-    unsafe { *st = ThreadState::new(now, tgid, PHASE_RUNNABLE) };
-    crate::maps::mark_maybe(tid);
-    if THREADS.insert(&tid, unsafe { &*st }, 0).is_err() {
+    unsafe { *st = ThreadState::new(now, tid, tgid, PHASE_RUNNABLE) };
+    if THREADS.insert(&tid, unsafe { &*st }, 0).is_ok() {
+        counter_add(&SPILLED, 1);
+    } else {
         count_drop(Drop::ThreadStateFull);
     }
 }
@@ -194,7 +263,7 @@ pub fn enter_override(tid: u32, now: u64, category: u32, fid: i32, ustack: i32, 
     if stopped() {
         return;
     }
-    if let Some(st) = THREADS.get_ptr_mut(&tid) {
+    if let Some(st) = state(tid) {
         let st = unsafe { &mut *st };
         close(tid, st, now);
         st.override_cat = category;
@@ -210,7 +279,7 @@ pub fn exit_override(tid: u32, now: u64) {
     if stopped() {
         return;
     }
-    if let Some(st) = THREADS.get_ptr_mut(&tid) {
+    if let Some(st) = state(tid) {
         let st = unsafe { &mut *st };
         close(tid, st, now);
         st.override_cat = NO_OVERRIDE;

@@ -30,7 +30,7 @@ use tracer_common::{
 };
 
 use crate::{
-    account::THREADS,
+    account,
     maps::{atomic_add, count_drop, counter, counter_add, current_ids, is_traced, maybe_traced},
 };
 
@@ -243,7 +243,7 @@ pub fn block_bio_queue(ctx: RawTracePointContext) -> u32 {
     // lookup in all. Two separate paths: merged, LLVM emits a read of the state's register on
     // the path that has none, which the verifier rejects.
     if maybe_traced(tid) {
-        if let Some(st) = THREADS.get_ptr_mut(&tid) {
+        if let Some(st) = account::state(tid) {
             let st = unsafe { &mut *st };
             if st.tgid == tgid {
                 let (sector, dev, bytes, kind) = bio_fields(bio);

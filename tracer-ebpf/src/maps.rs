@@ -24,7 +24,7 @@ pub fn maybe_traced(id: u32) -> bool {
         .is_none_or(|b| *b != 0)
 }
 
-/// Marks `id` as possibly traced: before it goes into `TRACED` or `THREADS`.
+/// Marks `id` as possibly traced: before it goes into `TRACED` or gets a thread state.
 #[inline(always)]
 pub fn mark_maybe(id: u32) {
     if let Some(b) = MAYBE_IDS.get_ptr_mut(id % proc::MAYBE_SLOTS) {

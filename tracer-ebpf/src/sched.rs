@@ -1,8 +1,8 @@
 //! Scheduler tracepoints: exact on/off-CPU intervals of traced threads (see `account`).
 //!
 //! `sched_switch` runs in the context of `prev`, so `prev`'s tgid comes from
-//! `bpf_get_current_pid_tgid`; `next` is found by tid in `THREADS`, which only traced threads
-//! are in. Off-CPU intervals carry what the thread was doing when it left the CPU (syscall,
+//! `bpf_get_current_pid_tgid`; `next` is found by tid (`account::state`): only traced threads
+//! have a state. Off-CPU intervals carry what the thread was doing when it left the CPU (syscall,
 //! task state, user and kernel stacks) and are classified in user space.
 //!
 //! Each program comes twice: on a raw tracepoint (the default: it runs on every context switch
@@ -22,7 +22,7 @@ use tracer_common::wall::{
 };
 
 use crate::{
-    account::{born, close, died, flush, THREADS},
+    account::{born, close, died, flush, state},
     maps::{current_ids, is_traced, maybe_traced, stack_id},
 };
 
@@ -86,7 +86,7 @@ fn switch<C: StackIdContext>(ctx: &C, prev_state: i64, next: i32) -> u32 {
     }
     if next > 0 && maybe_traced(next as u32) {
         let next = next as u32;
-        if let Some(st) = THREADS.get_ptr_mut(&next) {
+        if let Some(st) = state(next) {
             let st = unsafe { &mut *st };
             crate::timeline::offcpu(next, st, now);
             close(next, st, now);
@@ -103,7 +103,7 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
     if !maybe_traced(tid) && !maybe_traced(tgid) {
         return;
     }
-    let st = match THREADS.get_ptr_mut(&tid) {
+    let st = match state(tid) {
         Some(st) => st,
         None => {
             if !is_traced(tgid) {
@@ -112,7 +112,7 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
             // A thread we never saw start (created between the attach and the seeding):
             // accounted from now on.
             born(tid, tgid, now);
-            match THREADS.get_ptr_mut(&tid) {
+            match state(tid) {
                 Some(st) => {
                     unsafe { (*st).phase = PHASE_ONCPU };
                     st
@@ -212,7 +212,7 @@ fn wakeup(pid: i32) -> u32 {
     if !maybe_traced(tid) {
         return 0;
     }
-    if let Some(st) = THREADS.get_ptr_mut(&tid) {
+    if let Some(st) = state(tid) {
         let st = unsafe { &mut *st };
         if st.phase == PHASE_BLOCKED {
             close(tid, st, unsafe { bpf_ktime_get_ns() });
@@ -262,7 +262,7 @@ fn wakeup_new(pid: i32) -> u32 {
         return 0;
     }
     let pid = pid as u32;
-    if is_traced(pid) && THREADS.get_ptr(&pid).is_none() {
+    if is_traced(pid) && state(pid).is_none() {
         born(pid, pid, unsafe { bpf_ktime_get_ns() });
     }
     0

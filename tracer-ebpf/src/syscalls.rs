@@ -27,7 +27,7 @@ use tracer_common::{
 };
 
 use crate::{
-    account::THREADS,
+    account,
     maps::{add_to, count_drop, current_ids},
 };
 
@@ -104,7 +104,7 @@ fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
     if !crate::maps::maybe_traced(tid) {
         return None;
     }
-    let st = unsafe { &mut *THREADS.get_ptr_mut(&tid)? };
+    let st = unsafe { &mut *account::state(tid)? };
     (st.tgid == tgid).then_some((tgid, tid, st))
 }
 

@@ -197,7 +197,7 @@ mod tests {
             start_ns: start,
             off_state: 1,
             off_sys_nr: 230,
-            ..ThreadState::new(born, 1, phase)
+            ..ThreadState::new(born, 1, 1, phase)
         }
     }
 

@@ -14,7 +14,7 @@ use tracer_common::{
         BlkKey, BlkStat, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysKey,
         SysStat, ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FD_NAMES_MAP,
         FD_NAME_WAYS, FILEIO_MAP, GIL_HOLDER_UNKNOWN, KIND_BLOCKED, LIFE_MAP, PHASE_ONCPU,
-        SYSCALLS_MAP, THREADS_MAP, WALL_MAP,
+        SYSCALLS_MAP, WALL_MAP,
     },
 };
 
@@ -75,7 +75,7 @@ pub fn fill(
         .into_iter()
         .map(|(key, val)| Row { key, val })
         .collect();
-    let mut open: Vec<(u32, ThreadState)> = read_map(ebpf, THREADS_MAP)?;
+    let mut open: Vec<(u32, ThreadState)> = super::States::open(ebpf)?.all(ebpf)?;
     // What the kernel would have done had these waits ended now.
     let seeds: StdHashMap<u32, PySeed> = read_map::<u32, PySeed>(ebpf, PY_SEED_MAP)
         .unwrap_or_default()
@@ -551,7 +551,7 @@ mod tests {
         };
         let mut rows = vec![row(7, 1, 4096), row(7, 2, 512)];
         let held = |tid, dev, read, write| {
-            let mut st = ThreadState::new(0, 7, PHASE_ONCPU);
+            let mut st = ThreadState::new(0, tid, 7, PHASE_ONCPU);
             st.bio_dev = dev;
             st.held_bio_read = read;
             st.held_bio_write = write;

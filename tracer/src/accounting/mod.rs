@@ -9,20 +9,19 @@ pub mod classify;
 mod fill;
 pub mod render;
 pub mod sites;
+mod states;
 pub mod syscall_names;
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
-use aya::{
-    maps::{HashMap, MapData},
-    programs::Program,
-    Ebpf, EbpfLoader,
-};
+use aya::{programs::Program, Ebpf, EbpfLoader};
 use tracer_common::{
     python::PY_STACK_PENDING,
-    wall::{ThreadState, PHASE_BLOCKED, PHASE_ONCPU, STOPPED_MAP, THREADS_MAP},
+    wall::{ThreadState, PHASE_BLOCKED, PHASE_ONCPU, STOPPED_MAP},
 };
+
+pub use states::States;
 
 use crate::{
     bpf,
@@ -222,6 +221,7 @@ impl Offsets {
             ("SYS_ACCEPT4", sys_accept4),
             ("SYS_URETPROBE", SYS_URETPROBE),
             ("SYS_FUTEX", SYS_FUTEX),
+            ("THREAD_SLOT_MASK", states::slot_mask()),
         ];
         let mut block_classic = None;
         if tracefs::exists("block", "block_rq_issue") {
@@ -283,12 +283,9 @@ impl Accounting {
 
     /// Learns names of new threads and targets of new fds while they still exist.
     fn learn(&mut self, ebpf: &Ebpf) {
-        if let Some(threads) = ebpf
-            .map(THREADS_MAP)
-            .and_then(|m| HashMap::<&MapData, u32, ThreadState>::try_from(m).ok())
-        {
+        if let Ok(threads) = States::open(ebpf).and_then(|s| s.all(ebpf)) {
             // Re-read every time: exec renames a thread.
-            for (tid, st) in threads.iter().filter_map(Result::ok) {
+            for (tid, st) in threads {
                 if let Some(c) = procfs::thread_comm(st.tgid, tid) {
                     self.comms.insert(tid, (st.tgid, c));
                 }
@@ -315,7 +312,7 @@ impl Default for Accounting {
 }
 
 /// Threads that exist now: accounted from now, in what /proc says they are doing.
-/// BPF_NOEXIST: a thread the programs already saw keeps the kernel's exact state.
+/// A thread the programs already saw keeps the kernel's exact state.
 fn seed_threads(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
     let tids: Vec<(u32, u32)> = pids
         .iter()
@@ -323,8 +320,7 @@ fn seed_threads(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
         .collect();
     bpf::mark_maybe(ebpf, tids.iter().map(|&(_, tid)| tid))?;
     let now = ktime_now();
-    let mut threads: HashMap<&mut MapData, u32, ThreadState> =
-        HashMap::try_from(ebpf.map_mut(THREADS_MAP).context("map THREADS missing")?)?;
+    let states = States::open(ebpf)?;
     for &(pid, tid) in &tids {
         let Some((phase, state, nr)) = thread_now(pid, tid) else {
             continue;
@@ -341,9 +337,9 @@ fn seed_threads(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
             } else {
                 PY_STACK_PENDING
             },
-            ..ThreadState::new(now, pid, phase)
+            ..ThreadState::new(now, tid, pid, phase)
         };
-        let _ = threads.insert(tid, st, 1);
+        states.seed(ebpf, &st)?;
     }
     Ok(())
 }

@@ -27,7 +27,7 @@ use tracer_common::{
         PySeed, PyStack, PyStat, PY_ENABLED_GLOBAL, PY_FRAME_ENTRY, PY_NOT_MAP, PY_PROCS_MAP,
         PY_SEED_MAP, PY_STACKS_MAP, PY_STACK_PENDING, PY_STATS_MAP, PY_TSTATE_MAP,
     },
-    wall::{ThreadState, PHASE_ONCPU, THREADS_MAP},
+    wall::PHASE_ONCPU,
 };
 
 use self::{
@@ -382,11 +382,10 @@ impl PyState {
         if fresh.is_empty() {
             return Ok(());
         }
-        let threads: BpfHashMap<&MapData, u32, ThreadState> =
-            BpfHashMap::try_from(ebpf.map(THREADS_MAP).context("map THREADS missing")?)?;
+        let threads = crate::accounting::States::open(ebpf)?;
         let mut seeds: Vec<(u32, PySeed)> = Vec::new();
         for &(pid, tid, tstate) in fresh {
-            let Ok(st) = threads.get(&tid, 0) else {
+            let Some(st) = threads.get(ebpf, tid) else {
                 continue;
             };
             if st.phase == PHASE_ONCPU || st.off_pystack != PY_STACK_PENDING {
