@@ -135,6 +135,54 @@ fn fake_cuda_calls_are_counted_exactly_on_perf_links() {
     );
 }
 
+/// `--cuda-entry-only` counts every probed entry, nested ones included (no return probe tells
+/// the levels apart). A thread with an accounting state sums its calls of one function in that
+/// state, written out when it calls another one; the report adds what is still held at the
+/// end. The workload alternates between functions, so both paths add up here.
+#[test]
+fn fake_cuda_entries_are_counted_exactly() {
+    let _g = serial();
+    if !require_root("fake_cuda_entries_are_counted_exactly") {
+        return;
+    }
+    let dir = fake_cuda();
+    let out = common::out_dir("cuda-fake-entry");
+    let workload = dir.join("workload").display().to_string();
+    let run = run_traced(
+        &[
+            "--cuda-entry-only",
+            "--max-overhead",
+            "100%",
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            &workload,
+            "1500",
+        ],
+        &[(nvml_env(), "/nonexistent/libnvidia-ml.so.1")],
+    );
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let c = cuda_of(&run.report(&out), "workload");
+    // 153 direct runtime launches and the 7 that cudaLaunchKernelExC makes inside the runtime;
+    // every runtime launch enters cuLaunchKernel, beside the 25 direct driver launches.
+    assert_eq!(count(&c, "cudaLaunchKernel"), 160);
+    assert_eq!(count(&c, "cudaLaunchKernelExC"), 7);
+    assert_eq!(count(&c, "cuLaunchKernel"), 182);
+    assert_eq!(count(&c, "cudaMalloc"), 4);
+    assert_eq!(count(&c, "cuMemAlloc_v2"), 4, "nested in cudaMalloc");
+    assert_eq!(count(&c, "cudaMemcpy"), 17);
+    assert_eq!(count(&c, "cudaDeviceSynchronize"), 5);
+    // Per thread, the same sums.
+    let threads = c["threads"].as_array().unwrap();
+    let launches: u64 = threads
+        .iter()
+        .flat_map(|t| t["api"].as_array().unwrap())
+        .filter(|a| a["function"] == "cudaLaunchKernel")
+        .map(|a| a["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(launches, 160);
+}
+
 fn counted_exactly(name: &str, env: &[(&str, &str)]) -> Run {
     let dir = fake_cuda();
     let out = common::out_dir(name);

@@ -139,7 +139,12 @@ pub struct ThreadState {
     /// `held_file` holds.
     pub fd_cached: i32,
     pub fd_gen: u32,
-    pub _pad2: u32,
+    /// `--cuda-entry-only`: the CUDA function (fid) the thread last called and its calls not
+    /// yet added to its `CUDA_API` row (`held_api_count`): a thread launching one kernel
+    /// function a million times counts them here, with no hash lookup per call. Written out
+    /// when the function changes, at death and before a stale state is replaced; user space
+    /// adds what is held at the end.
+    pub held_api_fid: i32,
     pub fd_epoch: u64,
     /// Off-CPU time of the thread's last wait, not yet added to `WALL`: its blocked and its
     /// runqueue row (`wait_key`). A thread that blocks again and again in the same wait (a
@@ -162,6 +167,7 @@ pub struct ThreadState {
     pub _pad3: u32,
     pub held_bio_read: u64,
     pub held_bio_write: u64,
+    pub held_api_count: u64,
 }
 
 /// Stacks walked at a blocking switch-out, and the wait they were walked for: the syscall,
@@ -254,7 +260,7 @@ impl ThreadState {
             held_ustack: -1,
             fd_cached: -1,
             fd_gen: 0,
-            _pad2: 0,
+            held_api_fid: -1,
             // Never an epoch: the first per-file call looks the generation up.
             fd_epoch: u64::MAX,
             held_wait: Wait {
@@ -276,6 +282,7 @@ impl ThreadState {
             _pad3: 0,
             held_bio_read: 0,
             held_bio_write: 0,
+            held_api_count: 0,
         }
     }
 

@@ -66,6 +66,18 @@ pub fn state(tid: u32) -> Option<*mut ThreadState> {
     THREADS.get_ptr_mut(&tid)
 }
 
+/// The state of thread `tid` of process `tgid` while the accounting runs, for the CUDA
+/// probes' sums (`ThreadState::held_api_count`): once user space stops the accounting to read
+/// the states, they count in their maps again.
+#[inline(always)]
+pub fn live_state(tgid: u32, tid: u32) -> Option<&'static mut ThreadState> {
+    if stopped() {
+        return None;
+    }
+    let st = unsafe { &mut *state(tid)? };
+    (st.tgid == tgid).then_some(st)
+}
+
 /// Forgets `tid`'s state.
 #[inline(always)]
 fn forget(tid: u32) {
@@ -161,6 +173,7 @@ pub fn flush(tid: u32, st: &mut ThreadState) {
     flush_wait(tid, st);
     crate::syscalls::flush_file(st);
     crate::block::flush_bio(st);
+    crate::cuda::flush_api(tid, st);
 }
 
 #[inline(always)]

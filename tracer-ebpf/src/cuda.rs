@@ -164,16 +164,28 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// `--cuda-entry-only`: counts the call in its (process, thread, function) row. A row is
-/// made only for a traced process, so a found one spares the `TRACED` lookup; rows outlive
-/// their threads, so a process that took a traced one's pid and thread id during the trace
-/// (a pid wrap) would be counted under it.
+/// `--cuda-entry-only`: counts the call in its (process, thread, function) row. A thread with
+/// an accounting state sums its calls of one function there (`held_api_count`):
+/// an array slot, where a row is a hash lookup per call. Otherwise a row is made only for a
+/// traced process, so a found one spares the `TRACED` lookup; rows outlive their threads, so
+/// a process that took a traced one's pid and thread id during the trace (a pid wrap) would be
+/// counted under it.
 #[inline(always)]
 fn count_entry(tgid: u32, tid: u32, cookie: &Cookie) -> u32 {
+    let fid = cookie.fid as u32;
+    if let Some(st) = account::live_state(tgid, tid) {
+        gate_seen(cookie.shape, unsafe { bpf_ktime_get_ns() });
+        if st.held_api_fid != fid as i32 {
+            flush_api(tid, st);
+            st.held_api_fid = fid as i32;
+        }
+        st.held_api_count += 1;
+        return 0;
+    }
     let key = ApiKey {
         pid: tgid,
         tid,
-        fid: cookie.fid as u32,
+        fid,
         _pad: 0,
     };
     let found = CUDA_API.get_ptr_mut(&key);
@@ -183,7 +195,7 @@ fn count_entry(tgid: u32, tid: u32, cookie: &Cookie) -> u32 {
     gate_seen(cookie.shape, unsafe { bpf_ktime_get_ns() });
     let v = match found {
         Some(v) => v,
-        None => match api_val(tgid, tid, cookie.fid as u32) {
+        None => match api_val(tgid, tid, fid) {
             Some(v) => v,
             None => return 0,
         },
@@ -191,6 +203,19 @@ fn count_entry(tgid: u32, tid: u32, cookie: &Cookie) -> u32 {
     // Only this thread writes its row.
     unsafe { (*v).count += 1 };
     0
+}
+
+/// Writes out the calls the accounting state `st` holds (`held_api_count`) to its thread's row.
+#[inline(always)]
+pub fn flush_api(tid: u32, st: &mut tracer_common::wall::ThreadState) {
+    if st.held_api_count == 0 {
+        return;
+    }
+    if let Some(v) = api_val(st.tgid, tid, st.held_api_fid as u32) {
+        // Only the thread writes its row (its own probes, its death, a replaced stale state).
+        unsafe { (*v).count += st.held_api_count };
+    }
+    st.held_api_count = 0;
 }
 
 /// Records a traced launch's time for the budget's gate (first and last of the window).

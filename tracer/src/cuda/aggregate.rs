@@ -3,9 +3,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use tracer_common::cuda::{
-    ApiKey, ApiVal, CopyKey, CopyVal, ErrKey, LaunchKey, LaunchVal, DIR_D2D, DIR_D2H, DIR_H2D,
-    DIR_H2H,
+use tracer_common::{
+    cuda::{
+        ApiKey, ApiVal, CopyKey, CopyVal, ErrKey, LaunchKey, LaunchVal, DIR_D2D, DIR_D2H, DIR_H2D,
+        DIR_H2H,
+    },
+    wall::ThreadState,
 };
 
 use super::{errors, table};
@@ -25,6 +28,37 @@ pub fn api_stats(pid: u32, api: &[(ApiKey, ApiVal)], errs: &[(ErrKey, u64)]) -> 
 }
 
 /// Per-thread API statistics of one process (errors are kept per process, not per thread).
+/// Adds the calls that thread states still hold (`ThreadState::held_api_count`, counted by
+/// `--cuda-entry-only` probes) to their (process, thread, function) rows, making the rows
+/// that no call wrote out yet.
+pub fn add_held_calls(api: &mut Vec<(ApiKey, ApiVal)>, states: &[(u32, ThreadState)]) {
+    for (tid, st) in states {
+        if st.held_api_count == 0 || st.held_api_fid < 0 {
+            continue;
+        }
+        let key = ApiKey {
+            pid: st.tgid,
+            tid: *tid,
+            fid: st.held_api_fid as u32,
+            _pad: 0,
+        };
+        match api.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.count += st.held_api_count,
+            None => api.push((
+                key,
+                ApiVal {
+                    count: st.held_api_count,
+                    total_ns: 0,
+                    min_ns: 0,
+                    max_ns: 0,
+                    errors: 0,
+                    hist: [0; tracer_common::cuda::HIST_BUCKETS],
+                },
+            )),
+        }
+    }
+}
+
 pub fn thread_stats(pid: u32, api: &[(ApiKey, ApiVal)]) -> Vec<ThreadCuda> {
     let mut tids: Vec<u32> = api
         .iter()
@@ -305,6 +339,38 @@ mod tests {
             errors: 0,
             hist,
         }
+    }
+
+    #[test]
+    fn held_calls_join_their_rows_or_make_them() {
+        let f = fid("cudaLaunchKernel");
+        let key = |tid| ApiKey {
+            pid: 7,
+            tid,
+            fid: f,
+            _pad: 0,
+        };
+        let mut api = vec![(key(8), val(10, 0, 0, 0, 0))];
+        let held = |tid, fid: i32, n| {
+            let mut st = ThreadState::new(0, tid, 7, 0);
+            st.held_api_fid = fid;
+            st.held_api_count = n;
+            (tid, st)
+        };
+        // Thread 8 holds 5 more calls of its row; thread 9 holds 3 with no row yet; thread 10
+        // holds nothing.
+        let states = [held(8, f as i32, 5), held(9, f as i32, 3), held(10, -1, 0)];
+        add_held_calls(&mut api, &states);
+        let count = |tid| {
+            api.iter()
+                .find(|(k, _)| *k == key(tid))
+                .map(|(_, v)| v.count)
+        };
+        assert_eq!(count(8), Some(15));
+        assert_eq!(count(9), Some(3));
+        assert_eq!(count(10), None);
+        assert_eq!(api.len(), 2);
+        assert_eq!(api_stats(7, &api, &[])[0].count, 18);
     }
 
     #[test]

@@ -368,7 +368,12 @@ impl ProbeFamily for CudaFamily {
         data: &mut ReportData,
     ) -> Result<()> {
         self.drain();
-        let api: Vec<(ApiKey, ApiVal)> = read_map(ebpf, API_MAP)?;
+        let mut api: Vec<(ApiKey, ApiVal)> = read_map(ebpf, API_MAP)?;
+        // The accounting has stopped by now: what the thread states hold no longer moves.
+        let states = crate::accounting::States::open(ebpf)
+            .and_then(|s| s.all(ebpf))
+            .context("read the thread states")?;
+        aggregate::add_held_calls(&mut api, &states);
         let errs: Vec<(ErrKey, u64)> = read_map(ebpf, ERRS_MAP)?;
         let launches: Vec<(LaunchKey, LaunchVal)> = read_map(ebpf, LAUNCH_MAP)?;
         let copies: Vec<(CopyKey, CopyVal)> = read_map(ebpf, COPY_MAP)?;
