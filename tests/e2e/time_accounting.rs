@@ -79,6 +79,17 @@ fn ground_truth_time_split_on_classic_tracepoints() {
     );
 }
 
+/// The block programs read the kernel's structs with plain loads on BTF tracepoints; the same
+/// code on raw tracepoints (through `bpf_probe_read_kernel`), for kernels that refuse the BTF
+/// ones, keeps the same books.
+#[test]
+fn ground_truth_time_split_on_raw_block_tracepoints() {
+    ground_truth(
+        "ground_truth_time_split_on_raw_block_tracepoints",
+        &[("GPUTRACE_BTF_TRACEPOINTS", "0")],
+    );
+}
+
 /// Thread states live in direct-mapped slots, spilling to a hash map when a slot is taken.
 /// With two slots the workload's seven threads (and its child) must share them, so most
 /// states go through the spill: found, written out at death and read at the end the same way.
@@ -278,10 +289,12 @@ fn ground_truth(name: &str, env: &[(&str, &str)]) {
         .as_array()
         .map(|a| a.iter().filter_map(|p| p["program"].as_str()).collect())
         .unwrap_or_default();
-    let want = if !asked_classic {
+    let want = if asked_classic {
+        "block_rq_insert_tp"
+    } else if env.contains(&("GPUTRACE_BTF_TRACEPOINTS", "0")) {
         "block_rq_issue"
     } else {
-        "block_rq_insert_tp"
+        "block_rq_issue_btf"
     };
     if !programs.contains(&want) {
         failures.push(format!(

@@ -35,6 +35,12 @@ static TL_MIN_NS: Global<u64> = Global::new(DEFAULT_MIN_NS);
 #[no_mangle]
 static TL_CUDA_MIN_NS: Global<u64> = Global::new(DEFAULT_CUDA_MIN_NS);
 
+/// Whether trace.json was asked for (what only the timeline needs is read only then).
+#[inline(always)]
+pub fn enabled() -> bool {
+    TL_ENABLED.load() != 0
+}
+
 #[inline(always)]
 fn send(kind: u32, tgid: u32, tid: u32, a32: u32, start_ns: u64, dur_ns: u64, args: &[u64; 9]) {
     let Some(mut entry) = TIMELINE.reserve::<TlEvent>(0) else {

@@ -100,6 +100,26 @@ pub fn attach_raw_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<
     Ok(())
 }
 
+/// Loads and attaches a BTF-typed raw tracepoint program (`tp_btf`): its pointer arguments
+/// are typed, so it reads their fields with plain loads instead of `bpf_probe_read_kernel`.
+pub fn attach_btf_tracepoint(
+    ebpf: &mut Ebpf,
+    btf: &aya::Btf,
+    prog: &str,
+    name: &str,
+) -> Result<()> {
+    let p: &mut aya::programs::BtfTracePoint = ebpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} missing from the object"))?
+        .try_into()?;
+    p.load(name, btf).map_err(|e| load_error(prog, e))?;
+    p.attach().map_err(|e| TraceError::Attach {
+        what: format!("{prog} to BTF tracepoint {name}"),
+        reason: format!("{:#}", anyhow::Error::from(e)),
+    })?;
+    Ok(())
+}
+
 /// Loads the CPU sampler and attaches it to the cpu-clock event of every online CPU.
 pub fn attach_cpu_sampler(ebpf: &mut Ebpf, frequency_hz: u64) -> Result<usize> {
     let p: &mut PerfEvent = ebpf

@@ -115,6 +115,15 @@ const BLOCK_RAW_PROGRAMS: [(&str, &str, usize); 4] = [
     ("block_rq_complete", "block_rq_complete", 3),
 ];
 
+/// The same programs on BTF tracepoints (the default): (program, tracepoint). They read the
+/// same fields with plain loads instead of a helper call each.
+const BLOCK_BTF_PROGRAMS: [(&str, &str); 4] = [
+    ("block_bio_queue_btf", "block_bio_queue"),
+    ("block_split_btf", "block_split"),
+    ("block_rq_issue_btf", "block_rq_issue"),
+    ("block_rq_complete_btf", "block_rq_complete"),
+];
+
 /// The struct offsets and `enum req_op` values the raw block programs read, from the
 /// kernel's BTF.
 fn raw_block_offsets(btf: &crate::btf::Btf) -> Result<Vec<(&'static str, u32)>> {
@@ -362,6 +371,31 @@ fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32)> {
     })
 }
 
+impl Accounting {
+    /// The block programs on BTF tracepoints, all or none (GPUTRACE_BTF_TRACEPOINTS=0: none, to
+    /// run the raw ones).
+    fn attach_block_btf(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+        if std::env::var("GPUTRACE_BTF_TRACEPOINTS").is_ok_and(|v| v == "0") {
+            anyhow::bail!("GPUTRACE_BTF_TRACEPOINTS=0");
+        }
+        let btf = aya::Btf::from_sys_fs().context("read the kernel's BTF")?;
+        let mut done = Vec::new();
+        for (prog, tp) in BLOCK_BTF_PROGRAMS {
+            if let Err(e) = bpf::attach_btf_tracepoint(ebpf, &btf, prog, tp) {
+                for p in done {
+                    if let Some(Program::BtfTracePoint(p)) = ebpf.program_mut(p) {
+                        let _ = p.unload();
+                    }
+                }
+                return Err(e);
+            }
+            done.push(prog);
+        }
+        self.attached.extend(done);
+        Ok(())
+    }
+}
+
 impl ProbeFamily for Accounting {
     fn name(&self) -> &'static str {
         "time accounting"
@@ -411,9 +445,14 @@ impl ProbeFamily for Accounting {
         if tracefs::exists("block", "block_rq_issue") {
             match block_classic {
                 None => {
-                    for (prog, name, _) in BLOCK_RAW_PROGRAMS {
-                        bpf::attach_raw_tracepoint(ebpf, prog, name)?;
-                        self.attached.push(prog);
+                    if let Err(e) = self.attach_block_btf(ebpf) {
+                        if ctx.args.verbose {
+                            eprintln!("gputrace: block programs on raw tracepoints: {e:#}");
+                        }
+                        for (prog, name, _) in BLOCK_RAW_PROGRAMS {
+                            bpf::attach_raw_tracepoint(ebpf, prog, name)?;
+                            self.attached.push(prog);
+                        }
                     }
                 }
                 Some(why) => {
@@ -479,6 +518,7 @@ impl ProbeFamily for Accounting {
             match ebpf.program_mut(prog) {
                 Some(Program::TracePoint(p)) => p.unload(),
                 Some(Program::RawTracePoint(p)) => p.unload(),
+                Some(Program::BtfTracePoint(p)) => p.unload(),
                 _ => Ok(()),
             }
             .with_context(|| format!("detach {prog}"))?;

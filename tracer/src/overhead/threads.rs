@@ -22,11 +22,11 @@ use crate::report::model::{
 /// Mean cost of one hit of `name` (its raw or classic tracepoint variant alike), in ns.
 fn per_hit(o: &Overhead, name: &str) -> f64 {
     let (mut hits, mut ns) = (0u64, 0.0);
-    for p in o
-        .programs
-        .iter()
-        .filter(|p| p.program == name || p.program.strip_suffix("_tp") == Some(name))
-    {
+    for p in o.programs.iter().filter(|p| {
+        p.program == name
+            || p.program.strip_suffix("_tp") == Some(name)
+            || p.program.strip_suffix("_btf") == Some(name)
+    }) {
         hits += p.hits;
         ns += p.hits as f64 * (p.bpf_ns_per_hit + p.trap_ns_per_hit);
     }
