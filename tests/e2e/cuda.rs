@@ -137,8 +137,9 @@ fn fake_cuda_calls_are_counted_exactly_on_perf_links() {
 
 /// `--cuda-entry-only` counts every probed entry, nested ones included (no return probe tells
 /// the levels apart). A thread with an accounting state sums its calls of one function in that
-/// state, written out when it calls another one; the report adds what is still held at the
-/// end. The workload alternates between functions, so both paths add up here.
+/// state, written out when it calls another function and when it dies (what a live thread still
+/// holds at the end is added by user space: `add_held_calls`' unit test). The workload goes
+/// back and forth between functions, so most of its calls pass through a write-out here.
 #[test]
 fn fake_cuda_entries_are_counted_exactly() {
     let _g = serial();
