@@ -1,8 +1,9 @@
 //! Per-thread wall-time accounting, shared by the scheduler, syscall and CUDA programs.
 //!
-//! Each traced thread has a [`ThreadState`] (found by [`state`]) holding the start of its running
-//! interval and its phase (on CPU, blocked, runnable). Every event closes the running interval
-//! at that instant and charges it to one row of `WALL`, so a thread's intervals tile its life.
+//! Each traced thread has a [`ThreadState`] (found by [`state`]) holding the start of its
+//! running interval and its phase (on CPU, blocked, runnable). Every event closes the running
+//! interval at that instant and charges it to one row of `WALL`, so a thread's intervals tile
+//! its life.
 //!
 //! While a thread is inside a CUDA call, all of its time, on or off CPU, is charged to the
 //! call's category (`tracer_common::time::Category::Cuda*`). The CUDA entry probe calls
@@ -87,6 +88,12 @@ fn forget(tid: u32) {
             return;
         }
     }
+    forget_spilled(tid);
+}
+
+/// Forgets `tid`'s state in `THREADS`, if it has one there.
+#[inline(always)]
+fn forget_spilled(tid: u32) {
     if counter(&SPILLED) != 0 && THREADS.remove(&tid).is_ok() {
         counter_add(&SPILLED, u64::MAX);
     }
@@ -96,10 +103,10 @@ fn forget(tid: u32) {
 static NEW_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
 
 /// Set by user space once it has detached the scheduler, syscall and block programs, before
-/// it reads `WALL` and then the thread states. The CUDA probes are still attached then (closing their
-/// links waits for grace periods, so they go after the report); without this a CUDA call
-/// between the two reads would move time a thread holds into a `WALL` row already read, and
-/// it would be in neither read.
+/// it reads `WALL` and then the thread states. The CUDA probes are still attached then
+/// (closing their links waits for grace periods, so they go after the report); without this
+/// a CUDA call between the two reads would move time a thread holds into a `WALL` row already
+/// read, and it would be in neither read.
 #[map(name = "ACCOUNT_STOPPED")]
 static STOPPED: Array<u32> = Array::with_max_entries(1, 0);
 
@@ -246,7 +253,7 @@ pub fn born(tid: u32, tgid: u32, now: u64) {
     if let Some(old) = state(tid) {
         flush(tid, unsafe { &mut *old });
         if old != slot {
-            forget(tid);
+            forget_spilled(tid);
         }
     }
     crate::maps::mark_maybe(tid);

@@ -9,13 +9,13 @@
 //! (~30-40 ns each on the development VM, five or so per program). On raw tracepoints, the same
 //! code reading through that helper ([`Probe`]), where a kernel refuses the typed programs.
 //! And on the classic tracepoints (`*_tp`), which first format a record with the command name
-//! and a flags string, for kernels whose BTF does not show what is read here. The
-//! raw set needs no `block_rq_insert`: a request's allocation time (`start_time_ns`) starts
-//! its queueing, and the owner recorded at `block_bio_queue` follows it to the issue, which
-//! saves a program run per request. The raw set also keeps its per-request state in arrays
-//! indexed by a hash (of the bio's sector, of the request's address), written in place: on
-//! this VM a hash map update costs about 1 µs (a lookup ~0.2 µs, an array slot nothing but the
-//! stores), and the classic set makes two updates and two deletes per request.
+//! and a flags string, for kernels whose BTF does not show what is read here. The BTF and raw
+//! sets need no `block_rq_insert`: a request's allocation time (`start_time_ns`) starts its
+//! queueing, and the owner recorded at `block_bio_queue` follows it to the issue, which saves a
+//! program run per request. They also keep their per-request state in arrays indexed by a hash
+//! (of the bio's sector, of the request's address), written in place: on this VM a hash map
+//! update costs about 1 µs (a lookup ~0.2 µs, an array slot nothing but the stores), and the
+//! classic set makes two updates and two deletes per request.
 
 use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
@@ -283,9 +283,9 @@ pub fn block_bio_queue_btf(ctx: BtfTracePointContext) -> i32 {
 #[inline(always)]
 fn bio_queue<K: Kernel>(bio: u64) -> u32 {
     let (tgid, tid) = current_ids();
-    // The submitter's own state when it has one: its bytes are then summed there, one hash
-    // lookup in all. Two separate paths: merged, LLVM emits a read of the state's register on
-    // the path that has none, which the verifier rejects.
+    // The submitter's own state when it has one: its bytes are then summed there, with no
+    // hash lookup (the state is an array slot). Two separate paths: merged, LLVM emits a read
+    // of the state's register on the path that has none, which the verifier rejects.
     if maybe_traced(tid) {
         if let Some(st) = account::state(tid) {
             let st = unsafe { &mut *st };

@@ -64,7 +64,7 @@ fn send(kind: u32, tgid: u32, tid: u32, a32: u32, start_ns: u64, dur_ns: u64, ar
 /// switch-out, with what the thread was doing when it left.
 #[inline(always)]
 pub fn offcpu(tid: u32, st: &ThreadState, now: u64) {
-    if TL_ENABLED.load() == 0 || st.off_ns == 0 {
+    if !enabled() || st.off_ns == 0 {
         return;
     }
     let dur = now.saturating_sub(st.off_ns);
@@ -94,7 +94,7 @@ pub fn offcpu(tid: u32, st: &ThreadState, now: u64) {
 
 #[inline(always)]
 pub fn syscall(tgid: u32, tid: u32, nr: i32, start_ns: u64, lat: u64, ret: i64, arg0: u64) {
-    if TL_ENABLED.load() == 0 || lat < TL_MIN_NS.load() {
+    if !enabled() || lat < TL_MIN_NS.load() {
         return;
     }
     let args = [ret as u64, arg0, 0, 0, 0, 0, 0, 0, 0];
@@ -116,7 +116,7 @@ pub fn cuda_call(
     a: &[u64; 6],
     arg7: u64,
 ) {
-    if TL_ENABLED.load() == 0 {
+    if !enabled() {
         return;
     }
     let cat = cookie.category as u32;
@@ -169,7 +169,7 @@ pub fn block(
     sector: u64,
     queued: u64,
 ) {
-    if TL_ENABLED.load() == 0 {
+    if !enabled() {
         return;
     }
     let args = [bytes, write as u64, sector, queued, 0, 0, 0, 0, 0];

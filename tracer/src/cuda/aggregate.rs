@@ -27,7 +27,6 @@ pub fn api_stats(pid: u32, api: &[(ApiKey, ApiVal)], errs: &[(ErrKey, u64)]) -> 
     )
 }
 
-/// Per-thread API statistics of one process (errors are kept per process, not per thread).
 /// Adds the calls that thread states still hold (`ThreadState::held_api_count`, counted by
 /// `--cuda-entry-only` probes) to their (process, thread, function) rows, making the rows
 /// that no call wrote out yet.
@@ -59,6 +58,7 @@ pub fn add_held_calls(api: &mut Vec<(ApiKey, ApiVal)>, states: &[(u32, ThreadSta
     }
 }
 
+/// Per-thread API statistics of one process (errors are kept per process, not per thread).
 pub fn thread_stats(pid: u32, api: &[(ApiKey, ApiVal)]) -> Vec<ThreadCuda> {
     let mut tids: Vec<u32> = api
         .iter()
