@@ -79,13 +79,13 @@ fn ground_truth_time_split_on_classic_tracepoints() {
     );
 }
 
-/// The block programs read the kernel's structs with plain loads on BTF tracepoints; the same
-/// code on raw tracepoints (through `bpf_probe_read_kernel`), for kernels that refuse the BTF
-/// ones, keeps the same books.
+/// The scheduler, syscall and block programs read the kernel's structs with plain loads on BTF
+/// tracepoints; the same code on raw tracepoints (through `bpf_probe_read_kernel`), for kernels
+/// that refuse the BTF ones, keeps the same books.
 #[test]
-fn ground_truth_time_split_on_raw_block_tracepoints() {
+fn ground_truth_time_split_on_raw_tracepoints() {
     ground_truth(
-        "ground_truth_time_split_on_raw_block_tracepoints",
+        "ground_truth_time_split_on_raw_tracepoints",
         &[("GPUTRACE_BTF_TRACEPOINTS", "0")],
     );
 }
@@ -283,23 +283,40 @@ fn ground_truth(name: &str, env: &[(&str, &str)]) {
             "{requests} block requests taking {total_ns} ns for {direct_calls} O_DIRECT preads"
         ));
     }
-    // Which set of block programs ran: the raw ones by default, the classic ones with
-    // GPUTRACE_RAW_TRACEPOINTS=0.
+    // Which sets of programs ran: the BTF ones by default, the raw ones with
+    // GPUTRACE_BTF_TRACEPOINTS=0, the classic ones with GPUTRACE_RAW_TRACEPOINTS=0.
     let programs: Vec<&str> = report["overhead"]["programs"]
         .as_array()
         .map(|a| a.iter().filter_map(|p| p["program"].as_str()).collect())
         .unwrap_or_default();
-    let want = if asked_classic {
-        "block_rq_insert_tp"
+    let want: &[&str] = if asked_classic {
+        &[
+            "block_rq_insert_tp",
+            "sched_switch_tp",
+            "sched_wakeup_tp",
+            "sys_enter",
+        ]
     } else if env.contains(&("GPUTRACE_BTF_TRACEPOINTS", "0")) {
-        "block_rq_issue"
+        &[
+            "block_rq_issue",
+            "sched_switch",
+            "sched_wakeup",
+            "sys_enter",
+        ]
     } else {
-        "block_rq_issue_btf"
+        &[
+            "block_rq_issue_btf",
+            "sched_switch_btf",
+            "sched_wakeup_btf",
+            "sys_enter_btf",
+        ]
     };
-    if !programs.contains(&want) {
-        failures.push(format!(
-            "no {want} among the programs that ran: {programs:?}"
-        ));
+    for want in want {
+        if !programs.contains(want) {
+            failures.push(format!(
+                "no {want} among the programs that ran: {programs:?}"
+            ));
+        }
     }
 
     // The pipe's fd number was used by another file before: per-open accounting keeps them apart.

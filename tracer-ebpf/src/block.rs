@@ -18,11 +18,11 @@
 //! classic set makes two updates and two deletes per request.
 
 use aya_ebpf::{
-    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
+    helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::{BtfTracePointContext, RawTracePointContext, TracePointContext},
-    EbpfContext, Global,
+    Global,
 };
 use tracer_common::{
     drops::Drop,
@@ -34,6 +34,7 @@ use tracer_common::{
 
 use crate::{
     account,
+    kread::{arg0_value, Direct, Kernel, Probe},
     maps::{atomic_add, count_drop, counter, counter_add, current_ids, is_traced, maybe_traced},
 };
 
@@ -215,42 +216,6 @@ static REQ_OP_ZONE_APPEND: Global<u32> = Global::new(7);
 const REQ_OP_MASK: u32 = 0xff;
 /// `MINORBITS`: the kernel's `dev_t` is `major << 20 | minor`, as the tracepoints print it.
 const MINORBITS: u32 = 20;
-
-/// How a program reads kernel structs: `base` is a `struct bio *`, `struct request *` or a
-/// pointer read from one; `off` a field offset from the BTF (a read-only global, so a constant
-/// to the verifier).
-trait Kernel {
-    fn read<T: Copy + Default>(base: u64, off: u32) -> T;
-}
-
-/// Through `bpf_probe_read_kernel` (raw tracepoints: the arguments are plain numbers). 0s when
-/// it cannot.
-struct Probe;
-
-impl Kernel for Probe {
-    #[inline(always)]
-    fn read<T: Copy + Default>(base: u64, off: u32) -> T {
-        unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.unwrap_or_default()
-    }
-}
-
-/// Plain loads (BTF tracepoints: the verifier knows the pointers' types and checks each field
-/// access; a fault on a stale pointer reads 0).
-struct Direct;
-
-impl Kernel for Direct {
-    #[inline(always)]
-    fn read<T: Copy + Default>(base: u64, off: u32) -> T {
-        unsafe { core::ptr::read_volatile((base + off as u64) as *const T) }
-    }
-}
-
-/// A BTF tracepoint's first argument as a number (a slot's hash, a map key): the verifier
-/// allows no arithmetic on the typed pointer itself, which the field reads use.
-#[inline(always)]
-fn arg0_value(ctx: &BtfTracePointContext) -> u64 {
-    unsafe { bpf_probe_read_kernel(ctx.as_ptr() as *const u64) }.unwrap_or(0)
-}
 
 /// 0 read, 1 write, 2 neither, from a `blk_opf_t`: as the classic tracepoints' rwbs (`R`, `W`,
 /// `D`, `F`, `N`), except that a zone append, data written, counts as a write (rwbs says `N`).

@@ -9,6 +9,7 @@ mod account;
 mod block;
 mod calibrate;
 mod cuda;
+mod kread;
 mod maps;
 mod proc;
 mod python;

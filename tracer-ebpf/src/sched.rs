@@ -5,16 +5,20 @@
 //! have a state. Off-CPU intervals carry what the thread was doing when it left the CPU (syscall,
 //! task state, user and kernel stacks) and are classified in user space.
 //!
-//! Each program comes twice: on a raw tracepoint (the default: it runs on every context switch
-//! of the machine, and a classic tracepoint first copies its record, names included) and on the
-//! classic tracepoint (`*_tp`), for kernels whose BTF does not show the raw arguments expected
-//! here. User space loads one of the two.
+//! Each program comes three times. On a BTF tracepoint (`*_btf`, the default): it runs on every
+//! context switch of the machine, and the task's pid is a plain load there
+//! (`crate::kread::Direct`). On a raw tracepoint, the same code reading the pid with a helper
+//! call, for kernels that refuse the typed programs. And on the classic tracepoint (`*_tp`),
+//! which first copies its record, names included, for kernels whose BTF does not show the raw
+//! arguments expected here. User space loads one of the three.
 
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
-    helpers::{bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::{raw_tracepoint, tracepoint},
-    programs::{tracing::StackIdContext, RawTracePointContext, TracePointContext},
+    helpers::bpf_ktime_get_ns,
+    macros::{btf_tracepoint, raw_tracepoint, tracepoint},
+    programs::{
+        tracing::StackIdContext, BtfTracePointContext, RawTracePointContext, TracePointContext,
+    },
     Global,
 };
 use tracer_common::wall::{
@@ -23,6 +27,7 @@ use tracer_common::wall::{
 
 use crate::{
     account::{born, close, died, flush, state},
+    kread::{Direct, Kernel, Probe},
     maps::{current_ids, is_traced, maybe_traced, stack_id},
 };
 
@@ -58,9 +63,17 @@ pub fn sched_switch(ctx: RawTracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::SchedSwitch);
     let preempt: u64 = ctx.arg(0);
     let raw_state: u64 = ctx.arg(3);
-    let next: u64 = ctx.arg(2);
     let state = report_state(preempt & 0xff != 0, raw_state as u32);
-    switch(&ctx, state as i64, task_pid(next))
+    switch(&ctx, state as i64, task_pid::<Probe>(ctx.arg(2)))
+}
+
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
+    crate::maps::hit(tracer_common::hits::Prog::SchedSwitchBtf);
+    let preempt: u64 = ctx.arg(0);
+    let raw_state: u64 = ctx.arg(3);
+    let state = report_state(preempt & 0xff != 0, raw_state as u32);
+    switch(&ctx, state as i64, task_pid::<Direct>(ctx.arg(2))) as i32
 }
 
 #[tracepoint]
@@ -72,8 +85,8 @@ pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
 }
 
 #[inline(always)]
-fn task_pid(task: u64) -> i32 {
-    unsafe { bpf_probe_read_kernel((task + OFF_TASK_PID.load() as u64) as *const i32) }.unwrap_or(0)
+fn task_pid<K: Kernel>(task: u64) -> i32 {
+    K::read(task, OFF_TASK_PID.load())
 }
 
 /// `prev_state` in the tracepoint's form (`tracer_common::wall::report_state`).
@@ -193,8 +206,13 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
 #[raw_tracepoint(tracepoint = "sched_wakeup")]
 pub fn sched_wakeup(ctx: RawTracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::SchedWakeup);
-    let p: u64 = ctx.arg(0);
-    wakeup(task_pid(p))
+    wakeup(task_pid::<Probe>(ctx.arg(0)))
+}
+
+#[btf_tracepoint(function = "sched_wakeup")]
+pub fn sched_wakeup_btf(ctx: BtfTracePointContext) -> i32 {
+    crate::maps::hit(tracer_common::hits::Prog::SchedWakeupBtf);
+    wakeup(task_pid::<Direct>(ctx.arg(0))) as i32
 }
 
 #[tracepoint]
@@ -246,8 +264,13 @@ pub fn acct_newtask(ctx: TracePointContext) -> u32 {
 #[raw_tracepoint(tracepoint = "sched_wakeup_new")]
 pub fn sched_wakeup_new(ctx: RawTracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::SchedWakeupNew);
-    let p: u64 = ctx.arg(0);
-    wakeup_new(task_pid(p))
+    wakeup_new(task_pid::<Probe>(ctx.arg(0)))
+}
+
+#[btf_tracepoint(function = "sched_wakeup_new")]
+pub fn sched_wakeup_new_btf(ctx: BtfTracePointContext) -> i32 {
+    crate::maps::hit(tracer_common::hits::Prog::SchedWakeupNewBtf);
+    wakeup_new(task_pid::<Direct>(ctx.arg(0))) as i32
 }
 
 #[tracepoint]

@@ -1,20 +1,20 @@
 //! Syscall statistics and the syscall in progress of each traced thread (raw_syscalls).
 //!
-//! Raw tracepoints, not tracepoints: these run for every syscall of every process, and a
-//! classic tracepoint first copies its whole record (id and six arguments) into a perf buffer
-//! before the program runs, for the many syscalls that are not ours too.
+//! Raw or BTF tracepoints, not classic ones: these run for every syscall of every process, and
+//! a classic tracepoint first copies its whole record (id and six arguments) into a perf buffer
+//! before the program runs, for the many syscalls that are not ours too. sys_enter comes on
+//! both, its argument reads plain loads on the BTF one (`crate::kread`); sys_exit reads no
+//! kernel memory, so it comes on a raw tracepoint only.
 //!
 //! sys_enter records the syscall in the thread's state (the scheduler programs use it to say
 //! why a thread left the CPU); sys_exit sums count, latency, a log2 histogram, bytes for the
 //! read/write family and errors by errno, keyed by thread and syscall.
 
 use aya_ebpf::{
-    helpers::{
-        bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
-    },
-    macros::{map, raw_tracepoint},
+    helpers::{bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes},
+    macros::{btf_tracepoint, map, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray},
-    programs::RawTracePointContext,
+    programs::{BtfTracePointContext, RawTracePointContext},
     Global,
 };
 use tracer_common::{
@@ -28,6 +28,7 @@ use tracer_common::{
 
 use crate::{
     account,
+    kread::{Direct, Kernel, Probe},
     maps::{add_to, count_drop, current_ids},
 };
 
@@ -112,23 +113,30 @@ fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::SysEnter);
-    let id: i64 = ctx.arg(1);
+    enter::<Probe>(ctx.arg(0), ctx.arg(1))
+}
+
+/// The same on a BTF tracepoint: the registers are a typed pointer, read with plain loads.
+#[btf_tracepoint(function = "sys_enter")]
+pub fn sys_enter_btf(ctx: BtfTracePointContext) -> i32 {
+    crate::maps::hit(tracer_common::hits::Prog::SysEnterBtf);
+    enter::<Direct>(ctx.arg(0), ctx.arg(1)) as i32
+}
+
+/// `regs`: the syscall's `struct pt_regs *`.
+#[inline(always)]
+fn enter<K: Kernel>(regs: u64, id: i64) -> u32 {
     if id == SYS_URETPROBE.load() as i64 {
         return 0;
     }
     let Some((_, _, st)) = traced_thread() else {
         return 0;
     };
-    let regs: u64 = ctx.arg(0);
     st.sys_nr = id as i32;
-    st.sys_arg0 = unsafe {
-        bpf_probe_read_kernel((regs + OFF_REGS_ARG0.load() as u64) as *const u64).unwrap_or(0)
-    };
+    st.sys_arg0 = K::read(regs, OFF_REGS_ARG0.load());
     // Only the pointer here: the path is read at the exit, for the opens that succeeded.
     st.sys_path = if id == SYS_OPENAT.load() as i64 || id == SYS_OPENAT2.load() as i64 {
-        unsafe {
-            bpf_probe_read_kernel((regs + OFF_REGS_ARG1.load() as u64) as *const u64).unwrap_or(0)
-        }
+        K::read(regs, OFF_REGS_ARG1.load())
     } else if id == SYS_OPEN.load() as i64 || id == SYS_CREAT.load() as i64 {
         st.sys_arg0
     } else {

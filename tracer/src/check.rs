@@ -385,11 +385,14 @@ fn ebpf_object(can_load: bool) -> Check {
             "not loaded: needs the privileges and tracefs above",
         );
     }
+    // With the accounting's offsets: the BTF programs' field reads are checked against them.
+    let families: [Box<dyn crate::probes::ProbeFamily>; 1] =
+        [Box::new(crate::accounting::Accounting::new())];
     let mut ebpf = match bpf::load(
         &bpf::LoadOptions {
             follow_children: true,
         },
-        &[],
+        &families,
     ) {
         Ok(e) => e,
         Err(e) => {
@@ -400,6 +403,9 @@ fn ebpf_object(can_load: bool) -> Check {
     let maps = ebpf.maps().count();
     let mut verified = 0;
     let mut skipped = 0;
+    // The BTF tracepoint programs (the defaults where the kernel takes them) are named for
+    // their tracepoint: `<tracepoint>_btf`.
+    let btf = aya::Btf::from_sys_fs().ok();
     for (name, prog) in ebpf.programs_mut() {
         use aya::programs::Program;
         let res = match prog {
@@ -407,6 +413,10 @@ fn ebpf_object(can_load: bool) -> Check {
             Program::PerfEvent(p) => p.load(),
             Program::UProbe(p) => p.load(),
             Program::RawTracePoint(p) => p.load(),
+            Program::BtfTracePoint(p) if btf.is_some() && name.ends_with("_btf") => {
+                let tp = name.trim_end_matches("_btf");
+                p.load(tp, btf.as_ref().expect("checked"))
+            }
             _ => {
                 skipped += 1;
                 continue;

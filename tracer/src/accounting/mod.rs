@@ -55,7 +55,16 @@ const SCHED_RAW_PROGRAMS: [(&str, &str, usize); 3] = [
     ("sched_wakeup", "sched_wakeup", 1),
     ("sched_wakeup_new", "sched_wakeup_new", 1),
 ];
-const SYS_RAW_PROGRAMS: [(&str, &str); 2] = [("sys_enter", "sys_enter"), ("sys_exit", "sys_exit")];
+const SYS_ENTER_RAW: [(&str, &str); 1] = [("sys_enter", "sys_enter")];
+const SYS_EXIT_RAW: (&str, &str) = ("sys_exit", "sys_exit");
+/// The same programs on BTF tracepoints (the default): their reads of the task's pid and of
+/// the syscall's registers are plain loads there, not helper calls. sys_exit reads nothing.
+const SCHED_BTF_PROGRAMS: [(&str, &str); 3] = [
+    ("sched_switch_btf", "sched_switch"),
+    ("sched_wakeup_btf", "sched_wakeup"),
+    ("sched_wakeup_new_btf", "sched_wakeup_new"),
+];
+const SYS_BTF_PROGRAMS: [(&str, &str); 1] = [("sys_enter_btf", "sys_enter")];
 
 /// The kernel's BTF, for the raw tracepoint programs. GPUTRACE_RAW_TRACEPOINTS=0 picks the
 /// classic ones (what an older kernel gets).
@@ -371,17 +380,27 @@ fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32)> {
     })
 }
 
+/// The kernel's BTF, for the BTF tracepoint programs (GPUTRACE_BTF_TRACEPOINTS=0: none, to run
+/// the raw ones).
+fn typed_btf() -> Result<aya::Btf> {
+    if std::env::var("GPUTRACE_BTF_TRACEPOINTS").is_ok_and(|v| v == "0") {
+        anyhow::bail!("GPUTRACE_BTF_TRACEPOINTS=0");
+    }
+    aya::Btf::from_sys_fs().context("read the kernel's BTF")
+}
+
 impl Accounting {
-    /// The block programs on BTF tracepoints, all or none (GPUTRACE_BTF_TRACEPOINTS=0: none, to
-    /// run the raw ones).
-    fn attach_block_btf(&mut self, ebpf: &mut Ebpf) -> Result<()> {
-        if std::env::var("GPUTRACE_BTF_TRACEPOINTS").is_ok_and(|v| v == "0") {
-            anyhow::bail!("GPUTRACE_BTF_TRACEPOINTS=0");
-        }
-        let btf = aya::Btf::from_sys_fs().context("read the kernel's BTF")?;
+    /// A set of programs on BTF tracepoints, all or none.
+    fn attach_btf_set(
+        &mut self,
+        ebpf: &mut Ebpf,
+        btf: &Result<aya::Btf>,
+        set: &[(&'static str, &str)],
+    ) -> Result<()> {
+        let btf = btf.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
         let mut done = Vec::new();
-        for (prog, tp) in BLOCK_BTF_PROGRAMS {
-            if let Err(e) = bpf::attach_btf_tracepoint(ebpf, &btf, prog, tp) {
+        for &(prog, tp) in set {
+            if let Err(e) = bpf::attach_btf_tracepoint(ebpf, btf, prog, tp) {
                 for p in done {
                     if let Some(Program::BtfTracePoint(p)) = ebpf.program_mut(p) {
                         let _ = p.unload();
@@ -392,6 +411,28 @@ impl Accounting {
             done.push(prog);
         }
         self.attached.extend(done);
+        Ok(())
+    }
+
+    /// `set` on BTF tracepoints, else `raw` on raw ones (said under --verbose).
+    fn attach_btf_or_raw(
+        &mut self,
+        ebpf: &mut Ebpf,
+        btf: &Result<aya::Btf>,
+        set: &[(&'static str, &str)],
+        raw: &[(&'static str, &str)],
+        what: &str,
+        verbose: bool,
+    ) -> Result<()> {
+        if let Err(e) = self.attach_btf_set(ebpf, btf, set) {
+            if verbose {
+                eprintln!("gputrace: {what} programs on raw tracepoints: {e:#}");
+            }
+            for &(prog, name) in raw {
+                bpf::attach_raw_tracepoint(ebpf, prog, name)?;
+                self.attached.push(prog);
+            }
+        }
         Ok(())
     }
 }
@@ -418,16 +459,21 @@ impl ProbeFamily for Accounting {
             self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
         }
         let offsets = self.offsets.as_ref().ok();
-        let classic = offsets.and_then(|o| o.sched_classic.as_deref());
-        if let (Some(why), true) = (classic, ctx.args.verbose) {
+        let classic = offsets.and_then(|o| o.sched_classic.clone());
+        if let (Some(why), true) = (&classic, ctx.args.verbose) {
             eprintln!("gputrace: scheduler programs on classic tracepoints: {why}");
         }
-        let block_classic = offsets.and_then(|o| o.block_classic.as_deref());
+        let block_classic = offsets.and_then(|o| o.block_classic.clone());
+        let verbose = ctx.args.verbose;
+        // Read only when some set may use it (the classic sets need none).
+        let btf = if classic.is_none() || block_classic.is_none() {
+            typed_btf()
+        } else {
+            Err(anyhow::anyhow!("not needed"))
+        };
         if classic.is_none() {
-            for (prog, name, _) in SCHED_RAW_PROGRAMS {
-                bpf::attach_raw_tracepoint(ebpf, prog, name)?;
-                self.attached.push(prog);
-            }
+            let raw = SCHED_RAW_PROGRAMS.map(|(prog, name, _)| (prog, name));
+            self.attach_btf_or_raw(ebpf, &btf, &SCHED_BTF_PROGRAMS, &raw, "scheduler", verbose)?;
         } else {
             for (prog, cat, name) in SCHED_TP_PROGRAMS {
                 bpf::attach_tracepoint(ebpf, prog, cat, name)?;
@@ -438,25 +484,39 @@ impl ProbeFamily for Accounting {
             bpf::attach_tracepoint(ebpf, prog, cat, name)?;
             self.attached.push(prog);
         }
-        for (prog, name) in SYS_RAW_PROGRAMS {
+        // Raw where the scheduler programs are classic: a kernel whose BTF fails them.
+        if classic.is_none() {
+            self.attach_btf_or_raw(
+                ebpf,
+                &btf,
+                &SYS_BTF_PROGRAMS,
+                &SYS_ENTER_RAW,
+                "syscall",
+                verbose,
+            )?;
+        } else {
+            let [(prog, name)] = SYS_ENTER_RAW;
             bpf::attach_raw_tracepoint(ebpf, prog, name)?;
             self.attached.push(prog);
         }
+        let (prog, name) = SYS_EXIT_RAW;
+        bpf::attach_raw_tracepoint(ebpf, prog, name)?;
+        self.attached.push(prog);
         if tracefs::exists("block", "block_rq_issue") {
             match block_classic {
                 None => {
-                    if let Err(e) = self.attach_block_btf(ebpf) {
-                        if ctx.args.verbose {
-                            eprintln!("gputrace: block programs on raw tracepoints: {e:#}");
-                        }
-                        for (prog, name, _) in BLOCK_RAW_PROGRAMS {
-                            bpf::attach_raw_tracepoint(ebpf, prog, name)?;
-                            self.attached.push(prog);
-                        }
-                    }
+                    let raw = BLOCK_RAW_PROGRAMS.map(|(prog, name, _)| (prog, name));
+                    self.attach_btf_or_raw(
+                        ebpf,
+                        &btf,
+                        &BLOCK_BTF_PROGRAMS,
+                        &raw,
+                        "block",
+                        verbose,
+                    )?;
                 }
                 Some(why) => {
-                    if ctx.args.verbose {
+                    if verbose {
                         eprintln!("gputrace: block programs on classic tracepoints: {why}");
                     }
                     for (prog, cat, name) in BLOCK_TP_PROGRAMS {

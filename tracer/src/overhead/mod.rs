@@ -76,7 +76,7 @@ fn trap_ns(name: &str, uprobe: bool, trap: TrapCost) -> f64 {
 }
 
 fn is_syscall_tracepoint(name: &str) -> bool {
-    [Prog::SysEnter, Prog::SysExit]
+    [Prog::SysEnter, Prog::SysEnterBtf, Prog::SysExit]
         .iter()
         .any(|p| PROGRAMS[*p as usize] == name)
 }
@@ -253,7 +253,7 @@ fn traced_cost_ns(r: &Report) -> u64 {
         .iter()
         .map(|p| {
             let hits = match p.program.as_str() {
-                "sys_enter" | "sys_exit" => syscalls,
+                "sys_enter" | "sys_enter_btf" | "sys_exit" => syscalls,
                 n if n == ENTRY_PROG || n == RET_PROG => cuda,
                 "cpu_sample" => r.sampling.samples,
                 _ => p.hits,
@@ -382,6 +382,10 @@ mod tests {
         let t = TrapCost::DEFAULT;
         assert_eq!(
             trap_ns("sys_enter", false, t),
+            budget::SYSCALL_TRACEPOINT_NS
+        );
+        assert_eq!(
+            trap_ns("sys_enter_btf", false, t),
             budget::SYSCALL_TRACEPOINT_NS
         );
         assert_eq!(trap_ns("sys_exit", false, t), budget::SYSCALL_TRACEPOINT_NS);
