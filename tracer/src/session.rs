@@ -437,6 +437,13 @@ fn bound_report(report: &mut report::model::Report, tracker: &Tracker) {
             out.light_samples
         ));
     }
+    for (pid, left) in report::bound::limit_threads(report, report::bound::MAX_LISTED_THREADS) {
+        report.warnings.push(format!(
+            "pid {pid}: {left} more threads are not listed, the lightest beyond the {} listed (the \
+             process's totals include them)",
+            report::bound::MAX_LISTED_THREADS
+        ));
+    }
     if tracker.untracked > 0 {
         report.warnings.push(format!(
             "to bound memory, {} processes were not remembered (their samples keep pid and comm \

@@ -63,7 +63,15 @@ const BT_OFFCPU: &str = "tracepoint:sched:sched_switch { @off[args->prev_pid] = 
 const BT_WAKEUP: &str =
     "tracepoint:sched:sched_wakeup /@off[args->pid]/ { @w[args->pid] = nsecs; }";
 
-pub fn run(quick: bool, window_only: bool, demo_only: bool, modes: &[String]) -> Result<()> {
+mod soak;
+
+pub fn run(
+    quick: bool,
+    window_only: bool,
+    demo_only: bool,
+    modes: &[String],
+    soak_s: Option<u64>,
+) -> Result<()> {
     if !crate::is_root() {
         bail!("the benchmarks load eBPF programs: run `sudo -E cargo xtask bench`");
     }
@@ -87,6 +95,10 @@ pub fn run(quick: bool, window_only: bool, demo_only: bool, modes: &[String]) ->
     }
     if demo_only {
         println!("{}", demo_table(&g, &dir, quick, modes)?);
+        return Ok(());
+    }
+    if let Some(s) = soak_s {
+        println!("{}", soak::soak(&g, &w.soak, &w.cudart, &dir, s)?);
         return Ok(());
     }
     let scale = if quick { 1 } else { 4 };
@@ -299,6 +311,7 @@ struct Workloads {
     libs: Vec<PathBuf>,
     /// A launch storm that records its calls per 5 ms slot (with STORM_SLOTS set).
     rate: PathBuf,
+    soak: PathBuf,
 }
 
 impl Workloads {
@@ -330,6 +343,7 @@ impl Workloads {
                 .map(|i| libdir.join(format!("libbench{i}.so")))
                 .collect(),
             rate: dir.join("launch_storm"),
+            soak: dir.join("soak"),
         };
         cc("syscall_loop", &w.syscall, &[])?;
         cc("ctxswitch", &w.ctxswitch, &[])?;
@@ -337,6 +351,7 @@ impl Workloads {
         cc("launch_loop", &w.launch, &["-ldl"])?;
         cc("fake_cudart", &w.cudart, &["-shared", "-fPIC"])?;
         cc("big_target", &w.big, &["-ldl"])?;
+        cc("soak", &w.soak, &["-ldl"])?;
         // The e2e tests' storm, which records its calls per slot when asked (STORM_SLOTS).
         let st = Command::new("gcc")
             .args(["-O2", "-fno-omit-frame-pointer", "-o"])

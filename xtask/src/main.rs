@@ -52,6 +52,11 @@ enum Cmd {
             default_value = "data,launch,transfer,gpu"
         )]
         modes: Vec<String>,
+        /// Only the memory soak: gputrace's resident memory over this many seconds of a
+        /// steady ~100k events/s mix (printed, not appended to BENCHMARKS.md; 3600 for an
+        /// hour).
+        #[arg(long, value_name = "SECONDS", conflicts_with_all = ["window_cost", "demo_only"])]
+        soak: Option<u64>,
     },
 }
 
@@ -73,9 +78,10 @@ fn run(cli: Cli) -> Result<()> {
             window_cost,
             demo_only,
             modes,
+            soak,
         } => {
             setup::run()?;
-            bench::run(quick, window_cost, demo_only, &modes)
+            bench::run(quick, window_cost, demo_only, &modes, soak)
         }
         Cmd::Run { args } => {
             setup::run()?;

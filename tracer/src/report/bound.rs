@@ -1,8 +1,10 @@
 //! Keeps the report's size bounded however many processes the trace followed: processes with
 //! nothing to show beyond the first few are counted, not listed, and so are the lightest of
-//! those beyond a fixed number (a fork storm's children each caught by one sample).
+//! those beyond a fixed number (a fork storm's children each caught by one sample). The same
+//! for a process's threads: a job that starts a thread per request lists its heaviest threads,
+//! not the thousands an hour of it makes.
 
-use super::model::{ProcessReport, Report};
+use super::model::{ProcessReport, Report, ThreadReport};
 
 /// Processes with nothing to show that are still listed (a few show that children were seen).
 pub const MAX_IDLE_PROCESSES: usize = 32;
@@ -11,6 +13,11 @@ pub const MAX_IDLE_PROCESSES: usize = 32;
 /// torch.compile's worker pool (up to 32) fit; past this, a process is one of thousands of short-lived
 /// children and the flame graph (which keeps every sample) says more than its entry would.
 pub const MAX_LISTED_PROCESSES: usize = 64;
+
+/// Threads listed at most per process. A training process's own threads (the main thread,
+/// data-loader and pin-memory threads, CUDA's, a thread pool per core) fit; each listed thread
+/// costs the report about a kilobyte.
+pub const MAX_LISTED_THREADS: usize = 128;
 
 /// What was left out of `processes`, so that the report can say so.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +101,52 @@ pub fn limit_processes(report: &mut Report, max_idle: usize, max_listed: usize) 
         });
     }
     report.followed.not_listed += out.total();
+    out
+}
+
+/// How much a thread shows, for choosing which to list: its CPU samples as CPU time plus the
+/// wall time it was traced for, so that a worker blocked all along outranks a thread that
+/// lived a millisecond. The main thread always stays.
+fn thread_weight(t: &ThreadReport, pid: u32, sample_period_ns: u64) -> (bool, u64) {
+    let alive = t.time.as_ref().map_or(0, |b| b.alive_ns);
+    (
+        t.tid == pid,
+        t.samples
+            .saturating_mul(sample_period_ns)
+            .saturating_add(alive),
+    )
+}
+
+/// Keeps each process's `max_listed` heaviest threads, in their order; returns (pid, threads
+/// left out) for each process that had more, and adds the count to `report.followed`. The
+/// process's own figures (time, syscalls, samples) were summed over every thread and stay.
+pub fn limit_threads(report: &mut Report, max_listed: usize) -> Vec<(u32, u64)> {
+    let period_ns = 1_000_000_000 / report.sampling.frequency_hz.max(1);
+    let mut out = Vec::new();
+    for p in report.processes.iter_mut() {
+        if p.threads.len() <= max_listed {
+            continue;
+        }
+        let mut order: Vec<(usize, (bool, u64))> = p
+            .threads
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (i, thread_weight(t, p.pid, period_ns)))
+            .collect();
+        order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut keep = vec![false; p.threads.len()];
+        for &(i, _) in &order[..max_listed] {
+            keep[i] = true;
+        }
+        let mut i = 0;
+        p.threads.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+        let left = (order.len() - max_listed) as u64;
+        report.followed.threads_not_listed += left;
+        out.push((p.pid, left));
+    }
     out
 }
 
@@ -200,5 +253,44 @@ mod tests {
         assert_eq!(out.light_samples, 285);
         assert_eq!(out.idle, 0);
         assert_eq!(r.followed.not_listed, 285);
+    }
+
+    fn thread(tid: u32, samples: u64, alive_ns: u64) -> ThreadReport {
+        ThreadReport {
+            tid,
+            comm: "t".into(),
+            samples,
+            kernel_samples: 0,
+            top_self: vec![],
+            time: Some(crate::report::model::time::TimeBreakdown {
+                alive_ns,
+                accounted_ns: alive_ns,
+                ..Default::default()
+            }),
+            syscalls: vec![],
+            python_sites: vec![],
+        }
+    }
+
+    #[test]
+    fn lists_the_main_thread_and_the_heaviest_others() {
+        let mut p = process(1, 0);
+        // The main thread lived briefly; thread 7 ran, thread 9 was alive longest; the rest
+        // lived a microsecond each.
+        p.threads = vec![thread(1, 0, 10)];
+        p.threads.extend((2..500).map(|tid| match tid {
+            7 => thread(tid, 50, 1_000),
+            9 => thread(tid, 0, 10_000_000_000),
+            _ => thread(tid, 0, 1_000),
+        }));
+        let mut r = report(vec![p, process(2, 0)]);
+        let left = limit_threads(&mut r, 3);
+        assert_eq!(left, vec![(1, 496)]);
+        let tids: Vec<u32> = r.processes[0].threads.iter().map(|t| t.tid).collect();
+        assert_eq!(tids, vec![1, 7, 9]);
+        assert_eq!(r.followed.threads_not_listed, 496);
+        // Within the bound nothing moves.
+        assert!(limit_threads(&mut r, 3).is_empty());
+        assert_eq!(r.processes[0].threads.len(), 3);
     }
 }

@@ -147,6 +147,10 @@ pub struct Followed {
     pub forgotten: u64,
     /// Exited processes whose memory maps were evicted: their samples are not symbolised.
     pub maps_evicted: u64,
+    /// Threads left out of the listed processes' `threads` (the lightest beyond
+    /// `report::bound::MAX_LISTED_THREADS` each); the processes' totals include them.
+    #[serde(default)]
+    pub threads_not_listed: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
