@@ -338,7 +338,15 @@ fn launched_target_exits_mid_trace() {
 /// Traces `fork_storm ARGS` to its end: the run, the BPF objects it held while tracing, its
 /// output directory and its report.
 fn traced_storm(name: &str, args: &[&str]) -> (Live, Held, PathBuf, serde_json::Value) {
-    let storm = build_c("fork_storm", &[]);
+    traced_workload("fork_storm", name, args)
+}
+
+fn traced_workload(
+    workload: &str,
+    name: &str,
+    args: &[&str],
+) -> (Live, Held, PathBuf, serde_json::Value) {
+    let storm = build_c(workload, &[]);
     let dir = out_dir(name);
     let mut argv = vec![
         "-v",
@@ -473,6 +481,60 @@ fn a_storm_of_busy_children_lists_the_heaviest_and_counts_the_rest() {
 
 /// A report that lists 64 children (3-5 KB each, pretty-printed) besides the target stays
 /// under this; thousands of children listed would take megabytes.
+/// A thread per request for an hour is thousands of threads: the report lists the heaviest
+/// (`MAX_LISTED_THREADS`, 128) and counts the rest, whose time and syscalls stay in the
+/// process's totals.
+#[test]
+fn a_thread_storm_lists_the_heaviest_threads_and_keeps_the_totals() {
+    let _g = serial();
+    if !require_root("a_thread_storm_lists_the_heaviest_threads_and_keeps_the_totals") {
+        return;
+    }
+    const THREADS: u64 = 600;
+    const CALLS: u64 = 7;
+    let (live, held, dir, r) = traced_workload(
+        "thread_storm",
+        "thread-storm",
+        &[&THREADS.to_string(), &CALLS.to_string(), "200"],
+    );
+    assert!(live.stdout().contains(&format!("threads {THREADS}")));
+    let pid = r["target"]["pids"][0].as_u64().expect("target pid");
+    let p = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("no target process in {:#}", r["processes"]));
+    let threads = p["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 128, "threads listed");
+    assert!(
+        threads.iter().any(|t| t["tid"].as_u64() == Some(pid)),
+        "the main thread is not listed"
+    );
+    // Every worker was accounted (born at task_newtask, dead at its last switch-out): 600
+    // workers and the main thread, 128 of them listed.
+    let not_listed = r["followed"]["threads_not_listed"].as_u64().unwrap();
+    assert_eq!(not_listed, THREADS + 1 - 128, "{:#}", r["followed"]);
+    // The process's syscall table still counts every worker's calls.
+    let getppid = p["syscalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "getppid")
+        .and_then(|s| s["count"].as_u64());
+    assert_eq!(getppid, Some(THREADS * CALLS));
+    assert!(
+        live.stdout().contains("more threads are not listed"),
+        "{}",
+        live.stdout()
+    );
+    // 128 listed threads at ~3.5 KB each (pretty-printed, with their syscall tables): the
+    // list's size, not the storm's (the 600 threads listed made ~2 MB).
+    let size = std::fs::metadata(dir.join("report.json")).unwrap().len();
+    assert!(size < 768 * 1024, "report.json is {size} bytes");
+    assert_released(&held, live.pid());
+}
+
 fn assert_report_size_bounded(dir: &Path) {
     let size = std::fs::metadata(dir.join("report.json")).unwrap().len();
     assert!(size < 384 * 1024, "report.json is {size} bytes");
