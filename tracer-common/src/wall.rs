@@ -19,6 +19,9 @@ pub const THREAD_SLOTS_MAP: &str = "THREAD_SLOTS";
 pub const THREADS_SPILLED_MAP: &str = "THREADS_SPILLED";
 pub const WALL_MAP: &str = "WALL";
 pub const LIFE_MAP: &str = "LIFE";
+/// Deaths recorded in `LIFE` so far (one shared counter): user space takes dead threads' rows
+/// out of the maps when it has moved enough since the last time.
+pub const DEATHS_MAP: &str = "DEATHS";
 pub const SYSCALLS_MAP: &str = "SYSCALLS";
 pub const ERRNOS_MAP: &str = "ERRNOS";
 pub const FILEIO_MAP: &str = "FILEIO";

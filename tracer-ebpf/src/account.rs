@@ -220,6 +220,10 @@ fn add_row(key: &WallKey, ns: u64, count: u64) {
     }
 }
 
+/// `tracer_common::wall::DEATHS_MAP`.
+#[map(name = "DEATHS")]
+static DEATHS: Array<u64> = Array::with_max_entries(1, 0);
+
 /// Records that a thread died at `now` (its last switch-out) and forgets its state.
 #[inline(always)]
 pub fn died(tid: u32, st: &mut ThreadState, now: u64) {
@@ -236,6 +240,8 @@ pub fn died(tid: u32, st: &mut ThreadState, now: u64) {
     };
     if LIFE.insert(&key, &val, 0).is_err() {
         count_drop(Drop::ThreadStateFull);
+    } else {
+        counter_add(&DEATHS, 1);
     }
     forget(tid);
 }

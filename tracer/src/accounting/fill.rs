@@ -11,10 +11,10 @@ use tracer_common::{
     python::{PySeed, PY_SEED_MAP, PY_STACK_PENDING},
     time::Category,
     wall::{
-        BlkKey, BlkStat, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysKey,
-        SysStat, ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FD_NAMES_MAP,
-        FD_NAME_WAYS, FILEIO_MAP, GIL_HOLDER_UNKNOWN, KIND_BLOCKED, LIFE_MAP, PHASE_ONCPU,
-        SYSCALLS_MAP, WALL_MAP,
+        BlkKey, BlkStat, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysStat, ThreadState,
+        WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FD_NAMES_MAP, FD_NAME_WAYS,
+        FILEIO_MAP, GIL_HOLDER_UNKNOWN, KIND_BLOCKED, LIFE_MAP, PHASE_ONCPU, SYSCALLS_MAP,
+        WALL_MAP,
     },
 };
 
@@ -70,10 +70,12 @@ pub fn fill(
     end: u64,
     comms: &BTreeMap<u32, (u32, String)>,
     fds: &BTreeMap<FdKey, String>,
+    retired: &super::retire::Retired,
 ) -> Result<()> {
     let mut rows: Vec<Row> = read_map::<WallKey, WallVal>(ebpf, WALL_MAP)?
         .into_iter()
         .map(|(key, val)| Row { key, val })
+        .chain(retired.wall.iter().copied())
         .collect();
     let mut open: Vec<(u32, ThreadState)> = super::States::open(ebpf)?.all(ebpf)?;
     // What the kernel would have done had these waits ended now.
@@ -92,7 +94,8 @@ pub fn fill(
         open.iter()
             .flat_map(|(tid, st)| aggregate::open_rows(*tid, st, end)),
     );
-    let deaths: Vec<(LifeKey, LifeVal)> = read_map(ebpf, LIFE_MAP)?;
+    let mut deaths: Vec<(LifeKey, LifeVal)> = read_map(ebpf, LIFE_MAP)?;
+    deaths.extend_from_slice(&retired.deaths);
 
     let mut stacks = Stacks::new(ebpf)?;
     let mut kframes: StdHashMap<i32, Vec<String>> = StdHashMap::new();
@@ -175,7 +178,7 @@ pub fn fill(
     sites::fill(&mut data.report.processes, &site_rows, |tid| {
         comms.get(&tid).map(|c| c.1.clone()).unwrap_or_default()
     });
-    fill_syscalls(ebpf, data)?;
+    fill_syscalls(ebpf, data, retired)?;
     fill_files(ebpf, data, fds, ctx.args.top, &open)?;
     fill_block(ebpf, data, &open)?;
     data.time = render::folded(&rows, &verdicts, ctx, data, comms, &mut stacks);
@@ -323,9 +326,13 @@ fn merge(a: &mut SyscallStat, b: &SyscallStat) {
     }
 }
 
-fn fill_syscalls(ebpf: &Ebpf, data: &mut ReportData) -> Result<()> {
-    let stats: Vec<(SysKey, SysStat)> = read_map(ebpf, SYSCALLS_MAP)?;
-    let errs: Vec<(ErrnoKey, u64)> = read_map(ebpf, ERRNOS_MAP)?;
+fn fill_syscalls(
+    ebpf: &Ebpf,
+    data: &mut ReportData,
+    retired: &super::retire::Retired,
+) -> Result<()> {
+    let stats = retired.syscalls_with(read_map(ebpf, SYSCALLS_MAP)?);
+    let errs = retired.errnos_with(read_map(ebpf, ERRNOS_MAP)?);
     let mut by_call: BTreeMap<(u32, u32, i32), BTreeMap<i32, u64>> = BTreeMap::new();
     for (k, n) in errs {
         *by_call

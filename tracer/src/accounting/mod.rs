@@ -8,6 +8,7 @@ pub mod aggregate;
 pub mod classify;
 mod fill;
 pub mod render;
+mod retire;
 pub mod sites;
 mod states;
 pub mod syscall_names;
@@ -282,6 +283,8 @@ pub struct Accounting {
     /// (tgid, fd, generation) -> the file, read from /proc while that generation was open.
     fds: BTreeMap<tracer_common::wall::FdKey, String>,
     attached: Vec<&'static str>,
+    /// What dead threads left in the maps, taken out as the trace runs.
+    retired: retire::Retired,
     ticks: u64,
     /// Held while `-v` asks for the programs' own run time (kernel.bpf_stats_enabled).
     stats: Option<std::os::fd::OwnedFd>,
@@ -294,6 +297,7 @@ impl Accounting {
             comms: BTreeMap::new(),
             fds: BTreeMap::new(),
             attached: Vec::new(),
+            retired: retire::Retired::default(),
             ticks: 0,
             stats: None,
         }
@@ -318,6 +322,11 @@ impl Accounting {
         }
     }
 }
+
+/// Ticks (100 ms) between passes that take dead threads' rows out of the maps (`retire`): 2 s,
+/// or sooner after `retire::DEATHS_PER_PASS` deaths. A pass reads the maps' keys, so it does
+/// not run at every tick.
+const RETIRE_EVERY_TICKS: u64 = 20;
 
 /// `membarrier(2)`: waits until all running threads of the machine have passed a memory barrier
 /// (`synchronize_rcu`); not in the libc crate's constants.
@@ -550,6 +559,14 @@ impl ProbeFamily for Accounting {
         if self.ticks.is_multiple_of(5) {
             self.learn(ebpf);
         }
+        if self
+            .retired
+            .wanted(ebpf, self.ticks.is_multiple_of(RETIRE_EVERY_TICKS))
+        {
+            self.retired
+                .pass(ebpf)
+                .context("retire dead threads' rows")?;
+        }
         Ok(())
     }
 
@@ -597,6 +614,6 @@ impl ProbeFamily for Accounting {
         let end = ktime_now();
         // The Python stacks of the switch-outs since the session's last read.
         ctx.python.sync(ebpf)?;
-        fill::fill(ebpf, ctx, data, end, &self.comms, &self.fds)
+        fill::fill(ebpf, ctx, data, end, &self.comms, &self.fds, &self.retired)
     }
 }

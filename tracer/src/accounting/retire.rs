@@ -1,0 +1,268 @@
+//! Moves what dead threads left in the kernel's maps into gputrace's memory while the trace
+//! runs, so that a job that starts a thread per request for an hour does not fill them: each
+//! thread leaves a `LIFE` entry, a few `WALL` rows and a `SYSCALLS` row per syscall it made,
+//! and with nothing taken out `SYSCALLS` (32,768 rows) was full after ~6,500 threads, `WALL`
+//! after ~20,000, and later threads' figures were lost (counted as drops).
+//!
+//! A dead thread's rows are final: the programs write them out at its last switch-out
+//! (`account::died`) before they record its death in `LIFE`, and nothing writes them after.
+//! So a pass reads and deletes the deaths, then the `WALL` rows of those thread instances
+//! (keyed by birth time and tid) and the `SYSCALLS` and `ERRNOS` rows of those tids; `fill`
+//! adds what was retired to what is still in the maps at the end.
+//!
+//! Retired syscall rows are the largest (~330 bytes each); past [`MAX_THREAD_SYSCALL_ROWS`]
+//! a dead thread's rows are folded into its process's (tid 0: no thread has it), which keeps
+//! the process's table exact and drops only that thread's own.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{HashMap, MapData},
+    Ebpf,
+};
+use tracer_common::wall::{
+    ErrnoKey, LifeKey, LifeVal, SysKey, SysStat, WallKey, WallVal, DEATHS_MAP, ERRNOS_MAP,
+    LIFE_MAP, SYSCALLS_MAP, WALL_MAP,
+};
+
+use super::aggregate::Row;
+
+/// Deaths that start a pass before its time: a storm of short threads (each leaves ~5
+/// syscall rows, the map holds 32,768) is caught well before the maps fill.
+pub const DEATHS_PER_PASS: u64 = 1_000;
+
+/// Retired per-thread syscall rows kept at most (~30 MB); beyond, rows fold into their
+/// process's.
+pub const MAX_THREAD_SYSCALL_ROWS: usize = 100_000;
+
+/// What dead threads left, taken out of the maps.
+#[derive(Default)]
+pub struct Retired {
+    pub deaths: Vec<(LifeKey, LifeVal)>,
+    pub wall: Vec<Row>,
+    pub syscalls: BTreeMap<SysKey, SysStat>,
+    pub errnos: BTreeMap<ErrnoKey, u64>,
+    /// Dead threads whose syscall rows were folded into their process's.
+    pub folded_threads: u64,
+    /// `DEATHS` at the last pass.
+    seen_deaths: u64,
+}
+
+/// Adds `b` into `a` (the same syscall of one thread, or of a process's threads).
+pub fn merge_stat(a: &mut SysStat, b: &SysStat) {
+    if b.count == 0 {
+        return;
+    }
+    if a.count == 0 || b.min_ns < a.min_ns {
+        a.min_ns = b.min_ns;
+    }
+    a.max_ns = a.max_ns.max(b.max_ns);
+    a.count += b.count;
+    a.errors += b.errors;
+    a.total_ns += b.total_ns;
+    a.bytes += b.bytes;
+    for (x, y) in a.hist.iter_mut().zip(b.hist.iter()) {
+        *x += y;
+    }
+}
+
+fn zero_stat() -> SysStat {
+    SysStat {
+        count: 0,
+        errors: 0,
+        total_ns: 0,
+        min_ns: 0,
+        max_ns: 0,
+        bytes: 0,
+        hist: [0; tracer_common::wall::HIST_BUCKETS],
+    }
+}
+
+/// Takes the entries of `name` whose keys `pick` chooses out of the map.
+fn take<K: aya::Pod, V: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &str,
+    pick: impl Fn(&K) -> bool,
+) -> Result<Vec<(K, V)>> {
+    let mut map: HashMap<&mut MapData, K, V> = HashMap::try_from(
+        ebpf.map_mut(name)
+            .with_context(|| format!("map {name} missing"))?,
+    )?;
+    let keys: Vec<K> = map
+        .keys()
+        .filter_map(|k| k.ok())
+        .filter(|k| pick(k))
+        .collect();
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        if let Ok(v) = map.get(&k, 0) {
+            // Read before the delete: a row that vanished in between was taken by no one.
+            if map.remove(&k).is_ok() {
+                out.push((k, v));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Deaths recorded so far (`DEATHS`).
+fn deaths_so_far(ebpf: &Ebpf) -> Result<u64> {
+    let map: aya::maps::Array<&MapData, u64> =
+        aya::maps::Array::try_from(ebpf.map(DEATHS_MAP).context("map DEATHS missing")?)?;
+    Ok(map.get(&0, 0)?)
+}
+
+impl Retired {
+    /// Whether `DEATHS_PER_PASS` threads died since the last pass, or any did and `due`.
+    pub fn wanted(&self, ebpf: &Ebpf, due: bool) -> bool {
+        deaths_so_far(ebpf).is_ok_and(|n| {
+            let new = n.saturating_sub(self.seen_deaths);
+            new >= DEATHS_PER_PASS || (due && new > 0)
+        })
+    }
+
+    /// One pass: the deaths recorded since the last, and their rows; returns how many.
+    pub fn pass(&mut self, ebpf: &mut Ebpf) -> Result<usize> {
+        // Read first: deaths recorded during the pass are counted for the next one.
+        self.seen_deaths = deaths_so_far(ebpf)?;
+        let deaths: Vec<(LifeKey, LifeVal)> = take(ebpf, LIFE_MAP, |_: &LifeKey| true)?;
+        if deaths.is_empty() {
+            return Ok(0);
+        }
+        // A tid a live thread holds again keeps its syscall rows (they are keyed by tid, so
+        // they are the new thread's too).
+        let live: BTreeSet<u32> = super::States::open(ebpf)
+            .and_then(|s| s.all(ebpf))
+            .context("read the thread states")?
+            .into_iter()
+            .map(|(tid, _)| tid)
+            .collect();
+        let instances: BTreeSet<(u64, u32)> =
+            deaths.iter().map(|(k, _)| (k.born_ns, k.tid)).collect();
+        let wall: Vec<(WallKey, WallVal)> = take(ebpf, WALL_MAP, |k: &WallKey| {
+            instances.contains(&(k.born_ns, k.tid))
+        })?;
+        self.wall
+            .extend(wall.into_iter().map(|(key, val)| Row { key, val }));
+        let tids: BTreeSet<(u32, u32)> = deaths
+            .iter()
+            .filter(|(k, _)| !live.contains(&k.tid))
+            .map(|(k, v)| (v.tgid, k.tid))
+            .collect();
+        let rows: Vec<(SysKey, SysStat)> = take(ebpf, SYSCALLS_MAP, |k: &SysKey| {
+            tids.contains(&(k.tgid, k.tid))
+        })?;
+        let errs: Vec<(ErrnoKey, u64)> = take(ebpf, ERRNOS_MAP, |k: &ErrnoKey| {
+            tids.contains(&(k.tgid, k.tid))
+        })?;
+        self.add_syscalls(rows, errs);
+        let n = deaths.len();
+        self.deaths.extend(deaths);
+        Ok(n)
+    }
+
+    fn add_syscalls(&mut self, rows: Vec<(SysKey, SysStat)>, errs: Vec<(ErrnoKey, u64)>) {
+        let full = self.syscalls.len() >= MAX_THREAD_SYSCALL_ROWS;
+        let mut folded = BTreeSet::new();
+        for (mut k, v) in rows {
+            if full {
+                folded.insert((k.tgid, k.tid));
+                k.tid = 0;
+            }
+            merge_stat(self.syscalls.entry(k).or_insert_with(zero_stat), &v);
+        }
+        for (mut k, n) in errs {
+            if full {
+                k.tid = 0;
+            }
+            *self.errnos.entry(k).or_default() += n;
+        }
+        self.folded_threads += folded.len() as u64;
+    }
+
+    /// Adds the retired rows to those read from the maps at the end.
+    pub fn syscalls_with(&self, mut rows: Vec<(SysKey, SysStat)>) -> Vec<(SysKey, SysStat)> {
+        let mut all: BTreeMap<SysKey, SysStat> = self.syscalls.clone();
+        for (k, v) in rows.drain(..) {
+            merge_stat(all.entry(k).or_insert_with(zero_stat), &v);
+        }
+        all.into_iter().collect()
+    }
+
+    pub fn errnos_with(&self, rows: Vec<(ErrnoKey, u64)>) -> Vec<(ErrnoKey, u64)> {
+        let mut all = self.errnos.clone();
+        for (k, n) in rows {
+            *all.entry(k).or_default() += n;
+        }
+        all.into_iter().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stat(count: u64, min: u64, max: u64, bucket: usize) -> SysStat {
+        let mut s = zero_stat();
+        s.count = count;
+        s.min_ns = min;
+        s.max_ns = max;
+        s.total_ns = count * min;
+        s.hist[bucket] = count;
+        s
+    }
+
+    fn key(tgid: u32, tid: u32, nr: i32) -> SysKey {
+        SysKey {
+            tgid,
+            tid,
+            nr,
+            _pad: 0,
+        }
+    }
+
+    #[test]
+    fn merged_rows_keep_counts_extremes_and_histogram() {
+        let mut a = zero_stat();
+        merge_stat(&mut a, &stat(3, 500, 900, 9));
+        merge_stat(&mut a, &stat(2, 200, 400, 8));
+        merge_stat(&mut a, &zero_stat());
+        assert_eq!((a.count, a.min_ns, a.max_ns), (5, 200, 900));
+        assert_eq!(a.total_ns, 1500 + 400);
+        assert_eq!((a.hist[8], a.hist[9]), (2, 3));
+    }
+
+    #[test]
+    fn retired_and_live_rows_add_up_and_fold_past_the_cap() {
+        let mut r = Retired::default();
+        r.add_syscalls(vec![(key(1, 5, 39), stat(4, 100, 100, 7))], vec![]);
+        let all = r.syscalls_with(vec![(key(1, 5, 39), stat(1, 50, 50, 6))]);
+        assert_eq!(all.len(), 1);
+        assert_eq!((all[0].1.count, all[0].1.min_ns), (5, 50));
+
+        // Full: a dead thread's rows go to its process's (tid 0), and are counted.
+        for tid in 0..MAX_THREAD_SYSCALL_ROWS as u32 {
+            r.syscalls.insert(key(2, 1000 + tid, 0), stat(1, 1, 1, 0));
+        }
+        r.add_syscalls(
+            vec![
+                (key(3, 7, 39), stat(2, 10, 10, 4)),
+                (key(3, 7, 0), stat(1, 10, 10, 4)),
+            ],
+            vec![(
+                ErrnoKey {
+                    tgid: 3,
+                    tid: 7,
+                    nr: 0,
+                    errno: 9,
+                },
+                1,
+            )],
+        );
+        assert_eq!(r.folded_threads, 1);
+        assert_eq!(r.syscalls[&key(3, 0, 39)].count, 2);
+        assert!(!r.syscalls.contains_key(&key(3, 7, 39)));
+        assert_eq!(r.errnos.keys().next().map(|k| k.tid), Some(0));
+    }
+}
