@@ -12,7 +12,9 @@
 //!
 //! Retired syscall rows are the largest (~330 bytes each); past [`MAX_THREAD_SYSCALL_ROWS`]
 //! a dead thread's rows are folded into its process's (tid 0: no thread has it), which keeps
-//! the process's table exact and drops only that thread's own.
+//! the process's table exact and drops only that thread's own. Time rows (~72 bytes) are kept
+//! up to [`MAX_WALL_ROWS`]; past that the passes stop, so gputrace's memory stays bounded
+//! under any thread churn and what the full maps then refuse is counted as dropped.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -31,6 +33,10 @@ use super::aggregate::Row;
 /// Deaths that start a pass before its time: a storm of short threads (each leaves ~5
 /// syscall rows, the map holds 32,768) is caught well before the maps fill.
 pub const DEATHS_PER_PASS: u64 = 1_000;
+
+/// Retired time rows kept at most (~72 MB: ~300,000 threads' worth). Past it, passes stop
+/// and the maps fill as they did without them: later threads' rows are dropped and counted.
+pub const MAX_WALL_ROWS: usize = 1_000_000;
 
 /// Retired per-thread syscall rows kept at most (~30 MB); beyond, rows fold into their
 /// process's.
@@ -124,6 +130,9 @@ impl Retired {
 
     /// One pass: the deaths recorded since the last, and their rows; returns how many.
     pub fn pass(&mut self, ebpf: &mut Ebpf) -> Result<usize> {
+        if self.wall.len() >= MAX_WALL_ROWS {
+            return Ok(0);
+        }
         // Read first: deaths recorded during the pass are counted for the next one.
         self.seen_deaths = deaths_so_far(ebpf)?;
         let deaths: Vec<(LifeKey, LifeVal)> = take(ebpf, LIFE_MAP, |_: &LifeKey| true)?;
