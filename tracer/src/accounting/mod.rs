@@ -285,6 +285,8 @@ pub struct Accounting {
     attached: Vec<&'static str>,
     /// What dead threads left in the maps, taken out as the trace runs.
     retired: retire::Retired,
+    /// Why taking dead threads' rows out stopped, if it did.
+    retire_failed: Option<String>,
     ticks: u64,
     /// Held while `-v` asks for the programs' own run time (kernel.bpf_stats_enabled).
     stats: Option<std::os::fd::OwnedFd>,
@@ -298,6 +300,7 @@ impl Accounting {
             fds: BTreeMap::new(),
             attached: Vec::new(),
             retired: retire::Retired::default(),
+            retire_failed: None,
             ticks: 0,
             stats: None,
         }
@@ -559,13 +562,15 @@ impl ProbeFamily for Accounting {
         if self.ticks.is_multiple_of(5) {
             self.learn(ebpf);
         }
-        if self
-            .retired
-            .wanted(ebpf, self.ticks.is_multiple_of(RETIRE_EVERY_TICKS))
+        // A failed pass costs room in the maps, not the trace: said at the end, not retried.
+        if self.retire_failed.is_none()
+            && self
+                .retired
+                .wanted(ebpf, self.ticks.is_multiple_of(RETIRE_EVERY_TICKS))
         {
-            self.retired
-                .pass(ebpf)
-                .context("retire dead threads' rows")?;
+            if let Err(e) = self.retired.pass(ebpf) {
+                self.retire_failed = Some(format!("{e:#}"));
+            }
         }
         Ok(())
     }
@@ -614,6 +619,12 @@ impl ProbeFamily for Accounting {
         let end = ktime_now();
         // The Python stacks of the switch-outs since the session's last read.
         ctx.python.sync(ebpf)?;
+        if let Some(e) = &self.retire_failed {
+            data.report.warnings.push(format!(
+                "dead threads' rows could not be taken out of the kernel's maps during the trace \
+                 ({e}); with many short-lived threads the maps may have filled (see drops)"
+            ));
+        }
         fill::fill(ebpf, ctx, data, end, &self.comms, &self.fds, &self.retired)
     }
 }

@@ -135,44 +135,53 @@ impl Retired {
         }
         // Read first: deaths recorded during the pass are counted for the next one.
         self.seen_deaths = deaths_so_far(ebpf)?;
-        let deaths: Vec<(LifeKey, LifeVal)> = take(ebpf, LIFE_MAP, |_: &LifeKey| true)?;
-        if deaths.is_empty() {
-            return Ok(0);
-        }
         // A tid a live thread holds again keeps its syscall rows (they are keyed by tid, so
-        // they are the new thread's too).
+        // they are the new thread's too). Read before anything is taken: each step below
+        // keeps what it took before the next one can fail.
         let live: BTreeSet<u32> = super::States::open(ebpf)
             .and_then(|s| s.all(ebpf))
             .context("read the thread states")?
             .into_iter()
             .map(|(tid, _)| tid)
             .collect();
+        let deaths: Vec<(LifeKey, LifeVal)> = take(ebpf, LIFE_MAP, |_: &LifeKey| true)?;
+        if deaths.is_empty() {
+            return Ok(0);
+        }
         let instances: BTreeSet<(u64, u32)> =
             deaths.iter().map(|(k, _)| (k.born_ns, k.tid)).collect();
-        let wall: Vec<(WallKey, WallVal)> = take(ebpf, WALL_MAP, |k: &WallKey| {
-            instances.contains(&(k.born_ns, k.tid))
-        })?;
-        self.wall
-            .extend(wall.into_iter().map(|(key, val)| Row { key, val }));
         let tids: BTreeSet<(u32, u32)> = deaths
             .iter()
             .filter(|(k, _)| !live.contains(&k.tid))
             .map(|(k, v)| (v.tgid, k.tid))
             .collect();
+        let n = deaths.len();
+        self.deaths.extend(deaths);
+        let wall: Vec<(WallKey, WallVal)> = take(ebpf, WALL_MAP, |k: &WallKey| {
+            instances.contains(&(k.born_ns, k.tid))
+        })?;
+        self.wall
+            .extend(wall.into_iter().map(|(key, val)| Row { key, val }));
         let rows: Vec<(SysKey, SysStat)> = take(ebpf, SYSCALLS_MAP, |k: &SysKey| {
             tids.contains(&(k.tgid, k.tid))
         })?;
+        // One decision for both tables: a thread's errno rows go where its syscall rows went.
+        let fold = self.syscalls.len() >= MAX_THREAD_SYSCALL_ROWS;
+        self.add_syscalls(rows, Vec::new(), fold);
         let errs: Vec<(ErrnoKey, u64)> = take(ebpf, ERRNOS_MAP, |k: &ErrnoKey| {
             tids.contains(&(k.tgid, k.tid))
         })?;
-        self.add_syscalls(rows, errs);
-        let n = deaths.len();
-        self.deaths.extend(deaths);
+        self.add_syscalls(Vec::new(), errs, fold);
         Ok(n)
     }
 
-    fn add_syscalls(&mut self, rows: Vec<(SysKey, SysStat)>, errs: Vec<(ErrnoKey, u64)>) {
-        let full = self.syscalls.len() >= MAX_THREAD_SYSCALL_ROWS;
+    /// `fold`: into the process's rows (tid 0), the per-thread ones being at their cap.
+    fn add_syscalls(
+        &mut self,
+        rows: Vec<(SysKey, SysStat)>,
+        errs: Vec<(ErrnoKey, u64)>,
+        full: bool,
+    ) {
         let mut folded = BTreeSet::new();
         for (mut k, v) in rows {
             if full {
@@ -245,7 +254,7 @@ mod tests {
     #[test]
     fn retired_and_live_rows_add_up_and_fold_past_the_cap() {
         let mut r = Retired::default();
-        r.add_syscalls(vec![(key(1, 5, 39), stat(4, 100, 100, 7))], vec![]);
+        r.add_syscalls(vec![(key(1, 5, 39), stat(4, 100, 100, 7))], vec![], false);
         let all = r.syscalls_with(vec![(key(1, 5, 39), stat(1, 50, 50, 6))]);
         assert_eq!(all.len(), 1);
         assert_eq!((all[0].1.count, all[0].1.min_ns), (5, 50));
@@ -268,6 +277,7 @@ mod tests {
                 },
                 1,
             )],
+            r.syscalls.len() >= MAX_THREAD_SYSCALL_ROWS,
         );
         assert_eq!(r.folded_threads, 1);
         assert_eq!(r.syscalls[&key(3, 0, 39)].count, 2);
