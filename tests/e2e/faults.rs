@@ -479,8 +479,6 @@ fn a_storm_of_busy_children_lists_the_heaviest_and_counts_the_rest() {
     assert_released(&held, live.pid());
 }
 
-/// A report that lists 64 children (3-5 KB each, pretty-printed) besides the target stays
-/// under this; thousands of children listed would take megabytes.
 /// A thread per request for an hour is thousands of threads. Each leaves rows in the kernel's
 /// maps (its time, ~5 syscall rows, its death), which gputrace takes out as the trace runs:
 /// 8,000 threads in under a second (40,000 syscall rows, more than the map's 32,768) are all
@@ -517,6 +515,13 @@ fn a_thread_storm_is_counted_whole_and_lists_the_heaviest_threads() {
     // workers and the main thread, 128 of them listed.
     let not_listed = r["followed"]["threads_not_listed"].as_u64().unwrap();
     assert_eq!(not_listed, THREADS + 1 - 128, "{:#}", r["followed"]);
+    assert_eq!(p["threads_not_listed"].as_u64(), Some(not_listed));
+    assert!(
+        live.stdout()
+            .contains(&format!("wall time of {} thread(s) (128 listed)", THREADS + 1)),
+        "{}",
+        live.stdout()
+    );
     // The process's syscall table counts every worker's calls, and nothing was dropped for
     // want of room (stack-map collisions cost a sample its stack only).
     let getppid = p["syscalls"]
@@ -547,6 +552,8 @@ fn a_thread_storm_is_counted_whole_and_lists_the_heaviest_threads() {
     assert_released(&held, live.pid());
 }
 
+/// A report that lists 64 children (3-5 KB each, pretty-printed) besides the target stays
+/// under this; thousands of children listed would take megabytes.
 fn assert_report_size_bounded(dir: &Path) {
     let size = std::fs::metadata(dir.join("report.json")).unwrap().len();
     assert!(size < 384 * 1024, "report.json is {size} bytes");

@@ -404,8 +404,10 @@ fn ebpf_object(can_load: bool) -> Check {
     let mut verified = 0;
     let mut skipped = 0;
     // The BTF tracepoint programs (the defaults where the kernel takes them) are named for
-    // their tracepoint: `<tracepoint>_btf`.
+    // their tracepoint: `<tracepoint>_btf`. A kernel that refuses them gets the same code on
+    // raw tracepoints when tracing, so a refusal is a warning, not a failure.
     let btf = aya::Btf::from_sys_fs().ok();
+    let mut refused: Vec<String> = Vec::new();
     for (name, prog) in ebpf.programs_mut() {
         use aya::programs::Program;
         let res = match prog {
@@ -415,7 +417,11 @@ fn ebpf_object(can_load: bool) -> Check {
             Program::RawTracePoint(p) => p.load(),
             Program::BtfTracePoint(p) if btf.is_some() && name.ends_with("_btf") => {
                 let tp = name.trim_end_matches("_btf");
-                p.load(tp, btf.as_ref().expect("checked"))
+                if let Err(e) = p.load(tp, btf.as_ref().expect("checked")) {
+                    refused.push(format!("{:#}", bpf::load_error(name, e)));
+                    continue;
+                }
+                Ok(())
             }
             _ => {
                 skipped += 1;
@@ -437,11 +443,19 @@ fn ebpf_object(can_load: bool) -> Check {
     } else {
         String::new()
     };
-    Check::new(
-        Status::Ok,
-        "ebpf object",
-        format!("{maps} maps created, {verified} programs passed the verifier{extra}"),
-    )
+    let summary = format!("{maps} maps created, {verified} programs passed the verifier{extra}");
+    match refused.first() {
+        None => Check::new(Status::Ok, "ebpf object", summary),
+        Some(first) => Check::new(
+            Status::Warn,
+            "ebpf object",
+            format!(
+                "{summary}; {} BTF tracepoint programs refused, their raw or classic versions \
+                 are used (slower: a helper call per field read). First: {first}",
+                refused.len()
+            ),
+        ),
+    }
 }
 
 /// Whether the CUDA probes get uprobe_multi links (what the launch gate's windows cost).

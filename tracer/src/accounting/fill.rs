@@ -11,10 +11,10 @@ use tracer_common::{
     python::{PySeed, PY_SEED_MAP, PY_STACK_PENDING},
     time::Category,
     wall::{
-        BlkKey, BlkStat, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysStat, ThreadState,
-        WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FD_NAMES_MAP, FD_NAME_WAYS,
-        FILEIO_MAP, GIL_HOLDER_UNKNOWN, KIND_BLOCKED, LIFE_MAP, PHASE_ONCPU, SYSCALLS_MAP,
-        WALL_MAP,
+        BlkKey, BlkStat, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysKey, SysStat,
+        ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FD_NAMES_MAP,
+        FD_NAME_WAYS, FILEIO_MAP, GIL_HOLDER_UNKNOWN, KIND_BLOCKED, LIFE_MAP, PHASE_ONCPU,
+        SYSCALLS_MAP, WALL_MAP,
     },
 };
 
@@ -70,12 +70,12 @@ pub fn fill(
     end: u64,
     comms: &BTreeMap<u32, (u32, String)>,
     fds: &BTreeMap<FdKey, String>,
-    retired: &super::retire::Retired,
+    mut retired: super::retire::Retired,
 ) -> Result<()> {
     let mut rows: Vec<Row> = read_map::<WallKey, WallVal>(ebpf, WALL_MAP)?
         .into_iter()
         .map(|(key, val)| Row { key, val })
-        .chain(retired.wall.iter().copied())
+        .chain(std::mem::take(&mut retired.wall))
         .collect();
     let mut open: Vec<(u32, ThreadState)> = super::States::open(ebpf)?.all(ebpf)?;
     // What the kernel would have done had these waits ended now.
@@ -95,7 +95,7 @@ pub fn fill(
             .flat_map(|(tid, st)| aggregate::open_rows(*tid, st, end)),
     );
     let mut deaths: Vec<(LifeKey, LifeVal)> = read_map(ebpf, LIFE_MAP)?;
-    deaths.extend_from_slice(&retired.deaths);
+    deaths.append(&mut retired.deaths);
 
     let mut stacks = Stacks::new(ebpf)?;
     let mut kframes: StdHashMap<i32, Vec<String>> = StdHashMap::new();
@@ -191,21 +191,33 @@ fn user_percent(samples: u64, kernel: u64) -> Option<f64> {
 
 fn fill_time(data: &mut ReportData, threads: &[ThreadTime], comms: &BTreeMap<u32, (u32, String)>) {
     let mut warnings = Vec::new();
+    let mut by_process: StdHashMap<u32, Vec<&ThreadTime>> = StdHashMap::new();
+    for t in threads {
+        by_process.entry(t.tgid).or_default().push(t);
+    }
     for p in data.report.processes.iter_mut() {
-        let mine: Vec<&ThreadTime> = threads.iter().filter(|t| t.tgid == p.pid).collect();
-        if mine.is_empty() {
+        let Some(mine) = by_process.get(&p.pid) else {
             continue;
-        }
+        };
         let kernel: u64 = p.threads.iter().map(|t| t.kernel_samples).sum();
         p.time = Some(aggregate::breakdown(
             mine.iter().copied(),
             user_percent(p.samples, kernel),
         ));
-        let mut tids: Vec<u32> = mine.iter().map(|t| t.tid).collect();
-        tids.dedup();
-        for tid in tids {
-            let idx = match p.threads.iter().position(|t| t.tid == tid) {
-                Some(i) => i,
+        // By tid, and the listed threads' places: a thread storm has tens of thousands.
+        let mut by_tid: BTreeMap<u32, Vec<&ThreadTime>> = BTreeMap::new();
+        for t in mine {
+            by_tid.entry(t.tid).or_default().push(t);
+        }
+        let mut place: StdHashMap<u32, usize> = p
+            .threads
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.tid, i))
+            .collect();
+        for (tid, instances) in by_tid {
+            let idx = match place.get(&tid) {
+                Some(&i) => i,
                 None => {
                     p.threads.push(ThreadReport {
                         tid,
@@ -223,14 +235,12 @@ fn fill_time(data: &mut ReportData, threads: &[ThreadTime], comms: &BTreeMap<u32
                         syscalls: Vec::new(),
                         python_sites: Vec::new(),
                     });
+                    place.insert(tid, p.threads.len() - 1);
                     p.threads.len() - 1
                 }
             };
             let t = &mut p.threads[idx];
-            let b = aggregate::breakdown(
-                mine.iter().copied().filter(|x| x.tid == tid),
-                user_percent(t.samples, t.kernel_samples),
-            );
+            let b = aggregate::breakdown(instances, user_percent(t.samples, t.kernel_samples));
             if !aggregate::invariant_holds(&b, 0.01) {
                 warnings.push(format!(
                     "time accounting of thread {tid} (pid {}) is off: {} ns accounted of {} ns alive",
@@ -329,7 +339,7 @@ fn merge(a: &mut SyscallStat, b: &SyscallStat) {
 fn fill_syscalls(
     ebpf: &Ebpf,
     data: &mut ReportData,
-    retired: &super::retire::Retired,
+    mut retired: super::retire::Retired,
 ) -> Result<()> {
     let stats = retired.syscalls_with(read_map(ebpf, SYSCALLS_MAP)?);
     let errs = retired.errnos_with(read_map(ebpf, ERRNOS_MAP)?);
@@ -342,9 +352,19 @@ fn fill_syscalls(
             .or_default() += n;
     }
     let empty = BTreeMap::new();
+    let mut by_process: StdHashMap<u32, Vec<&(SysKey, SysStat)>> = StdHashMap::new();
+    for row in &stats {
+        by_process.entry(row.0.tgid).or_default().push(row);
+    }
     for p in data.report.processes.iter_mut() {
         let mut per_proc: BTreeMap<i32, SyscallStat> = BTreeMap::new();
-        for (k, s) in stats.iter().filter(|(k, _)| k.tgid == p.pid) {
+        let place: StdHashMap<u32, usize> = p
+            .threads
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.tid, i))
+            .collect();
+        for (k, s) in by_process.get(&p.pid).into_iter().flatten() {
             let st = to_stat(
                 k.nr,
                 s,
@@ -354,8 +374,8 @@ fn fill_syscalls(
                 .entry(k.nr)
                 .and_modify(|a| merge(a, &st))
                 .or_insert_with(|| st.clone());
-            if let Some(t) = p.threads.iter_mut().find(|t| t.tid == k.tid) {
-                t.syscalls.push(st);
+            if let Some(&i) = place.get(&k.tid) {
+                p.threads[i].syscalls.push(st);
             }
         }
         for t in p.threads.iter_mut() {

@@ -625,6 +625,22 @@ impl ProbeFamily for Accounting {
                  ({e}); with many short-lived threads the maps may have filled (see drops)"
             ));
         }
-        fill::fill(ebpf, ctx, data, end, &self.comms, &self.fds, &self.retired)
+        let retired = std::mem::take(&mut self.retired);
+        if retired.folded_threads > 0 {
+            data.report.warnings.push(format!(
+                "to bound memory, the syscall tables of {} threads that exited were folded into \
+                 their processes' (past {} retired rows): those threads list no syscalls",
+                retired.folded_threads,
+                retire::MAX_THREAD_SYSCALL_ROWS
+            ));
+        }
+        if retired.stopped {
+            data.report.warnings.push(format!(
+                "to bound memory, exited threads' rows stayed in the kernel's maps past {} \
+                 retired time rows; what the full maps refused is counted in drops",
+                retire::MAX_WALL_ROWS
+            ));
+        }
+        fill::fill(ebpf, ctx, data, end, &self.comms, &self.fds, retired)
     }
 }

@@ -42,6 +42,9 @@ pub const MAX_WALL_ROWS: usize = 1_000_000;
 /// process's.
 pub const MAX_THREAD_SYSCALL_ROWS: usize = 100_000;
 
+/// (tgid, tid) pairs.
+type Threads = BTreeSet<(u32, u32)>;
+
 /// What dead threads left, taken out of the maps.
 #[derive(Default)]
 pub struct Retired {
@@ -53,6 +56,12 @@ pub struct Retired {
     pub folded_threads: u64,
     /// `DEATHS` at the last pass.
     seen_deaths: u64,
+    /// Dead threads (tgid, tid) whose syscall rows a pass left because a live thread of that
+    /// process had the tid: it died during the pass (its state goes after its `LIFE` entry),
+    /// or the tid was used again. Looked at again by every pass until no live thread has it.
+    pending: Threads,
+    /// Whether the passes stopped at `MAX_WALL_ROWS`.
+    pub stopped: bool,
 }
 
 /// Adds `b` into `a` (the same syscall of one thread, or of a process's threads).
@@ -120,41 +129,47 @@ fn deaths_so_far(ebpf: &Ebpf) -> Result<u64> {
 }
 
 impl Retired {
-    /// Whether `DEATHS_PER_PASS` threads died since the last pass, or any did and `due`.
+    /// Whether `DEATHS_PER_PASS` threads died since the last pass, or any did (or some wait
+    /// in `pending`) and `due`.
     pub fn wanted(&self, ebpf: &Ebpf, due: bool) -> bool {
+        if self.stopped {
+            return false;
+        }
         deaths_so_far(ebpf).is_ok_and(|n| {
             let new = n.saturating_sub(self.seen_deaths);
-            new >= DEATHS_PER_PASS || (due && new > 0)
+            new >= DEATHS_PER_PASS || (due && (new > 0 || !self.pending.is_empty()))
         })
     }
 
     /// One pass: the deaths recorded since the last, and their rows; returns how many.
     pub fn pass(&mut self, ebpf: &mut Ebpf) -> Result<usize> {
         if self.wall.len() >= MAX_WALL_ROWS {
+            self.stopped = true;
             return Ok(0);
         }
         // Read first: deaths recorded during the pass are counted for the next one.
         self.seen_deaths = deaths_so_far(ebpf)?;
-        // A tid a live thread holds again keeps its syscall rows (they are keyed by tid, so
-        // they are the new thread's too). Read before anything is taken: each step below
-        // keeps what it took before the next one can fail.
-        let live: BTreeSet<u32> = super::States::open(ebpf)
+        // A (process, tid) a live thread holds keeps its syscall rows: they are keyed by tid,
+        // so they are that thread's too. Read before anything is taken: each step below keeps
+        // what it took before the next one can fail.
+        let live: BTreeSet<(u32, u32)> = super::States::open(ebpf)
             .and_then(|s| s.all(ebpf))
             .context("read the thread states")?
             .into_iter()
-            .map(|(tid, _)| tid)
+            .map(|(tid, st)| (st.tgid, tid))
             .collect();
         let deaths: Vec<(LifeKey, LifeVal)> = take(ebpf, LIFE_MAP, |_: &LifeKey| true)?;
-        if deaths.is_empty() {
+        if deaths.is_empty() && self.pending.is_empty() {
             return Ok(0);
         }
         let instances: BTreeSet<(u64, u32)> =
             deaths.iter().map(|(k, _)| (k.born_ns, k.tid)).collect();
-        let tids: BTreeSet<(u32, u32)> = deaths
+        let (tids, pending): (Threads, Threads) = deaths
             .iter()
-            .filter(|(k, _)| !live.contains(&k.tid))
             .map(|(k, v)| (v.tgid, k.tid))
-            .collect();
+            .chain(std::mem::take(&mut self.pending))
+            .partition(|t| !live.contains(t));
+        self.pending = pending;
         let n = deaths.len();
         self.deaths.extend(deaths);
         let wall: Vec<(WallKey, WallVal)> = take(ebpf, WALL_MAP, |k: &WallKey| {
@@ -199,17 +214,17 @@ impl Retired {
         self.folded_threads += folded.len() as u64;
     }
 
-    /// Adds the retired rows to those read from the maps at the end.
-    pub fn syscalls_with(&self, mut rows: Vec<(SysKey, SysStat)>) -> Vec<(SysKey, SysStat)> {
-        let mut all: BTreeMap<SysKey, SysStat> = self.syscalls.clone();
-        for (k, v) in rows.drain(..) {
+    /// Adds the retired rows to those read from the maps at the end (and gives them up).
+    pub fn syscalls_with(&mut self, rows: Vec<(SysKey, SysStat)>) -> Vec<(SysKey, SysStat)> {
+        let mut all = std::mem::take(&mut self.syscalls);
+        for (k, v) in rows {
             merge_stat(all.entry(k).or_insert_with(zero_stat), &v);
         }
         all.into_iter().collect()
     }
 
-    pub fn errnos_with(&self, rows: Vec<(ErrnoKey, u64)>) -> Vec<(ErrnoKey, u64)> {
-        let mut all = self.errnos.clone();
+    pub fn errnos_with(&mut self, rows: Vec<(ErrnoKey, u64)>) -> Vec<(ErrnoKey, u64)> {
+        let mut all = std::mem::take(&mut self.errnos);
         for (k, n) in rows {
             *all.entry(k).or_default() += n;
         }

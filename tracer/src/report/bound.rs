@@ -144,6 +144,7 @@ pub fn limit_threads(report: &mut Report, max_listed: usize) -> Vec<(u32, u64)> 
             keep[i - 1]
         });
         let left = (order.len() - max_listed) as u64;
+        p.threads_not_listed += left;
         report.followed.threads_not_listed += left;
         out.push((p.pid, left));
     }
@@ -173,6 +174,7 @@ mod tests {
             cuda: None,
             gil: None,
             threads: vec![],
+            threads_not_listed: 0,
         }
     }
 
@@ -289,6 +291,7 @@ mod tests {
         let tids: Vec<u32> = r.processes[0].threads.iter().map(|t| t.tid).collect();
         assert_eq!(tids, vec![1, 7, 9]);
         assert_eq!(r.followed.threads_not_listed, 496);
+        assert_eq!(r.processes[0].threads_not_listed, 496);
         // Within the bound nothing moves.
         assert!(limit_threads(&mut r, 3).is_empty());
         assert_eq!(r.processes[0].threads.len(), 3);

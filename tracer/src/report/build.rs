@@ -89,6 +89,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
                 cuda: None,
                 gil: None,
                 threads,
+                threads_not_listed: 0,
             }
         })
         .collect();

@@ -156,6 +156,7 @@ pub fn process(
         cuda: None,
         gil: None,
         threads,
+        threads_not_listed: 0,
     }
 }
 

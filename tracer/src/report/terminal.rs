@@ -189,8 +189,13 @@ pub fn render_time(o: &mut String, p: &ProcessReport, st: Style) {
     line(
         o,
         &format!(
-            "  wall time of {} thread(s), {} alive in the window:",
-            p.threads.len(),
+            "  wall time of {} thread(s){}, {} alive in the window:",
+            p.threads.len() as u64 + p.threads_not_listed,
+            if p.threads_not_listed > 0 {
+                format!(" ({} listed)", p.threads.len())
+            } else {
+                String::new()
+            },
             units::dur(t.alive_ns)
         ),
     );

@@ -69,8 +69,8 @@ pub fn soak(g: &Path, workload: &Path, cudart: &Path, dir: &Path, seconds: u64) 
     let out = dir.join("soak-out");
     let _ = std::fs::remove_dir_all(&out);
     let time_out = dir.join("soak-rusage");
-    // Under GNU time for the peak RSS, which comes at the end (the report is built after the
-    // workload exits, when /proc can no longer be sampled).
+    // Under GNU time for the peak RSS: it comes at the end, while the report is built, most
+    // likely between two of the 5 s samples.
     let mut child = Command::new("/usr/bin/time")
         .args(["-f", "maxrss %M", "-o"])
         .arg(&time_out)

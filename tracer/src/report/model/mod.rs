@@ -115,6 +115,14 @@ pub struct ProcessReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gil: Option<python::GilReport>,
     pub threads: Vec<ThreadReport>,
+    /// Threads left out of `threads` (the lightest beyond `report::bound::MAX_LISTED_THREADS`);
+    /// `time`, `syscalls` and `samples` include them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub threads_not_listed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
