@@ -517,8 +517,10 @@ fn a_thread_storm_is_counted_whole_and_lists_the_heaviest_threads() {
     assert_eq!(not_listed, THREADS + 1 - 128, "{:#}", r["followed"]);
     assert_eq!(p["threads_not_listed"].as_u64(), Some(not_listed));
     assert!(
-        live.stdout()
-            .contains(&format!("wall time of {} thread(s) (128 listed)", THREADS + 1)),
+        live.stdout().contains(&format!(
+            "wall time of {} thread(s) (128 listed)",
+            THREADS + 1
+        )),
         "{}",
         live.stdout()
     );

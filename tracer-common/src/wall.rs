@@ -673,6 +673,22 @@ pub struct BlkStat {
     pub hist: [u64; HIST_BUCKETS],
 }
 
+impl BlkStat {
+    /// Adds another copy of the row (another CPU's) into this one.
+    pub fn add(&mut self, o: &BlkStat) {
+        self.requests += o.requests;
+        self.reads += o.reads;
+        self.writes += o.writes;
+        self.read_bytes += o.read_bytes;
+        self.write_bytes += o.write_bytes;
+        self.total_ns += o.total_ns;
+        self.queue_ns += o.queue_ns;
+        for (a, b) in self.hist.iter_mut().zip(o.hist.iter()) {
+            *a += b;
+        }
+    }
+}
+
 crate::user_pod!(
     ThreadState,
     WallKey,
@@ -727,7 +743,35 @@ pub fn log2_bucket(v: u64) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{report_state, FdKey, FdName, FD_NAMES_ENTRIES, FD_NAME_LEN, FD_NAME_WAYS};
+    use super::{
+        report_state, BlkStat, FdKey, FdName, FD_NAMES_ENTRIES, FD_NAME_LEN, FD_NAME_WAYS,
+    };
+
+    #[test]
+    fn per_cpu_block_rows_sum_field_by_field() {
+        let mut a = BlkStat {
+            requests: 2,
+            reads: 2,
+            read_bytes: 8192,
+            total_ns: 300,
+            ..Default::default()
+        };
+        a.hist[8] = 2;
+        let mut b = BlkStat {
+            requests: 1,
+            writes: 1,
+            write_bytes: 4096,
+            total_ns: 1000,
+            queue_ns: 50,
+            ..Default::default()
+        };
+        b.hist[9] = 1;
+        a.add(&b);
+        assert_eq!((a.requests, a.reads, a.writes), (3, 2, 1));
+        assert_eq!((a.read_bytes, a.write_bytes), (8192, 4096));
+        assert_eq!((a.total_ns, a.queue_ns), (1300, 50));
+        assert_eq!((a.hist[8], a.hist[9]), (2, 1));
+    }
 
     #[test]
     fn opened_paths_end_at_their_nul_and_spread_over_the_slots() {

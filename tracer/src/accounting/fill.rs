@@ -468,6 +468,25 @@ fn opened_path(names: &aya::maps::Array<&MapData, FdName>, key: &FdKey) -> Optio
 /// Adds the bio bytes live threads hold (`ThreadState::held_bio`) to their rows (the kernel
 /// wrote each row at the thread's first bio to that device; a row it could not write is made
 /// here).
+/// `BLOCK_IO`'s rows, each CPU's copy summed.
+fn read_block(ebpf: &Ebpf) -> Result<Vec<(BlkKey, BlkStat)>> {
+    let map: aya::maps::PerCpuHashMap<&MapData, BlkKey, BlkStat> =
+        aya::maps::PerCpuHashMap::try_from(
+            ebpf.map(BLOCK_MAP)
+                .with_context(|| format!("map {BLOCK_MAP} missing"))?,
+        )?;
+    let mut out = Vec::new();
+    for item in map.iter() {
+        let (k, per_cpu) = item.with_context(|| format!("read {BLOCK_MAP}"))?;
+        let mut sum = BlkStat::default();
+        for v in per_cpu.iter() {
+            sum.add(v);
+        }
+        out.push((k, sum));
+    }
+    Ok(out)
+}
+
 fn add_held_bio(rows: &mut Vec<(BlkKey, BlkStat)>, open: &[(u32, ThreadState)]) {
     for (key, read, write) in open.iter().filter_map(|(_, st)| st.held_bio()) {
         let i = match rows.iter().position(|(k, _)| *k == key) {
@@ -493,7 +512,7 @@ fn device_name(dev: u32) -> String {
 }
 
 fn fill_block(ebpf: &Ebpf, data: &mut ReportData, open: &[(u32, ThreadState)]) -> Result<()> {
-    let mut rows: Vec<(BlkKey, BlkStat)> = match read_map(ebpf, BLOCK_MAP) {
+    let mut rows: Vec<(BlkKey, BlkStat)> = match read_block(ebpf) {
         Ok(r) => r,
         Err(_) => return Ok(()),
     };
