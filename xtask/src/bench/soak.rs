@@ -171,6 +171,14 @@ pub fn soak(g: &Path, workload: &Path, cudart: &Path, dir: &Path, seconds: u64) 
         .map(|(t, k)| format!("{:.0} s {} MiB", t, mib(*k)))
         .collect();
     let max = samples.iter().map(|s| s.1).max().unwrap_or(0);
+    // The timeline keeps up to --timeline-limit events (200,000 by default, ~104 bytes each
+    // while tracing): the part of the curve that rises until that limit is reached.
+    let tl = &r["timeline"];
+    let timeline = format!(
+        "timeline {} events kept, {} cut at the limit",
+        tl["events"].as_u64().unwrap_or(0),
+        tl["cut_events"].as_u64().unwrap_or(0)
+    );
     let wall = start.elapsed().as_secs_f64();
     Ok(format!(
         "Memory soak: `soak` ({CALLS_PER_MS} getppid calls, {LAUNCHES_PER_MS} cudaLaunchKernel \
@@ -179,7 +187,7 @@ pub fn soak(g: &Path, workload: &Path, cudart: &Path, dir: &Path, seconds: u64) 
          (`--libcudart`, `-o`): {:.0} k syscalls/s of the job ({:.0} k syscall events/s), \
          {:.0} k probe hits/s on the machine; pacing fell {behind} ms behind. gputrace's RSS: \
          {}; max sampled {} MiB{growth}; peak (report building included) {} MiB. gputrace CPU {cpu:.1} s ({:.1}% of one CPU); {} dropped; \
-         report.json {report_kib} KiB, trace.json {trace_kib} KiB.\n",
+         {timeline}; report.json {report_kib} KiB, trace.json {trace_kib} KiB.\n",
         syscalls / seconds as f64 / 1e3,
         2.0 * syscalls / seconds as f64 / 1e3,
         hits / seconds as f64 / 1e3,
