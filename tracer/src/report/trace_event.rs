@@ -74,15 +74,15 @@ fn lanes(events: &[&TimelineEvent]) -> Vec<usize> {
     out
 }
 
-/// Every trace event, metadata first.
-pub fn events(t: &Timeline, r: &Report) -> Vec<Value> {
-    let mut out = Vec::new();
+/// Every trace event, metadata first, handed to `emit` one at a time: a full timeline
+/// (200,000 events) built as one JSON tree took ~800 MB.
+pub fn events(t: &Timeline, r: &Report, emit: &mut dyn FnMut(Value) -> Result<()>) -> Result<()> {
     let mut names: BTreeMap<(u64, u64), String> = BTreeMap::new();
     for p in &r.processes {
-        out.push(
+        emit(
             json!({"ph": "M", "name": "process_name", "pid": p.pid, "tid": 0, "ts": 0,
                         "args": {"name": format!("{} ({})", p.comm, p.pid)}}),
-        );
+        )?;
         for th in &p.threads {
             names.insert((p.pid as u64, th.tid as u64), th.comm.clone());
         }
@@ -122,52 +122,62 @@ pub fn events(t: &Timeline, r: &Report) -> Vec<Value> {
             } else {
                 format!("{base} (overlap {lane})")
             };
-            out.push(json!({"ph": "M", "name": "thread_name", "pid": key.0,
+            emit(json!({"ph": "M", "name": "thread_name", "pid": key.0,
                             "tid": key.1 + lane as u64 * LANE_STRIDE, "ts": 0,
-                            "args": {"name": name}}));
+                            "args": {"name": name}}))?;
         }
         for (ev, lane) in evs.iter().zip(lane_of) {
-            out.push(json!({
+            emit(json!({
                 "ph": "X", "name": ev.name, "cat": cat(ev.kind),
                 "ts": us(ev.ts_ns), "dur": us(ev.dur_ns),
                 "pid": key.0, "tid": key.1 + lane as u64 * LANE_STRIDE,
                 "args": args(ev),
-            }));
+            }))?;
         }
     }
     for ev in instants {
-        out.push(
+        emit(
             json!({"ph": "i", "s": "t", "name": ev.name, "cat": cat(ev.kind),
                         "ts": us(ev.ts_ns), "pid": ev.pid, "tid": ev.tid, "args": args(ev)}),
-        );
+        )?;
     }
     if !t.counters.is_empty() {
-        out.push(
+        emit(
             json!({"ph": "M", "name": "process_name", "pid": GPU_PID, "tid": 0, "ts": 0,
                         "args": {"name": "GPU (NVML)"}}),
-        );
+        )?;
     }
     for c in &t.counters {
         let mut m = Map::new();
         for (k, v) in &c.values {
             m.insert(k.clone(), json!(v));
         }
-        out.push(
+        emit(
             json!({"ph": "C", "name": c.name, "ts": us(c.ts_ns), "pid": GPU_PID,
                         "tid": 0, "args": m}),
-        );
+        )?;
     }
     if t.cut_events + t.cut_counters > 0 {
-        out.push(json!({"ph": "i", "s": "g", "name": format!(
+        emit(json!({"ph": "i", "s": "g", "name": format!(
             "timeline cut: {} events and {} counter samples over --timeline-limit {}",
-            t.cut_events, t.cut_counters, t.limit), "ts": 0, "pid": GPU_PID, "tid": 0}));
+            t.cut_events, t.cut_counters, t.limit), "ts": 0, "pid": GPU_PID, "tid": 0}))?;
     }
-    out
+    Ok(())
 }
 
 pub fn write(t: &Timeline, r: &Report, out: &mut dyn Write) -> Result<()> {
-    let doc = json!({
-        "traceEvents": events(t, r),
+    // Streamed: each event is serialized and dropped before the next is built.
+    out.write_all(b"{\"traceEvents\":[")?;
+    let mut first = true;
+    events(t, r, &mut |v| {
+        if !first {
+            out.write_all(b",")?;
+        }
+        first = false;
+        serde_json::to_writer(&mut *out, &v)?;
+        Ok(())
+    })?;
+    let rest = json!({
         "displayTimeUnit": "ms",
         "otherData": {
             "tool": r.tool,
@@ -180,7 +190,10 @@ pub fn write(t: &Timeline, r: &Report, out: &mut dyn Write) -> Result<()> {
             "cuda_calls_below_threshold": t.cuda_calls_below_threshold,
         },
     });
-    serde_json::to_writer(&mut *out, &doc)?;
+    // The rest of the object after the array: `{"displayTimeUnit":...}` without its `{`.
+    let rest = serde_json::to_string(&rest)?;
+    out.write_all(b"],")?;
+    out.write_all(&rest.as_bytes()[1..])?;
     writeln!(out)?;
     Ok(())
 }
