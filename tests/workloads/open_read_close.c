@@ -1,8 +1,9 @@
 /* Writes FILES files of 64 KiB in DIR, then reads each ROUNDS times, opening and closing it
  * every time, faster than gputrace looks at /proc/PID/fd: each file must be named by the path
  * it was opened with. Odd files go through the legacy open syscall where there is one. Then
- * one fd is reused by dup2 (below).
- *   open_read_close DIR FILES ROUNDS */
+ * one fd is reused by dup2 (below). With PAUSE_MS, sleeps that long after every 1,000 opens
+ * (a loader's pace, not a storm's).
+ *   open_read_close DIR FILES ROUNDS [PAUSE_MS] */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
@@ -25,6 +26,8 @@ int main(int argc, char **argv) {
     if (argc < 4) return 2;
     const char *dir = argv[1];
     int files = atoi(argv[2]), rounds = atoi(argv[3]);
+    int pause_ms = argc > 4 ? atoi(argv[4]) : 0;
+    long opens = 0;
     char path[4096];
     memset(buf, 'x', sizeof buf);
     for (int i = 0; i < files; i++) {
@@ -41,6 +44,7 @@ int main(int argc, char **argv) {
             while (read(fd, buf, sizeof buf) > 0) {
             }
             close(fd);
+            if (pause_ms > 0 && ++opens % 1000 == 0) usleep(pause_ms * 1000);
         }
     }
     /* f0 read once more under a new fd, then f1 put on that fd with dup2 and 4 KiB read from

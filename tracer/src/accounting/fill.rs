@@ -178,8 +178,9 @@ pub fn fill(
     sites::fill(&mut data.report.processes, &site_rows, |tid| {
         comms.get(&tid).map(|c| c.1.clone()).unwrap_or_default()
     });
+    let closed = std::mem::take(&mut retired.files);
     fill_syscalls(ebpf, data, retired)?;
-    fill_files(ebpf, data, fds, ctx.args.top, &open)?;
+    fill_files(ebpf, data, fds, ctx.args.top, &open, &closed)?;
     fill_block(ebpf, data, &open)?;
     data.time = render::folded(&rows, &verdicts, ctx, data, comms, &mut stacks);
     Ok(())
@@ -393,6 +394,7 @@ fn fill_files(
     fds: &BTreeMap<FdKey, String>,
     top: usize,
     open: &[(u32, ThreadState)],
+    closed: &BTreeMap<(u32, String), FdStat>,
 ) -> Result<()> {
     let mut rows: Vec<(FdKey, FdStat)> = read_map(ebpf, FILEIO_MAP)?;
     // The paths files were opened by: for those closed before /proc showed them.
@@ -413,6 +415,17 @@ fn fill_files(
                 .unwrap_or_else(|| format!("<closed fd {}>", k.fd));
             let f = files.entry(name.clone()).or_insert_with(|| FileIo {
                 file: name,
+                ..Default::default()
+            });
+            f.ns += s.ns;
+            f.bytes += s.bytes;
+            f.calls += s.calls;
+        }
+        // Closed files taken out of the map during the trace, named then.
+        let from = (p.pid, String::new());
+        for ((_, name), s) in closed.range(from..).take_while(|((t, _), _)| *t == p.pid) {
+            let f = files.entry(name.clone()).or_insert_with(|| FileIo {
+                file: name.clone(),
                 ..Default::default()
             });
             f.ns += s.ns;
@@ -457,7 +470,10 @@ fn rollup_dirs(files: &[FileIo], top: usize) -> Vec<DirIo> {
 
 /// The path in `FD_NAMES` that names the file `key`, if its set still holds it: a set's
 /// lookups per row that /proc did not name, not a read of every slot.
-fn opened_path(names: &aya::maps::Array<&MapData, FdName>, key: &FdKey) -> Option<String> {
+pub(super) fn opened_path(
+    names: &aya::maps::Array<&MapData, FdName>,
+    key: &FdKey,
+) -> Option<String> {
     let set = FdName::set(key);
     let n = (set..set + FD_NAME_WAYS)
         .filter_map(|i| names.get(&i, 0).ok())

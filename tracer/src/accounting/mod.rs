@@ -572,6 +572,15 @@ impl ProbeFamily for Accounting {
                 self.retire_failed = Some(format!("{e:#}"));
             }
         }
+        if self.retire_failed.is_none()
+            && self
+                .retired
+                .files_wanted(ebpf, self.ticks.is_multiple_of(RETIRE_EVERY_TICKS))
+        {
+            if let Err(e) = self.retired.files_pass(ebpf, &self.fds) {
+                self.retire_failed = Some(format!("{e:#}"));
+            }
+        }
         Ok(())
     }
 
@@ -632,6 +641,14 @@ impl ProbeFamily for Accounting {
                  their processes' (past {} retired rows): those threads list no syscalls",
                 retired.folded_threads,
                 retire::MAX_THREAD_SYSCALL_ROWS
+            ));
+        }
+        if retired.files_folded > 0 {
+            data.report.warnings.push(format!(
+                "to bound memory, {} closed files past {} names were counted under their \
+                 directories (`dir/…`)",
+                retired.files_folded,
+                retire::MAX_CLOSED_FILES
             ));
         }
         if retired.stopped {

@@ -24,8 +24,9 @@ use aya::{
     Ebpf,
 };
 use tracer_common::wall::{
-    ErrnoKey, LifeKey, LifeVal, SysKey, SysStat, WallKey, WallVal, DEATHS_MAP, ERRNOS_MAP,
-    LIFE_MAP, SYSCALLS_MAP, WALL_MAP,
+    ErrnoKey, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysKey, SysStat, WallKey, WallVal,
+    DEATHS_MAP, ERRNOS_MAP, FD_EPOCH_MAP, FD_GEN_MAP, FD_NAMES_MAP, FILEIO_MAP, LIFE_MAP,
+    SYSCALLS_MAP, WALL_MAP,
 };
 
 use super::aggregate::Row;
@@ -33,6 +34,14 @@ use super::aggregate::Row;
 /// Deaths that start a pass before its time: a storm of short threads (each leaves ~5
 /// syscall rows, the map holds 32,768) is caught well before the maps fill.
 pub const DEATHS_PER_PASS: u64 = 1_000;
+
+/// Closes that start a files pass before its time (`FILEIO` holds 16,384 rows: one per file
+/// opened and used, until the end).
+pub const CLOSES_PER_PASS: u64 = 1_000;
+
+/// Closed-file names kept at most, all processes together (~100 bytes each); past it, a
+/// closed file's I/O goes under its directory (`/data/train/…`).
+pub const MAX_CLOSED_FILES: usize = 200_000;
 
 /// Retired time rows kept at most (~72 MB: ~300,000 threads' worth). Past it, passes stop
 /// and the maps fill as they did without them: later threads' rows are dropped and counted.
@@ -62,6 +71,30 @@ pub struct Retired {
     pending: Threads,
     /// Whether the passes stopped at `MAX_WALL_ROWS`.
     pub stopped: bool,
+    /// Closed files' I/O by (tgid, name), taken out of `FILEIO` and named when taken.
+    pub files: BTreeMap<(u32, String), FdStat>,
+    /// Closed files whose I/O went under their directory's name (`MAX_CLOSED_FILES`).
+    pub files_folded: u64,
+    /// `FD_EPOCH` at the last files pass.
+    seen_closes: u64,
+}
+
+/// The shared counter in map `name` (an array of one `u64`).
+fn counter(ebpf: &Ebpf, name: &str) -> Result<u64> {
+    let map: aya::maps::Array<&MapData, u64> = aya::maps::Array::try_from(
+        ebpf.map(name)
+            .with_context(|| format!("map {name} missing"))?,
+    )?;
+    Ok(map.get(&0, 0)?)
+}
+
+/// Where a closed file's I/O goes once `MAX_CLOSED_FILES` names are held: its directory's
+/// entry, or one for all unnamed ones.
+fn folded_name(name: &str) -> String {
+    match name.rfind('/') {
+        Some(cut) if name.starts_with('/') => format!("{}/…", &name[..cut]),
+        _ => "<other closed files>".to_string(),
+    }
 }
 
 /// Adds `b` into `a` (the same syscall of one thread, or of a process's threads).
@@ -123,9 +156,7 @@ fn take<K: aya::Pod, V: aya::Pod>(
 
 /// Deaths recorded so far (`DEATHS`).
 fn deaths_so_far(ebpf: &Ebpf) -> Result<u64> {
-    let map: aya::maps::Array<&MapData, u64> =
-        aya::maps::Array::try_from(ebpf.map(DEATHS_MAP).context("map DEATHS missing")?)?;
-    Ok(map.get(&0, 0)?)
+    counter(ebpf, DEATHS_MAP)
 }
 
 impl Retired {
@@ -191,6 +222,59 @@ impl Retired {
     }
 
     /// `fold`: into the process's rows (tid 0), the per-thread ones being at their cap.
+    /// Whether `CLOSES_PER_PASS` files were closed since the last files pass, or any were and
+    /// `due`.
+    pub fn files_wanted(&self, ebpf: &Ebpf, due: bool) -> bool {
+        counter(ebpf, FD_EPOCH_MAP).is_ok_and(|n| {
+            let new = n.saturating_sub(self.seen_closes);
+            new >= CLOSES_PER_PASS || (due && new > 0)
+        })
+    }
+
+    /// Takes the `FILEIO` rows of closed files (an fd's generation behind the fd's current
+    /// one) out of the map, named now: by `fds` (read from /proc while open), else by the
+    /// path that opened it (`FD_NAMES`, whose slots later opens take). A thread may still
+    /// hold I/O of such a file in its state; it writes a new row when it flushes, taken out
+    /// by a later pass under the same name.
+    pub fn files_pass(&mut self, ebpf: &mut Ebpf, fds: &BTreeMap<FdKey, String>) -> Result<usize> {
+        self.seen_closes = counter(ebpf, FD_EPOCH_MAP)?;
+        let gens: BTreeMap<(u32, i32), u32> = {
+            let map: HashMap<&MapData, FdGenKey, u32> = HashMap::try_from(
+                ebpf.map(FD_GEN_MAP)
+                    .with_context(|| format!("map {FD_GEN_MAP} missing"))?,
+            )?;
+            map.iter()
+                .filter_map(|r| r.ok())
+                .map(|(k, g)| ((k.tgid, k.fd), g))
+                .collect()
+        };
+        let rows: Vec<(FdKey, FdStat)> = take(ebpf, FILEIO_MAP, |k: &FdKey| {
+            gens.get(&(k.tgid, k.fd)).is_some_and(|g| k.gen < *g)
+        })?;
+        let names = ebpf
+            .map(FD_NAMES_MAP)
+            .and_then(|m| aya::maps::Array::<&MapData, FdName>::try_from(m).ok());
+        let n = rows.len();
+        for (k, v) in rows {
+            let mut name = fds
+                .get(&k)
+                .cloned()
+                .or_else(|| names.as_ref().and_then(|m| super::fill::opened_path(m, &k)))
+                .unwrap_or_else(|| format!("<closed fd {}>", k.fd));
+            if self.files.len() >= MAX_CLOSED_FILES
+                && !self.files.contains_key(&(k.tgid, name.clone()))
+            {
+                name = folded_name(&name);
+                self.files_folded += 1;
+            }
+            let f = self.files.entry((k.tgid, name)).or_default();
+            f.ns += v.ns;
+            f.bytes += v.bytes;
+            f.calls += v.calls;
+        }
+        Ok(n)
+    }
+
     fn add_syscalls(
         &mut self,
         rows: Vec<(SysKey, SysStat)>,
@@ -253,6 +337,14 @@ mod tests {
             nr,
             _pad: 0,
         }
+    }
+
+    #[test]
+    fn closed_files_past_the_cap_go_under_their_directory() {
+        assert_eq!(folded_name("/data/train/a.jpg"), "/data/train/…");
+        assert_eq!(folded_name("/a.txt"), "/…");
+        assert_eq!(folded_name("pipe:[123]"), "<other closed files>");
+        assert_eq!(folded_name("<closed fd 7>"), "<other closed files>");
     }
 
     #[test]
