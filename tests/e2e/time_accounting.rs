@@ -419,6 +419,36 @@ fn attached_sleeper_straddles_the_window() {
     assert_eq!(reason["reason"], "clock_nanosleep", "{time:#}");
 }
 
+/// Traces `open_read_close` on `files` files read `rounds` times each (pausing `pause_ms` every
+/// 1,000 opens) in a fresh directory; returns the directory (as /proc would spell it) and the
+/// report.
+fn open_read_close(
+    name: &str,
+    files: u64,
+    rounds: u64,
+    pause_ms: u64,
+) -> (std::path::PathBuf, serde_json::Value) {
+    let bin = build_c("open_read_close", &[]);
+    let work = tmp_dir().join(format!("orc-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    let work = std::fs::canonicalize(&work).unwrap();
+    let out = out_dir(name);
+    let run = gputrace(&[
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        work.to_str().unwrap(),
+        &files.to_string(),
+        &rounds.to_string(),
+        &pause_ms.to_string(),
+    ]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    (work, report)
+}
+
 /// A loader opening files for an hour makes far more (fd, generation) rows than the kernel's
 /// per-file map holds (16,384): closed files' rows are taken out and named as the trace runs,
 /// so 24,000 opens at a loader's pace (~35,000 a second, a 20 ms pause every 1,000) lose no
@@ -429,25 +459,8 @@ fn many_short_lived_files_are_all_counted() {
     if !require_root("many_short_lived_files_are_all_counted") {
         return;
     }
-    let bin = build_c("open_read_close", &[]);
-    let work = tmp_dir().join(format!("orc-many-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).unwrap();
-    let work = std::fs::canonicalize(&work).unwrap();
-    let out = out_dir("files-many");
     let (files, rounds) = (6u64, 4000u64);
-    let run = gputrace(&[
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        bin.to_str().unwrap(),
-        work.to_str().unwrap(),
-        &files.to_string(),
-        &rounds.to_string(),
-        "20",
-    ]);
-    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
-    let report = run.report(&out);
+    let (work, report) = open_read_close("files-many", files, rounds, 20);
     let drops: Vec<&serde_json::Value> = report["drops"]
         .as_array()
         .unwrap()
@@ -500,25 +513,8 @@ fn short_lived_files_are_named_by_their_open() {
     if !require_root("short_lived_files_are_named_by_their_open") {
         return;
     }
-    let bin = build_c("open_read_close", &[]);
-    let work = tmp_dir().join(format!("orc-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).unwrap();
-    // As /proc would spell it, should gputrace catch a file open.
-    let work = std::fs::canonicalize(&work).unwrap();
-    let out = out_dir("files");
     let (files, rounds) = (6u64, 20u64);
-    let run = gputrace(&[
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        bin.to_str().unwrap(),
-        work.to_str().unwrap(),
-        &files.to_string(),
-        &rounds.to_string(),
-    ]);
-    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
-    let report = run.report(&out);
+    let (work, report) = open_read_close("files", files, rounds, 0);
     let p = report["processes"]
         .as_array()
         .unwrap()
