@@ -537,7 +537,7 @@ pub struct SysKey {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SysStat {
     pub count: u64,
     pub errors: u64,
@@ -546,6 +546,27 @@ pub struct SysStat {
     pub max_ns: u64,
     pub bytes: u64,
     pub hist: [u64; HIST_BUCKETS],
+}
+
+impl SysStat {
+    /// Adds another row of the same syscall (another thread's, or a retired copy's) into this
+    /// one.
+    pub fn add(&mut self, o: &SysStat) {
+        if o.count == 0 {
+            return;
+        }
+        if self.count == 0 || o.min_ns < self.min_ns {
+            self.min_ns = o.min_ns;
+        }
+        self.max_ns = self.max_ns.max(o.max_ns);
+        self.count += o.count;
+        self.errors += o.errors;
+        self.total_ns += o.total_ns;
+        self.bytes += o.bytes;
+        for (a, b) in self.hist.iter_mut().zip(o.hist.iter()) {
+            *a += b;
+        }
+    }
 }
 
 #[repr(C)]

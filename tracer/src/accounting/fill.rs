@@ -313,30 +313,6 @@ fn to_stat(nr: i32, s: &SysStat, errnos: &BTreeMap<i32, u64>) -> SyscallStat {
     }
 }
 
-/// Adds `b` into `a` (same syscall, another thread).
-fn merge(a: &mut SyscallStat, b: &SyscallStat) {
-    if a.count == 0 || (b.count > 0 && b.min_ns < a.min_ns) {
-        a.min_ns = b.min_ns;
-    }
-    a.max_ns = a.max_ns.max(b.max_ns);
-    a.count += b.count;
-    a.errors += b.errors;
-    a.total_ns += b.total_ns;
-    a.bytes += b.bytes;
-    if a.hist_log2_ns.len() < b.hist_log2_ns.len() {
-        a.hist_log2_ns.resize(b.hist_log2_ns.len(), 0);
-    }
-    for (i, n) in b.hist_log2_ns.iter().enumerate() {
-        a.hist_log2_ns[i] += n;
-    }
-    for e in &b.errnos {
-        match a.errnos.iter_mut().find(|x| x.errno == e.errno) {
-            Some(x) => x.count += e.count,
-            None => a.errnos.push(e.clone()),
-        }
-    }
-}
-
 fn fill_syscalls(
     ebpf: &Ebpf,
     data: &mut ReportData,
@@ -358,7 +334,8 @@ fn fill_syscalls(
         by_process.entry(row.0.tgid).or_default().push(row);
     }
     for p in data.report.processes.iter_mut() {
-        let mut per_proc: BTreeMap<i32, SyscallStat> = BTreeMap::new();
+        // The process's table: its threads' rows and errno counts summed per syscall.
+        let mut per_proc: BTreeMap<i32, (SysStat, BTreeMap<i32, u64>)> = BTreeMap::new();
         let place: StdHashMap<u32, usize> = p
             .threads
             .iter()
@@ -366,23 +343,23 @@ fn fill_syscalls(
             .map(|(i, t)| (t.tid, i))
             .collect();
         for (k, s) in by_process.get(&p.pid).into_iter().flatten() {
-            let st = to_stat(
-                k.nr,
-                s,
-                by_call.get(&(k.tgid, k.tid, k.nr)).unwrap_or(&empty),
-            );
-            per_proc
-                .entry(k.nr)
-                .and_modify(|a| merge(a, &st))
-                .or_insert_with(|| st.clone());
+            let errnos = by_call.get(&(k.tgid, k.tid, k.nr)).unwrap_or(&empty);
+            let (sum, sum_errnos) = per_proc.entry(k.nr).or_default();
+            sum.add(s);
+            for (e, n) in errnos {
+                *sum_errnos.entry(*e).or_default() += n;
+            }
             if let Some(&i) = place.get(&k.tid) {
-                p.threads[i].syscalls.push(st);
+                p.threads[i].syscalls.push(to_stat(k.nr, s, errnos));
             }
         }
         for t in p.threads.iter_mut() {
             t.syscalls.sort_by_key(|x| std::cmp::Reverse(x.total_ns));
         }
-        p.syscalls = per_proc.into_values().collect();
+        p.syscalls = per_proc
+            .into_iter()
+            .map(|(nr, (s, errnos))| to_stat(nr, &s, &errnos))
+            .collect();
         p.syscalls.sort_by_key(|x| std::cmp::Reverse(x.total_ns));
     }
     Ok(())
@@ -637,27 +614,24 @@ mod tests {
 
     #[test]
     fn merges_syscall_stats_of_threads() {
-        let mut a = SyscallStat {
+        let mut a = SysStat {
             count: 2,
             min_ns: 10,
             max_ns: 50,
             total_ns: 60,
-            hist_log2_ns: vec![0, 1],
             ..Default::default()
         };
-        let b = SyscallStat {
+        a.hist[1] = 1;
+        let mut b = SysStat {
             count: 1,
             min_ns: 5,
             max_ns: 5,
             total_ns: 5,
-            hist_log2_ns: vec![0, 0, 1],
-            errnos: vec![ErrnoCount {
-                errno: "EAGAIN".into(),
-                count: 1,
-            }],
             ..Default::default()
         };
-        merge(&mut a, &b);
+        b.hist[2] = 1;
+        a.add(&b);
+        let a = to_stat(0, &a, &BTreeMap::from([(11, 1)]));
         assert_eq!((a.count, a.min_ns, a.max_ns, a.total_ns), (3, 5, 50, 65));
         assert_eq!(a.hist_log2_ns, vec![0, 1, 1]);
         assert_eq!(a.errnos.len(), 1);

@@ -97,36 +97,6 @@ fn folded_name(name: &str) -> String {
     }
 }
 
-/// Adds `b` into `a` (the same syscall of one thread, or of a process's threads).
-pub fn merge_stat(a: &mut SysStat, b: &SysStat) {
-    if b.count == 0 {
-        return;
-    }
-    if a.count == 0 || b.min_ns < a.min_ns {
-        a.min_ns = b.min_ns;
-    }
-    a.max_ns = a.max_ns.max(b.max_ns);
-    a.count += b.count;
-    a.errors += b.errors;
-    a.total_ns += b.total_ns;
-    a.bytes += b.bytes;
-    for (x, y) in a.hist.iter_mut().zip(b.hist.iter()) {
-        *x += y;
-    }
-}
-
-fn zero_stat() -> SysStat {
-    SysStat {
-        count: 0,
-        errors: 0,
-        total_ns: 0,
-        min_ns: 0,
-        max_ns: 0,
-        bytes: 0,
-        hist: [0; tracer_common::wall::HIST_BUCKETS],
-    }
-}
-
 /// Takes the entries of `name` whose keys `pick` chooses out of the map.
 fn take<K: aya::Pod, V: aya::Pod>(
     ebpf: &mut Ebpf,
@@ -154,11 +124,6 @@ fn take<K: aya::Pod, V: aya::Pod>(
     Ok(out)
 }
 
-/// Deaths recorded so far (`DEATHS`).
-fn deaths_so_far(ebpf: &Ebpf) -> Result<u64> {
-    counter(ebpf, DEATHS_MAP)
-}
-
 impl Retired {
     /// Whether `DEATHS_PER_PASS` threads died since the last pass, or any did (or some wait
     /// in `pending`) and `due`.
@@ -166,7 +131,7 @@ impl Retired {
         if self.stopped {
             return false;
         }
-        deaths_so_far(ebpf).is_ok_and(|n| {
+        counter(ebpf, DEATHS_MAP).is_ok_and(|n| {
             let new = n.saturating_sub(self.seen_deaths);
             new >= DEATHS_PER_PASS || (due && (new > 0 || !self.pending.is_empty()))
         })
@@ -179,7 +144,7 @@ impl Retired {
             return Ok(0);
         }
         // Read first: deaths recorded during the pass are counted for the next one.
-        self.seen_deaths = deaths_so_far(ebpf)?;
+        self.seen_deaths = counter(ebpf, DEATHS_MAP)?;
         // A (process, tid) a live thread holds keeps its syscall rows: they are keyed by tid,
         // so they are that thread's too. Read before anything is taken: each step below keeps
         // what it took before the next one can fail.
@@ -213,15 +178,14 @@ impl Retired {
         })?;
         // One decision for both tables: a thread's errno rows go where its syscall rows went.
         let fold = self.syscalls.len() >= MAX_THREAD_SYSCALL_ROWS;
-        self.add_syscalls(rows, Vec::new(), fold);
+        self.add_syscalls(rows, fold);
         let errs: Vec<(ErrnoKey, u64)> = take(ebpf, ERRNOS_MAP, |k: &ErrnoKey| {
             tids.contains(&(k.tgid, k.tid))
         })?;
-        self.add_syscalls(Vec::new(), errs, fold);
+        self.add_errnos(errs, fold);
         Ok(n)
     }
 
-    /// `fold`: into the process's rows (tid 0), the per-thread ones being at their cap.
     /// Whether `CLOSES_PER_PASS` files were closed since the last files pass, or any were and
     /// `due`.
     pub fn files_wanted(&self, ebpf: &Ebpf, due: bool) -> bool {
@@ -275,34 +239,34 @@ impl Retired {
         Ok(n)
     }
 
-    fn add_syscalls(
-        &mut self,
-        rows: Vec<(SysKey, SysStat)>,
-        errs: Vec<(ErrnoKey, u64)>,
-        full: bool,
-    ) {
+    /// `fold`: into the process's rows (tid 0), the per-thread ones being at their cap.
+    fn add_syscalls(&mut self, rows: Vec<(SysKey, SysStat)>, fold: bool) {
         let mut folded = BTreeSet::new();
         for (mut k, v) in rows {
-            if full {
+            if fold {
                 folded.insert((k.tgid, k.tid));
                 k.tid = 0;
             }
-            merge_stat(self.syscalls.entry(k).or_insert_with(zero_stat), &v);
+            self.syscalls.entry(k).or_default().add(&v);
         }
+        self.folded_threads += folded.len() as u64;
+    }
+
+    /// The errno rows of the threads whose syscall rows `add_syscalls` took with `fold`.
+    fn add_errnos(&mut self, errs: Vec<(ErrnoKey, u64)>, fold: bool) {
         for (mut k, n) in errs {
-            if full {
+            if fold {
                 k.tid = 0;
             }
             *self.errnos.entry(k).or_default() += n;
         }
-        self.folded_threads += folded.len() as u64;
     }
 
     /// Adds the retired rows to those read from the maps at the end (and gives them up).
     pub fn syscalls_with(&mut self, rows: Vec<(SysKey, SysStat)>) -> Vec<(SysKey, SysStat)> {
         let mut all = std::mem::take(&mut self.syscalls);
         for (k, v) in rows {
-            merge_stat(all.entry(k).or_insert_with(zero_stat), &v);
+            all.entry(k).or_default().add(&v);
         }
         all.into_iter().collect()
     }
@@ -321,11 +285,13 @@ mod tests {
     use super::*;
 
     fn stat(count: u64, min: u64, max: u64, bucket: usize) -> SysStat {
-        let mut s = zero_stat();
-        s.count = count;
-        s.min_ns = min;
-        s.max_ns = max;
-        s.total_ns = count * min;
+        let mut s = SysStat {
+            count,
+            min_ns: min,
+            max_ns: max,
+            total_ns: count * min,
+            ..Default::default()
+        };
         s.hist[bucket] = count;
         s
     }
@@ -349,10 +315,10 @@ mod tests {
 
     #[test]
     fn merged_rows_keep_counts_extremes_and_histogram() {
-        let mut a = zero_stat();
-        merge_stat(&mut a, &stat(3, 500, 900, 9));
-        merge_stat(&mut a, &stat(2, 200, 400, 8));
-        merge_stat(&mut a, &zero_stat());
+        let mut a = SysStat::default();
+        a.add(&stat(3, 500, 900, 9));
+        a.add(&stat(2, 200, 400, 8));
+        a.add(&SysStat::default());
         assert_eq!((a.count, a.min_ns, a.max_ns), (5, 200, 900));
         assert_eq!(a.total_ns, 1500 + 400);
         assert_eq!((a.hist[8], a.hist[9]), (2, 3));
@@ -361,7 +327,7 @@ mod tests {
     #[test]
     fn retired_and_live_rows_add_up_and_fold_past_the_cap() {
         let mut r = Retired::default();
-        r.add_syscalls(vec![(key(1, 5, 39), stat(4, 100, 100, 7))], vec![], false);
+        r.add_syscalls(vec![(key(1, 5, 39), stat(4, 100, 100, 7))], false);
         let all = r.syscalls_with(vec![(key(1, 5, 39), stat(1, 50, 50, 6))]);
         assert_eq!(all.len(), 1);
         assert_eq!((all[0].1.count, all[0].1.min_ns), (5, 50));
@@ -370,11 +336,15 @@ mod tests {
         for tid in 0..MAX_THREAD_SYSCALL_ROWS as u32 {
             r.syscalls.insert(key(2, 1000 + tid, 0), stat(1, 1, 1, 0));
         }
+        let fold = r.syscalls.len() >= MAX_THREAD_SYSCALL_ROWS;
         r.add_syscalls(
             vec![
                 (key(3, 7, 39), stat(2, 10, 10, 4)),
                 (key(3, 7, 0), stat(1, 10, 10, 4)),
             ],
+            fold,
+        );
+        r.add_errnos(
             vec![(
                 ErrnoKey {
                     tgid: 3,
@@ -384,7 +354,7 @@ mod tests {
                 },
                 1,
             )],
-            r.syscalls.len() >= MAX_THREAD_SYSCALL_ROWS,
+            fold,
         );
         assert_eq!(r.folded_threads, 1);
         assert_eq!(r.syscalls[&key(3, 0, 39)].count, 2);
