@@ -657,6 +657,15 @@ pub struct FdStat {
     pub calls: u64,
 }
 
+impl FdStat {
+    /// Adds another row of the same file into this one.
+    pub fn add(&mut self, o: &FdStat) {
+        self.ns += o.ns;
+        self.bytes += o.bytes;
+        self.calls += o.calls;
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlkInflightKey {

@@ -50,9 +50,7 @@ fn read_map<K: aya::Pod, V: aya::Pod>(ebpf: &Ebpf, name: &str) -> Result<Vec<(K,
 /// The fds seen doing I/O whose file is still the one open now (no close since): those can
 /// be resolved from /proc.
 pub fn open_fds(ebpf: &Ebpf) -> Vec<FdKey> {
-    let gens: BTreeMap<(u32, i32), u32> = read_map::<FdGenKey, u32>(ebpf, FD_GEN_MAP)
-        .map(|v| v.into_iter().map(|(k, g)| ((k.tgid, k.fd), g)).collect())
-        .unwrap_or_default();
+    let gens = fd_gens(ebpf).unwrap_or_default();
     read_map::<FdKey, FdStat>(ebpf, FILEIO_MAP)
         .map(|v| {
             v.into_iter()
@@ -61,6 +59,35 @@ pub fn open_fds(ebpf: &Ebpf) -> Vec<FdKey> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Each fd's current generation (successful closes of that fd number so far): a `FILEIO` row
+/// of an older generation is a closed file's.
+pub(super) fn fd_gens(ebpf: &Ebpf) -> Result<BTreeMap<(u32, i32), u32>> {
+    Ok(read_map::<FdGenKey, u32>(ebpf, FD_GEN_MAP)?
+        .into_iter()
+        .map(|(k, g)| ((k.tgid, k.fd), g))
+        .collect())
+}
+
+/// The paths files were opened by (`FD_NAMES`), for `file_name`.
+pub(super) fn opened_paths(ebpf: &Ebpf) -> Option<aya::maps::Array<&MapData, FdName>> {
+    ebpf.map(FD_NAMES_MAP)
+        .and_then(|m| aya::maps::Array::try_from(m).ok())
+}
+
+/// The name of the file `k`: resolved while it was open (an absolute path), else the path it
+/// was opened by (`FD_NAMES`, if its set still holds it), or none: a later file under the same
+/// fd number must not lend it its name.
+pub(super) fn file_name(
+    fds: &BTreeMap<FdKey, String>,
+    opened: Option<&aya::maps::Array<&MapData, FdName>>,
+    k: &FdKey,
+) -> String {
+    fds.get(k)
+        .cloned()
+        .or_else(|| opened.and_then(|m| opened_path(m, k)))
+        .unwrap_or_else(|| format!("<closed fd {}>", k.fd))
 }
 
 pub fn fill(
@@ -375,34 +402,23 @@ fn fill_files(
 ) -> Result<()> {
     let mut rows: Vec<(FdKey, FdStat)> = read_map(ebpf, FILEIO_MAP)?;
     // The paths files were opened by: for those closed before /proc showed them.
-    let opened = ebpf
-        .map(FD_NAMES_MAP)
-        .and_then(|m| aya::maps::Array::<&MapData, FdName>::try_from(m).ok());
+    let opened = opened_paths(ebpf);
     // What live threads hold on top of their rows (`ThreadState::held_file`).
     rows.extend(open.iter().filter_map(|(_, st)| st.held_file()));
     for p in data.report.processes.iter_mut() {
         let mut files: BTreeMap<String, FileIo> = BTreeMap::new();
-        for (k, s) in rows.iter().filter(|(k, _)| k.tgid == p.pid) {
-            // Resolved while it was open (an absolute path), else the path it was opened by,
-            // or never: a later file under the same fd number must not lend it its name.
-            let name = fds
-                .get(k)
-                .cloned()
-                .or_else(|| opened.as_ref().and_then(|m| opened_path(m, k)))
-                .unwrap_or_else(|| format!("<closed fd {}>", k.fd));
+        let in_maps = rows
+            .iter()
+            .filter(|(k, _)| k.tgid == p.pid)
+            .map(|(k, s)| (file_name(fds, opened.as_ref(), k), s));
+        // Closed files taken out of the map during the trace, named then.
+        let taken = closed
+            .range((p.pid, String::new())..)
+            .take_while(|((t, _), _)| *t == p.pid)
+            .map(|((_, name), s)| (name.clone(), s));
+        for (name, s) in in_maps.chain(taken) {
             let f = files.entry(name.clone()).or_insert_with(|| FileIo {
                 file: name,
-                ..Default::default()
-            });
-            f.ns += s.ns;
-            f.bytes += s.bytes;
-            f.calls += s.calls;
-        }
-        // Closed files taken out of the map during the trace, named then.
-        let from = (p.pid, String::new());
-        for ((_, name), s) in closed.range(from..).take_while(|((t, _), _)| *t == p.pid) {
-            let f = files.entry(name.clone()).or_insert_with(|| FileIo {
-                file: name.clone(),
                 ..Default::default()
             });
             f.ns += s.ns;
@@ -447,10 +463,7 @@ fn rollup_dirs(files: &[FileIo], top: usize) -> Vec<DirIo> {
 
 /// The path in `FD_NAMES` that names the file `key`, if its set still holds it: a set's
 /// lookups per row that /proc did not name, not a read of every slot.
-pub(super) fn opened_path(
-    names: &aya::maps::Array<&MapData, FdName>,
-    key: &FdKey,
-) -> Option<String> {
+fn opened_path(names: &aya::maps::Array<&MapData, FdName>, key: &FdKey) -> Option<String> {
     let set = FdName::set(key);
     let n = (set..set + FD_NAME_WAYS)
         .filter_map(|i| names.get(&i, 0).ok())
@@ -458,9 +471,6 @@ pub(super) fn opened_path(
     (!n.bytes().is_empty()).then(|| String::from_utf8_lossy(n.bytes()).into_owned())
 }
 
-/// Adds the bio bytes live threads hold (`ThreadState::held_bio`) to their rows (the kernel
-/// wrote each row at the thread's first bio to that device; a row it could not write is made
-/// here).
 /// `BLOCK_IO`'s rows, each CPU's copy summed.
 fn read_block(ebpf: &Ebpf) -> Result<Vec<(BlkKey, BlkStat)>> {
     let map: aya::maps::PerCpuHashMap<&MapData, BlkKey, BlkStat> =
@@ -480,6 +490,9 @@ fn read_block(ebpf: &Ebpf) -> Result<Vec<(BlkKey, BlkStat)>> {
     Ok(out)
 }
 
+/// Adds the bio bytes live threads hold (`ThreadState::held_bio`) to their rows (the kernel
+/// wrote each row at the thread's first bio to that device; a row it could not write is made
+/// here).
 fn add_held_bio(rows: &mut Vec<(BlkKey, BlkStat)>, open: &[(u32, ThreadState)]) {
     for (key, read, write) in open.iter().filter_map(|(_, st)| st.held_bio()) {
         let i = match rows.iter().position(|(k, _)| *k == key) {

@@ -24,9 +24,8 @@ use aya::{
     Ebpf,
 };
 use tracer_common::wall::{
-    ErrnoKey, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysKey, SysStat, WallKey, WallVal,
-    DEATHS_MAP, ERRNOS_MAP, FD_EPOCH_MAP, FD_GEN_MAP, FD_NAMES_MAP, FILEIO_MAP, LIFE_MAP,
-    SYSCALLS_MAP, WALL_MAP,
+    ErrnoKey, FdKey, FdStat, LifeKey, LifeVal, SysKey, SysStat, WallKey, WallVal, DEATHS_MAP,
+    ERRNOS_MAP, FD_EPOCH_MAP, FILEIO_MAP, LIFE_MAP, SYSCALLS_MAP, WALL_MAP,
 };
 
 use super::aggregate::Row;
@@ -202,39 +201,21 @@ impl Retired {
     /// by a later pass under the same name.
     pub fn files_pass(&mut self, ebpf: &mut Ebpf, fds: &BTreeMap<FdKey, String>) -> Result<usize> {
         self.seen_closes = counter(ebpf, FD_EPOCH_MAP)?;
-        let gens: BTreeMap<(u32, i32), u32> = {
-            let map: HashMap<&MapData, FdGenKey, u32> = HashMap::try_from(
-                ebpf.map(FD_GEN_MAP)
-                    .with_context(|| format!("map {FD_GEN_MAP} missing"))?,
-            )?;
-            map.iter()
-                .filter_map(|r| r.ok())
-                .map(|(k, g)| ((k.tgid, k.fd), g))
-                .collect()
-        };
+        let gens = super::fill::fd_gens(ebpf)?;
         let rows: Vec<(FdKey, FdStat)> = take(ebpf, FILEIO_MAP, |k: &FdKey| {
             gens.get(&(k.tgid, k.fd)).is_some_and(|g| k.gen < *g)
         })?;
-        let names = ebpf
-            .map(FD_NAMES_MAP)
-            .and_then(|m| aya::maps::Array::<&MapData, FdName>::try_from(m).ok());
+        let names = super::fill::opened_paths(ebpf);
         let n = rows.len();
         for (k, v) in rows {
-            let mut name = fds
-                .get(&k)
-                .cloned()
-                .or_else(|| names.as_ref().and_then(|m| super::fill::opened_path(m, &k)))
-                .unwrap_or_else(|| format!("<closed fd {}>", k.fd));
+            let mut name = super::fill::file_name(fds, names.as_ref(), &k);
             if self.files.len() >= MAX_CLOSED_FILES
                 && !self.files.contains_key(&(k.tgid, name.clone()))
             {
                 name = folded_name(&name);
                 self.files_folded += 1;
             }
-            let f = self.files.entry((k.tgid, name)).or_default();
-            f.ns += v.ns;
-            f.bytes += v.bytes;
-            f.calls += v.calls;
+            self.files.entry((k.tgid, name)).or_default().add(&v);
         }
         Ok(n)
     }
