@@ -78,30 +78,38 @@ pub fn limit_processes(report: &mut Report, max_idle: usize, max_listed: usize) 
     out.idle = (before - report.processes.len()) as u64;
 
     let period_ns = 1_000_000_000 / report.sampling.frequency_hz.max(1);
-    let mut others: Vec<(usize, (bool, u64))> = report
+    let others: Vec<(usize, (bool, u64))> = report
         .processes
         .iter()
         .enumerate()
         .filter(|(_, p)| !roots.contains(&p.pid))
         .map(|(i, p)| (i, weight(p, period_ns)))
         .collect();
-    if others.len() > max_listed {
-        // Heaviest first; among equals the earlier-listed (older) process stays.
-        others.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let mut drop = vec![false; report.processes.len()];
-        for &(i, _) in &others[max_listed..] {
-            drop[i] = true;
-            out.light += 1;
-            out.light_samples += report.processes[i].samples;
-        }
-        let mut i = 0;
-        report.processes.retain(|_| {
-            i += 1;
-            !drop[i - 1]
-        });
+    for p in drop_lightest(&mut report.processes, others, max_listed) {
+        out.light += 1;
+        out.light_samples += p.samples;
     }
     report.followed.not_listed += out.total();
     out
+}
+
+/// Removes the items `ranked` (index, weight) names beyond its `max` heaviest and returns
+/// them; the rest keep their order. Among equal weights the earlier-listed item stays.
+fn drop_lightest<T, W: Ord>(items: &mut Vec<T>, mut ranked: Vec<(usize, W)>, max: usize) -> Vec<T> {
+    if ranked.len() <= max {
+        return Vec::new();
+    }
+    ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut drop = vec![false; items.len()];
+    for &(i, _) in &ranked[max..] {
+        drop[i] = true;
+    }
+    let (dropped, kept): (Vec<_>, Vec<_>) = std::mem::take(items)
+        .into_iter()
+        .zip(drop)
+        .partition(|(_, d)| *d);
+    *items = kept.into_iter().map(|(t, _)| t).collect();
+    dropped.into_iter().map(|(t, _)| t).collect()
 }
 
 /// How much a thread shows, for choosing which to list: its CPU samples as CPU time plus the
@@ -127,23 +135,13 @@ pub fn limit_threads(report: &mut Report, max_listed: usize) -> Vec<(u32, u64)> 
         if p.threads.len() <= max_listed {
             continue;
         }
-        let mut order: Vec<(usize, (bool, u64))> = p
+        let ranked: Vec<(usize, (bool, u64))> = p
             .threads
             .iter()
             .enumerate()
             .map(|(i, t)| (i, thread_weight(t, p.pid, period_ns)))
             .collect();
-        order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let mut keep = vec![false; p.threads.len()];
-        for &(i, _) in &order[..max_listed] {
-            keep[i] = true;
-        }
-        let mut i = 0;
-        p.threads.retain(|_| {
-            i += 1;
-            keep[i - 1]
-        });
-        let left = (order.len() - max_listed) as u64;
+        let left = drop_lightest(&mut p.threads, ranked, max_listed).len() as u64;
         p.threads_not_listed += left;
         report.followed.threads_not_listed += left;
         out.push((p.pid, left));
