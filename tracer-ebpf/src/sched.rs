@@ -61,19 +61,20 @@ const EXIT_BITS: i64 = 0x10 | 0x20;
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn sched_switch(ctx: RawTracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::SchedSwitch);
-    let preempt: u64 = ctx.arg(0);
-    let raw_state: u64 = ctx.arg(3);
-    let state = report_state(preempt & 0xff != 0, raw_state as u32);
-    switch(&ctx, state as i64, task_pid::<Probe>(ctx.arg(2)))
+    switch_args::<_, Probe>(&ctx, ctx.arg(0), ctx.arg(2), ctx.arg(3))
 }
 
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
     crate::maps::hit(tracer_common::hits::Prog::SchedSwitchBtf);
-    let preempt: u64 = ctx.arg(0);
-    let raw_state: u64 = ctx.arg(3);
-    let state = report_state(preempt & 0xff != 0, raw_state as u32);
-    switch(&ctx, state as i64, task_pid::<Direct>(ctx.arg(2))) as i32
+    switch_args::<_, Direct>(&ctx, ctx.arg(0), ctx.arg(2), ctx.arg(3)) as i32
+}
+
+/// The raw and BTF programs' arguments: `preempt`, the `next` task, the raw `prev_state`.
+#[inline(always)]
+fn switch_args<C: StackIdContext, K: Kernel>(ctx: &C, preempt: u64, next: u64, raw: u64) -> u32 {
+    let state = report_state(preempt & 0xff != 0, raw as u32);
+    switch(ctx, state as i64, task_pid::<K>(next))
 }
 
 #[tracepoint]
