@@ -116,7 +116,9 @@ pub fn soak(g: &Path, workload: &Path, cudart: &Path, dir: &Path, seconds: u64) 
     let status = child.wait()?;
     let stdout = reader.join().unwrap_or_default();
     if !status.success() || !stdout.contains("ticks ") {
-        let tail = &stdout[stdout.len().saturating_sub(400)..];
+        // The last 400 characters (the report has multi-byte ones: µs, …).
+        let from = stdout.char_indices().rev().nth(399).map_or(0, |(i, _)| i);
+        let tail = &stdout[from..];
         bail!("gputrace on the soak exited with {status}; its output ends {tail:?}");
     }
     let peak_kib: u64 = std::fs::read_to_string(&time_out)
