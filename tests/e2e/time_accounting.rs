@@ -182,10 +182,7 @@ fn ground_truth(name: &str, env: &[(&str, &str)]) {
     assert_eq!(truth.len(), 7, "every workload thread reported");
     let report = run.report(&out);
     let procs = report["processes"].as_array().unwrap();
-    let main = procs
-        .iter()
-        .find(|p| p["comm"] == "ground_truth")
-        .unwrap_or_else(|| panic!("no ground_truth process: {report:#}"));
+    let main = process_named(&report, "ground_truth");
 
     // The invariant, for every thread gputrace saw, in every process.
     for p in procs {
@@ -449,6 +446,16 @@ fn open_read_close(
     (work, report)
 }
 
+/// The report's process named `comm` (the first, if several).
+fn process_named<'a>(report: &'a Value, comm: &str) -> &'a Value {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["comm"] == comm)
+        .unwrap_or_else(|| panic!("no {comm} process: {report:#}"))
+}
+
 /// A loader opening files for an hour makes far more (fd, generation) rows than the kernel's
 /// per-file map holds (16,384): closed files' rows are taken out and named as the trace runs,
 /// so 24,000 opens at a loader's pace (~35,000 a second, a 20 ms pause every 1,000) lose no
@@ -468,12 +475,7 @@ fn many_short_lived_files_are_all_counted() {
         .filter(|d| d["reason"] == "SyscallMapFull")
         .collect();
     assert!(drops.is_empty(), "{drops:#?}");
-    let p = report["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["comm"] == "open_read_close")
-        .unwrap_or_else(|| panic!("no open_read_close process: {report:#}"));
+    let p = process_named(&report, "open_read_close");
     let listed = p["files"].as_array().expect("files");
     // Every byte, under a file's name or (a name lost to a burst of opens between two
     // passes) an fd number: the writes, the reads, f0's extra read and the 4 KiB after dup2;
@@ -515,12 +517,7 @@ fn short_lived_files_are_named_by_their_open() {
     }
     let (files, rounds) = (6u64, 20u64);
     let (work, report) = open_read_close("files", files, rounds, 0);
-    let p = report["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["comm"] == "open_read_close")
-        .unwrap_or_else(|| panic!("no open_read_close process: {report:#}"));
+    let p = process_named(&report, "open_read_close");
     let listed = p["files"].as_array().expect("files");
     for i in 0..files {
         let name = format!("{}/f{i}.bin", work.display());
