@@ -12,6 +12,7 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
+use aya_obj::generated::{bpf_attr, bpf_cmd};
 use tracer_common::proc::{MAYBE_MAP, MAYBE_SLOTS, TRACED_MAP};
 
 use crate::{error::TraceError, tracefs::Format};
@@ -183,6 +184,25 @@ pub fn rejection_message(prog: &str, io_error: &std::io::Error, log: &str) -> St
         msg.push_str(l);
     }
     msg
+}
+
+/// The bpf(2) syscall with a whole `bpf_attr` (the kernel reads the fields its command uses
+/// and wants the rest zero).
+pub fn sys_bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<i64> {
+    // SAFETY: attr is a live, initialised bpf_attr; whatever it points at outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            attr as *mut bpf_attr,
+            std::mem::size_of::<bpf_attr>(),
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
 }
 
 #[cfg(test)]

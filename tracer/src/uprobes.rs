@@ -42,7 +42,7 @@ use aya_obj::{
     Object, ProgramSection,
 };
 
-use crate::bpf::{load_error, rejection_message};
+use crate::bpf::{load_error, rejection_message, sys_bpf};
 
 /// One attachment of a program; dropping it detaches.
 pub enum Link {
@@ -226,23 +226,6 @@ fn run_stats(fd: std::os::fd::BorrowedFd<'_>) -> Option<(u64, u64)> {
     sys_bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr).ok()?;
     let at = |o: usize| u64::from_ne_bytes(info[o..o + 8].try_into().unwrap());
     Some((at(200), at(192)))
-}
-
-fn sys_bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<i64> {
-    // SAFETY: attr is a live, initialised bpf_attr; whatever it points at outlives the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd as libc::c_long,
-            attr as *mut bpf_attr,
-            std::mem::size_of::<bpf_attr>(),
-        )
-    };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
 }
 
 /// The descriptor of a map of `ebpf`, whatever its kind.

@@ -12,6 +12,7 @@ mod retire;
 pub mod sites;
 mod states;
 pub mod syscall_names;
+mod take;
 
 use std::collections::BTreeMap;
 

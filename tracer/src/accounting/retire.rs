@@ -106,21 +106,7 @@ fn take<K: aya::Pod, V: aya::Pod>(
         ebpf.map_mut(name)
             .with_context(|| format!("map {name} missing"))?,
     )?;
-    let keys: Vec<K> = map
-        .keys()
-        .filter_map(|k| k.ok())
-        .filter(|k| pick(k))
-        .collect();
-    let mut out = Vec::with_capacity(keys.len());
-    for k in keys {
-        if let Ok(v) = map.get(&k, 0) {
-            // Read before the delete: a row that vanished in between was taken by no one.
-            if map.remove(&k).is_ok() {
-                out.push((k, v));
-            }
-        }
-    }
-    Ok(out)
+    super::take::take(&mut map, pick).with_context(|| format!("take rows out of {name}"))
 }
 
 impl Retired {

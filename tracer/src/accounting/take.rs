@@ -1,0 +1,189 @@
+//! Taking entries out of a kernel hash map while the programs still write to it (the retire
+//! passes): each entry is read and deleted in one step, `BPF_MAP_LOOKUP_AND_DELETE_ELEM`
+//! (hash maps since Linux 5.14), so an update that lands after the read is not deleted unread,
+//! as it could be between a lookup and a delete. aya 0.14 keeps that command to its queue and
+//! stack maps, hence the syscall here. Older kernels answer EINVAL (or ENOTSUPP): there the
+//! entries are read, then deleted.
+//!
+//! What one step cannot close: a program that looked the entry up just before the delete may
+//! still write to the value it holds (the kernel frees it after an RCU grace period); only a
+//! row that a live program is updating can be in that state, and the passes take only the
+//! rows of dead threads and closed files.
+
+use std::{
+    os::fd::{AsFd, AsRawFd, BorrowedFd},
+    sync::atomic::{AtomicBool, Ordering},
+};
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{HashMap, IterableMap, MapData},
+    Pod,
+};
+use aya_obj::generated::{bpf_attr, bpf_cmd};
+
+/// Set once a kernel refused the one-step command for hash maps: it will not learn it later.
+static NO_LOOKUP_AND_DELETE: AtomicBool = AtomicBool::new(false);
+
+/// ENOTSUPP, the kernel-internal errno some paths leak to user space (not in libc).
+const ENOTSUPP: i32 = 524;
+
+/// Reads and deletes `key`'s entry in one step: `Ok(None)` when there is none.
+fn lookup_and_delete<K: Pod, V: Pod>(fd: BorrowedFd<'_>, key: &K) -> std::io::Result<Option<V>> {
+    let mut value = std::mem::MaybeUninit::<V>::zeroed();
+    // SAFETY: an all-zero bpf_attr is valid (a union of plain integers).
+    let mut attr = unsafe { std::mem::zeroed::<bpf_attr>() };
+    attr.__bindgen_anon_2.map_fd = fd.as_raw_fd() as u32;
+    attr.__bindgen_anon_2.key = key as *const K as u64;
+    attr.__bindgen_anon_2.__bindgen_anon_1.value = value.as_mut_ptr() as u64;
+    match crate::bpf::sys_bpf(bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_ELEM, &mut attr) {
+        // SAFETY: the kernel wrote the value (its size is the map's: checked when the typed
+        // map was made), and V is Pod.
+        Ok(_) => Ok(Some(unsafe { value.assume_init() })),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn unsupported(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(ENOTSUPP)
+    )
+}
+
+/// Takes the entries whose keys `pick` chooses out of `map`.
+pub fn take<K: Pod, V: Pod>(
+    map: &mut HashMap<&mut MapData, K, V>,
+    pick: impl Fn(&K) -> bool,
+) -> Result<Vec<(K, V)>> {
+    take_with(map, pick, !NO_LOOKUP_AND_DELETE.load(Ordering::Relaxed))
+}
+
+/// `one_step`: try the one-step command (else read, then delete).
+fn take_with<K: Pod, V: Pod>(
+    map: &mut HashMap<&mut MapData, K, V>,
+    pick: impl Fn(&K) -> bool,
+    mut one_step: bool,
+) -> Result<Vec<(K, V)>> {
+    let keys: Vec<K> = map
+        .keys()
+        .filter_map(|k| k.ok())
+        .filter(|k| pick(k))
+        .collect();
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        if one_step {
+            let fd = map.map().fd().as_fd();
+            match lookup_and_delete::<K, V>(fd, &k) {
+                Ok(Some(v)) => {
+                    out.push((k, v));
+                    continue;
+                }
+                Ok(None) => continue,
+                Err(e) if unsupported(&e) => {
+                    NO_LOOKUP_AND_DELETE.store(true, Ordering::Relaxed);
+                    one_step = false;
+                }
+                Err(e) => return Err(e).context("take an entry out of a map"),
+            }
+        }
+        if let Ok(v) = map.get(&k, 0) {
+            // A row that vanished between the read and the delete was taken by no one.
+            if map.remove(&k).is_ok() {
+                out.push((k, v));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    use aya::maps::Map;
+
+    use super::*;
+
+    /// A BPF hash map of u32 -> u64 with room for 64 entries, or None (with a loud skip) where
+    /// this process may not create one; in CI, a failure.
+    fn hash_map() -> Option<Map> {
+        // union bpf_attr for BPF_MAP_CREATE: map_type (1: hash), key_size, value_size,
+        // max_entries.
+        let mut attr = [0u8; 72];
+        attr[0..4].copy_from_slice(&1u32.to_ne_bytes());
+        attr[4..8].copy_from_slice(&4u32.to_ne_bytes());
+        attr[8..12].copy_from_slice(&8u32.to_ne_bytes());
+        attr[12..16].copy_from_slice(&64u32.to_ne_bytes());
+        // SAFETY: attr outlives the call and is what BPF_MAP_CREATE reads.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                0 as libc::c_int,
+                attr.as_ptr(),
+                attr.len() as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "create a BPF hash map: {e}"
+            );
+            eprintln!("SKIP: cannot create a BPF hash map ({e}): run the tests as root");
+            return None;
+        }
+        // SAFETY: the syscall returned a new fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Some(Map::HashMap(MapData::from_fd(fd).expect("map info")))
+    }
+
+    fn check(one_step: bool) {
+        let Some(mut m) = hash_map() else { return };
+        let mut map: HashMap<&mut MapData, u32, u64> = HashMap::try_from(&mut m).unwrap();
+        for k in 1..=10u32 {
+            map.insert(k, u64::from(k) * 100, 0).unwrap();
+        }
+        let mut taken = take_with(&mut map, |k| k % 2 == 0, one_step).unwrap();
+        taken.sort();
+        assert_eq!(
+            taken,
+            vec![(2, 200), (4, 400), (6, 600), (8, 800), (10, 1000)]
+        );
+        let mut left: Vec<u32> = map.keys().map(|k| k.unwrap()).collect();
+        left.sort();
+        assert_eq!(left, vec![1, 3, 5, 7, 9]);
+        assert!(take_with(&mut map, |k| *k > 100, one_step)
+            .unwrap()
+            .is_empty());
+    }
+
+    #[test]
+    fn takes_the_picked_entries_in_one_step() {
+        check(true);
+    }
+
+    #[test]
+    fn takes_the_picked_entries_by_read_then_delete() {
+        check(false);
+    }
+
+    #[test]
+    fn this_kernel_deletes_hash_entries_in_one_step() {
+        let Some(mut m) = hash_map() else { return };
+        let mut map: HashMap<&mut MapData, u32, u64> = HashMap::try_from(&mut m).unwrap();
+        map.insert(7, 70, 0).unwrap();
+        let fd = map.map().fd().as_fd();
+        match lookup_and_delete::<u32, u64>(fd, &7) {
+            Ok(v) => assert_eq!(v, Some(70)),
+            // Hash maps learnt the command in 5.14: older kernels fall back, and say so here.
+            Err(e) if unsupported(&e) => {
+                eprintln!("SKIP: no one-step delete here: {e}");
+                return;
+            }
+            Err(e) => panic!("lookup and delete: {e}"),
+        }
+        assert_eq!(lookup_and_delete::<u32, u64>(fd, &7).unwrap(), None);
+    }
+}
