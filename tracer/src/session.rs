@@ -293,7 +293,7 @@ fn trace(
     crate::overhead::complete(&mut data.report);
     // Verdicts first, so that they weigh every process followed, not only those listed.
     report::finalize(&mut data);
-    bound_report(&mut data.report, &tracker);
+    bound_report(&mut data, &tracker);
 
     // Files first: a reader that closes stdout early (`| head`) must not cost the report.
     let written = args
@@ -412,8 +412,9 @@ fn restore_default_signals() {
     }
 }
 
-/// Fills in how many processes were followed and keeps the process list bounded.
-fn bound_report(report: &mut report::model::Report, tracker: &Tracker) {
+/// Fills in how many processes were followed and keeps the process and thread lists bounded.
+fn bound_report(data: &mut report::ReportData, tracker: &Tracker) {
+    let report = &mut data.report;
     report.followed.processes = tracker.seen;
     report.followed.forgotten = tracker.untracked;
     report.followed.maps_evicted = tracker.maps_evicted;
@@ -437,12 +438,23 @@ fn bound_report(report: &mut report::model::Report, tracker: &Tracker) {
             out.light_samples
         ));
     }
-    for (pid, left) in report::bound::limit_threads(report, report::bound::MAX_LISTED_THREADS) {
+    let timeline = &mut data.timeline;
+    let on_timeline: std::collections::BTreeSet<(u32, u32)> =
+        timeline.events.iter().map(|e| (e.pid, e.tid)).collect();
+    for u in report::bound::limit_threads(report, report::bound::MAX_LISTED_THREADS) {
         report.warnings.push(format!(
-            "pid {pid}: {left} more threads are not listed, the lightest beyond the {} listed (the \
+            "pid {}: {} more threads are not listed, the lightest beyond the {} listed (the \
              process's totals include them)",
+            u.pid,
+            u.threads.len(),
             report::bound::MAX_LISTED_THREADS
         ));
+        // trace.json names its tracks from the listed threads; these keep their names there.
+        for (tid, comm) in u.threads {
+            if on_timeline.contains(&(u.pid, tid)) {
+                timeline.unlisted_names.insert((u.pid, tid), comm);
+            }
+        }
     }
     if tracker.untracked > 0 {
         report.warnings.push(format!(

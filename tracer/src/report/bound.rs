@@ -125,10 +125,18 @@ fn thread_weight(t: &ThreadReport, pid: u32, sample_period_ns: u64) -> (bool, u6
     )
 }
 
-/// Keeps each process's `max_listed` heaviest threads, in their order; returns (pid, threads
-/// left out) for each process that had more, and adds the count to `report.followed`. The
+/// The threads of one process that the report does not list.
+#[derive(Debug, PartialEq)]
+pub struct UnlistedThreads {
+    pub pid: u32,
+    /// (tid, comm) of each.
+    pub threads: Vec<(u32, String)>,
+}
+
+/// Keeps each process's `max_listed` heaviest threads, in their order; returns the threads
+/// left out of each process that had more, and adds their count to `report.followed`. The
 /// process's own figures (time, syscalls, samples) were summed over every thread and stay.
-pub fn limit_threads(report: &mut Report, max_listed: usize) -> Vec<(u32, u64)> {
+pub fn limit_threads(report: &mut Report, max_listed: usize) -> Vec<UnlistedThreads> {
     let period_ns = 1_000_000_000 / report.sampling.frequency_hz.max(1);
     let mut out = Vec::new();
     for p in report.processes.iter_mut() {
@@ -141,10 +149,17 @@ pub fn limit_threads(report: &mut Report, max_listed: usize) -> Vec<(u32, u64)> 
             .enumerate()
             .map(|(i, t)| (i, thread_weight(t, p.pid, period_ns)))
             .collect();
-        let left = drop_lightest(&mut p.threads, ranked, max_listed).len() as u64;
+        let threads: Vec<(u32, String)> = drop_lightest(&mut p.threads, ranked, max_listed)
+            .into_iter()
+            .map(|t| (t.tid, t.comm))
+            .collect();
+        let left = threads.len() as u64;
         p.threads_not_listed += left;
         report.followed.threads_not_listed += left;
-        out.push((p.pid, left));
+        out.push(UnlistedThreads {
+            pid: p.pid,
+            threads,
+        });
     }
     out
 }
@@ -258,7 +273,7 @@ mod tests {
     fn thread(tid: u32, samples: u64, alive_ns: u64) -> ThreadReport {
         ThreadReport {
             tid,
-            comm: "t".into(),
+            comm: format!("t{tid}"),
             samples,
             kernel_samples: 0,
             top_self: vec![],
@@ -285,7 +300,13 @@ mod tests {
         }));
         let mut r = report(vec![p, process(2, 0)]);
         let left = limit_threads(&mut r, 3);
-        assert_eq!(left, vec![(1, 496)]);
+        assert_eq!(left.len(), 1);
+        assert_eq!((left[0].pid, left[0].threads.len()), (1, 496));
+        assert!(left[0]
+            .threads
+            .iter()
+            .all(|(tid, _)| ![1, 7, 9].contains(tid)));
+        assert!(left[0].threads.contains(&(2, "t2".to_string())));
         let tids: Vec<u32> = r.processes[0].threads.iter().map(|t| t.tid).collect();
         assert_eq!(tids, vec![1, 7, 9]);
         assert_eq!(r.followed.threads_not_listed, 496);

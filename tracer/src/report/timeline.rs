@@ -2,6 +2,8 @@
 //! buffers and push here while tracing, plus counter samples (NVML). Bounded: once `limit`
 //! events are held, further ones are counted in `cut` and the report says so.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// What an event is; decides its track colour and category in the trace viewer.
@@ -53,6 +55,10 @@ pub struct Timeline {
     /// Short CUDA calls (launches and the like) left out of the timeline by design.
     #[serde(default)]
     pub cuda_calls_below_threshold: u64,
+    /// Names of threads with events here that the report does not list (it lists at most
+    /// `report::bound::MAX_LISTED_THREADS` per process): (pid, tid) -> comm.
+    #[serde(skip)]
+    pub unlisted_names: BTreeMap<(u32, u32), String>,
 }
 
 impl Default for Timeline {
@@ -70,6 +76,7 @@ impl Timeline {
             cut_events: 0,
             cut_counters: 0,
             cuda_calls_below_threshold: 0,
+            unlisted_names: BTreeMap::new(),
         }
     }
 

@@ -112,6 +112,7 @@ pub fn events(t: &Timeline, r: &Report, emit: &mut dyn FnMut(Value) -> Result<()
         } else {
             names
                 .get(&key)
+                .or_else(|| t.unlisted_names.get(&(key.0 as u32, key.1 as u32)))
                 .cloned()
                 .unwrap_or_else(|| format!("tid {}", key.1))
         };
@@ -334,6 +335,24 @@ mod tests {
             .is_some_and(|n| n.starts_with("timeline cut: 1 events"))));
         let doc: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(doc["otherData"]["cut_events"], 1);
+    }
+
+    #[test]
+    fn unlisted_threads_keep_their_names() {
+        let mut t = Timeline::with_limit(10);
+        t.push(ev(0, 10, 1, 77, Syscall, "read"));
+        t.push(ev(0, 10, 1, 78, Syscall, "read"));
+        t.unlisted_names.insert((1, 77), "worker-77".into());
+        let mut buf = Vec::new();
+        write(&t, &fixtures::report(), &mut buf).unwrap();
+        let evs = validate(std::str::from_utf8(&buf).unwrap());
+        let name = |tid: u64| {
+            evs.iter()
+                .find(|e| e["name"] == "thread_name" && e["tid"] == tid)
+                .map(|e| e["args"]["name"].clone())
+        };
+        assert_eq!(name(77), Some(Value::from("worker-77")));
+        assert_eq!(name(78), Some(Value::from("tid 78")));
     }
 
     #[test]
