@@ -554,6 +554,93 @@ fn a_thread_storm_is_counted_whole_and_lists_the_heaviest_threads() {
     assert_released(&held, live.pid());
 }
 
+/// Past the cap on dead threads' time rows kept per thread (lowered here to 2,000 rows, some
+/// 600 threads' worth, from 250,000), later dead threads' time is summed into their process's:
+/// the process's time stays whole and every thread is still counted.
+#[test]
+fn dead_threads_past_the_time_row_cap_fold_into_their_process() {
+    let _g = serial();
+    if !require_root("dead_threads_past_the_time_row_cap_fold_into_their_process") {
+        return;
+    }
+    const THREADS: u64 = 8000;
+    const CALLS: u64 = 7;
+    let storm = build_c("thread_storm", &[]);
+    let dir = out_dir("thread-fold");
+    let run = gputrace_env(
+        &[
+            "-v",
+            "--output",
+            dir.to_str().unwrap(),
+            "--",
+            storm.to_str().unwrap(),
+            &THREADS.to_string(),
+            &CALLS.to_string(),
+            "200",
+        ],
+        &[("GPUTRACE_MAX_WALL_ROWS", "2000")],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr);
+    let r = run.report(&dir);
+    let pid = r["target"]["pids"][0].as_u64().expect("target pid");
+    let p = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("no target process in {:#}", r["processes"]));
+    let warnings = r["warnings"].to_string();
+    let folded: u64 = warnings
+        .split("the time of ")
+        .nth(1)
+        .and_then(|w| w.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no folding said: {warnings}"));
+    assert!(
+        folded > THREADS / 2 && folded < THREADS,
+        "{folded} threads folded"
+    );
+    // Every thread is counted, folded or not, and 128 are listed.
+    assert_eq!(p["threads"].as_array().unwrap().len(), 128);
+    assert_eq!(
+        r["followed"]["threads_not_listed"].as_u64(),
+        Some(THREADS + 1 - 128),
+        "{:#}",
+        r["followed"]
+    );
+    // The process's time is whole: its threads' lives, folded ones included, are accounted.
+    let t = &p["time"];
+    let (alive, accounted) = (
+        t["alive_ns"].as_u64().unwrap(),
+        t["accounted_ns"].as_u64().unwrap(),
+    );
+    assert!(
+        accounted.abs_diff(alive) * 100 <= alive,
+        "accounted {accounted} of {alive} ns"
+    );
+    assert!(!warnings.contains("is off"), "{warnings}");
+    let getppid = p["syscalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "getppid")
+        .and_then(|s| s["count"].as_u64());
+    assert_eq!(getppid, Some(THREADS * CALLS));
+    let drops: Vec<&serde_json::Value> = r["drops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["reason"] != "StackCollision")
+        .collect();
+    assert!(drops.is_empty(), "{drops:#?}");
+    // The folded threads' off-CPU time is in the flame graph under their process.
+    let offcpu = std::fs::read_to_string(dir.join("offcpu.folded")).unwrap_or_default();
+    assert!(
+        offcpu.contains(&format!("exited-threads-{pid}/0;")),
+        "no folded threads in offcpu.folded"
+    );
+}
+
 /// A report that lists 64 children (3-5 KB each, pretty-printed) besides the target stays
 /// under this; thousands of children listed would take megabytes.
 fn assert_report_size_bounded(dir: &Path) {

@@ -21,7 +21,24 @@ pub struct Row {
     pub val: WallVal,
 }
 
-/// One thread instance's time.
+/// The tid of rows that stand for a process's folded threads (`FoldedLives`): no traced
+/// thread has it (the idle task has no state).
+pub const FOLDED_TID: u32 = 0;
+/// What names them where a thread's name goes (flame graphs, GIL waiters).
+pub const FOLDED_COMM: &str = "exited-threads";
+
+/// Exited threads of one process whose time rows were summed into the process's rows (tid
+/// [`FOLDED_TID`]) to bound gputrace's memory: how many, their lives summed, and their tids
+/// (bounded by the pid space; what tells a folded thread that also has CPU samples, or an
+/// instance of its tid kept whole, from one the report would not otherwise count).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FoldedLives {
+    pub threads: u64,
+    pub alive_ns: u64,
+    pub tids: std::collections::BTreeSet<u32>,
+}
+
+/// One thread instance's time, or the folded threads of a process (`folded` > 0).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ThreadTime {
     pub tgid: u32,
@@ -29,6 +46,9 @@ pub struct ThreadTime {
     pub born_ns: u64,
     pub end_ns: u64,
     pub exited: bool,
+    /// How many exited threads this stands for when it is a process's folded ones (its
+    /// `end_ns` is then their lives summed, from `born_ns` 0).
+    pub folded: u64,
     pub categories: BTreeMap<Category, u64>,
     /// (category, reason) -> (ns, intervals).
     pub reasons: BTreeMap<(Category, String), (u64, u64)>,
@@ -61,11 +81,13 @@ pub fn open_rows(tid: u32, st: &ThreadState, end: u64) -> impl Iterator<Item = R
 }
 
 /// Builds every thread instance's time. `rows` are the kernel's sums, `open` the states of
-/// threads alive at `end`, `deaths` the threads that died; `classify` names a row's category.
+/// threads alive at `end`, `deaths` the threads that died, `folded` the exited threads each
+/// process's [`FOLDED_TID`] rows stand for; `classify` names a row's category.
 pub fn threads(
     rows: &[Row],
     open: &[(u32, ThreadState)],
     deaths: &[(LifeKey, LifeVal)],
+    folded: &BTreeMap<u32, FoldedLives>,
     end: u64,
     mut classify: impl FnMut(&WallKey) -> Verdict,
 ) -> Vec<ThreadTime> {
@@ -83,6 +105,21 @@ pub fn threads(
             ..Default::default()
         })
     }
+    // Keyed (FOLDED_TID, tgid): one per process, and no thread instance has tid 0.
+    for (tgid, f) in folded {
+        out.insert(
+            (FOLDED_TID, *tgid as u64),
+            ThreadTime {
+                tgid: *tgid,
+                tid: FOLDED_TID,
+                born_ns: 0,
+                end_ns: f.alive_ns,
+                exited: true,
+                folded: f.threads,
+                ..Default::default()
+            },
+        );
+    }
     for (k, v) in deaths {
         let t = entry(&mut out, end, (v.tgid, k.tid, k.born_ns));
         t.end_ns = v.died_ns.min(end);
@@ -94,7 +131,16 @@ pub fn threads(
         .collect();
     for r in rows.iter().chain(open_rows.iter()) {
         let v = classify(&r.key);
-        let t = entry(&mut out, end, (r.key.tgid, r.key.tid, r.key.born_ns));
+        let t = if r.key.tid == FOLDED_TID {
+            out.entry((FOLDED_TID, r.key.tgid as u64))
+                .or_insert_with(|| ThreadTime {
+                    tgid: r.key.tgid,
+                    exited: true,
+                    ..Default::default()
+                })
+        } else {
+            entry(&mut out, end, (r.key.tgid, r.key.tid, r.key.born_ns))
+        };
         *t.categories.entry(v.category).or_default() += r.val.ns;
         let e = t.reasons.entry((v.category, v.reason)).or_default();
         e.0 += r.val.ns;
@@ -219,7 +265,7 @@ mod tests {
         // and still on CPU at the end (1000): the open interval is charged up to the end.
         let rows = [row(7, 100, KIND_BLOCKED, 300)];
         let open = [(7, state(100, 400, PHASE_ONCPU))];
-        let t = threads(&rows, &open, &[], 1000, classify);
+        let t = threads(&rows, &open, &[], &BTreeMap::new(), 1000, classify);
         assert_eq!(t.len(), 1);
         assert_eq!(t[0].alive_ns(), 900);
         assert_eq!(t[0].categories[&Category::Lock], 300);
@@ -261,7 +307,7 @@ mod tests {
         assert_eq!(rows[1].val, WallVal { ns: 60, count: 4 });
         assert_eq!(rows[2].val, WallVal { ns: 100, count: 1 });
         assert!(st.running_is_held_cuda());
-        let t = threads(&[], &[(3, st)], &[], 1000, classify);
+        let t = threads(&[], &[(3, st)], &[], &BTreeMap::new(), 1000, classify);
         assert_eq!(t[0].categories[&Category::Cpu], 40);
         assert_eq!(t[0].categories[&Category::CudaLaunch], 160);
         st.cuda_fid = 8;
@@ -294,7 +340,14 @@ mod tests {
             key: blocked.row_key(3),
             val: WallVal { ns: 20, count: 2 },
         };
-        let t = threads(&[written], &[(3, st)], &[], 1000, classify);
+        let t = threads(
+            &[written],
+            &[(3, st)],
+            &[],
+            &BTreeMap::new(),
+            1000,
+            classify,
+        );
         assert_eq!(t[0].categories[&Category::Lock], 50);
         assert_eq!(t[0].categories[&Category::Runqueue], 6);
         assert_eq!(t[0].categories[&Category::Cpu], 100);
@@ -336,7 +389,7 @@ mod tests {
                 _pad: 0,
             },
         )];
-        let t = threads(&rows, &[], &deaths, 1000, classify);
+        let t = threads(&rows, &[], &deaths, &BTreeMap::new(), 1000, classify);
         assert_eq!(t.len(), 1);
         assert!(t[0].exited);
         assert_eq!(t[0].alive_ns(), 400);
@@ -363,7 +416,7 @@ mod tests {
             },
         )];
         let open = [(5, state(500, 600, PHASE_ONCPU))];
-        let t = threads(&rows, &open, &deaths, 1000, classify);
+        let t = threads(&rows, &open, &deaths, &BTreeMap::new(), 1000, classify);
         assert_eq!(t.len(), 2);
         assert_eq!(
             (t[0].born_ns, t[0].alive_ns(), t[0].accounted_ns()),
@@ -379,9 +432,35 @@ mod tests {
     }
 
     #[test]
+    fn folded_threads_count_their_lives_in_their_process() {
+        // Two exited threads of process 1 folded (lives 300 + 100), one live thread beside them.
+        let rows = [
+            row(FOLDED_TID, 0, Category::Cpu as u32, 250),
+            row(FOLDED_TID, 0, KIND_BLOCKED, 150),
+            row(4, 0, Category::Cpu as u32, 1000),
+        ];
+        let folded = BTreeMap::from([(
+            1,
+            FoldedLives {
+                threads: 2,
+                alive_ns: 400,
+                tids: [5, 6].into(),
+            },
+        )]);
+        let t = threads(&rows, &[], &[], &folded, 1000, classify);
+        assert_eq!(t.len(), 2);
+        let f = t.iter().find(|t| t.tid == FOLDED_TID).unwrap();
+        assert_eq!((f.folded, f.alive_ns(), f.accounted_ns()), (2, 400, 400));
+        assert!(f.exited);
+        let b = breakdown(&t, None);
+        assert_eq!((b.alive_ns, b.accounted_ns), (1400, 1400));
+        assert!(invariant_holds(&b, 0.01));
+    }
+
+    #[test]
     fn a_gap_breaks_the_invariant() {
         let rows = [row(1, 0, Category::Cpu as u32, 500)];
-        let t = threads(&rows, &[], &[], 1000, classify);
+        let t = threads(&rows, &[], &[], &BTreeMap::new(), 1000, classify);
         assert!(!invariant_holds(&breakdown(&t, None), 0.01));
     }
 }

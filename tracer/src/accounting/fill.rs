@@ -103,6 +103,11 @@ pub fn fill(
         .into_iter()
         .map(|(key, val)| Row { key, val })
         .chain(std::mem::take(&mut retired.wall))
+        .chain(
+            std::mem::take(&mut retired.folded_wall)
+                .into_iter()
+                .map(|(key, val)| Row { key, val }),
+        )
         .collect();
     let mut open: Vec<(u32, ThreadState)> = super::States::open(ebpf)?.all(ebpf)?;
     // What the kernel would have done had these waits ended now.
@@ -130,7 +135,8 @@ pub fn fill(
     let mut uframes: StdHashMap<(u32, i32), Vec<String>> = StdHashMap::new();
     let tracker = ctx.tracker;
     let sym = &mut *ctx.symbolizer;
-    let threads = aggregate::threads(&rows, &[], &deaths, end, |k| {
+    let folded = std::mem::take(&mut retired.folded_lives);
+    let threads = aggregate::threads(&rows, &[], &deaths, &folded, end, |k| {
         let v = if k.gil_wait() {
             classify::gil_wait(k.sys_nr)
         } else if k.kind == KIND_BLOCKED {
@@ -180,7 +186,7 @@ pub fn fill(
         v
     });
 
-    fill_time(data, &threads, comms);
+    fill_time(data, &threads, &folded, comms);
     let site_rows: Vec<sites::SiteRow> = rows
         .iter()
         .filter(|r| r.key.pystack != 0 || r.key.gil != 0)
@@ -203,6 +209,9 @@ pub fn fill(
         })
         .collect();
     sites::fill(&mut data.report.processes, &site_rows, |tid| {
+        if tid == aggregate::FOLDED_TID {
+            return aggregate::FOLDED_COMM.to_string();
+        }
         comms.get(&tid).map(|c| c.1.clone()).unwrap_or_default()
     });
     let closed = std::mem::take(&mut retired.files);
@@ -217,8 +226,15 @@ fn user_percent(samples: u64, kernel: u64) -> Option<f64> {
     (samples > 0).then(|| 100.0 * samples.saturating_sub(kernel) as f64 / samples as f64)
 }
 
-fn fill_time(data: &mut ReportData, threads: &[ThreadTime], comms: &BTreeMap<u32, (u32, String)>) {
+/// `folded`: the exited threads of each process whose time is in its `FOLDED_TID` entry.
+fn fill_time(
+    data: &mut ReportData,
+    threads: &[ThreadTime],
+    folded: &BTreeMap<u32, aggregate::FoldedLives>,
+    comms: &BTreeMap<u32, (u32, String)>,
+) {
     let mut warnings = Vec::new();
+    let mut not_listed = 0;
     let mut by_process: StdHashMap<u32, Vec<&ThreadTime>> = StdHashMap::new();
     for t in threads {
         by_process.entry(t.tgid).or_default().push(t);
@@ -235,7 +251,10 @@ fn fill_time(data: &mut ReportData, threads: &[ThreadTime], comms: &BTreeMap<u32
         // By tid, and the listed threads' places: a thread storm has tens of thousands.
         let mut by_tid: BTreeMap<u32, Vec<&ThreadTime>> = BTreeMap::new();
         for t in mine {
-            by_tid.entry(t.tid).or_default().push(t);
+            // Folded threads count in the process's time above, not as threads of their own.
+            if t.tid != aggregate::FOLDED_TID {
+                by_tid.entry(t.tid).or_default().push(t);
+            }
         }
         let mut place: StdHashMap<u32, usize> = p
             .threads
@@ -277,8 +296,16 @@ fn fill_time(data: &mut ReportData, threads: &[ThreadTime], comms: &BTreeMap<u32
             }
             t.time = Some(b);
         }
+        // Folded threads the list has no entry for (CPU samples give one) are threads it does
+        // not list.
+        if let Some(f) = folded.get(&p.pid) {
+            let n = f.tids.iter().filter(|t| !place.contains_key(t)).count() as u64;
+            p.threads_not_listed += n;
+            not_listed += n;
+        }
         p.threads.sort_by_key(|t| t.tid);
     }
+    data.report.followed.threads_not_listed += not_listed;
     data.report.warnings.extend(warnings);
 }
 

@@ -652,11 +652,13 @@ impl ProbeFamily for Accounting {
                 retire::MAX_CLOSED_FILES
             ));
         }
-        if retired.stopped {
+        let folded = retired.folded_time_threads();
+        if folded > 0 {
             data.report.warnings.push(format!(
-                "to bound memory, exited threads' rows stayed in the kernel's maps past {} \
-                 retired time rows; what the full maps refused is counted in drops",
-                retire::MAX_WALL_ROWS
+                "to bound memory, the time of {folded} threads that exited (past {} retired time \
+                 rows) was summed into their processes': it counts in the processes' time, and \
+                 those threads are not listed",
+                retire::max_wall_rows()
             ));
         }
         fill::fill(ebpf, ctx, data, end, &self.comms, &self.fds, retired)

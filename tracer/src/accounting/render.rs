@@ -44,7 +44,11 @@ pub fn folded(
             continue;
         }
         let k = &r.key;
-        let comm = comms.get(&k.tid).map(|c| c.1.as_str()).unwrap_or("?");
+        let comm = if k.tid == super::aggregate::FOLDED_TID {
+            super::aggregate::FOLDED_COMM
+        } else {
+            comms.get(&k.tid).map(|c| c.1.as_str()).unwrap_or("?")
+        };
         let mut line = thread_label(comm, k.tgid, k.tid);
         line.push(';');
         line.push_str(&category_frame(cat));

@@ -13,10 +13,12 @@
 //! Retired syscall rows are the largest (~330 bytes each); past [`MAX_THREAD_SYSCALL_ROWS`]
 //! a dead thread's rows are folded into its process's (tid 0: no thread has it), which keeps
 //! the process's table exact and drops only that thread's own. Time rows (~72 bytes) are kept
-//! up to [`MAX_WALL_ROWS`]; past that the passes stop, so gputrace's memory stays bounded
-//! under any thread churn and what the full maps then refuse is counted as dropped.
+//! per thread up to [`MAX_WALL_ROWS`]; past that a dead thread's time rows are summed into its
+//! process's in the same way, with its life (`aggregate::FoldedLives`): the process's time
+//! stays whole, and gputrace's memory is bounded by the distinct reasons and stacks, not by
+//! how many threads came and went.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap as StdHashMap};
 
 use anyhow::{Context, Result};
 use aya::{
@@ -28,7 +30,7 @@ use tracer_common::wall::{
     ERRNOS_MAP, FD_EPOCH_MAP, FILEIO_MAP, LIFE_MAP, SYSCALLS_MAP, WALL_MAP,
 };
 
-use super::aggregate::Row;
+use super::aggregate::{FoldedLives, Row, FOLDED_TID};
 
 /// Deaths that start a pass before its time: a storm of short threads (each leaves ~5
 /// syscall rows, the map holds 32,768) is caught well before the maps fill.
@@ -42,9 +44,17 @@ pub const CLOSES_PER_PASS: u64 = 1_000;
 /// closed file's I/O goes under its directory (`/data/train/…`).
 pub const MAX_CLOSED_FILES: usize = 200_000;
 
-/// Retired time rows kept at most (~72 MB: ~300,000 threads' worth). Past it, passes stop
-/// and the maps fill as they did without them: later threads' rows are dropped and counted.
-pub const MAX_WALL_ROWS: usize = 1_000_000;
+/// Retired time rows kept per thread at most (~18 MB: ~75,000 threads' worth; the report
+/// lists 128 threads per process). Past it, dead threads' rows are folded into their
+/// processes'. `GPUTRACE_MAX_WALL_ROWS` lowers it, for tests.
+pub const MAX_WALL_ROWS: usize = 250_000;
+
+pub fn max_wall_rows() -> usize {
+    std::env::var("GPUTRACE_MAX_WALL_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(MAX_WALL_ROWS, |n: usize| n.min(MAX_WALL_ROWS))
+}
 
 /// Retired per-thread syscall rows kept at most (~30 MB); beyond, rows fold into their
 /// process's.
@@ -62,14 +72,16 @@ pub struct Retired {
     pub errnos: BTreeMap<ErrnoKey, u64>,
     /// Dead threads whose syscall rows were folded into their process's.
     pub folded_threads: u64,
+    /// Time rows of dead threads folded into their processes' (tid `FOLDED_TID`, born 0),
+    /// and the threads they stand for, per process.
+    pub folded_wall: StdHashMap<WallKey, WallVal>,
+    pub folded_lives: BTreeMap<u32, FoldedLives>,
     /// `DEATHS` at the last pass.
     seen_deaths: u64,
     /// Dead threads (tgid, tid) whose syscall rows a pass left because a live thread of that
     /// process had the tid: it died during the pass (its state goes after its `LIFE` entry),
     /// or the tid was used again. Looked at again by every pass until no live thread has it.
     pending: Threads,
-    /// Whether the passes stopped at `MAX_WALL_ROWS`.
-    pub stopped: bool,
     /// Closed files' I/O by (tgid, name), taken out of `FILEIO` and named when taken.
     pub files: BTreeMap<(u32, String), FdStat>,
     /// Closed files whose I/O went under their directory's name (`MAX_CLOSED_FILES`).
@@ -113,9 +125,6 @@ impl Retired {
     /// Whether `DEATHS_PER_PASS` threads died since the last pass, or any did (or some wait
     /// in `pending`) and `due`.
     pub fn wanted(&self, ebpf: &Ebpf, due: bool) -> bool {
-        if self.stopped {
-            return false;
-        }
         counter(ebpf, DEATHS_MAP).is_ok_and(|n| {
             let new = n.saturating_sub(self.seen_deaths);
             new >= DEATHS_PER_PASS || (due && (new > 0 || !self.pending.is_empty()))
@@ -124,10 +133,6 @@ impl Retired {
 
     /// One pass: the deaths recorded since the last, and their rows; returns how many.
     pub fn pass(&mut self, ebpf: &mut Ebpf) -> Result<usize> {
-        if self.wall.len() >= MAX_WALL_ROWS {
-            self.stopped = true;
-            return Ok(0);
-        }
         // Read first: deaths recorded during the pass are counted for the next one.
         self.seen_deaths = counter(ebpf, DEATHS_MAP)?;
         // A (process, tid) a live thread holds keeps its syscall rows: they are keyed by tid,
@@ -152,12 +157,11 @@ impl Retired {
             .partition(|t| !live.contains(t));
         self.pending = pending;
         let n = deaths.len();
-        self.deaths.extend(deaths);
         let wall: Vec<(WallKey, WallVal)> = take(ebpf, WALL_MAP, |k: &WallKey| {
             instances.contains(&(k.born_ns, k.tid))
         })?;
-        self.wall
-            .extend(wall.into_iter().map(|(key, val)| Row { key, val }));
+        let fold = self.wall.len() >= max_wall_rows();
+        self.add_time(deaths, wall, fold);
         let rows: Vec<(SysKey, SysStat)> = take(ebpf, SYSCALLS_MAP, |k: &SysKey| {
             tids.contains(&(k.tgid, k.tid))
         })?;
@@ -204,6 +208,43 @@ impl Retired {
             self.files.entry((k.tgid, name)).or_default().add(&v);
         }
         Ok(n)
+    }
+
+    /// Dead threads' lives and time rows; `fold`: summed into their processes' (the per-thread
+    /// rows being at their cap).
+    fn add_time(
+        &mut self,
+        deaths: Vec<(LifeKey, LifeVal)>,
+        wall: Vec<(WallKey, WallVal)>,
+        fold: bool,
+    ) {
+        if !fold {
+            self.deaths.extend(deaths);
+            self.wall
+                .extend(wall.into_iter().map(|(key, val)| Row { key, val }));
+            return;
+        }
+        for (k, v) in deaths {
+            let f = self.folded_lives.entry(v.tgid).or_default();
+            f.threads += 1;
+            f.alive_ns += v.died_ns.saturating_sub(k.born_ns);
+            f.tids.insert(k.tid);
+        }
+        for (mut key, val) in wall {
+            key.tid = FOLDED_TID;
+            key.born_ns = 0;
+            let e = self
+                .folded_wall
+                .entry(key)
+                .or_insert(WallVal { ns: 0, count: 0 });
+            e.ns += val.ns;
+            e.count += val.count;
+        }
+    }
+
+    /// Dead threads whose time rows were folded into their processes'.
+    pub fn folded_time_threads(&self) -> u64 {
+        self.folded_lives.values().map(|f| f.threads).sum()
     }
 
     /// `fold`: into the process's rows (tid 0), the per-thread ones being at their cap.
@@ -270,6 +311,88 @@ mod tests {
             nr,
             _pad: 0,
         }
+    }
+
+    fn wall(tgid: u32, tid: u32, born: u64, kind: u32, ns: u64) -> (WallKey, WallVal) {
+        (
+            WallKey {
+                born_ns: born,
+                tgid,
+                tid,
+                kind,
+                sys_nr: 0,
+                kstack: -1,
+                ustack: -1,
+                state: 0,
+                _pad: 0,
+                pystack: 0,
+                gil: 0,
+            },
+            WallVal { ns, count: 1 },
+        )
+    }
+
+    fn death(tgid: u32, tid: u32, born: u64, died: u64) -> (LifeKey, LifeVal) {
+        (
+            LifeKey {
+                born_ns: born,
+                tid,
+                _pad: 0,
+            },
+            LifeVal {
+                died_ns: died,
+                tgid,
+                _pad: 0,
+            },
+        )
+    }
+
+    #[test]
+    fn dead_threads_time_past_the_cap_folds_into_their_process() {
+        let mut r = Retired::default();
+        r.add_time(
+            vec![death(1, 10, 100, 400)],
+            vec![wall(1, 10, 100, 0, 200), wall(1, 10, 100, 5, 100)],
+            false,
+        );
+        assert_eq!((r.deaths.len(), r.wall.len()), (1, 2));
+        // Past the cap: two threads of process 1 and one of process 2, same reasons summed.
+        r.add_time(
+            vec![
+                death(1, 11, 500, 800),
+                death(1, 12, 600, 700),
+                death(2, 20, 0, 50),
+            ],
+            vec![
+                wall(1, 11, 500, 0, 250),
+                wall(1, 11, 500, 5, 50),
+                wall(1, 12, 600, 0, 100),
+                wall(2, 20, 0, 0, 50),
+            ],
+            true,
+        );
+        assert_eq!((r.deaths.len(), r.wall.len()), (1, 2), "kept rows stay");
+        assert_eq!(r.folded_time_threads(), 3);
+        assert_eq!(
+            r.folded_lives[&1],
+            FoldedLives {
+                threads: 2,
+                alive_ns: 400,
+                tids: [11, 12].into(),
+            }
+        );
+        assert_eq!(r.folded_lives[&2].alive_ns, 50);
+        let cpu1 = r.folded_wall[&wall(1, FOLDED_TID, 0, 0, 0).0];
+        assert_eq!((cpu1.ns, cpu1.count), (350, 2));
+        assert_eq!(r.folded_wall.len(), 3);
+        // A process's folded rows add up to its folded lives.
+        let ns1: u64 = r
+            .folded_wall
+            .iter()
+            .filter(|(k, _)| k.tgid == 1)
+            .map(|(_, v)| v.ns)
+            .sum();
+        assert_eq!(ns1, r.folded_lives[&1].alive_ns);
     }
 
     #[test]
