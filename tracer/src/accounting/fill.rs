@@ -383,7 +383,7 @@ fn fill_syscalls(
             .or_default() += n;
     }
     let empty = BTreeMap::new();
-    let mut by_process: StdHashMap<u32, Vec<&(SysKey, SysStat)>> = StdHashMap::new();
+    let mut by_process: StdHashMap<u32, Vec<(&SysKey, &SysStat)>> = StdHashMap::new();
     for row in &stats {
         by_process.entry(row.0.tgid).or_default().push(row);
     }
