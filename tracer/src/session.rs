@@ -451,7 +451,7 @@ fn bound_report(data: &mut report::ReportData, tracker: &Tracker) {
         ));
         // trace.json names its tracks from the listed threads; these keep their names there.
         for (tid, comm) in u.threads {
-            if on_timeline.contains(&(u.pid, tid)) {
+            if !comm.is_empty() && on_timeline.contains(&(u.pid, tid)) {
                 timeline.unlisted_names.insert((u.pid, tid), comm);
             }
         }

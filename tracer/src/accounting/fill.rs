@@ -234,7 +234,6 @@ fn fill_time(
     comms: &BTreeMap<u32, (u32, String)>,
 ) {
     let mut warnings = Vec::new();
-    let mut not_listed = 0;
     let mut by_process: StdHashMap<u32, Vec<&ThreadTime>> = StdHashMap::new();
     for t in threads {
         by_process.entry(t.tgid).or_default().push(t);
@@ -301,11 +300,9 @@ fn fill_time(
         if let Some(f) = folded.get(&p.pid) {
             let n = f.tids.iter().filter(|t| !place.contains_key(t)).count() as u64;
             p.threads_not_listed += n;
-            not_listed += n;
         }
         p.threads.sort_by_key(|t| t.tid);
     }
-    data.report.followed.threads_not_listed += not_listed;
     data.report.warnings.extend(warnings);
 }
 

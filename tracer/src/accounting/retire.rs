@@ -118,7 +118,7 @@ fn take<K: aya::Pod, V: aya::Pod>(
         ebpf.map_mut(name)
             .with_context(|| format!("map {name} missing"))?,
     )?;
-    super::take::take(&mut map, pick).with_context(|| format!("take rows out of {name}"))
+    Ok(super::take::take(&mut map, pick))
 }
 
 impl Retired {
@@ -157,9 +157,17 @@ impl Retired {
             .partition(|t| !live.contains(t));
         self.pending = pending;
         let n = deaths.len();
-        let wall: Vec<(WallKey, WallVal)> = take(ebpf, WALL_MAP, |k: &WallKey| {
+        let wall: Vec<(WallKey, WallVal)> = match take(ebpf, WALL_MAP, |k: &WallKey| {
             instances.contains(&(k.born_ns, k.tid))
-        })?;
+        }) {
+            Ok(w) => w,
+            Err(e) => {
+                // Kept whole: the rows left in the map are read at the end and need their
+                // deaths then.
+                self.deaths.extend(deaths);
+                return Err(e);
+            }
+        };
         let fold = self.wall.len() >= max_wall_rows();
         self.add_time(deaths, wall, fold);
         let rows: Vec<(SysKey, SysStat)> = take(ebpf, SYSCALLS_MAP, |k: &SysKey| {

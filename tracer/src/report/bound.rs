@@ -134,7 +134,8 @@ pub struct UnlistedThreads {
 }
 
 /// Keeps each process's `max_listed` heaviest threads, in their order; returns the threads
-/// left out of each process that had more, and adds their count to `report.followed`. The
+/// left out of each process that had more, and sums the listed processes' unlisted threads
+/// into `report.followed`. The
 /// process's own figures (time, syscalls, samples) were summed over every thread and stay.
 pub fn limit_threads(report: &mut Report, max_listed: usize) -> Vec<UnlistedThreads> {
     let period_ns = 1_000_000_000 / report.sampling.frequency_hz.max(1);
@@ -153,14 +154,16 @@ pub fn limit_threads(report: &mut Report, max_listed: usize) -> Vec<UnlistedThre
             .into_iter()
             .map(|t| (t.tid, t.comm))
             .collect();
-        let left = threads.len() as u64;
-        p.threads_not_listed += left;
-        report.followed.threads_not_listed += left;
+        p.threads_not_listed += threads.len() as u64;
         out.push(UnlistedThreads {
             pid: p.pid,
             threads,
         });
     }
+    // Over the processes still listed: a process dropped from the list takes its threads
+    // along (folded threads were counted in it before the list was bounded).
+    report.followed.threads_not_listed =
+        report.processes.iter().map(|p| p.threads_not_listed).sum();
     out
 }
 
