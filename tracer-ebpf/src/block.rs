@@ -109,6 +109,12 @@ struct RqSlot {
     bytes: u64,
     tgid: u32,
     write: u32,
+    /// The request's first sector (for the timeline) and its disk (`rq_dev`), read at the
+    /// issue, where the block layer has just touched them: a completion runs in an interrupt,
+    /// often on another CPU, where the four loads behind the disk's number miss the cache.
+    sector: u64,
+    dev: u32,
+    _pad: u32,
 }
 
 /// A slot for a 64-bit key (Fibonacci hashing: the addresses of requests are multiples of
@@ -528,6 +534,9 @@ fn rq_issue<K: Kernel>(rq: u64, p: u64) -> u32 {
         bytes: K::read::<u32>(p, OFF_K_RQ_LEN.load()) as u64,
         tgid,
         write: op_kind(opf),
+        sector,
+        dev: rq_dev::<K>(p),
+        _pad: 0,
     };
     // Two CPUs may fill one free slot at once (plain stores): rare, and it costs one of the
     // two requests or a misattribution, not the counts of others.
@@ -633,19 +642,19 @@ fn rw_kind(rwbs: &[u8; 4]) -> u32 {
 #[raw_tracepoint(tracepoint = "block_rq_complete")]
 pub fn block_rq_complete(ctx: RawTracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::BlockRqComplete);
-    let rq: u64 = ctx.arg(0);
-    rq_complete::<Probe>(rq, rq, ctx.arg::<u64>(2))
+    rq_complete(ctx.arg(0), ctx.arg::<u64>(2))
 }
 
 #[btf_tracepoint(function = "block_rq_complete")]
 pub fn block_rq_complete_btf(ctx: BtfTracePointContext) -> i32 {
     crate::maps::hit(tracer_common::hits::Prog::BlockRqCompleteBtf);
-    rq_complete::<Direct>(arg0_value(&ctx), ctx.arg(0), ctx.arg::<u64>(2)) as i32
+    rq_complete(arg0_value(&ctx), ctx.arg::<u64>(2)) as i32
 }
 
-/// `rq` and `p` as for [`rq_issue`]; `nr_bytes`: the bytes this completion finished.
+/// `rq`: the request's address; `nr_bytes`: the bytes this completion finished. Reads nothing
+/// of the request: what it needs was kept at the issue.
 #[inline(always)]
-fn rq_complete<K: Kernel>(rq: u64, p: u64, nr_bytes: u64) -> u32 {
+fn rq_complete(rq: u64, nr_bytes: u64) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(slot) = RQ_INFLIGHT.get_ptr_mut(slot_of(rq, RQ_SLOTS)) else {
         return 0;
@@ -678,12 +687,6 @@ fn rq_complete<K: Kernel>(rq: u64, p: u64, nr_bytes: u64) -> u32 {
     } else {
         0
     };
-    // The sector is for the timeline only.
-    let sector: u64 = if crate::timeline::enabled() {
-        K::read(p, OFF_K_RQ_SECTOR.load())
-    } else {
-        0
-    };
     account(
         now,
         &BlkInflight {
@@ -693,8 +696,8 @@ fn rq_complete<K: Kernel>(rq: u64, p: u64, nr_bytes: u64) -> u32 {
             write: r.write,
             bytes: r.bytes,
         },
-        rq_dev::<K>(p),
-        sector,
+        r.dev,
+        r.sector,
         queued,
     );
     0
