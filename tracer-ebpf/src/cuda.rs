@@ -538,7 +538,7 @@ fn emit(kind: EventKind, pid: u32, tid: u32, fid: u32, addr: u64, size: u64) {
         addr,
         size,
     ]);
-    entry.submit(0);
+    entry.submit(crate::maps::BPF_RB_NO_WAKEUP);
 }
 
 #[inline(always)]
@@ -564,5 +564,5 @@ fn emit_name(pid: u32, tid: u32, fid: u32, handle: u64, name_ptr: u64) {
             name[0] = 0;
         }
     }
-    entry.submit(0);
+    entry.submit(crate::maps::BPF_RB_NO_WAKEUP);
 }

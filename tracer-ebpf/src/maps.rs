@@ -54,6 +54,11 @@ pub fn hit(p: hits::Prog) {
 #[map(name = "STACKS")]
 pub static STACKS: StackTrace = StackTrace::with_max_entries(cpu::STACKS_ENTRIES, 0);
 
+/// For rings that user space drains on its ticks (timeline, CUDA events) rather than waits
+/// on: a commit into an empty ring otherwise queues an irq_work to wake a reader, a
+/// self-interrupt (a VM exit on a guest) that nobody needs.
+pub const BPF_RB_NO_WAKEUP: u64 = 1;
+
 const EFAULT: i32 = 14;
 const EEXIST: i32 = 17;
 const ENOMEM: i32 = 12;

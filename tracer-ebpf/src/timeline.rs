@@ -19,7 +19,7 @@ use tracer_common::{
     wall::{ThreadState, PHASE_RUNNABLE},
 };
 
-use crate::maps::count_drop;
+use crate::maps::{count_drop, BPF_RB_NO_WAKEUP};
 
 #[map(name = "TIMELINE")]
 static TIMELINE: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
@@ -57,7 +57,7 @@ fn send(kind: u32, tgid: u32, tid: u32, a32: u32, start_ns: u64, dur_ns: u64, ar
         (*ev).dur_ns = dur_ns;
         (*ev).args = *args;
     }
-    entry.submit(0);
+    entry.submit(BPF_RB_NO_WAKEUP);
 }
 
 /// At switch-in, before the interval is closed: the whole off-CPU interval since the
