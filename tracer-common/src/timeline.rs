@@ -17,6 +17,17 @@ pub const DEFAULT_MIN_NS: u64 = 1_000_000;
 /// CUDA calls at least this long become events; syncs, copies and allocations always do.
 pub const DEFAULT_CUDA_MIN_NS: u64 = 20_000;
 
+/// Each CPU's block I/O bursts still being built (`TlEvent`s, kind 0 when free): read by
+/// user space at the end.
+pub const BLOCK_OPEN_MAP: &str = "TL_BLOCK_OPEN";
+/// Bursts each CPU builds at once (processes, disks and directions whose requests interleave).
+pub const BLOCK_OPEN_SLOTS: u32 = 8;
+/// A block burst ends when the next request of its process and disk starts more than the
+/// timeline threshold after the burst's end, or would make it longer than this: a loader
+/// reading without pause draws a few events a second per disk, not one per request (~15,000
+/// a second filled the 200,000-event timeline in ~15 s, cutting everything after it).
+pub const BLOCK_BURST_MAX_NS: u64 = 20_000_000;
+
 /// Slot of `TL_STATS`: CUDA calls left out of the timeline because they were short.
 pub const STAT_CUDA_SHORT: u32 = 0;
 pub const STATS_SLOTS: u32 = 4;
@@ -35,8 +46,11 @@ pub const TL_BLOCK: u32 = 4;
 /// - CUDA: `a32` the function id; args `[cookie, return code (i64), a0..a5, 7th argument]`;
 ///   for the `Ex` launch shapes a3..a5 are replaced by the grid and block dims read from the
 ///   config (3 x (lo | hi << 32)), for `Copy3dRt` a3 by the bytes and a4 by the kind.
-/// - block: `a32` the device (`dev_t` as the kernel encodes it); args `[bytes, 0 read /
-///   1 write / 2 other, sector, queued ns before issue]`; tgid is the issuing process, tid 0.
+/// - block: a burst of requests of one process to one device, all reads or all writes, from
+///   the first issue to the last completion: `a32` the device (`dev_t` as the kernel
+///   encodes it); args `[bytes, 0 read / 1 write / 2 other, first sector, queued ns before
+///   issue (summed), requests, issue-to-completion ns (summed), the longest of them]`; tgid
+///   is the issuing process, tid 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TlEvent {

@@ -13,8 +13,8 @@ use tracer_common::{
     drops::Drop,
     time::Category,
     timeline::{
-        TlEvent, DEFAULT_CUDA_MIN_NS, DEFAULT_MIN_NS, RING_BYTES, STATS_SLOTS, STAT_CUDA_SHORT,
-        TL_BLOCK, TL_CUDA, TL_OFFCPU, TL_SYSCALL,
+        TlEvent, BLOCK_BURST_MAX_NS, BLOCK_OPEN_SLOTS, DEFAULT_CUDA_MIN_NS, DEFAULT_MIN_NS,
+        RING_BYTES, STATS_SLOTS, STAT_CUDA_SHORT, TL_BLOCK, TL_CUDA, TL_OFFCPU, TL_SYSCALL,
     },
     wall::{ThreadState, PHASE_RUNNABLE},
 };
@@ -23,6 +23,10 @@ use crate::maps::{count_drop, BPF_RB_NO_WAKEUP};
 
 #[map(name = "TIMELINE")]
 static TIMELINE: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
+
+/// `tracer_common::timeline::BLOCK_OPEN_MAP`.
+#[map(name = "TL_BLOCK_OPEN")]
+static BLOCK_OPEN: PerCpuArray<TlEvent> = PerCpuArray::with_max_entries(BLOCK_OPEN_SLOTS, 0);
 
 #[map(name = "TL_STATS")]
 static TL_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STATS_SLOTS, 0);
@@ -157,6 +161,11 @@ pub fn cuda_call(
     send(TL_CUDA, tgid, tid, fid, start_ns, dur, &args);
 }
 
+/// A block request of `tgid` completed: it joins this CPU's burst when it is the same
+/// process, disk and direction and starts within the timeline threshold of the burst's end
+/// (`BLOCK_BURST_MAX_NS`); otherwise the burst is sent and a new one starts with it. A ring
+/// record per request cost each completion a reservation on the shared ring, and a loader's
+/// requests filled the timeline in seconds.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn block(
@@ -172,6 +181,63 @@ pub fn block(
     if !enabled() {
         return;
     }
-    let args = [bytes, write as u64, sector, queued, 0, 0, 0, 0, 0];
-    send(TL_BLOCK, tgid, 0, dev, start_ns, lat, &args);
+    // Completions come in interrupts on any CPU: each CPU builds its own bursts, with plain
+    // stores (programs do not nest on one CPU here), a few at once for the data-loader
+    // workers whose requests interleave; a new burst takes a free slot or the one that
+    // ended first.
+    let end = start_ns.saturating_add(lat);
+    let mut victim = 0;
+    let mut oldest = u64::MAX;
+    let mut i = 0;
+    while i < BLOCK_OPEN_SLOTS {
+        let Some(b) = BLOCK_OPEN.get_ptr_mut(i) else {
+            return;
+        };
+        let b = unsafe { &mut *b };
+        if b.kind == TL_BLOCK && b.tgid == tgid && b.a32 == dev && b.args[1] == write as u64 {
+            let b_end = b.start_ns.saturating_add(b.dur_ns);
+            if start_ns >= b.start_ns
+                && start_ns <= b_end.saturating_add(TL_MIN_NS.load())
+                && end.saturating_sub(b.start_ns) <= BLOCK_BURST_MAX_NS
+            {
+                if end > b_end {
+                    b.dur_ns = end - b.start_ns;
+                }
+                b.args[0] += bytes;
+                b.args[3] += queued;
+                b.args[4] += 1;
+                b.args[5] += lat;
+                if lat > b.args[6] {
+                    b.args[6] = lat;
+                }
+                return;
+            }
+            victim = i;
+            break;
+        }
+        let ended = if b.kind == TL_BLOCK {
+            b.start_ns.saturating_add(b.dur_ns)
+        } else {
+            0
+        };
+        if ended < oldest {
+            oldest = ended;
+            victim = i;
+        }
+        i += 1;
+    }
+    let Some(b) = BLOCK_OPEN.get_ptr_mut(victim) else {
+        return;
+    };
+    let b = unsafe { &mut *b };
+    if b.kind == TL_BLOCK {
+        send(TL_BLOCK, b.tgid, 0, b.a32, b.start_ns, b.dur_ns, &b.args);
+    }
+    b.kind = TL_BLOCK;
+    b.tgid = tgid;
+    b.tid = 0;
+    b.a32 = dev;
+    b.start_ns = start_ns;
+    b.dur_ns = lat;
+    b.args = [bytes, write as u64, sector, queued, 1, lat, lat, 0, 0];
 }

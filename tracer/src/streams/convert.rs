@@ -104,13 +104,21 @@ fn block(ev: &TlEvent, out: &mut TimelineEvent) {
     };
     // The kernel's dev_t: major in the high 12 bits, minor in the low 20.
     let dev = format!("{}:{}", ev.a32 >> 20, ev.a32 & 0xf_ffff);
-    out.name = format!("{rw} {}", human_bytes(ev.args[0]));
+    // A burst of requests (see `tracer_common::timeline::BLOCK_BURST_MAX_NS`).
+    let requests = ev.args[4].max(1);
+    out.name = if requests > 1 {
+        format!("{rw} {} ({requests} requests)", human_bytes(ev.args[0]))
+    } else {
+        format!("{rw} {}", human_bytes(ev.args[0]))
+    };
     arg(out, "device", dev);
     arg(out, "op", rw);
     arg(out, "bytes", ev.args[0]);
-    arg(out, "sector", ev.args[2]);
-    arg(out, "latency_us", ev.dur_ns / 1000);
-    arg(out, "queued_us", ev.args[3] / 1000);
+    arg(out, "requests", requests);
+    arg(out, "first_sector", ev.args[2]);
+    arg(out, "latency_us", ev.args[5] / requests / 1000);
+    arg(out, "max_latency_us", ev.args[6] / 1000);
+    arg(out, "queued_us", ev.args[3] / requests / 1000);
 }
 
 fn human_bytes(b: u64) -> String {
@@ -327,15 +335,42 @@ mod tests {
     #[test]
     fn block_request() {
         let dev = (8 << 20) | 16;
-        let ev = rec(TL_BLOCK, dev, 0, 2_000_000, &[1 << 20, 1, 2048, 3_000]);
+        let ev = rec(
+            TL_BLOCK,
+            dev,
+            0,
+            2_000_000,
+            &[1 << 20, 1, 2048, 3_000, 1, 2_000_000, 2_000_000],
+        );
         let e = convert(&ev, 0, &[]).unwrap();
         assert_eq!(
             (e.kind, e.name.as_str()),
             (EventKind::BlockIo, "write 1.0 MiB")
         );
         assert_eq!(get(&e, "device"), Some("8:16"));
+        assert_eq!(get(&e, "requests"), Some("1"));
         assert_eq!(get(&e, "latency_us"), Some("2000"));
         assert_eq!(get(&e, "queued_us"), Some("3"));
         assert!(convert(&rec(99, 0, 0, 0, &[]), 0, &[]).is_none());
+    }
+
+    #[test]
+    fn block_burst_says_its_requests_and_their_latencies() {
+        // 4 reads of 32 KiB over 1 ms: 400 us of latency in all, the longest 150 us.
+        let ev = rec(
+            TL_BLOCK,
+            (8 << 20) | 16,
+            0,
+            1_000_000,
+            &[4 << 15, 0, 64, 8_000, 4, 400_000, 150_000],
+        );
+        let e = convert(&ev, 0, &[]).unwrap();
+        assert_eq!(e.name, "read 128 KiB (4 requests)");
+        assert_eq!(e.dur_ns, 1_000_000);
+        assert_eq!(get(&e, "requests"), Some("4"));
+        assert_eq!(get(&e, "latency_us"), Some("100"));
+        assert_eq!(get(&e, "max_latency_us"), Some("150"));
+        assert_eq!(get(&e, "queued_us"), Some("2"));
+        assert_eq!(get(&e, "first_sector"), Some("64"));
     }
 }

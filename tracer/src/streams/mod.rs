@@ -15,8 +15,8 @@ use aya::{
     Ebpf,
 };
 use tracer_common::timeline::{
-    TlEvent, DEFAULT_CUDA_MIN_NS, GLOBAL_CUDA_MIN_NS, GLOBAL_ENABLED, GLOBAL_MIN_NS, RING_MAP,
-    STATS_MAP, STAT_CUDA_SHORT,
+    TlEvent, BLOCK_OPEN_MAP, BLOCK_OPEN_SLOTS, DEFAULT_CUDA_MIN_NS, GLOBAL_CUDA_MIN_NS,
+    GLOBAL_ENABLED, GLOBAL_MIN_NS, RING_MAP, STATS_MAP, STAT_CUDA_SHORT, TL_BLOCK,
 };
 
 use crate::{
@@ -82,6 +82,30 @@ impl TimelineFamily {
     }
 }
 
+impl TimelineFamily {
+    /// The block bursts each CPU was still building (`TL_BLOCK_OPEN`).
+    fn open_bursts(&mut self, ebpf: &Ebpf) {
+        let Some(map) = ebpf.map(BLOCK_OPEN_MAP) else {
+            return;
+        };
+        let Ok(open) = PerCpuArray::<_, TlEvent>::try_from(map) else {
+            return;
+        };
+        for slot in 0..BLOCK_OPEN_SLOTS {
+            let Ok(per_cpu) = open.get(&slot, 0) else {
+                return;
+            };
+            for ev in per_cpu.iter().filter(|e| e.kind == TL_BLOCK) {
+                if self.raw.len() >= self.limit {
+                    self.cut += 1;
+                } else {
+                    self.raw.push(*ev);
+                }
+            }
+        }
+    }
+}
+
 impl ProbeFamily for TimelineFamily {
     fn name(&self) -> &'static str {
         "timeline"
@@ -113,6 +137,7 @@ impl ProbeFamily for TimelineFamily {
         data: &mut ReportData,
     ) -> Result<()> {
         self.drain();
+        self.open_bursts(ebpf);
         let t = &mut data.timeline;
         t.cut_events += self.cut;
         let mut stacks = Stacks::new(ebpf)?;
