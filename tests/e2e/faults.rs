@@ -484,6 +484,40 @@ fn a_storm_of_busy_children_lists_the_heaviest_and_counts_the_rest() {
 /// 8,000 threads in under a second (40,000 syscall rows, more than the map's 32,768) are all
 /// counted. The report lists the heaviest (`MAX_LISTED_THREADS`, 128) and counts the rest,
 /// whose time and syscalls stay in the process's totals.
+/// The report's target process: (pid, its entry).
+fn target_process(r: &serde_json::Value) -> (u64, &serde_json::Value) {
+    let pid = r["target"]["pids"][0].as_u64().expect("target pid");
+    let p = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == Some(pid))
+        .unwrap_or_else(|| panic!("no target process in {:#}", r["processes"]));
+    (pid, p)
+}
+
+/// A thread storm's `getppid` calls are all in its process's table, nothing was dropped for
+/// want of room (stack-map collisions cost a sample its stack only), and no thread's time is
+/// off.
+fn assert_storm_counted_whole(r: &serde_json::Value, p: &serde_json::Value, calls: u64) {
+    let getppid = p["syscalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "getppid")
+        .and_then(|s| s["count"].as_u64());
+    assert_eq!(getppid, Some(calls));
+    let drops: Vec<&serde_json::Value> = r["drops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["reason"] != "StackCollision")
+        .collect();
+    assert!(drops.is_empty(), "{drops:#?}");
+    let warnings = r["warnings"].to_string();
+    assert!(!warnings.contains("is off"), "{warnings}");
+}
+
 #[test]
 fn a_thread_storm_is_counted_whole_and_lists_the_heaviest_threads() {
     let _g = serial();
@@ -498,13 +532,7 @@ fn a_thread_storm_is_counted_whole_and_lists_the_heaviest_threads() {
         &[&THREADS.to_string(), &CALLS.to_string(), "200"],
     );
     assert!(live.stdout().contains(&format!("threads {THREADS}")));
-    let pid = r["target"]["pids"][0].as_u64().expect("target pid");
-    let p = r["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"].as_u64() == Some(pid))
-        .unwrap_or_else(|| panic!("no target process in {:#}", r["processes"]));
+    let (pid, p) = target_process(&r);
     let threads = p["threads"].as_array().unwrap();
     assert_eq!(threads.len(), 128, "threads listed");
     assert!(
@@ -524,24 +552,7 @@ fn a_thread_storm_is_counted_whole_and_lists_the_heaviest_threads() {
         "{}",
         live.stdout()
     );
-    // The process's syscall table counts every worker's calls, and nothing was dropped for
-    // want of room (stack-map collisions cost a sample its stack only).
-    let getppid = p["syscalls"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "getppid")
-        .and_then(|s| s["count"].as_u64());
-    assert_eq!(getppid, Some(THREADS * CALLS));
-    let drops: Vec<&serde_json::Value> = r["drops"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|d| d["reason"] != "StackCollision")
-        .collect();
-    assert!(drops.is_empty(), "{drops:#?}");
-    let warnings = r["warnings"].to_string();
-    assert!(!warnings.contains("is off"), "{warnings}");
+    assert_storm_counted_whole(&r, p, THREADS * CALLS);
     assert!(
         live.stdout().contains("more threads are not listed"),
         "{}",
@@ -582,13 +593,7 @@ fn dead_threads_past_the_time_row_cap_fold_into_their_process() {
     );
     assert!(run.output.status.success(), "{}", run.stderr);
     let r = run.report(&dir);
-    let pid = r["target"]["pids"][0].as_u64().expect("target pid");
-    let p = r["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"].as_u64() == Some(pid))
-        .unwrap_or_else(|| panic!("no target process in {:#}", r["processes"]));
+    let (pid, p) = target_process(&r);
     let warnings = r["warnings"].to_string();
     let folded: u64 = warnings
         .split("the time of ")
@@ -618,21 +623,7 @@ fn dead_threads_past_the_time_row_cap_fold_into_their_process() {
         accounted.abs_diff(alive) * 100 <= alive,
         "accounted {accounted} of {alive} ns"
     );
-    assert!(!warnings.contains("is off"), "{warnings}");
-    let getppid = p["syscalls"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "getppid")
-        .and_then(|s| s["count"].as_u64());
-    assert_eq!(getppid, Some(THREADS * CALLS));
-    let drops: Vec<&serde_json::Value> = r["drops"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|d| d["reason"] != "StackCollision")
-        .collect();
-    assert!(drops.is_empty(), "{drops:#?}");
+    assert_storm_counted_whole(&r, p, THREADS * CALLS);
     // The folded threads' off-CPU time is in the flame graph under their process.
     let offcpu = std::fs::read_to_string(dir.join("offcpu.folded")).unwrap_or_default();
     assert!(
