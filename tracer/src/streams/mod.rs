@@ -64,25 +64,30 @@ impl TimelineFamily {
     }
 
     fn drain(&mut self) {
-        let Some(ring) = self.ring.as_mut() else {
+        // Out of `self` while it is read, so that `keep` may borrow the rest.
+        let Some(mut ring) = self.ring.take() else {
             return;
         };
         while let Some(item) = ring.next() {
             if item.len() < std::mem::size_of::<TlEvent>() {
                 continue;
             }
-            if self.raw.len() >= self.limit {
-                self.cut += 1;
-                continue;
-            }
             // SAFETY: the record is a TlEvent written by the kernel side; read unaligned.
             let ev = unsafe { std::ptr::read_unaligned(item.as_ptr() as *const TlEvent) };
+            self.keep(ev);
+        }
+        self.ring = Some(ring);
+    }
+
+    /// Keeps `ev` while the timeline has room, else counts it as cut.
+    fn keep(&mut self, ev: TlEvent) {
+        if self.raw.len() >= self.limit {
+            self.cut += 1;
+        } else {
             self.raw.push(ev);
         }
     }
-}
 
-impl TimelineFamily {
     /// The block bursts each CPU was still building (`TL_BLOCK_OPEN`).
     fn open_bursts(&mut self, ebpf: &Ebpf) {
         let Some(map) = ebpf.map(BLOCK_OPEN_MAP) else {
@@ -96,11 +101,7 @@ impl TimelineFamily {
                 return;
             };
             for ev in per_cpu.iter().filter(|e| e.kind == TL_BLOCK) {
-                if self.raw.len() >= self.limit {
-                    self.cut += 1;
-                } else {
-                    self.raw.push(*ev);
-                }
+                self.keep(*ev);
             }
         }
     }
