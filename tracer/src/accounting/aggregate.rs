@@ -38,7 +38,8 @@ pub struct FoldedLives {
     pub tids: std::collections::BTreeSet<u32>,
 }
 
-/// One thread instance's time, or the folded threads of a process (`folded` > 0).
+/// One thread instance's time, or the folded threads of a process (tid [`FOLDED_TID`]: its
+/// `end_ns` is then their lives summed, from `born_ns` 0).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ThreadTime {
     pub tgid: u32,
@@ -46,9 +47,6 @@ pub struct ThreadTime {
     pub born_ns: u64,
     pub end_ns: u64,
     pub exited: bool,
-    /// How many exited threads this stands for when it is a process's folded ones (its
-    /// `end_ns` is then their lives summed, from `born_ns` 0).
-    pub folded: u64,
     pub categories: BTreeMap<Category, u64>,
     /// (category, reason) -> (ns, intervals).
     pub reasons: BTreeMap<(Category, String), (u64, u64)>,
@@ -115,7 +113,6 @@ pub fn threads(
                 born_ns: 0,
                 end_ns: f.alive_ns,
                 exited: true,
-                folded: f.threads,
                 ..Default::default()
             },
         );
@@ -450,7 +447,7 @@ mod tests {
         let t = threads(&rows, &[], &[], &folded, 1000, classify);
         assert_eq!(t.len(), 2);
         let f = t.iter().find(|t| t.tid == FOLDED_TID).unwrap();
-        assert_eq!((f.folded, f.alive_ns(), f.accounted_ns()), (2, 400, 400));
+        assert_eq!((f.alive_ns(), f.accounted_ns()), (400, 400));
         assert!(f.exited);
         let b = breakdown(&t, None);
         assert_eq!((b.alive_ns, b.accounted_ns), (1400, 1400));

@@ -255,13 +255,14 @@ impl Retired {
         self.folded_lives.values().map(|f| f.threads).sum()
     }
 
-    /// `fold`: into the process's rows (tid 0), the per-thread ones being at their cap.
+    /// `fold`: into the process's rows (tid `FOLDED_TID`), the per-thread ones being at their
+    /// cap.
     fn add_syscalls(&mut self, rows: Vec<(SysKey, SysStat)>, fold: bool) {
         let mut folded = BTreeSet::new();
         for (mut k, v) in rows {
             if fold {
                 folded.insert((k.tgid, k.tid));
-                k.tid = 0;
+                k.tid = FOLDED_TID;
             }
             self.syscalls.entry(k).or_default().add(&v);
         }
@@ -272,7 +273,7 @@ impl Retired {
     fn add_errnos(&mut self, errs: Vec<(ErrnoKey, u64)>, fold: bool) {
         for (mut k, n) in errs {
             if fold {
-                k.tid = 0;
+                k.tid = FOLDED_TID;
             }
             *self.errnos.entry(k).or_default() += n;
         }
