@@ -222,6 +222,16 @@ pub fn fill(
     Ok(())
 }
 
+/// Each listed thread's index in `threads`, by tid: a thread storm lists tens of thousands
+/// before the report is bounded.
+fn places(threads: &[ThreadReport]) -> StdHashMap<u32, usize> {
+    threads
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.tid, i))
+        .collect()
+}
+
 fn user_percent(samples: u64, kernel: u64) -> Option<f64> {
     (samples > 0).then(|| 100.0 * samples.saturating_sub(kernel) as f64 / samples as f64)
 }
@@ -255,12 +265,7 @@ fn fill_time(
                 by_tid.entry(t.tid).or_default().push(t);
             }
         }
-        let mut place: StdHashMap<u32, usize> = p
-            .threads
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.tid, i))
-            .collect();
+        let mut place = places(&p.threads);
         for (tid, instances) in by_tid {
             let idx = match place.get(&tid) {
                 Some(&i) => i,
@@ -387,12 +392,7 @@ fn fill_syscalls(
     for p in data.report.processes.iter_mut() {
         // The process's table: its threads' rows and errno counts summed per syscall.
         let mut per_proc: BTreeMap<i32, (SysStat, BTreeMap<i32, u64>)> = BTreeMap::new();
-        let place: StdHashMap<u32, usize> = p
-            .threads
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.tid, i))
-            .collect();
+        let place = places(&p.threads);
         for (k, s) in by_process.get(&p.pid).into_iter().flatten() {
             let errnos = by_call.get(&(k.tgid, k.tid, k.nr)).unwrap_or(&empty);
             let (sum, sum_errnos) = per_proc.entry(k.nr).or_default();
