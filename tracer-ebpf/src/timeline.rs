@@ -194,8 +194,13 @@ pub fn block(
             return;
         };
         let b = unsafe { &mut *b };
+        // A free slot has kind 0, and counts as ended first.
+        let b_end = if b.kind == TL_BLOCK {
+            b.start_ns.saturating_add(b.dur_ns)
+        } else {
+            0
+        };
         if b.kind == TL_BLOCK && b.tgid == tgid && b.a32 == dev && b.args[1] == write as u64 {
-            let b_end = b.start_ns.saturating_add(b.dur_ns);
             if start_ns >= b.start_ns
                 && start_ns <= b_end.saturating_add(TL_MIN_NS.load())
                 && end.saturating_sub(b.start_ns) <= BLOCK_BURST_MAX_NS
@@ -215,13 +220,8 @@ pub fn block(
             victim = i;
             break;
         }
-        let ended = if b.kind == TL_BLOCK {
-            b.start_ns.saturating_add(b.dur_ns)
-        } else {
-            0
-        };
-        if ended < oldest {
-            oldest = ended;
+        if b_end < oldest {
+            oldest = b_end;
             victim = i;
         }
         i += 1;
