@@ -135,8 +135,8 @@ pub struct UnlistedThreads {
 
 /// Keeps each process's `max_listed` heaviest threads, in their order; returns the threads
 /// left out of each process that had more, and sums the listed processes' unlisted threads
-/// into `report.followed`. The
-/// process's own figures (time, syscalls, samples) were summed over every thread and stay.
+/// into `report.followed`. The process's own figures (time, syscalls, samples) were summed
+/// over every thread and stay.
 pub fn limit_threads(report: &mut Report, max_listed: usize) -> Vec<UnlistedThreads> {
     let period_ns = 1_000_000_000 / report.sampling.frequency_hz.max(1);
     let mut out = Vec::new();
