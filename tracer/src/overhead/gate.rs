@@ -28,8 +28,9 @@ use crate::{
 
 /// The launch probes' links, switched on and off by the budget's gate: the main thread opens
 /// a window at a tick (attaches the links and hands them to the watchdog); the watchdog
-/// thread closes it (drops the links) as soon as the bucket is empty, checking every
-/// [`WATCH_EVERY`], so a launch storm is cut off within milliseconds, not at the next tick.
+/// thread closes it (drops the links) as soon as it has spent its share of the bucket,
+/// checking every [`WATCH_EVERY`], so a launch storm is cut off within milliseconds, not at
+/// the next tick.
 pub struct LaunchGate {
     gate: Gate,
     links: Vec<GateLink>,
