@@ -416,6 +416,57 @@ fn attached_sleeper_straddles_the_window() {
     assert_eq!(reason["reason"], "clock_nanosleep", "{time:#}");
 }
 
+/// A thread cycling through three waits (a read of pipe A, a nap, a read of pipe B, a nap):
+/// the stacks walked at switch-out are reused per wait, and each wait's off-CPU time must land
+/// under the function that waited, never under another wait's stack.
+#[test]
+fn three_cycling_waits_keep_their_own_stacks() {
+    let _g = serial();
+    if !require_root("three_cycling_waits_keep_their_own_stacks") {
+        return;
+    }
+    let bin = build_c("cycling_waits", &[]);
+    let out = out_dir("cycling-waits");
+    let run = gputrace(&[
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "300",
+    ]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    assert!(run.stdout.contains("done 300 waits 2400"), "{}", run.stdout);
+    let offcpu = std::fs::read_to_string(out.join("offcpu.folded")).expect("offcpu.folded");
+    // Microseconds per (category, function that waited), from the reader's stacks in main.
+    let mut us: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for line in offcpu.lines().filter(|l| l.starts_with("cw_reader")) {
+        let Some((stack, n)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let frames: Vec<&str> = stack.split(';').collect();
+        let Some(main) = frames.iter().position(|f| *f == "main") else {
+            continue;
+        };
+        let (cat, waiter) = (frames[1], frames.get(main + 1).copied().unwrap_or(""));
+        *us.entry((cat.into(), waiter.into())).or_default() += n.parse::<u64>().unwrap();
+    }
+    let get = |cat: &str, f: &str| us.get(&(cat.into(), f.into())).copied().unwrap_or(0);
+    // 300 reads of each pipe, ~1 ms each (the writer writes every 1.5 ms, in turn); 600 naps
+    // of 0.5 ms or more.
+    for f in ["wait_on_a", "wait_on_b"] {
+        assert!(get("[ipc]", f) >= 100_000, "{f}: {us:?}\n{offcpu}");
+    }
+    assert!(get("[sleep]", "nap") >= 200_000, "{us:?}\n{offcpu}");
+    for ((cat, f), n) in &us {
+        let right = match cat.as_str() {
+            "[ipc]" => f == "wait_on_a" || f == "wait_on_b",
+            "[sleep]" => f == "nap",
+            _ => true,
+        };
+        assert!(right, "{n} us of {cat} under {f}: {us:?}\n{offcpu}");
+    }
+}
+
 /// Traces `open_read_close` on `files` files read `rounds` times each (pausing `pause_ms` every
 /// 1,000 opens) in a fresh directory; returns the directory (as /proc would spell it) and the
 /// report.

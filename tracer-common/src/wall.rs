@@ -110,11 +110,11 @@ pub struct ThreadState {
     pub tid: u32,
     /// When the thread last left the CPU (the start of its off-CPU interval, for the timeline).
     pub off_ns: u64,
-    /// The stacks walked for the thread's last two waits, the latest first: blocking again
-    /// in one of them soon after reuses its stacks instead of walking again. Two, because a
-    /// thread often alternates between two waits (a loader's read and its write to a pipe, a
-    /// consumer reading two producers' pipes in turn).
-    pub walked: [Walked; 2],
+    /// The stacks walked for the thread's last waits: blocking again in one of them soon
+    /// after reuses its stacks instead of walking again. Several, because a thread often
+    /// cycles through a few waits (a loader's read and its write to a pipe; a trainer reading
+    /// two producers' pipes in turn, with a sync between).
+    pub walked: [Walked; WALK_SLOTS],
     /// The Python stack at the last blocking switch-out.
     pub off_pystack: u64,
     /// Set at a switch-out into a wait on the GIL: the `PyThreadState *` holding it then, or
@@ -251,7 +251,7 @@ impl ThreadState {
             cpu_row: 0,
             tid,
             off_ns: 0,
-            walked: [Walked::NONE; 2],
+            walked: [Walked::NONE; WALK_SLOTS],
             off_pystack: 0,
             off_gil: 0,
             cuda_pystack: 0,
@@ -463,6 +463,9 @@ pub fn report_state(preempt: bool, raw: u32) -> u32 {
     }
     0
 }
+
+/// How many waits' walked stacks a thread keeps (`ThreadState::walked`).
+pub const WALK_SLOTS: usize = 3;
 
 /// How long walked stacks are reused for the same wait (ns).
 pub const STACK_REUSE_NS: u64 = 50_000_000;

@@ -22,7 +22,7 @@ use aya_ebpf::{
     Global,
 };
 use tracer_common::wall::{
-    report_state, ThreadState, Walked, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE,
+    report_state, ThreadState, Walked, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, WALK_SLOTS,
 };
 
 use crate::{
@@ -161,36 +161,46 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
         PHASE_BLOCKED
     };
     // Stack walks are most of this program's cost: only for blocking switch-outs, whose
-    // kernel stack says what the thread waits for. A preempted thread is simply runnable.
-    // A thread that blocks again in one of its last two waits (same syscall on the same fd or
-    // futex word) within STACK_REUSE_NS of that wait's walk reuses its stacks: a thread
-    // looping on a read, or alternating between a read and a write, then costs one walk per
-    // wait per 50 ms, not one per switch.
+    // kernel stack says what the thread waits for. A preempted thread is simply runnable. A
+    // thread that blocks again in one of its last WALK_SLOTS waits (same syscall on the same
+    // fd or futex word) within STACK_REUSE_NS of that wait's walk reuses its stacks: a thread
+    // looping on a read, or cycling through a few waits (a trainer reading two loaders'
+    // pipes in turn with a sync between), then costs one walk per wait per 50 ms, not one
+    // per switch.
     if st.phase == PHASE_BLOCKED && OFFCPU_STACKS.load() != 0 {
         let (nr, arg0) = (st.sys_nr, st.sys_arg0);
-        if !st.walked[0].reusable(nr, arg0, now) {
-            if st.walked[1].reusable(nr, arg0, now) {
-                st.walked.swap(0, 1);
-            } else {
-                // The other wait moves to the second slot, unless the first holds this one's
-                // expired walk (the second then keeps the other wait).
-                if !st.walked[0].is_for(nr, arg0) {
-                    st.walked[1] = st.walked[0];
-                }
-                st.walked[0] = Walked {
-                    ns: now,
-                    arg0,
-                    sys_nr: nr,
-                    kstack: stack_id(ctx, 0),
-                    ustack: stack_id(ctx, BPF_F_USER_STACK as u64),
-                    _pad: 0,
-                    pystack: crate::python::python_stack(tgid, tid),
-                };
+        let mut found = WALK_SLOTS;
+        // Replaced on a miss: this wait's expired walk, else an empty slot or the oldest walk
+        // (a live one's walk is under 50 ms old, so the oldest is the next to expire).
+        let (mut victim, mut victim_rank) = (0, u64::MAX);
+        for i in 0..WALK_SLOTS {
+            let w = &st.walked[i];
+            if w.reusable(nr, arg0, now) {
+                found = i;
+                break;
+            }
+            let rank = if w.is_for(nr, arg0) { 0 } else { w.ns };
+            if rank < victim_rank {
+                (victim, victim_rank) = (i, rank);
             }
         }
-        st.off_kstack = st.walked[0].kstack;
-        st.off_ustack = st.walked[0].ustack;
-        st.off_pystack = st.walked[0].pystack;
+        if found == WALK_SLOTS {
+            found = victim;
+            if let Some(w) = st.walked.get_mut(victim) {
+                // Field by field: a whole `Walked` built first goes through the stack.
+                w.ns = now;
+                w.arg0 = arg0;
+                w.sys_nr = nr;
+                w.kstack = stack_id(ctx, 0);
+                w.ustack = stack_id(ctx, BPF_F_USER_STACK as u64);
+                w.pystack = crate::python::python_stack(tgid, tid);
+            }
+        }
+        if let Some(w) = st.walked.get(found) {
+            st.off_kstack = w.kstack;
+            st.off_ustack = w.ustack;
+            st.off_pystack = w.pystack;
+        }
     } else {
         st.off_kstack = -1;
         st.off_ustack = -1;
