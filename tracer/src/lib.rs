@@ -5,6 +5,7 @@
 
 pub mod accounting;
 pub mod aggregate;
+pub mod batch;
 pub mod bpf;
 pub mod btf;
 pub mod budget;

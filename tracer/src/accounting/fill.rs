@@ -40,11 +40,7 @@ fn read_map<K: aya::Pod, V: aya::Pod>(ebpf: &Ebpf, name: &str) -> Result<Vec<(K,
         ebpf.map(name)
             .with_context(|| format!("map {name} missing"))?,
     )?;
-    let mut out = Vec::new();
-    for item in map.iter() {
-        out.push(item.with_context(|| format!("read {name}"))?);
-    }
-    Ok(out)
+    Ok(crate::batch::entries(&map))
 }
 
 /// The fds seen doing I/O whose file is still the one open now (no close since): those can

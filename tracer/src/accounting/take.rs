@@ -5,10 +5,8 @@
 //! stack maps, hence the syscall here. Older kernels answer EINVAL (or ENOTSUPP): there the
 //! entries are read, then deleted.
 //!
-//! The keys are listed first, a chunk of entries per `BPF_MAP_LOOKUP_BATCH` (hash maps since
-//! Linux 5.6): walking them one `BPF_MAP_GET_NEXT_KEY` at a time is a syscall per entry of
-//! the map, dead or alive, at every pass (50,000 keys: ~42 ms walked, ~14 ms in batches on
-//! the development VM). Kernels without it get the walk.
+//! The keys are listed first, in batches (`crate::batch`): walking them one at a time is a
+//! syscall per entry of the map, dead or alive, at every pass.
 //!
 //! What one step cannot close: a program that looked the entry up just before the delete may
 //! still write to the value it holds (the kernel frees it after an RCU grace period); only a
@@ -56,62 +54,6 @@ fn unsupported(e: &std::io::Error) -> bool {
     )
 }
 
-/// Entries per `BPF_MAP_LOOKUP_BATCH` at first (doubled when a hash bucket holds more).
-const BATCH: usize = 1024;
-
-/// Every key of hash map `fd` (values of `value_size` bytes), `chunk` entries per call: `Err`
-/// where the kernel cannot list them in batches.
-fn batch_keys<K: Pod>(
-    fd: BorrowedFd<'_>,
-    value_size: usize,
-    mut chunk: usize,
-) -> std::io::Result<Vec<K>> {
-    let mut out: Vec<K> = Vec::new();
-    // The kernel's cursor: a bucket index for hash maps (4 bytes; room for 8).
-    let (mut cursor_in, mut cursor_out) = (0u64, 0u64);
-    let mut first = true;
-    let mut keys: Vec<std::mem::MaybeUninit<K>> = Vec::new();
-    let mut values: Vec<u8> = Vec::new();
-    loop {
-        keys.clear();
-        keys.reserve(chunk);
-        values.resize(chunk * value_size.max(1), 0);
-        // SAFETY: an all-zero bpf_attr is valid (a union of plain integers).
-        let mut attr = unsafe { std::mem::zeroed::<bpf_attr>() };
-        // SAFETY: the batch arm of the zeroed union, written before the kernel reads it.
-        let b = unsafe { &mut attr.batch };
-        b.in_batch = if first {
-            0
-        } else {
-            &mut cursor_in as *mut u64 as u64
-        };
-        b.out_batch = &mut cursor_out as *mut u64 as u64;
-        b.keys = keys.as_mut_ptr() as u64;
-        b.values = values.as_mut_ptr() as u64;
-        b.count = chunk as u32;
-        b.map_fd = fd.as_raw_fd() as u32;
-        let r = crate::bpf::sys_bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr);
-        // SAFETY: the kernel wrote `count` (never above the room given) and that many keys.
-        let n = (unsafe { attr.batch.count } as usize).min(chunk);
-        unsafe { keys.set_len(n) };
-        // SAFETY: the first n keys were written by the kernel, and K is Pod.
-        out.extend(keys.iter().map(|k| unsafe { k.assume_init() }));
-        match r {
-            Ok(_) => {}
-            // ENOENT: no more buckets (the last call may still have returned some).
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
-            // A bucket with more entries than `chunk`: again from the same place, with room.
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && n == 0 => {
-                chunk *= 2;
-                continue;
-            }
-            Err(e) => return Err(e),
-        }
-        cursor_in = cursor_out;
-        first = false;
-    }
-}
-
 /// Takes the entries whose keys `pick` chooses out of `map`; an entry that cannot be taken
 /// stays in the map (read with the others at the end).
 pub fn take<K: Pod, V: Pod>(
@@ -127,15 +69,10 @@ fn take_with<K: Pod, V: Pod>(
     pick: impl Fn(&K) -> bool,
     mut one_step: bool,
 ) -> Vec<(K, V)> {
-    let listed = batch_keys::<K>(map.map().fd().as_fd(), std::mem::size_of::<V>(), BATCH);
-    let keys: Vec<K> = match listed {
-        Ok(keys) => keys.into_iter().filter(|k| pick(k)).collect(),
-        Err(_) => map
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| pick(k))
-            .collect(),
-    };
+    let keys: Vec<K> = crate::batch::keys(map)
+        .into_iter()
+        .filter(|k| pick(k))
+        .collect();
     let mut out = Vec::with_capacity(keys.len());
     for k in keys {
         if one_step {
@@ -167,47 +104,15 @@ fn take_with<K: Pod, V: Pod>(
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::{FromRawFd, OwnedFd};
-
     use aya::maps::Map;
 
     use super::*;
+    use crate::batch::tests::hash_map_of;
 
     /// A BPF hash map of u32 -> u64 with room for 64 entries, or None (with a loud skip) where
     /// this process may not create one; in CI, a failure.
     fn hash_map() -> Option<Map> {
         hash_map_of(64)
-    }
-
-    fn hash_map_of(entries: u32) -> Option<Map> {
-        // union bpf_attr for BPF_MAP_CREATE: map_type (1: hash), key_size, value_size,
-        // max_entries.
-        let mut attr = [0u8; 72];
-        attr[0..4].copy_from_slice(&1u32.to_ne_bytes());
-        attr[4..8].copy_from_slice(&4u32.to_ne_bytes());
-        attr[8..12].copy_from_slice(&8u32.to_ne_bytes());
-        attr[12..16].copy_from_slice(&entries.to_ne_bytes());
-        // SAFETY: attr outlives the call and is what BPF_MAP_CREATE reads.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                0 as libc::c_int,
-                attr.as_ptr(),
-                attr.len() as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "create a BPF hash map: {e}"
-            );
-            eprintln!("SKIP: cannot create a BPF hash map ({e}): run the tests as root");
-            return None;
-        }
-        // SAFETY: the syscall returned a new fd that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        Some(Map::HashMap(MapData::from_fd(fd).expect("map info")))
     }
 
     fn check(one_step: bool) {
@@ -236,31 +141,6 @@ mod tests {
     #[test]
     fn takes_the_picked_entries_by_read_then_delete() {
         check(false);
-    }
-
-    #[test]
-    fn batches_list_every_key_once() {
-        let Some(mut m) = hash_map_of(4096) else {
-            return;
-        };
-        let mut map: HashMap<&mut MapData, u32, u64> = HashMap::try_from(&mut m).unwrap();
-        for k in 0..3000u32 {
-            map.insert(k, 1, 0).unwrap();
-        }
-        let fd = map.map().fd().as_fd();
-        // One entry per call to start with: the buckets that hold two or more make the kernel
-        // ask for room (ENOSPC), and the listing goes on from the same bucket.
-        for chunk in [1, 7, BATCH] {
-            let mut keys = batch_keys::<u32>(fd, 8, chunk).expect("batch lookup");
-            keys.sort();
-            assert_eq!(keys, (0..3000).collect::<Vec<u32>>(), "chunk {chunk}");
-        }
-        // An empty map: nothing, not an error.
-        let mut e = hash_map_of(8).unwrap();
-        let empty: HashMap<&mut MapData, u32, u64> = HashMap::try_from(&mut e).unwrap();
-        assert!(batch_keys::<u32>(empty.map().fd().as_fd(), 8, 4)
-            .unwrap()
-            .is_empty());
     }
 
     #[test]

@@ -301,7 +301,7 @@ fn read_map<K: Pod, V: Pod>(ebpf: &Ebpf, name: &str) -> Result<Vec<(K, V)>> {
         ebpf.map(name)
             .with_context(|| format!("map {name} missing"))?,
     )?;
-    Ok(m.iter().filter_map(Result::ok).collect())
+    Ok(crate::batch::entries(&m))
 }
 
 impl ProbeFamily for CudaFamily {
