@@ -467,6 +467,39 @@ fn three_cycling_waits_keep_their_own_stacks() {
     }
 }
 
+/// Thread names are read again only after a rename (the task_rename tracepoint counts them),
+/// not at every look: a thread that renames itself, and one renamed by another through /proc,
+/// both after gputrace has read their first names, must be reported under the new ones.
+#[test]
+fn threads_renamed_while_traced_get_their_new_names() {
+    let _g = serial();
+    if !require_root("threads_renamed_while_traced_get_their_new_names") {
+        return;
+    }
+    let bin = build_c("renames", &[]);
+    let out = out_dir("renames");
+    let run = gputrace(&["-o", out.to_str().unwrap(), "--", bin.to_str().unwrap()]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    assert!(run.stdout.contains("renamed"), "{}", run.stdout);
+    let report = run.report(&out);
+    let names: Vec<String> = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["threads"].as_array().unwrap().iter())
+        .filter_map(|t| t["comm"].as_str().map(str::to_string))
+        .collect();
+    for want in ["late_name", "named_by_main"] {
+        assert!(names.iter().any(|n| n == want), "no {want} in {names:?}");
+    }
+    for stale in ["early_name", "sleeper"] {
+        assert!(!names.iter().any(|n| n == stale), "{stale} in {names:?}");
+    }
+    // The rename program ran (and is counted among gputrace's own).
+    let programs = report["overhead"]["programs"].to_string();
+    assert!(programs.contains("task_rename"), "{programs}");
+}
+
 /// Traces `open_read_close` on `files` files read `rounds` times each (pausing `pause_ms` every
 /// 1,000 opens) in a fresh directory; returns the directory (as /proc would spell it) and the
 /// report.

@@ -52,6 +52,7 @@ programs! {
     CudaEntry = "cuda_entry",
     CudaRet = "cuda_ret",
     CudaThreadExit = "cuda_thread_exit",
+    TaskRename = "task_rename",
 }
 
 /// The slot of program `name`.

@@ -26,6 +26,8 @@ pub const SYSCALLS_MAP: &str = "SYSCALLS";
 pub const ERRNOS_MAP: &str = "ERRNOS";
 pub const FILEIO_MAP: &str = "FILEIO";
 pub const FD_GEN_MAP: &str = "FD_GEN";
+/// One `u64`: renames of tasks that may be traced, so far.
+pub const RENAMES_MAP: &str = "RENAMES";
 /// One `u64`: successful closes by traced processes so far.
 pub const FD_EPOCH_MAP: &str = "FD_EPOCH";
 pub const FD_NAMES_MAP: &str = "FD_NAMES";

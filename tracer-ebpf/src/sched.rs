@@ -15,7 +15,8 @@
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     helpers::bpf_ktime_get_ns,
-    macros::{btf_tracepoint, raw_tracepoint, tracepoint},
+    macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
+    maps::Array,
     programs::{
         tracing::StackIdContext, BtfTracePointContext, RawTracePointContext, TracePointContext,
     },
@@ -266,6 +267,26 @@ pub fn acct_newtask(ctx: TracePointContext) -> u32 {
     let child: i32 = unsafe { ctx.read_at(OFF_TN_PID.load() as usize) }.unwrap_or(0);
     if child > 0 {
         born(child as u32, tgid, unsafe { bpf_ktime_get_ns() });
+    }
+    0
+}
+
+/// `task/task_rename`'s `pid`: the renamed task, not always the caller (a thread may name
+/// another through /proc).
+#[no_mangle]
+static OFF_RN_PID: Global<u32> = Global::new(8);
+
+/// Renames (prctl, a write to /proc/.../comm, exec) of tasks that may be traced: user space
+/// re-reads the names of live threads only when this moved, not every time it looks.
+#[map(name = "RENAMES")]
+static RENAMES: Array<u64> = Array::with_max_entries(1, 0);
+
+#[tracepoint]
+pub fn task_rename(ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::TaskRename);
+    let pid: i32 = unsafe { ctx.read_at(OFF_RN_PID.load() as usize) }.unwrap_or(0);
+    if pid > 0 && maybe_traced(pid as u32) {
+        crate::maps::counter_add(&RENAMES, 1);
     }
     0
 }

@@ -226,6 +226,14 @@ impl Offsets {
             ("OFF_WAKE_PID", wake.offset("pid")?),
             ("OFF_TN_PID", tn.offset("pid")?),
             ("OFF_TN_FLAGS", tn.offset("clone_flags")?),
+            // The renamed task (0 where the kernel has no task_rename: the program is then
+            // not attached).
+            (
+                "OFF_RN_PID",
+                Format::read("task", "task_rename")
+                    .and_then(|f| f.offset("pid"))
+                    .unwrap_or(0),
+            ),
             ("OFF_REGS_ARG0", REGS_ARG0),
             ("OFF_REGS_ARG1", REGS_ARG1),
             ("SYS_OPEN", sys_open),
@@ -291,6 +299,11 @@ pub struct Accounting {
     ticks: u64,
     /// Held while `-v` asks for the programs' own run time (kernel.bpf_stats_enabled).
     stats: Option<std::os::fd::OwnedFd>,
+    /// `RENAMES` when the names were last read, once `task_rename` is attached (else every
+    /// look reads every live thread's name), and the thread instance (birth) each tid's name
+    /// was read for.
+    renames_seen: Option<u64>,
+    named: std::collections::HashMap<u32, u64>,
 }
 
 impl Accounting {
@@ -298,6 +311,8 @@ impl Accounting {
         Accounting {
             offsets: Offsets::read().map_err(|e| format!("{e:#}")),
             comms: BTreeMap::new(),
+            renames_seen: None,
+            named: std::collections::HashMap::new(),
             fds: BTreeMap::new(),
             attached: Vec::new(),
             retired: retire::Retired::default(),
@@ -309,13 +324,27 @@ impl Accounting {
 
     /// Learns names of new threads and targets of new fds while they still exist.
     fn learn(&mut self, ebpf: &Ebpf) {
+        // A name changes only by a rename (prctl, /proc/.../comm, exec), which task_rename
+        // counts, or with a new thread: reading every live thread's name at every look cost
+        // a 10,000-thread process ~25% of a CPU. Read before the names, so that a rename
+        // during the reads is seen at the next look.
+        let renames = self
+            .renames_seen
+            .and_then(|_| retire::counter(ebpf, tracer_common::wall::RENAMES_MAP).ok());
+        let all = renames.is_none() || renames != self.renames_seen;
         if let Ok(threads) = States::open(ebpf).and_then(|s| s.all(ebpf)) {
-            // Re-read every time: exec renames a thread.
             for (tid, st) in threads {
+                if !all && self.named.get(&tid) == Some(&st.born_ns) {
+                    continue;
+                }
                 if let Some(c) = procfs::thread_comm(st.tgid, tid) {
                     self.comms.insert(tid, (st.tgid, c));
+                    self.named.insert(tid, st.born_ns);
                 }
             }
+        }
+        if renames.is_some() {
+            self.renames_seen = renames;
         }
         for k in fill::open_fds(ebpf) {
             if let std::collections::btree_map::Entry::Vacant(e) = self.fds.entry(k) {
@@ -496,6 +525,13 @@ impl ProbeFamily for Accounting {
         for (prog, cat, name) in TASK_PROGRAMS {
             bpf::attach_tracepoint(ebpf, prog, cat, name)?;
             self.attached.push(prog);
+        }
+        // Without it (a kernel with no task_rename), names are read again at every look.
+        if tracefs::exists("task", "task_rename")
+            && bpf::attach_tracepoint(ebpf, "task_rename", "task", "task_rename").is_ok()
+        {
+            self.attached.push("task_rename");
+            self.renames_seen = Some(u64::MAX);
         }
         // Raw where the scheduler programs are classic: a kernel whose BTF fails them.
         if classic.is_none() {

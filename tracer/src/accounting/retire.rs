@@ -91,7 +91,7 @@ pub struct Retired {
 }
 
 /// The shared counter in map `name` (an array of one `u64`).
-fn counter(ebpf: &Ebpf, name: &str) -> Result<u64> {
+pub(super) fn counter(ebpf: &Ebpf, name: &str) -> Result<u64> {
     let map: aya::maps::Array<&MapData, u64> = aya::maps::Array::try_from(
         ebpf.map(name)
             .with_context(|| format!("map {name} missing"))?,
