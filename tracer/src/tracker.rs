@@ -20,6 +20,8 @@ pub struct Tracked {
     pub maps: Vec<Mapping>,
     /// Maps must be read again (new process, exec).
     pub maps_stale: bool,
+    /// The executable mappings' sizes when the maps were read (`procfs::exec_sizes`).
+    pub exec_sizes: Option<(u64, u64)>,
     /// Called exec while traced: its maps are its own, not its parent's.
     pub execed: bool,
 }
@@ -226,16 +228,22 @@ impl Tracker {
         self.roots.iter().all(|r| self.exited_roots.contains(r))
     }
 
-    /// Re-reads maps: the stale ones, or all live ones when `all`.
+    /// Re-reads maps: the stale ones, or, when `all`, those of live processes whose executable
+    /// mappings changed size since (a library loaded or unloaded).
     pub fn refresh_maps(&mut self, all: bool) {
         for (pid, t) in self.procs.iter_mut() {
             if t.info.exited || !(all || t.maps_stale) {
+                continue;
+            }
+            let sizes = procfs::exec_sizes(*pid);
+            if !t.maps_stale && sizes.is_some() && sizes == t.exec_sizes {
                 continue;
             }
             match procfs::read_maps(*pid) {
                 Some(m) if !m.is_empty() => {
                     t.maps = m;
                     t.maps_stale = false;
+                    t.exec_sizes = sizes;
                     Self::refresh_names(*pid, t);
                 }
                 _ => {}

@@ -122,10 +122,7 @@ impl States {
             .filter(|st| st.tid != 0)
             .map(|st| (st.tid, st))
             .collect();
-        let spill = spill_map(ebpf)?;
-        for item in spill.iter() {
-            out.push(item.context("read map THREADS")?);
-        }
+        out.extend(crate::batch::entries(&spill_map(ebpf)?));
         Ok(out)
     }
 

@@ -55,6 +55,9 @@ use crate::{
 /// Libraries are looked for in every traced process this often (ticks of 100 ms), so one
 /// loaded after attach (`import torch`) is probed within a second.
 const SCAN_EVERY_TICKS: u64 = 5;
+/// Every process's maps are read this often even when its executable mappings kept their
+/// sizes (10 s): a library swapped for one of the same size.
+const SCAN_ALL_EVERY_TICKS: u64 = 100;
 
 pub struct CudaFamily {
     entry_only: u32,
@@ -71,6 +74,8 @@ pub struct CudaFamily {
     warnings: Vec<String>,
     /// Other mapped objects checked for an embedded CUDA runtime: (inode, path) -> verdict.
     checked: HashMap<(u64, String), bool>,
+    /// Each process's executable mapping sizes at its last look (`procfs::exec_sizes`).
+    exec_sizes: HashMap<u32, (u64, u64)>,
     /// Libraries named with --libcudart/--libcuda (indices into `libs`).
     named: Vec<usize>,
     /// Switches the launch probes on and off under `--max-overhead` (issue 6).
@@ -130,6 +135,7 @@ impl CudaFamily {
             ticks: 0,
             warnings: Vec::new(),
             checked: HashMap::new(),
+            exec_sizes: HashMap::new(),
             named: Vec::new(),
             gate: crate::overhead::LaunchGate::new(args.max_overhead, args.cuda_entry_only, trap),
             uprobes: None,
@@ -158,11 +164,20 @@ impl CudaFamily {
         self.libs.len() - 1
     }
 
-    fn scan(&mut self, ebpf: &mut Ebpf, pids: &[u32]) {
+    /// `all`: look at every process's maps, not only those whose executable mappings changed
+    /// size.
+    fn scan(&mut self, ebpf: &mut Ebpf, pids: &[u32], all: bool) {
         for &pid in pids {
+            let sizes = procfs::exec_sizes(pid);
+            if !all && sizes.is_some() && self.exec_sizes.get(&pid) == sizes.as_ref() {
+                continue;
+            }
             let Some(maps) = procfs::read_maps(pid) else {
                 continue;
             };
+            if let Some(s) = sizes {
+                self.exec_sizes.insert(pid, s);
+            }
             let checked = &mut self.checked;
             let found_libs = discover::scan(pid, &maps, |inode, path, open| {
                 *checked
@@ -336,7 +351,7 @@ impl ProbeFamily for CudaFamily {
                 );
             }
         }
-        self.scan(ebpf, ctx.pids);
+        self.scan(ebpf, ctx.pids, true);
         self.events = Some(RingBuf::try_from(
             ebpf.take_map(EVENTS_MAP)
                 .context("map CUDA_EVENTS missing")?,
@@ -356,7 +371,7 @@ impl ProbeFamily for CudaFamily {
                 .filter(|(_, t)| !t.info.exited)
                 .map(|(pid, _)| *pid)
                 .collect();
-            self.scan(ebpf, &live);
+            self.scan(ebpf, &live, self.ticks.is_multiple_of(SCAN_ALL_EVERY_TICKS));
         }
         Ok(())
     }
