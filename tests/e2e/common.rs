@@ -117,6 +117,18 @@ pub fn out_dir(name: &str) -> PathBuf {
     d
 }
 
+/// Builds C workload `name` (tests/workloads/NAME.c), launches it with `args` under gputrace
+/// writing into a fresh output directory, and checks that gputrace succeeded.
+pub fn trace_workload(name: &str, args: &[&str]) -> (PathBuf, Run) {
+    let bin = build_c(name, &[]);
+    let out = out_dir(name);
+    let mut argv = vec!["-o", out.to_str().unwrap(), "--", bin.to_str().unwrap()];
+    argv.extend_from_slice(args);
+    let run = gputrace(&argv);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    (out, run)
+}
+
 /// Names of the BPF programs loaded in the kernel right now.
 pub fn loaded_program_names() -> Vec<String> {
     aya::programs::loaded_programs()

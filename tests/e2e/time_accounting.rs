@@ -425,16 +425,7 @@ fn three_cycling_waits_keep_their_own_stacks() {
     if !require_root("three_cycling_waits_keep_their_own_stacks") {
         return;
     }
-    let bin = build_c("cycling_waits", &[]);
-    let out = out_dir("cycling-waits");
-    let run = gputrace(&[
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        bin.to_str().unwrap(),
-        "300",
-    ]);
-    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let (out, run) = trace_workload("cycling_waits", &["300"]);
     assert!(run.stdout.contains("done 300 waits 2400"), "{}", run.stdout);
     let offcpu = std::fs::read_to_string(out.join("offcpu.folded")).expect("offcpu.folded");
     // Microseconds per (category, function that waited), from the reader's stacks in main.
@@ -476,10 +467,7 @@ fn threads_renamed_while_traced_get_their_new_names() {
     if !require_root("threads_renamed_while_traced_get_their_new_names") {
         return;
     }
-    let bin = build_c("renames", &[]);
-    let out = out_dir("renames");
-    let run = gputrace(&["-o", out.to_str().unwrap(), "--", bin.to_str().unwrap()]);
-    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let (out, run) = trace_workload("renames", &[]);
     assert!(run.stdout.contains("renamed"), "{}", run.stdout);
     let report = run.report(&out);
     let names: Vec<String> = report["processes"]
