@@ -47,9 +47,9 @@ pub struct ThreadTime {
     pub born_ns: u64,
     pub end_ns: u64,
     pub exited: bool,
-    pub categories: Few<Category, u64>,
+    pub categories: BTreeMap<Category, u64>,
     /// (category, reason) -> (ns, intervals).
-    pub reasons: Few<(Category, String), (u64, u64)>,
+    pub reasons: BTreeMap<(Category, String), (u64, u64)>,
 }
 
 impl ThreadTime {
@@ -57,48 +57,7 @@ impl ThreadTime {
         self.end_ns.saturating_sub(self.born_ns)
     }
     pub fn accounted_ns(&self) -> u64 {
-        self.categories.iter().map(|(_, ns)| ns).sum()
-    }
-}
-
-/// A map of a few entries, kept in a vector in the order they came. A thread instance has a
-/// handful of categories and reasons, and as B-trees (a node of 11 slots each, allocated
-/// whole) they took 54 MB of a 100,000-thread storm's report.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Few<K, V>(Vec<(K, V)>);
-
-impl<K, V> Default for Few<K, V> {
-    fn default() -> Self {
-        Few(Vec::new())
-    }
-}
-
-impl<K: PartialEq, V: Default> Few<K, V> {
-    /// `k`'s value, made default first when it has none.
-    pub fn entry(&mut self, k: K) -> &mut V {
-        let i = match self.0.iter().position(|(x, _)| *x == k) {
-            Some(i) => i,
-            None => {
-                self.0.push((k, V::default()));
-                self.0.len() - 1
-            }
-        };
-        &mut self.0[i].1
-    }
-
-    pub fn get(&self, k: &K) -> Option<&V> {
-        self.0.iter().find(|(x, _)| x == k).map(|(_, v)| v)
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
-        self.0.iter().map(|(k, v)| (k, v))
-    }
-}
-
-impl<K: PartialEq, V: Default> std::ops::Index<&K> for Few<K, V> {
-    type Output = V;
-    fn index(&self, k: &K) -> &V {
-        self.get(k).expect("no such key")
+        self.categories.values().sum()
     }
 }
 
@@ -179,8 +138,8 @@ pub fn threads(
         } else {
             entry(&mut out, end, (r.key.tgid, r.key.tid, r.key.born_ns))
         };
-        *t.categories.entry(v.category) += r.val.ns;
-        let e = t.reasons.entry((v.category, v.reason));
+        *t.categories.entry(v.category).or_default() += r.val.ns;
+        let e = t.reasons.entry((v.category, v.reason)).or_default();
         e.0 += r.val.ns;
         e.1 += r.val.count;
     }
@@ -197,10 +156,10 @@ pub fn breakdown<'a>(
     let mut reasons: BTreeMap<(Category, String), (u64, u64)> = BTreeMap::new();
     for t in parts {
         alive += t.alive_ns();
-        for (c, ns) in t.categories.iter() {
+        for (c, ns) in &t.categories {
             *cats.entry(*c).or_default() += ns;
         }
-        for (k, (ns, n)) in t.reasons.iter() {
+        for (k, (ns, n)) in &t.reasons {
             let e = reasons.entry(k.clone()).or_default();
             e.0 += ns;
             e.1 += n;
