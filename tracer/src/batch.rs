@@ -69,8 +69,17 @@ fn batched<T: std::borrow::Borrow<MapData>, K: Pod, V: Pod>(
         b.count = chunk as u32;
         b.map_fd = fd.as_raw_fd() as u32;
         let r = crate::bpf::sys_bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr);
-        // SAFETY: the kernel wrote `count` (never above the room given) and that many keys
-        // and values; K and V are Pod.
+        // The kernel sets `count` to what it wrote on success, at the end (ENOENT) and when a
+        // bucket does not fit (ENOSPC); any other error may leave it as given, with nothing
+        // written.
+        let (done, too_small) = match r {
+            Ok(_) => (false, false),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => (true, false),
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => (false, true),
+            Err(e) => return Err(e),
+        };
+        // SAFETY: see above: the kernel wrote `count` keys and values (never above the room
+        // given); K and V are Pod.
         let n = (unsafe { attr.batch.count } as usize).min(chunk);
         unsafe {
             keys.set_len(n);
@@ -81,16 +90,18 @@ fn batched<T: std::borrow::Borrow<MapData>, K: Pod, V: Pod>(
                 .zip(&values)
                 .map(|(k, v)| unsafe { (k.assume_init(), v.assume_init()) }),
         );
-        match r {
-            Ok(_) => {}
-            // ENOENT: no more buckets (the last call may still have returned some).
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
-            // A bucket with more entries than `chunk`: again from the same place, with room.
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && n == 0 => {
-                chunk *= 2;
-                continue;
+        if done {
+            return Ok(out);
+        }
+        if too_small {
+            if n > 0 {
+                // Not what the kernel does (it returns what fitted without an error): taken
+                // as an error, so the caller walks the map instead.
+                return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
             }
-            Err(e) => return Err(e),
+            // A bucket with more entries than `chunk`: again from the same place, with room.
+            chunk *= 2;
+            continue;
         }
         cursor_in = cursor_out;
         first = false;

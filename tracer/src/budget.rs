@@ -82,7 +82,8 @@ pub const BURST_S: f64 = 1.0;
 /// a quarter of the bucket (5 ms of probes at the default budget, ~2,000 launches of a
 /// storm) already gives a rate far more precise than the cost per hit it is divided by. A
 /// window whose rate disagrees with the one before doubles the share, up to the whole
-/// bucket: a job whose rate swings within a quarter-bucket window gets longer ones.
+/// bucket: a job whose rate swings within a quarter-bucket window gets longer ones. From the
+/// third in a row that agree, each halves it again, down to this.
 pub const FIRST_SHARE: f64 = 0.25;
 
 /// Consecutive windows whose launch rates differ by at most this share of their mean agree:
@@ -309,8 +310,13 @@ impl Gate {
         // bound on the stretches filled in between spread windows (and after the last) comes
         // from how much consecutive windows have differed so far.
         self.agreed = if agree { self.agreed + 1 } else { 0 };
+        // A window that disagrees doubles the next ones; three that agree halve them again
+        // from the third in a row on (the first window, which often straddles the job's
+        // start, would otherwise double them for good).
         if !agree && self.last_rate.is_some() {
             self.share = (self.share * 2.0).min(1.0);
+        } else if self.agreed >= 2 {
+            self.share = (self.share / 2.0).max(FIRST_SHARE);
         }
         self.gap_ns = match self.agreed {
             0 | 1 => 0,
@@ -626,7 +632,7 @@ mod tests {
         simulate(&mut g, 100, 1000.0, 3800.0);
         assert_eq!(g.share, FIRST_SHARE);
         // A rate that halves and doubles every half second: windows see different rates and
-        // grow to the whole bucket.
+        // grow (three that happen to agree halve them again).
         let mut g = Gate::new(0.02);
         simulate_with(
             &mut g,
@@ -634,7 +640,24 @@ mod tests {
             |t| if (t / 5) % 2 == 0 { 1000.0 } else { 3000.0 },
             3800.0,
         );
-        assert_eq!(g.share, 1.0);
+        assert!(g.share >= 2.0 * FIRST_SHARE, "{}", g.share);
+        // The same swings for 10 s, then a steady rate: agreeing windows halve the share back.
+        let mut g = Gate::new(0.02);
+        simulate_with(
+            &mut g,
+            700,
+            |t| {
+                if t < 100 && (t / 5) % 2 == 0 {
+                    1000.0
+                } else if t < 100 {
+                    3000.0
+                } else {
+                    2000.0
+                }
+            },
+            3800.0,
+        );
+        assert_eq!(g.share, FIRST_SHARE);
     }
 
     #[test]

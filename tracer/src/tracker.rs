@@ -51,7 +51,14 @@ pub struct Tracker {
     exited_with_maps: VecDeque<u32>,
     /// Latest exit seen (CLOCK_MONOTONIC ns).
     last_exit_ns: u64,
+    /// Refreshes of all processes so far (every [`FULL_MAPS_EVERY`]th reads every map).
+    all_refreshes: u64,
 }
+
+/// Every this many refreshes of all processes (2 s apart: 20 s), their maps are read whatever
+/// their executable mappings' sizes say: a library swapped for one of the same size, JIT code
+/// grown inside a writable mapping.
+const FULL_MAPS_EVERY: u64 = 10;
 
 impl Tracker {
     pub fn new(roots: &[u32]) -> Self {
@@ -228,15 +235,21 @@ impl Tracker {
         self.roots.iter().all(|r| self.exited_roots.contains(r))
     }
 
-    /// Re-reads maps: the stale ones, or, when `all`, those of live processes whose executable
-    /// mappings changed size since (a library loaded or unloaded).
+    /// Re-reads maps: the stale ones, or, when `all`, the names of all live processes (a
+    /// worker retitles itself) and the maps of those whose executable mappings changed size
+    /// since (a library loaded or unloaded; every map now and then).
     pub fn refresh_maps(&mut self, all: bool) {
+        let full = all && {
+            self.all_refreshes += 1;
+            self.all_refreshes.is_multiple_of(FULL_MAPS_EVERY)
+        };
         for (pid, t) in self.procs.iter_mut() {
             if t.info.exited || !(all || t.maps_stale) {
                 continue;
             }
             let sizes = procfs::exec_sizes(*pid);
-            if !t.maps_stale && sizes.is_some() && sizes == t.exec_sizes {
+            if !full && !t.maps_stale && sizes.is_some() && sizes == t.exec_sizes {
+                Self::refresh_names(*pid, t);
                 continue;
             }
             match procfs::read_maps(*pid) {

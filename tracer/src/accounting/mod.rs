@@ -300,9 +300,10 @@ pub struct Accounting {
     /// Held while `-v` asks for the programs' own run time (kernel.bpf_stats_enabled).
     stats: Option<std::os::fd::OwnedFd>,
     /// `RENAMES` when the names were last read, once `task_rename` is attached (else every
-    /// look reads every live thread's name), and the thread instance (birth) each tid's name
-    /// was read for.
+    /// look reads every live thread's name); whether the next look reads them all again
+    /// anyway; and the thread instance (birth) each tid's name was read for.
     renames_seen: Option<u64>,
+    reread_names: bool,
     named: std::collections::HashMap<u32, u64>,
 }
 
@@ -312,6 +313,7 @@ impl Accounting {
             offsets: Offsets::read().map_err(|e| format!("{e:#}")),
             comms: BTreeMap::new(),
             renames_seen: None,
+            reread_names: false,
             named: std::collections::HashMap::new(),
             fds: BTreeMap::new(),
             attached: Vec::new(),
@@ -326,12 +328,14 @@ impl Accounting {
     fn learn(&mut self, ebpf: &Ebpf) {
         // A name changes only by a rename (prctl, /proc/.../comm, exec), which task_rename
         // counts, or with a new thread: reading every live thread's name at every look cost
-        // a 10,000-thread process ~25% of a CPU. Read before the names, so that a rename
-        // during the reads is seen at the next look.
+        // a 10,000-thread process ~25% of a CPU. The tracepoint fires just before the kernel
+        // copies the new name, so the look that sees the count move may still read the old
+        // one: the next look reads them all again too.
         let renames = self
             .renames_seen
             .and_then(|_| retire::counter(ebpf, tracer_common::wall::RENAMES_MAP).ok());
-        let all = renames.is_none() || renames != self.renames_seen;
+        let moved = renames.is_none() || renames != self.renames_seen;
+        let all = moved || self.reread_names;
         if let Ok(threads) = States::open(ebpf).and_then(|s| s.all(ebpf)) {
             for (tid, st) in threads {
                 if !all && self.named.get(&tid) == Some(&st.born_ns) {
@@ -342,9 +346,12 @@ impl Accounting {
                     self.named.insert(tid, st.born_ns);
                 }
             }
-        }
-        if renames.is_some() {
-            self.renames_seen = renames;
+            // Only once the names were read: a look that could not read the states leaves
+            // the renames for the next one.
+            if renames.is_some() {
+                self.renames_seen = renames;
+            }
+            self.reread_names = moved;
         }
         for k in fill::open_fds(ebpf) {
             if let std::collections::btree_map::Entry::Vacant(e) = self.fds.entry(k) {
@@ -526,8 +533,10 @@ impl ProbeFamily for Accounting {
             bpf::attach_tracepoint(ebpf, prog, cat, name)?;
             self.attached.push(prog);
         }
-        // Without it (a kernel with no task_rename), names are read again at every look.
-        if tracefs::exists("task", "task_rename")
+        // Without it (a kernel with no task_rename, or one whose record has no `pid`), names
+        // are read again at every look.
+        let rename_pid = Format::read("task", "task_rename").and_then(|f| f.offset("pid"));
+        if rename_pid.is_ok()
             && bpf::attach_tracepoint(ebpf, "task_rename", "task", "task_rename").is_ok()
         {
             self.attached.push("task_rename");

@@ -167,6 +167,8 @@ impl CudaFamily {
     /// `all`: look at every process's maps, not only those whose executable mappings changed
     /// size.
     fn scan(&mut self, ebpf: &mut Ebpf, pids: &[u32], all: bool) {
+        // Forgets processes that are gone: a reused pid is looked at afresh.
+        self.exec_sizes.retain(|pid, _| pids.contains(pid));
         for &pid in pids {
             let sizes = procfs::exec_sizes(pid);
             if !all && sizes.is_some() && self.exec_sizes.get(&pid) == sizes.as_ref() {
