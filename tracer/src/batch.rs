@@ -27,6 +27,16 @@ pub fn entries<T: std::borrow::Borrow<MapData>, K: Pod, V: Pod>(
     }
 }
 
+/// Every entry of the eBPF object's hash map `name`, as [`entries`].
+pub fn read<K: Pod, V: Pod>(ebpf: &aya::Ebpf, name: &str) -> anyhow::Result<Vec<(K, V)>> {
+    use anyhow::Context;
+    let map: HashMap<&MapData, K, V> = HashMap::try_from(
+        ebpf.map(name)
+            .with_context(|| format!("map {name} missing"))?,
+    )?;
+    Ok(entries(&map))
+}
+
 /// Every key of `map`, as [`entries`].
 pub fn keys<T: std::borrow::Borrow<MapData>, K: Pod, V: Pod>(map: &HashMap<T, K, V>) -> Vec<K> {
     match batched(map, CHUNK) {

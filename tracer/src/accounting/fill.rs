@@ -3,10 +3,7 @@
 use std::collections::{BTreeMap, HashMap as StdHashMap};
 
 use anyhow::{Context, Result};
-use aya::{
-    maps::{HashMap, MapData},
-    Ebpf,
-};
+use aya::{maps::MapData, Ebpf};
 use tracer_common::{
     python::{PySeed, PY_SEED_MAP, PY_STACK_PENDING},
     time::Category,
@@ -35,19 +32,11 @@ use crate::{
     },
 };
 
-fn read_map<K: aya::Pod, V: aya::Pod>(ebpf: &Ebpf, name: &str) -> Result<Vec<(K, V)>> {
-    let map: HashMap<&MapData, K, V> = HashMap::try_from(
-        ebpf.map(name)
-            .with_context(|| format!("map {name} missing"))?,
-    )?;
-    Ok(crate::batch::entries(&map))
-}
-
 /// The fds seen doing I/O whose file is still the one open now (no close since): those can
 /// be resolved from /proc.
 pub fn open_fds(ebpf: &Ebpf) -> Vec<FdKey> {
     let gens = fd_gens(ebpf).unwrap_or_default();
-    read_map::<FdKey, FdStat>(ebpf, FILEIO_MAP)
+    crate::batch::read::<FdKey, FdStat>(ebpf, FILEIO_MAP)
         .map(|v| {
             v.into_iter()
                 .map(|(k, _)| k)
@@ -60,7 +49,7 @@ pub fn open_fds(ebpf: &Ebpf) -> Vec<FdKey> {
 /// Each fd's current generation (successful closes of that fd number so far): a `FILEIO` row
 /// of an older generation is a closed file's.
 pub(super) fn fd_gens(ebpf: &Ebpf) -> Result<BTreeMap<(u32, i32), u32>> {
-    Ok(read_map::<FdGenKey, u32>(ebpf, FD_GEN_MAP)?
+    Ok(crate::batch::read::<FdGenKey, u32>(ebpf, FD_GEN_MAP)?
         .into_iter()
         .map(|(k, g)| ((k.tgid, k.fd), g))
         .collect())
@@ -95,7 +84,7 @@ pub fn fill(
     fds: &BTreeMap<FdKey, String>,
     mut retired: super::retire::Retired,
 ) -> Result<()> {
-    let mut rows: Vec<Row> = read_map::<WallKey, WallVal>(ebpf, WALL_MAP)?
+    let mut rows: Vec<Row> = crate::batch::read::<WallKey, WallVal>(ebpf, WALL_MAP)?
         .into_iter()
         .map(|(key, val)| Row { key, val })
         .chain(std::mem::take(&mut retired.wall))
@@ -107,7 +96,7 @@ pub fn fill(
         .collect();
     let mut open: Vec<(u32, ThreadState)> = super::States::open(ebpf)?.all(ebpf)?;
     // What the kernel would have done had these waits ended now.
-    let seeds: StdHashMap<u32, PySeed> = read_map::<u32, PySeed>(ebpf, PY_SEED_MAP)
+    let seeds: StdHashMap<u32, PySeed> = crate::batch::read::<u32, PySeed>(ebpf, PY_SEED_MAP)
         .unwrap_or_default()
         .into_iter()
         .collect();
@@ -122,7 +111,7 @@ pub fn fill(
         open.iter()
             .flat_map(|(tid, st)| aggregate::open_rows(*tid, st, end)),
     );
-    let mut deaths: Vec<(LifeKey, LifeVal)> = read_map(ebpf, LIFE_MAP)?;
+    let mut deaths: Vec<(LifeKey, LifeVal)> = crate::batch::read(ebpf, LIFE_MAP)?;
     deaths.append(&mut retired.deaths);
 
     let mut stacks = Stacks::new(ebpf)?;
@@ -370,8 +359,8 @@ fn fill_syscalls(
     data: &mut ReportData,
     mut retired: super::retire::Retired,
 ) -> Result<()> {
-    let stats = retired.syscalls_with(read_map(ebpf, SYSCALLS_MAP)?);
-    let errs = retired.errnos_with(read_map(ebpf, ERRNOS_MAP)?);
+    let stats = retired.syscalls_with(crate::batch::read(ebpf, SYSCALLS_MAP)?);
+    let errs = retired.errnos_with(crate::batch::read(ebpf, ERRNOS_MAP)?);
     let mut by_call: BTreeMap<(u32, u32, i32), BTreeMap<i32, u64>> = BTreeMap::new();
     for (k, n) in errs {
         *by_call
@@ -420,7 +409,7 @@ fn fill_files(
     open: &[(u32, ThreadState)],
     closed: &BTreeMap<(u32, String), FdStat>,
 ) -> Result<()> {
-    let mut rows: Vec<(FdKey, FdStat)> = read_map(ebpf, FILEIO_MAP)?;
+    let mut rows: Vec<(FdKey, FdStat)> = crate::batch::read(ebpf, FILEIO_MAP)?;
     // The paths files were opened by: for those closed before /proc showed them.
     let opened = opened_paths(ebpf);
     // What live threads hold on top of their rows (`ThreadState::held_file`).

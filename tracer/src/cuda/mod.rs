@@ -30,8 +30,8 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, RingBuf},
-    Ebpf, Pod,
+    maps::{MapData, RingBuf},
+    Ebpf,
 };
 use tracer_common::cuda::{
     ApiKey, ApiVal, CopyKey, CopyVal, ErrKey, EventKind, LaunchKey, LaunchVal, API_MAP, COPY_MAP,
@@ -313,14 +313,6 @@ fn attach_library(
     (attached, failed.into_values().collect(), links)
 }
 
-fn read_map<K: Pod, V: Pod>(ebpf: &Ebpf, name: &str) -> Result<Vec<(K, V)>> {
-    let m: BpfHashMap<_, K, V> = BpfHashMap::try_from(
-        ebpf.map(name)
-            .with_context(|| format!("map {name} missing"))?,
-    )?;
-    Ok(crate::batch::entries(&m))
-}
-
 impl ProbeFamily for CudaFamily {
     fn name(&self) -> &'static str {
         "CUDA"
@@ -385,15 +377,15 @@ impl ProbeFamily for CudaFamily {
         data: &mut ReportData,
     ) -> Result<()> {
         self.drain();
-        let mut api: Vec<(ApiKey, ApiVal)> = read_map(ebpf, API_MAP)?;
+        let mut api: Vec<(ApiKey, ApiVal)> = crate::batch::read(ebpf, API_MAP)?;
         // The accounting has stopped by now: what the thread states hold no longer moves.
         let states = crate::accounting::States::open(ebpf)
             .and_then(|s| s.all(ebpf))
             .context("read the thread states")?;
         aggregate::add_held_calls(&mut api, &states);
-        let errs: Vec<(ErrKey, u64)> = read_map(ebpf, ERRS_MAP)?;
-        let launches: Vec<(LaunchKey, LaunchVal)> = read_map(ebpf, LAUNCH_MAP)?;
-        let copies: Vec<(CopyKey, CopyVal)> = read_map(ebpf, COPY_MAP)?;
+        let errs: Vec<(ErrKey, u64)> = crate::batch::read(ebpf, ERRS_MAP)?;
+        let launches: Vec<(LaunchKey, LaunchVal)> = crate::batch::read(ebpf, LAUNCH_MAP)?;
+        let copies: Vec<(CopyKey, CopyVal)> = crate::batch::read(ebpf, COPY_MAP)?;
         let pids: Vec<u32> = data.report.processes.iter().map(|p| p.pid).collect();
         for p in data.report.processes.iter_mut() {
             let pid = p.pid;
