@@ -533,10 +533,16 @@ impl ProbeFamily for Accounting {
             bpf::attach_tracepoint(ebpf, prog, cat, name)?;
             self.attached.push(prog);
         }
-        // Without it (a kernel with no task_rename, or one whose record has no `pid`), names
-        // are read again at every look.
-        let rename_pid = Format::read("task", "task_rename").and_then(|f| f.offset("pid"));
-        if rename_pid.is_ok()
+        // Without it (a kernel with no task_rename, or one whose record has no `pid`: the
+        // offset Offsets::read resolved is then 0, where the common fields sit), names are
+        // read again at every look.
+        let rename_pid = self
+            .offsets
+            .as_ref()
+            .ok()
+            .and_then(|o| o.globals.iter().find(|(name, _)| *name == "OFF_RN_PID"))
+            .map_or(0, |(_, off)| *off);
+        if rename_pid != 0
             && bpf::attach_tracepoint(ebpf, "task_rename", "task", "task_rename").is_ok()
         {
             self.attached.push("task_rename");
