@@ -102,9 +102,10 @@ fn check_python(dir: &Path, run: &Run, version: &str) {
         (share - 70.0).abs() <= 10.0,
         "hot_a share {share:.1}% (a={a}, b={b}), expected 70 +/- 10"
     );
-    // The spin calls time.thread_time(): clock_gettime and the kernel run below the Python line.
+    // The spin calls time.thread_time() and iterates a range: clock_gettime, the kernel and
+    // the range's C code run below the Python line (about half of the samples).
     assert!(
-        a_native + b_native > (a + b) / 2,
+        a_native + b_native > (a + b) / 4,
         "Python frames not merged with native ones: {a_native}+{b_native} of {}",
         a + b
     );

@@ -29,7 +29,15 @@ pub enum ProcEventKind {
     Exit = 3,
     /// A thread of a traced process exited (`tid`).
     ThreadExit = 4,
+    /// A thread of a traced process (`pid`, `tid`) made `SYS_STORM_CALLS` syscalls in `arg`
+    /// µs, under [`SYS_STORM_WINDOW_NS`]: its syscall tracepoints cost more than the budget.
+    SyscallStorm = 5,
 }
+
+/// A thread's syscalls are timed in blocks of `SYS_STORM_CALLS`, as many as cost the budget
+/// of this long; a block shorter than this is a storm. A second, as the launch gate's bucket:
+/// a burst (a Python process's imports, a few thousand syscalls) is not a storm.
+pub const SYS_STORM_WINDOW_NS: u64 = 1_000_000_000;
 
 impl ProcEventKind {
     pub fn from_u32(v: u32) -> Option<Self> {
@@ -38,6 +46,7 @@ impl ProcEventKind {
             2 => Some(Self::Exec),
             3 => Some(Self::Exit),
             4 => Some(Self::ThreadExit),
+            5 => Some(Self::SyscallStorm),
             _ => None,
         }
     }
@@ -55,7 +64,8 @@ pub struct ProcEvent {
     pub ts_ns: u64,
     /// Exit code (`task->exit_code` is not readable here; 0 unless known).
     pub exit_code: i32,
-    pub _pad: u32,
+    /// `SyscallStorm`: the µs the block of syscalls took; else 0.
+    pub arg: u32,
     pub comm: [u8; 16],
 }
 

@@ -35,6 +35,13 @@ pub const BLOCK_MAP: &str = "BLOCK_IO";
 /// One `u32`: non-zero once user space has stopped the accounting to read it (see
 /// `account::stopped` in the eBPF crate).
 pub const STOPPED_MAP: &str = "ACCOUNT_STOPPED";
+/// One `u64`: `bpf_ktime_get_ns` just after user space last took the syscall programs off
+/// (0: never). A syscall a thread entered before it is one whose exit may have gone unseen:
+/// its number is not trusted ([`ThreadState::sys_nr`]).
+pub const SYS_OFF_AT_MAP: &str = "SYS_OFF_AT";
+/// One `u64`: the size of the blocks a traced thread's syscalls are timed in (see
+/// `crate::proc::SYS_STORM_WINDOW_NS`); 0 times none.
+pub const SYS_STORM_CALLS_MAP: &str = "SYS_STORM_CALLS";
 
 pub const THREADS_ENTRIES: u32 = 65_536;
 /// Slots of `THREAD_SLOTS_MAP` (~3 MB): thread ids are handed out in sequence, so the threads
@@ -171,10 +178,12 @@ pub struct ThreadState {
     /// yet added to its process's `BLOCK_IO` row: as `held_file`, the row is written at the
     /// first bio to a device and later ones are summed here ([`ThreadState::held_bio`]).
     pub bio_dev: u32,
-    pub _pad3: u32,
+    /// Syscalls in the current block, and when it started (`SYS_STORM_CALLS_MAP`).
+    pub sys_calls: u32,
     pub held_bio_read: u64,
     pub held_bio_write: u64,
     pub held_api_count: u64,
+    pub sys_block_ns: u64,
 }
 
 /// Stacks walked at a blocking switch-out, and the wait they were walked for: the syscall,
@@ -286,10 +295,11 @@ impl ThreadState {
                 calls: 0,
             },
             bio_dev: u32::MAX,
-            _pad3: 0,
+            sys_calls: 0,
             held_bio_read: 0,
             held_bio_write: 0,
             held_api_count: 0,
+            sys_block_ns: 0,
         }
     }
 

@@ -94,6 +94,24 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
 
 #[inline(always)]
 fn emit(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32) {
+    emit_arg(kind, pid, tid, ppid, 0);
+}
+
+/// Thread `tid` of `tgid` made a block of syscalls in `took_ns`, too few for the budget: user
+/// space, waiting on this ring, takes the syscall programs off at once.
+#[inline(always)]
+pub fn syscall_storm(tgid: u32, tid: u32, took_ns: u64) {
+    emit_arg(
+        ProcEventKind::SyscallStorm,
+        tgid,
+        tid,
+        0,
+        (took_ns / 1000) as u32,
+    );
+}
+
+#[inline(always)]
+fn emit_arg(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32, arg: u32) {
     let Some(mut entry) = PROC_EVENTS.reserve::<ProcEvent>(0) else {
         count_drop(Drop::ProcEventsFull);
         return;
@@ -105,7 +123,7 @@ fn emit(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32) {
         ppid,
         ts_ns: unsafe { bpf_ktime_get_ns() },
         exit_code: 0,
-        _pad: 0,
+        arg,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });
     entry.submit(0);

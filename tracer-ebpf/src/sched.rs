@@ -153,9 +153,11 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
         flush(tid, st);
         st.cpu_row = 1;
     }
+    // The syscall it is in, if its entry was seen since the syscall programs last came on.
+    let sys_nr = crate::syscalls::current_nr(st);
     st.off_state = prev_state as u32;
     st.off_ns = now;
-    st.off_sys_nr = st.sys_nr;
+    st.off_sys_nr = sys_nr;
     st.phase = if prev_state & 0xff == 0 {
         PHASE_RUNNABLE
     } else {
@@ -169,7 +171,7 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
     // pipes in turn with a sync between), then costs one walk per wait per 50 ms, not one
     // per switch.
     if st.phase == PHASE_BLOCKED && OFFCPU_STACKS.load() != 0 {
-        let (nr, arg0) = (st.sys_nr, st.sys_arg0);
+        let (nr, arg0) = (sys_nr, st.sys_arg0);
         let mut found = WALK_SLOTS;
         // Replaced on a miss: this wait's expired walk, else an empty slot or the oldest walk
         // (a live one's walk is under 50 ms old, so the oldest is the next to expire).
@@ -208,7 +210,7 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
         st.off_pystack = 0;
     }
     st.off_gil = 0;
-    if st.phase == PHASE_BLOCKED && st.sys_nr == SYS_FUTEX.load() as i32 {
+    if st.phase == PHASE_BLOCKED && sys_nr == SYS_FUTEX.load() as i32 {
         st.off_gil = crate::python::gil_holder(tgid, st.sys_arg0);
     }
 }

@@ -19,6 +19,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     drops::Drop,
+    proc::SYS_STORM_WINDOW_NS,
     wall::{
         log2_bucket, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, SysKey, SysStat, ThreadState,
         ERRNOS_ENTRIES, FD_NAMES_ENTRIES, FD_NAME_WAYS, FILEIO_ENTRIES, HIST_BUCKETS, NO_SYSCALL,
@@ -57,6 +58,32 @@ static FD_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 const SYS_CLOSE: i32 = 3;
 
 /// A zeroed `SysStat` to insert from (too big for the 512-byte stack with everything else).
+/// `tracer_common::wall::SYS_OFF_AT_MAP`.
+#[map(name = "SYS_OFF_AT")]
+static SYS_OFF_AT: Array<u64> = Array::with_max_entries(1, 0);
+
+/// `tracer_common::wall::SYS_STORM_CALLS_MAP`.
+#[map(name = "SYS_STORM_CALLS")]
+static SYS_STORM_CALLS: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The syscall `st` is in, or `NO_SYSCALL`: one entered before the syscall programs were
+/// last taken off (the overhead budget does that to a syscall storm) may have ended unseen.
+#[inline(always)]
+pub fn current_nr(st: &ThreadState) -> i32 {
+    nr_since(st, crate::maps::counter(&SYS_OFF_AT))
+}
+
+/// [`current_nr`] with the programs last taken off at `off_at`. Without a branch: the
+/// scheduler programs are near the verifier's limit on explored states, and a branch here
+/// doubles the states of everything after it. `fresh` is 1 when the entry is newer than
+/// `off_at` (the difference of two timestamps far under 2^63 apart is negative), else 0;
+/// `NO_SYSCALL` is -1, all ones.
+#[inline(always)]
+fn nr_since(st: &ThreadState, off_at: u64) -> i32 {
+    let fresh = (off_at.wrapping_sub(st.sys_start_ns) >> 63) as i32;
+    st.sys_nr | fresh.wrapping_sub(1)
+}
+
 #[map(name = "SYS_ZERO")]
 static SYS_ZERO: PerCpuArray<SysStat> = PerCpuArray::with_max_entries(1, 0);
 
@@ -238,12 +265,33 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
     let Some((tgid, tid, st)) = traced_thread() else {
         return 0;
     };
-    if st.sys_nr == NO_SYSCALL {
+    let off_at = crate::maps::counter(&SYS_OFF_AT);
+    let nr = nr_since(st, off_at);
+    st.sys_nr = NO_SYSCALL;
+    if nr == NO_SYSCALL {
         return 0;
     }
-    let nr = st.sys_nr;
-    st.sys_nr = NO_SYSCALL;
-    let lat = unsafe { bpf_ktime_get_ns() }.saturating_sub(st.sys_start_ns);
+    let now = unsafe { bpf_ktime_get_ns() };
+    let lat = now.saturating_sub(st.sys_start_ns);
+    // Timed in blocks: a thread whose block of syscalls took less than the storm window pays
+    // more than the budget for these programs, and user space takes them off. A block begun
+    // before they last came off (or none yet) starts here.
+    let block = crate::maps::counter(&SYS_STORM_CALLS);
+    if block != 0 {
+        if st.sys_block_ns <= off_at {
+            st.sys_calls = 0;
+            st.sys_block_ns = now;
+        }
+        st.sys_calls += 1;
+        if st.sys_calls as u64 >= block {
+            let took = now.saturating_sub(st.sys_block_ns);
+            if took < SYS_STORM_WINDOW_NS {
+                crate::proc::syscall_storm(tgid, tid, took);
+            }
+            st.sys_calls = 0;
+            st.sys_block_ns = now;
+        }
+    }
     let ret: i64 = ctx.arg(1);
     crate::timeline::syscall(tgid, tid, nr, st.sys_start_ns, lat, ret, st.sys_arg0);
     let key = SysKey {

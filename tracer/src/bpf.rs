@@ -87,18 +87,47 @@ pub fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, category: &str, name: &str
     Ok(())
 }
 
+/// A raw or BTF tracepoint program's link, for programs taken off and put back during a trace
+/// (the syscall programs under the overhead budget).
+#[derive(Debug)]
+pub enum TpLink {
+    Raw(aya::programs::raw_trace_point::RawTracePointLinkId),
+    Btf(aya::programs::tp_btf::BtfTracePointLinkId),
+}
+
 /// Loads and attaches a raw tracepoint program.
-pub fn attach_raw_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<()> {
+pub fn attach_raw_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<TpLink> {
     let p: &mut RawTracePoint = ebpf
         .program_mut(prog)
         .with_context(|| format!("program {prog} missing from the object"))?
         .try_into()?;
     p.load().map_err(|e| load_error(prog, e))?;
-    p.attach(name).map_err(|e| TraceError::Attach {
+    let id = p.attach(name).map_err(|e| TraceError::Attach {
         what: format!("{prog} to raw tracepoint {name}"),
         reason: format!("{:#}", anyhow::Error::from(e)),
     })?;
-    Ok(())
+    Ok(TpLink::Raw(id))
+}
+
+/// Attaches again a raw or BTF tracepoint program that was loaded and attached before.
+pub fn reattach_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<TpLink> {
+    let link = match ebpf.program_mut(prog) {
+        Some(aya::programs::Program::RawTracePoint(p)) => p.attach(name).map(TpLink::Raw),
+        Some(aya::programs::Program::BtfTracePoint(p)) => p.attach().map(TpLink::Btf),
+        _ => anyhow::bail!("program {prog} is not a raw or BTF tracepoint program"),
+    };
+    link.with_context(|| format!("attach {prog} to {name} again"))
+}
+
+/// Takes a link made by [`attach_raw_tracepoint`], [`attach_btf_tracepoint`] or
+/// [`reattach_tracepoint`] off; the program stays loaded.
+pub fn detach_tracepoint(ebpf: &mut Ebpf, prog: &str, link: TpLink) -> Result<()> {
+    let done = match (ebpf.program_mut(prog), link) {
+        (Some(aya::programs::Program::RawTracePoint(p)), TpLink::Raw(id)) => p.detach(id),
+        (Some(aya::programs::Program::BtfTracePoint(p)), TpLink::Btf(id)) => p.detach(id),
+        _ => anyhow::bail!("program {prog} does not hold that link"),
+    };
+    done.with_context(|| format!("detach {prog}"))
 }
 
 /// Loads and attaches a BTF-typed raw tracepoint program (`tp_btf`): its pointer arguments
@@ -108,17 +137,17 @@ pub fn attach_btf_tracepoint(
     btf: &aya::Btf,
     prog: &str,
     name: &str,
-) -> Result<()> {
+) -> Result<TpLink> {
     let p: &mut aya::programs::BtfTracePoint = ebpf
         .program_mut(prog)
         .with_context(|| format!("program {prog} missing from the object"))?
         .try_into()?;
     p.load(name, btf).map_err(|e| load_error(prog, e))?;
-    p.attach().map_err(|e| TraceError::Attach {
+    let id = p.attach().map_err(|e| TraceError::Attach {
         what: format!("{prog} to BTF tracepoint {name}"),
         reason: format!("{:#}", anyhow::Error::from(e)),
     })?;
-    Ok(())
+    Ok(TpLink::Btf(id))
 }
 
 /// Loads the CPU sampler and attaches it to the cpu-clock event of every online CPU.

@@ -45,6 +45,15 @@ pub trait ProbeFamily {
     fn tick(&mut self, _ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
         Ok(())
     }
+    /// Threads whose syscalls cost more than the budget (`ProcEventKind::SyscallStorm`), as
+    /// soon as the kernel reports them.
+    fn storms(
+        &mut self,
+        _ebpf: &mut Ebpf,
+        _storms: &[tracer_common::proc::ProcEvent],
+    ) -> Result<()> {
+        Ok(())
+    }
     /// Reads what the kernel aggregated and fills in its part of the report.
     fn finish(
         &mut self,

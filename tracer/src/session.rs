@@ -363,10 +363,12 @@ async fn pump(
                 let mut guard = guard.context("poll the ring buffer")?;
                 drain(guard.get_inner_mut(), tracker);
                 guard.clear_ready();
+                hand_storms(tracker, ebpf, families)?;
             }
             _ = tick.tick() => {
                 ticks += 1;
                 drain(ring.get_mut(), tracker);
+                hand_storms(tracker, ebpf, families)?;
                 if let Some(pid) = launched {
                     if let Some(code) = target::try_reap(pid) {
                         exit_code = Some(code);
@@ -392,6 +394,24 @@ async fn pump(
             return Ok((EndReason::TargetExited, exit_code));
         }
     }
+}
+
+/// Hands the syscall storms the ring brought to the families, at once: the budget takes the
+/// syscall programs off within milliseconds, not at the next tick.
+fn hand_storms(
+    tracker: &mut Tracker,
+    ebpf: &mut Ebpf,
+    families: &mut [Box<dyn ProbeFamily>],
+) -> Result<()> {
+    if tracker.storms.is_empty() {
+        return Ok(());
+    }
+    let storms = std::mem::take(&mut tracker.storms);
+    for f in families.iter_mut() {
+        f.storms(ebpf, &storms)
+            .with_context(|| format!("{} probes", f.name()))?;
+    }
+    Ok(())
 }
 
 /// The exit tracepoint fires before the process becomes a zombie: give it a moment.

@@ -53,7 +53,13 @@ pub struct Tracker {
     last_exit_ns: u64,
     /// Refreshes of all processes so far (every [`FULL_MAPS_EVERY`]th reads every map).
     all_refreshes: u64,
+    /// Syscall storms the kernel reported and the accounting has not taken yet (bounded: the
+    /// kernel sends one per block of syscalls until the programs are off).
+    pub storms: Vec<ProcEvent>,
 }
+
+/// Storms kept for the accounting between two of its looks.
+const MAX_PENDING_STORMS: usize = 64;
 
 /// Every this many refreshes of all processes (2 s apart: 20 s), their maps are read whatever
 /// their executable mappings' sizes say: a library swapped for one of the same size, JIT code
@@ -107,6 +113,12 @@ impl Tracker {
     }
 
     pub fn on_event(&mut self, ev: &ProcEvent) {
+        if ev.kind == ProcEventKind::SyscallStorm as u32 {
+            if self.storms.len() < MAX_PENDING_STORMS {
+                self.storms.push(*ev);
+            }
+            return;
+        }
         self.events += 1;
         if self.lifecycle.len() < crate::report::timeline::LIFECYCLE_MAX {
             self.lifecycle.push(*ev);
@@ -145,7 +157,7 @@ impl Tracker {
             Some(ProcEventKind::Exit) => {
                 self.mark_exited_at(ev.pid, ev.ts_ns);
             }
-            Some(ProcEventKind::ThreadExit) | None => {}
+            Some(ProcEventKind::ThreadExit) | Some(ProcEventKind::SyscallStorm) | None => {}
         }
     }
 
@@ -321,7 +333,7 @@ mod tests {
             ppid,
             ts_ns: 0,
             exit_code: 0,
-            _pad: 0,
+            arg: 0,
             comm,
         }
     }

@@ -11,6 +11,7 @@ pub mod render;
 mod retire;
 pub mod sites;
 mod states;
+pub mod syscall_gate;
 pub mod syscall_names;
 mod take;
 
@@ -57,16 +58,14 @@ const SCHED_RAW_PROGRAMS: [(&str, &str, usize); 3] = [
     ("sched_wakeup", "sched_wakeup", 1),
     ("sched_wakeup_new", "sched_wakeup_new", 1),
 ];
-const SYS_ENTER_RAW: [(&str, &str); 1] = [("sys_enter", "sys_enter")];
-const SYS_EXIT_RAW: (&str, &str) = ("sys_exit", "sys_exit");
-/// The same programs on BTF tracepoints (the default): their reads of the task's pid and of
-/// the syscall's registers are plain loads there, not helper calls. sys_exit reads nothing.
+/// The same programs on BTF tracepoints (the default): their reads of the task's pid are
+/// plain loads there, not helper calls. So are sys_enter's reads of the syscall's registers on
+/// its BTF tracepoint (`sys_enter_btf`); sys_exit reads nothing and comes on a raw one.
 const SCHED_BTF_PROGRAMS: [(&str, &str); 3] = [
     ("sched_switch_btf", "sched_switch"),
     ("sched_wakeup_btf", "sched_wakeup"),
     ("sched_wakeup_new_btf", "sched_wakeup_new"),
 ];
-const SYS_BTF_PROGRAMS: [(&str, &str); 1] = [("sys_enter_btf", "sys_enter")];
 
 /// The kernel's BTF, for the raw tracepoint programs. GPUTRACE_RAW_TRACEPOINTS=0 picks the
 /// classic ones (what an older kernel gets).
@@ -305,6 +304,15 @@ pub struct Accounting {
     renames_seen: Option<u64>,
     reread_names: bool,
     named: std::collections::HashMap<u32, u64>,
+    /// The syscall programs, entry first: (program, tracepoint, its link while attached).
+    sys_links: Vec<(&'static str, &'static str, Option<bpf::TpLink>)>,
+    /// The budget's control over them (None: a budget that never samples), and why it stopped
+    /// if putting them back failed.
+    sys_gate: Option<syscall_gate::SyscallGate>,
+    sys_gate_failed: Option<String>,
+    /// The names of threads that stormed, as the kernel gave them (they may be gone by the
+    /// time names are read).
+    storm_comms: BTreeMap<u32, String>,
 }
 
 impl Accounting {
@@ -321,6 +329,10 @@ impl Accounting {
             retire_failed: None,
             ticks: 0,
             stats: None,
+            sys_links: Vec::new(),
+            sys_gate: None,
+            sys_gate_failed: None,
+            storm_comms: BTreeMap::new(),
         }
     }
 
@@ -352,6 +364,12 @@ impl Accounting {
                 self.renames_seen = renames;
             }
             self.reread_names = moved;
+        }
+        // While the syscall programs are off, closes go unseen: the file /proc shows under an
+        // fd may not be the one its row counted. Rows are named again once they are back
+        // (with new generations, `retire::next_fd_generations`).
+        if self.sys_gate.as_ref().is_some_and(|g| !g.is_on()) {
+            return;
         }
         for k in fill::open_fds(ebpf) {
             if let std::collections::btree_map::Entry::Vacant(e) = self.fds.entry(k) {
@@ -486,6 +504,146 @@ impl Accounting {
     }
 }
 
+/// Sets a one-entry `u64` array map.
+fn set_counter(ebpf: &mut Ebpf, map: &str, v: u64) -> Result<()> {
+    let mut a: aya::maps::Array<_, u64> = aya::maps::Array::try_from(
+        ebpf.map_mut(map)
+            .with_context(|| format!("map {map} missing"))?,
+    )?;
+    a.set(0, v, 0).with_context(|| format!("set {map}"))
+}
+
+impl Accounting {
+    /// sys_enter (on its BTF tracepoint, else a raw one) and sys_exit, kept by link: the
+    /// budget takes them off a syscall storm and puts them back ([`syscall_gate`]).
+    fn attach_syscalls(
+        &mut self,
+        ebpf: &mut Ebpf,
+        btf: &Result<aya::Btf>,
+        typed: bool,
+        verbose: bool,
+    ) -> Result<()> {
+        let mut enter = None;
+        // Raw where the scheduler programs are classic: a kernel whose BTF fails them.
+        if typed {
+            let link = match btf {
+                Ok(b) => bpf::attach_btf_tracepoint(ebpf, b, "sys_enter_btf", "sys_enter"),
+                Err(e) => Err(anyhow::anyhow!("{e:#}")),
+            };
+            match link {
+                Ok(l) => enter = Some(("sys_enter_btf", l)),
+                Err(e) if verbose => {
+                    eprintln!("gputrace: syscall programs on raw tracepoints: {e:#}")
+                }
+                Err(_) => {}
+            }
+        }
+        let (prog, link) = match enter {
+            Some(e) => e,
+            None => (
+                "sys_enter",
+                bpf::attach_raw_tracepoint(ebpf, "sys_enter", "sys_enter")?,
+            ),
+        };
+        self.attached.push(prog);
+        self.sys_links.push((prog, "sys_enter", Some(link)));
+        let link = bpf::attach_raw_tracepoint(ebpf, "sys_exit", "sys_exit")?;
+        self.attached.push("sys_exit");
+        self.sys_links.push(("sys_exit", "sys_exit", Some(link)));
+        Ok(())
+    }
+
+    /// Takes the syscall programs off: entry first, so that no syscall starts unseen whose
+    /// exit is then counted.
+    fn take_off_syscalls(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+        for (prog, _, link) in self.sys_links.iter_mut() {
+            if let Some(l) = link.take() {
+                bpf::detach_tracepoint(ebpf, prog, l)?;
+            }
+        }
+        // A run that began before its link went may still stamp an entry: after a grace
+        // period (the programs run with preemption off) every entry stamped is older than
+        // the time written here, and a number older than it is not trusted.
+        unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
+        set_counter(ebpf, tracer_common::wall::SYS_OFF_AT_MAP, ktime_now())
+    }
+
+    /// Puts them back, exit first: an exit whose entry went unseen finds a number older than
+    /// `SYS_OFF_AT` and is skipped.
+    fn put_on_syscalls(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+        retire::next_fd_generations(ebpf)?;
+        for (prog, tp, link) in self.sys_links.iter_mut().rev() {
+            if link.is_none() {
+                *link = Some(bpf::reattach_tracepoint(ebpf, prog, tp)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// What the budget did to the syscall programs, in the report.
+    fn report_syscalls_off(&mut self, ctx: &FinishCtx<'_>, data: &mut ReportData) {
+        if let Some(e) = self.sys_gate_failed.take() {
+            data.report.warnings.push(format!(
+                "the overhead budget's control of the syscall tracepoints failed ({e}): from \
+                 then on they stayed as they were, and the syscall figures may stop there"
+            ));
+        }
+        let Some(g) = self
+            .sys_gate
+            .as_mut()
+            .and_then(|g| g.finish(ctx.window_end_ktime))
+        else {
+            return;
+        };
+        let window = ctx
+            .window_end_ktime
+            .saturating_sub(ctx.window_start_ktime)
+            .max(1);
+        // At the programs' measured cost where the overhead family has it.
+        let per_hit = |name: &str| {
+            data.report.overhead.as_ref().and_then(|o| {
+                o.programs
+                    .iter()
+                    .find(|p| p.program == name && p.bpf_ns_per_hit > 0.0)
+                    .map(|p| p.bpf_ns_per_hit + p.trap_ns_per_hit)
+            })
+        };
+        let enter = self
+            .sys_links
+            .first()
+            .and_then(|(prog, _, _)| per_hit(prog));
+        let cost = match (enter, per_hit("sys_exit")) {
+            (Some(a), Some(b)) => a + b,
+            _ => syscall_gate::SYSCALL_COST_NS,
+        };
+        let block = self.sys_gate.as_ref().map_or(0, |g| g.block());
+        let mut threads: Vec<_> = g
+            .storms
+            .iter()
+            .map(|(&tid, s)| crate::report::model::overhead::StormThread {
+                pid: s.pid,
+                tid,
+                comm: self
+                    .comms
+                    .get(&tid)
+                    .map(|(_, c)| c.clone())
+                    .or_else(|| self.storm_comms.get(&tid).cloned())
+                    .unwrap_or_default(),
+                share: syscall_gate::share(block, cost, s.took_ns),
+            })
+            .collect();
+        threads.sort_by(|a, b| b.share.total_cmp(&a.share));
+        let o = data.report.overhead.get_or_insert_with(Default::default);
+        o.syscalls_off = Some(crate::report::model::overhead::SyscallsOff {
+            on_share: 1.0 - (g.off_ns as f64 / window as f64).min(1.0),
+            off_s: g.off_ns as f64 / 1e9,
+            first_off_s: g.first_off.saturating_sub(ctx.window_start_ktime) as f64 / 1e9,
+            windows: g.windows,
+            threads,
+        });
+    }
+}
+
 impl ProbeFamily for Accounting {
     fn name(&self) -> &'static str {
         "time accounting"
@@ -548,24 +706,12 @@ impl ProbeFamily for Accounting {
             self.attached.push("task_rename");
             self.renames_seen = Some(u64::MAX);
         }
-        // Raw where the scheduler programs are classic: a kernel whose BTF fails them.
-        if classic.is_none() {
-            self.attach_btf_or_raw(
-                ebpf,
-                &btf,
-                &SYS_BTF_PROGRAMS,
-                &SYS_ENTER_RAW,
-                "syscall",
-                verbose,
-            )?;
-        } else {
-            let [(prog, name)] = SYS_ENTER_RAW;
-            bpf::attach_raw_tracepoint(ebpf, prog, name)?;
-            self.attached.push(prog);
+        self.attach_syscalls(ebpf, &btf, classic.is_none(), verbose)?;
+        let block = syscall_gate::block_calls(ctx.args.max_overhead);
+        if block != 0 {
+            set_counter(ebpf, tracer_common::wall::SYS_STORM_CALLS_MAP, block)?;
+            self.sys_gate = Some(syscall_gate::SyscallGate::new(block, ktime_now()));
         }
-        let (prog, name) = SYS_EXIT_RAW;
-        bpf::attach_raw_tracepoint(ebpf, prog, name)?;
-        self.attached.push(prog);
         if tracefs::exists("block", "block_rq_issue") {
             match block_classic {
                 None => {
@@ -603,6 +749,29 @@ impl ProbeFamily for Accounting {
         Ok(())
     }
 
+    fn storms(&mut self, ebpf: &mut Ebpf, storms: &[tracer_common::proc::ProcEvent]) -> Result<()> {
+        let Some(g) = self.sys_gate.as_mut() else {
+            return Ok(());
+        };
+        let now = ktime_now();
+        let mut off = false;
+        for s in storms {
+            self.storm_comms
+                .entry(s.tid)
+                .or_insert_with(|| crate::session::comm_str(&s.comm));
+            off |= g.storm(now, s.pid, s.tid, u64::from(s.arg) * 1000)
+                == syscall_gate::Action::TakeOff;
+        }
+        if off {
+            if let Err(e) = self.take_off_syscalls(ebpf) {
+                // They may be half off: the trace goes on as they are, and the report says so.
+                self.sys_gate = None;
+                self.sys_gate_failed = Some(format!("{e:#}"));
+            }
+        }
+        Ok(())
+    }
+
     fn before_release(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<()> {
         // Seeded blocked in its read of the release pipe: the wakeup that follows starts its
         // runqueue time and the switch-in its CPU time, exactly as for any other thread.
@@ -611,6 +780,17 @@ impl ProbeFamily for Accounting {
 
     fn tick(&mut self, ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
         self.ticks += 1;
+        let put_on = self
+            .sys_gate
+            .as_mut()
+            .is_some_and(|g| g.tick(ktime_now()) == syscall_gate::Action::PutOn);
+        if put_on {
+            if let Err(e) = self.put_on_syscalls(ebpf) {
+                // The trace goes on without them; the report says so.
+                self.sys_gate = None;
+                self.sys_gate_failed = Some(format!("{e:#}"));
+            }
+        }
         if self.ticks.is_multiple_of(5) {
             self.learn(ebpf);
         }
@@ -643,6 +823,7 @@ impl ProbeFamily for Accounting {
         data: &mut ReportData,
     ) -> Result<()> {
         self.learn(ebpf);
+        self.report_syscalls_off(ctx, data);
         if self.stats.is_some() {
             for prog in &self.attached {
                 if let Some(p) = ebpf.program(prog) {

@@ -26,8 +26,8 @@ use aya::{
     Ebpf,
 };
 use tracer_common::wall::{
-    ErrnoKey, FdKey, FdStat, LifeKey, LifeVal, SysKey, SysStat, WallKey, WallVal, DEATHS_MAP,
-    ERRNOS_MAP, FD_EPOCH_MAP, FILEIO_MAP, LIFE_MAP, SYSCALLS_MAP, WALL_MAP,
+    ErrnoKey, FdGenKey, FdKey, FdStat, LifeKey, LifeVal, SysKey, SysStat, WallKey, WallVal,
+    DEATHS_MAP, ERRNOS_MAP, FD_EPOCH_MAP, FD_GEN_MAP, FILEIO_MAP, LIFE_MAP, SYSCALLS_MAP, WALL_MAP,
 };
 
 use super::aggregate::{FoldedLives, Row, FOLDED_TID};
@@ -97,6 +97,35 @@ pub(super) fn counter(ebpf: &Ebpf, name: &str) -> Result<u64> {
             .with_context(|| format!("map {name} missing"))?,
     )?;
     Ok(map.get(&0, 0)?)
+}
+
+/// Moves every fd of the traced processes on to a new open generation, and `FD_EPOCH` with
+/// them (so threads look their fd's generation up again): while the syscall programs were off
+/// closes went unseen, and a file opened since under an old number must not add to the row of
+/// the file that number had. A file open throughout gets a second row, named from /proc like
+/// the first; the report sums a process's rows by name. Only while the programs are off: no
+/// program moves these meanwhile.
+pub(super) fn next_fd_generations(ebpf: &mut Ebpf) -> Result<()> {
+    let mut gens = super::fill::fd_gens(ebpf)?;
+    for (k, _) in crate::batch::read::<FdKey, FdStat>(ebpf, FILEIO_MAP)? {
+        let g = gens.entry((k.tgid, k.fd)).or_insert(0);
+        *g = (*g).max(k.gen);
+    }
+    let mut map: HashMap<&mut MapData, FdGenKey, u32> = HashMap::try_from(
+        ebpf.map_mut(FD_GEN_MAP)
+            .with_context(|| format!("map {FD_GEN_MAP} missing"))?,
+    )?;
+    for ((tgid, fd), g) in gens {
+        // A full map leaves that fd where it was: its rows may then mix two files.
+        let _ = map.insert(FdGenKey { tgid, fd }, g + 1, 0);
+    }
+    let epoch = counter(ebpf, FD_EPOCH_MAP)?;
+    let mut map: aya::maps::Array<&mut MapData, u64> = aya::maps::Array::try_from(
+        ebpf.map_mut(FD_EPOCH_MAP)
+            .with_context(|| format!("map {FD_EPOCH_MAP} missing"))?,
+    )?;
+    map.set(0, epoch + 1, 0)
+        .with_context(|| format!("set {FD_EPOCH_MAP}"))
 }
 
 /// Where a closed file's I/O goes once `MAX_CLOSED_FILES` names are held: its directory's

@@ -482,7 +482,10 @@ pub fn render(data: &ReportData) -> Result<String> {
     o.push_str("<h2>Limits of this trace</h2><ul>");
     if let Some(ov) = &r.overhead {
         let _ = write!(o, "<li>{}</li>", esc(&ov.summary()));
-        if let Some(l) = ov.sampling_line() {
+        for l in [ov.sampling_line(), ov.syscalls_off_line()]
+            .into_iter()
+            .flatten()
+        {
             let _ = write!(o, "<li><b>{}</b></li>", esc(&l));
         }
     }

@@ -589,7 +589,10 @@ fn render_footer(o: &mut String, r: &Report, st: Style) {
         for (i, l) in wrap(&ov.summary(), WIDTH - 2).iter().enumerate() {
             line(o, &if i == 0 { l.clone() } else { format!("  {l}") });
         }
-        if let Some(l) = ov.sampling_line() {
+        for l in [ov.sampling_line(), ov.syscalls_off_line()]
+            .into_iter()
+            .flatten()
+        {
             for w in wrap(&l, WIDTH) {
                 line(o, &st.severity("medium", &w));
             }

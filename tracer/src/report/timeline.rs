@@ -189,7 +189,7 @@ pub fn add_lifecycle(
                 ev.pid,
                 vec![("code".to_string(), ev.exit_code.to_string())],
             ),
-            Some(K::ThreadExit) | None => continue,
+            Some(K::ThreadExit) | Some(K::SyscallStorm) | None => continue,
         };
         t.push(TimelineEvent {
             ts_ns: ev.ts_ns.saturating_sub(window_start_ktime),
@@ -233,7 +233,7 @@ mod tests {
             ppid: 1,
             ts_ns,
             exit_code: 0,
-            _pad: 0,
+            arg: 0,
             comm: *b"worker\0\0\0\0\0\0\0\0\0\0",
         };
         let mut t = Timeline::with_limit(10);

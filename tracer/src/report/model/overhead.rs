@@ -35,6 +35,35 @@ pub struct Overhead {
     /// Set when the budget switched the high-rate probes on and off: their counts are scaled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampled: Option<ProbeSampling>,
+    /// Set when the budget took the syscall tracepoints off a syscall storm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscalls_off: Option<SyscallsOff>,
+}
+
+/// The syscall tracepoints taken off threads that paid more than the budget for them, and put
+/// back in windows (`accounting::syscall_gate`). What they count covers only the time they
+/// were on: the counts are not scaled (rates differ by thread, syscall and phase, and a window
+/// of a few ms gives no bound worth the name).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SyscallsOff {
+    /// Share of the window the syscall tracepoints were on.
+    pub on_share: f64,
+    /// How long they were off, and when they first came off (s since the window's start).
+    pub off_s: f64,
+    pub first_off_s: f64,
+    /// Times they were put back on trial.
+    pub windows: u32,
+    /// The threads that paid more than the budget for them, costliest first.
+    pub threads: Vec<StormThread>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct StormThread {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// The share of its time a block of its syscalls cost it, at its fastest.
+    pub share: f64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -141,12 +170,39 @@ impl Overhead {
             .collect();
         Some(format!(
             "over budget: thread {} ({}) paid ~{:.1}% of its time for probes ({}), over the {}% \
-             budget; the budget switches only the CUDA launch probes on and off",
+             budget; the budget switches only the CUDA launch probes and, for a thread whose \
+             syscalls alone cost more than the budget, the syscall tracepoints on and off",
             c.tid,
             c.comm,
             c.estimated * 100.0,
             parts.join(", "),
             pct(self.budget)
+        ))
+    }
+
+    /// Said when the syscall tracepoints came off: what the syscall figures then cover.
+    pub fn syscalls_off_line(&self) -> Option<String> {
+        let g = self.syscalls_off.as_ref()?;
+        let mut who: Vec<String> = g
+            .threads
+            .iter()
+            .take(3)
+            .map(|t| format!("thread {} ({}) ~{:.0}%", t.tid, t.comm, t.share * 100.0))
+            .collect();
+        if g.threads.len() > 3 {
+            who.push(format!("{} more thread(s)", g.threads.len() - 3));
+        }
+        Some(format!(
+            "PARTIAL: the syscall tracepoints cost {} of their time, over the {}% budget, so \
+             they were off for {:.1} s from {:.1} s on (put back on trial {} times). Syscall \
+             counts, latencies and per-file I/O cover the {:.0}% of the trace they were on (not \
+             scaled); off-CPU time meanwhile is classified from kernel stacks",
+            who.join(", "),
+            pct(self.budget),
+            g.off_s,
+            g.first_off_s,
+            g.windows,
+            g.on_share * 100.0
         ))
     }
 
@@ -212,8 +268,36 @@ mod tests {
             o.over_budget_line().unwrap(),
             "over budget: thread 8 (loader) paid ~4.0% of its time for probes (syscall \
              tracepoints 3.0%, scheduler tracepoints 1.0%), over the 2% budget; the budget \
-             switches only the CUDA launch probes on and off"
+             switches only the CUDA launch probes and, for a thread whose syscalls alone cost \
+             more than the budget, the syscall tracepoints on and off"
         );
         assert_eq!(costly(0.019).over_budget_line(), None);
+    }
+
+    #[test]
+    fn syscalls_taken_off_say_what_the_figures_cover() {
+        let mut o = costly(0.01);
+        assert_eq!(o.syscalls_off_line(), None);
+        let t = |tid, share| StormThread {
+            pid: 7,
+            tid,
+            comm: "dd".into(),
+            share,
+        };
+        o.syscalls_off = Some(SyscallsOff {
+            on_share: 0.031,
+            off_s: 9.5,
+            first_off_s: 0.2,
+            windows: 3,
+            threads: vec![t(8, 0.71), t(9, 0.5), t(10, 0.3), t(11, 0.2)],
+        });
+        assert_eq!(
+            o.syscalls_off_line().unwrap(),
+            "PARTIAL: the syscall tracepoints cost thread 8 (dd) ~71%, thread 9 (dd) ~50%, \
+             thread 10 (dd) ~30%, 1 more thread(s) of their time, over the 2% budget, so they \
+             were off for 9.5 s from 0.2 s on (put back on trial 3 times). Syscall counts, \
+             latencies and per-file I/O cover the 3% of the trace they were on (not scaled); \
+             off-CPU time meanwhile is classified from kernel stacks"
+        );
     }
 }
