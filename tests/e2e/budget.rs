@@ -289,7 +289,9 @@ fn a_syscall_storm_takes_the_syscall_tracepoints_off() {
     assert!(paid > 1_000_000 && paid < 60_000_000, "{c:#}");
     let shown = run.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
-        shown.contains("PARTIAL: the syscall tracepoints cost thread") && shown.contains("(dd) ~"),
+        shown.contains("PARTIAL: over the 2% budget, the syscall tracepoints took thread")
+            && shown.contains("(dd) ~")
+            && shown.contains("of its time"),
         "{}",
         run.stdout
     );

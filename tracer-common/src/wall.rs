@@ -39,9 +39,6 @@ pub const STOPPED_MAP: &str = "ACCOUNT_STOPPED";
 /// (0: never). A syscall a thread entered before it is one whose exit may have gone unseen:
 /// its number is not trusted ([`ThreadState::sys_nr`]).
 pub const SYS_OFF_AT_MAP: &str = "SYS_OFF_AT";
-/// One `u64`: the size of the blocks a traced thread's syscalls are timed in (see
-/// `crate::proc::SYS_STORM_WINDOW_NS`); 0 times none.
-pub const SYS_STORM_CALLS_MAP: &str = "SYS_STORM_CALLS";
 
 pub const THREADS_ENTRIES: u32 = 65_536;
 /// Slots of `THREAD_SLOTS_MAP` (~3 MB): thread ids are handed out in sequence, so the threads
@@ -178,7 +175,8 @@ pub struct ThreadState {
     /// yet added to its process's `BLOCK_IO` row: as `held_file`, the row is written at the
     /// first bio to a device and later ones are summed here ([`ThreadState::held_bio`]).
     pub bio_dev: u32,
-    /// Syscalls in the current block, and when it started (`SYS_STORM_CALLS_MAP`).
+    /// Syscalls in the current block, and when it started (`SYS_STORM_CALLS` in the eBPF
+    /// crate's syscalls.rs, `crate::proc::SYS_STORM_WINDOW_NS`).
     pub sys_calls: u32,
     pub held_bio_read: u64,
     pub held_bio_write: u64,

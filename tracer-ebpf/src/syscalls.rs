@@ -62,9 +62,11 @@ const SYS_CLOSE: i32 = 3;
 #[map(name = "SYS_OFF_AT")]
 static SYS_OFF_AT: Array<u64> = Array::with_max_entries(1, 0);
 
-/// `tracer_common::wall::SYS_STORM_CALLS_MAP`.
-#[map(name = "SYS_STORM_CALLS")]
-static SYS_STORM_CALLS: Array<u64> = Array::with_max_entries(1, 0);
+/// The syscalls in a block a traced thread's syscalls are timed in, 0 for none (set by user
+/// space from the budget: `accounting::syscall_gate::block_calls`). A constant to the
+/// verifier, so a budget that never samples leaves no trace of the timing in the program.
+#[no_mangle]
+static SYS_STORM_CALLS: Global<u64> = Global::new(0);
 
 /// The syscall `st` is in, or `NO_SYSCALL`: one entered before the syscall programs were
 /// last taken off (the overhead budget does that to a syscall storm) may have ended unseen.
@@ -276,7 +278,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
     // Timed in blocks: a thread whose block of syscalls took less than the storm window pays
     // more than the budget for these programs, and user space takes them off. A block begun
     // before they last came off (or none yet) starts here.
-    let block = crate::maps::counter(&SYS_STORM_CALLS);
+    let block = SYS_STORM_CALLS.load();
     if block != 0 {
         if st.sys_block_ns <= off_at {
             st.sys_calls = 0;

@@ -387,7 +387,7 @@ fn ebpf_object(can_load: bool) -> Check {
     }
     // With the accounting's offsets: the BTF programs' field reads are checked against them.
     let families: [Box<dyn crate::probes::ProbeFamily>; 1] =
-        [Box::new(crate::accounting::Accounting::new())];
+        [Box::new(crate::accounting::Accounting::default())];
     let mut ebpf = match bpf::load(
         &bpf::LoadOptions {
             follow_children: true,

@@ -83,7 +83,7 @@ pub fn families(args: &TraceArgs) -> Vec<Box<dyn ProbeFamily>> {
             args.max_overhead,
             trap.clone(),
         )),
-        Box::new(crate::accounting::Accounting::new()),
+        Box::new(crate::accounting::Accounting::new(args.max_overhead)),
         // Before CUDA: the CUDA family names the kernels of the launches on the timeline.
         Box::new(crate::streams::TimelineFamily::new(args)),
         Box::new(crate::cuda::CudaFamily::new(args, trap)),

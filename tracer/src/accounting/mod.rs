@@ -313,11 +313,15 @@ pub struct Accounting {
     /// The names of threads that stormed, as the kernel gave them (they may be gone by the
     /// time names are read).
     storm_comms: BTreeMap<u32, String>,
+    /// The syscalls in a block (`syscall_gate::block_calls`; 0: the budget never samples).
+    storm_calls: u64,
 }
 
 impl Accounting {
-    pub fn new() -> Accounting {
+    /// Under the overhead budget `budget` (a fraction, `--max-overhead`).
+    pub fn new(budget: f64) -> Accounting {
         Accounting {
+            storm_calls: syscall_gate::block_calls(budget),
             offsets: Offsets::read().map_err(|e| format!("{e:#}")),
             comms: BTreeMap::new(),
             renames_seen: None,
@@ -392,7 +396,7 @@ const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
 
 impl Default for Accounting {
     fn default() -> Self {
-        Self::new()
+        Self::new(crate::budget::DEFAULT_BUDGET)
     }
 }
 
@@ -657,6 +661,7 @@ impl ProbeFamily for Accounting {
         for (name, off) in &offsets.globals {
             loader.override_global(name, off, true);
         }
+        loader.override_global("SYS_STORM_CALLS", &self.storm_calls, true);
         Ok(())
     }
 
@@ -707,10 +712,11 @@ impl ProbeFamily for Accounting {
             self.renames_seen = Some(u64::MAX);
         }
         self.attach_syscalls(ebpf, &btf, classic.is_none(), verbose)?;
-        let block = syscall_gate::block_calls(ctx.args.max_overhead);
-        if block != 0 {
-            set_counter(ebpf, tracer_common::wall::SYS_STORM_CALLS_MAP, block)?;
-            self.sys_gate = Some(syscall_gate::SyscallGate::new(block, ktime_now()));
+        if self.storm_calls != 0 {
+            self.sys_gate = Some(syscall_gate::SyscallGate::new(
+                self.storm_calls,
+                ktime_now(),
+            ));
         }
         if tracefs::exists("block", "block_rq_issue") {
             match block_classic {

@@ -40,7 +40,7 @@ pub const MAX_GAP_NS: u64 = 16_000_000_000;
 /// than the storm window.
 pub const QUIET_NS: u64 = SYS_STORM_WINDOW_NS + 100_000_000;
 
-/// The syscalls in a block (`SYS_STORM_CALLS_MAP`): as many as cost `budget` of the storm
+/// The syscalls in a block (the eBPF global `SYS_STORM_CALLS`): as many as cost `budget` of the storm
 /// window. 0, which times nothing, when the budget never samples.
 pub fn block_calls(budget: f64) -> u64 {
     if budget >= crate::budget::NO_SAMPLING {

@@ -192,13 +192,14 @@ impl Overhead {
         if g.threads.len() > 3 {
             who.push(format!("{} more thread(s)", g.threads.len() - 3));
         }
+        let whose = if g.threads.len() == 1 { "its" } else { "their" };
         Some(format!(
-            "PARTIAL: the syscall tracepoints cost {} of their time, over the {}% budget, so \
+            "PARTIAL: over the {}% budget, the syscall tracepoints took {} of {whose} time, so \
              they were off for {:.1} s from {:.1} s on (put back on trial {} times). Syscall \
              counts, latencies and per-file I/O cover the {:.0}% of the trace they were on (not \
              scaled); off-CPU time meanwhile is classified from kernel stacks",
-            who.join(", "),
             pct(self.budget),
+            who.join(", "),
             g.off_s,
             g.first_off_s,
             g.windows,
@@ -293,8 +294,8 @@ mod tests {
         });
         assert_eq!(
             o.syscalls_off_line().unwrap(),
-            "PARTIAL: the syscall tracepoints cost thread 8 (dd) ~71%, thread 9 (dd) ~50%, \
-             thread 10 (dd) ~30%, 1 more thread(s) of their time, over the 2% budget, so they \
+            "PARTIAL: over the 2% budget, the syscall tracepoints took thread 8 (dd) ~71%, \
+             thread 9 (dd) ~50%, thread 10 (dd) ~30%, 1 more thread(s) of their time, so they \
              were off for 9.5 s from 0.2 s on (put back on trial 3 times). Syscall counts, \
              latencies and per-file I/O cover the 3% of the trace they were on (not scaled); \
              off-CPU time meanwhile is classified from kernel stacks"
