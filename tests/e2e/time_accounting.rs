@@ -426,6 +426,28 @@ fn three_cycling_waits_keep_their_own_stacks() {
         return;
     }
     let (out, run) = trace_workload("cycling_waits", &["300"]);
+    cycling_waits_in_place(&out, &run);
+}
+
+/// The same while another thread's syscall storm has the syscall tracepoints off: the reader's
+/// waits are then told apart by nothing but their stacks, and none may reuse another's.
+#[test]
+fn cycling_waits_keep_their_own_stacks_with_the_syscall_tracepoints_off() {
+    let _g = serial();
+    if !require_root("cycling_waits_keep_their_own_stacks_with_the_syscall_tracepoints_off") {
+        return;
+    }
+    let (out, run) = trace_workload("cycling_waits", &["300", "storm"]);
+    let report = run.report(&out);
+    let off = &report["overhead"]["syscalls_off"];
+    assert_eq!(off["threads"][0]["comm"], "cw_storm", "{off:#}");
+    // Off from before the reader starts (0.3 s in) until the first window 2 s later.
+    assert!(off["first_off_s"].as_f64().unwrap() < 0.3, "{off:#}");
+    cycling_waits_in_place(&out, &run);
+}
+
+/// Each of `cycling_waits`' waits under the function that waited.
+fn cycling_waits_in_place(out: &std::path::Path, run: &Run) {
     assert!(run.stdout.contains("done 300 waits 2400"), "{}", run.stdout);
     let offcpu = std::fs::read_to_string(out.join("offcpu.folded")).expect("offcpu.folded");
     // Microseconds per (category, function that waited), from the reader's stacks in main.

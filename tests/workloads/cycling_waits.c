@@ -1,12 +1,15 @@
 // A thread that cycles through three waits, from three functions: a read of pipe A, a nap,
 // a read of pipe B, a nap. The off-CPU stacks walked at switch-out are reused per wait
 // (`ThreadState::walked`): each wait's time must land under its own function.
-// Usage: cycling_waits ROUNDS
+// Usage: cycling_waits ROUNDS [storm]: with `storm`, another thread makes syscalls as fast as
+// it can meanwhile, so that the overhead budget takes the syscall tracepoints off: the waits
+// must still keep their own stacks.
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +53,15 @@ __attribute__((noinline)) static void nap(void) {
     waits++;
 }
 
+static volatile int reading = 1;
+
+static void *storm(void *arg) {
+    (void)arg;
+    prctl(PR_SET_NAME, "cw_storm");
+    while (reading) syscall(SYS_getppid);
+    return NULL;
+}
+
 static void *writer(void *arg) {
     (void)arg;
     prctl(PR_SET_NAME, "cw_writer");
@@ -65,7 +77,13 @@ static void *writer(void *arg) {
 int main(int argc, char **argv) {
     rounds = argc > 1 ? atol(argv[1]) : 300;
     if (pipe(pipe_a) || pipe(pipe_b)) return 1;
-    pthread_t w;
+    pthread_t w, st;
+    int storming = argc > 2 && argv[2][0] == 's';
+    if (storming) {
+        if (pthread_create(&st, NULL, storm, NULL)) return 1;
+        // Long enough for the budget to see a block of its syscalls and react.
+        sleep_us(300 * 1000);
+    }
     if (pthread_create(&w, NULL, writer, NULL)) return 1;
     prctl(PR_SET_NAME, "cw_reader");
     for (long i = 0; i < rounds; i++) {
@@ -75,6 +93,8 @@ int main(int argc, char **argv) {
         nap();
     }
     pthread_join(w, NULL);
+    reading = 0;
+    if (storming) pthread_join(st, NULL);
     printf("done %ld waits %ld\n", rounds, waits);
     return 0;
 }

@@ -81,6 +81,10 @@ pub const RQ_WOKEN: u32 = 1;
 
 /// No syscall in progress.
 pub const NO_SYSCALL: i32 = -1;
+/// `ThreadState::off_sys_nr` (and the rows keyed by it) of a wait the syscall programs could
+/// not place: they were off (the overhead budget takes them off a syscall storm) when the
+/// thread's last syscall began, so it may be in one they did not see, or in none.
+pub const SYSCALL_UNSEEN: i32 = -2;
 
 /// Per-thread state (`THREAD_SLOTS_MAP`, `THREADS_MAP`). Only traced threads have one.
 #[repr(C)]
@@ -101,7 +105,8 @@ pub struct ThreadState {
     pub tgid: u32,
     /// One of `PHASE_*`.
     pub phase: u32,
-    /// Syscall in progress, or [`NO_SYSCALL`].
+    /// Syscall in progress, or [`NO_SYSCALL`]; trusted only when it began after the syscall
+    /// programs last came off ([`nr_since`], `SYS_OFF_AT_MAP`).
     pub sys_nr: i32,
     /// CUDA category while inside a CUDA call, else [`crate::time::NO_OVERRIDE`].
     pub override_cat: u32,
@@ -218,10 +223,12 @@ impl Walked {
     }
 
     /// Whether a thread blocking at `now` in syscall `sys_nr` on `arg0` may reuse these.
+    /// `seen`: 1 when its syscall was seen ([`seen_since`]), 0 when the syscall programs were
+    /// off as it began: then all of its waits look alike, and none reuses another's walk.
     #[inline(always)]
-    pub fn reusable(&self, sys_nr: i32, arg0: u64, now: u64) -> bool {
+    pub fn reusable(&self, sys_nr: i32, arg0: u64, now: u64, seen: u64) -> bool {
         self.is_for(sys_nr, arg0)
-            && now.saturating_sub(self.ns) < STACK_REUSE_NS
+            && now.saturating_sub(self.ns) < STACK_REUSE_NS * seen
             && self.kstack >= 0
     }
 }
@@ -237,6 +244,25 @@ pub struct Wait {
     pub state: u32,
     pub pystack: u64,
     pub gil: u64,
+}
+
+/// 1 when a thread's last syscall, begun at `sys_start_ns`, began after the syscall programs
+/// last came off at `off_at` (or they never did: 0), else 0: then it may have ended unseen, or
+/// another begun unseen. Without a branch, for the scheduler programs, which are near the
+/// verifier's limit on explored states (a branch doubles the states of everything after it):
+/// `off_at - start - 1` has its top bit set exactly when `start >= off_at`, for timestamps far
+/// under 2^63 apart.
+#[inline(always)]
+pub fn seen_since(sys_start_ns: u64, off_at: u64) -> u64 {
+    off_at.wrapping_sub(sys_start_ns).wrapping_sub(1) >> 63
+}
+
+/// The syscall a thread is in (`sys_nr`, [`NO_SYSCALL`] for none) when [`seen_since`] says
+/// it would have been seen, else [`SYSCALL_UNSEEN`]. Branch-free as that.
+#[inline(always)]
+pub fn nr_since(sys_nr: i32, sys_start_ns: u64, off_at: u64) -> i32 {
+    let keep = (seen_since(sys_start_ns, off_at) as i32).wrapping_neg();
+    (sys_nr & keep) | (SYSCALL_UNSEEN & !keep)
 }
 
 impl ThreadState {
@@ -791,6 +817,28 @@ mod tests {
     use super::{
         report_state, BlkStat, FdKey, FdName, FD_NAMES_ENTRIES, FD_NAME_LEN, FD_NAME_WAYS,
     };
+
+    #[test]
+    fn a_syscall_begun_before_the_programs_came_off_is_unseen() {
+        use super::{nr_since, seen_since, NO_SYSCALL, SYSCALL_UNSEEN};
+        // Never off: everything seen, a new thread (no syscall yet, start 0) included.
+        assert_eq!(nr_since(0, 0, 0), 0);
+        assert_eq!(nr_since(NO_SYSCALL, 0, 0), NO_SYSCALL);
+        assert_eq!(nr_since(17, 5_000, 0), 17);
+        // Off at 10,000: begun before (or unknown) is unseen, after is seen.
+        assert_eq!(nr_since(17, 5_000, 10_000), SYSCALL_UNSEEN);
+        assert_eq!(nr_since(NO_SYSCALL, 5_000, 10_000), SYSCALL_UNSEEN);
+        assert_eq!(nr_since(NO_SYSCALL, 0, 10_000), SYSCALL_UNSEEN);
+        assert_eq!(nr_since(17, 10_001, 10_000), 17);
+        assert_eq!(nr_since(NO_SYSCALL, 10_001, 10_000), NO_SYSCALL);
+        assert_eq!(seen_since(10_000, 10_000), 1);
+        assert_eq!(seen_since(9_999, 10_000), 0);
+        // Real clocks: a year of uptime.
+        let t = 365 * 86_400 * 1_000_000_000u64;
+        assert_eq!(seen_since(t + 1, t), 1);
+        assert_eq!(seen_since(t - 1, t), 0);
+        assert_eq!(seen_since(1, t), 0);
+    }
 
     #[test]
     fn per_cpu_block_rows_sum_field_by_field() {

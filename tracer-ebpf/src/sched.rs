@@ -153,8 +153,12 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
         flush(tid, st);
         st.cpu_row = 1;
     }
-    // The syscall it is in, if its entry was seen since the syscall programs last came on.
-    let sys_nr = crate::syscalls::current_nr(st);
+    // The syscall it is in, if its entry was seen since the syscall programs last came on
+    // (else `SYSCALL_UNSEEN`, and the wait is told by nothing but its stacks: they are
+    // walked, not reused from another wait, as all of a thread's waits look alike then).
+    let off_at = crate::syscalls::off_at();
+    let sys_nr = crate::syscalls::nr_since(st, off_at);
+    let seen = crate::syscalls::seen_since(st, off_at);
     st.off_state = prev_state as u32;
     st.off_ns = now;
     st.off_sys_nr = sys_nr;
@@ -178,7 +182,7 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
         let (mut victim, mut victim_rank) = (0, u64::MAX);
         for i in 0..WALK_SLOTS {
             let w = &st.walked[i];
-            if w.reusable(nr, arg0, now) {
+            if w.reusable(nr, arg0, now, seen) {
                 found = i;
                 break;
             }

@@ -57,7 +57,6 @@ static FD_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 
 const SYS_CLOSE: i32 = 3;
 
-/// A zeroed `SysStat` to insert from (too big for the 512-byte stack with everything else).
 /// `tracer_common::wall::SYS_OFF_AT_MAP`.
 #[map(name = "SYS_OFF_AT")]
 static SYS_OFF_AT: Array<u64> = Array::with_max_entries(1, 0);
@@ -68,24 +67,26 @@ static SYS_OFF_AT: Array<u64> = Array::with_max_entries(1, 0);
 #[no_mangle]
 static SYS_STORM_CALLS: Global<u64> = Global::new(0);
 
-/// The syscall `st` is in, or `NO_SYSCALL`: one entered before the syscall programs were
-/// last taken off (the overhead budget does that to a syscall storm) may have ended unseen.
+/// When the syscall programs last came off (0: never).
 #[inline(always)]
-pub fn current_nr(st: &ThreadState) -> i32 {
-    nr_since(st, crate::maps::counter(&SYS_OFF_AT))
+pub fn off_at() -> u64 {
+    crate::maps::counter(&SYS_OFF_AT)
 }
 
-/// [`current_nr`] with the programs last taken off at `off_at`. Without a branch: the
-/// scheduler programs are near the verifier's limit on explored states, and a branch here
-/// doubles the states of everything after it. `fresh` is 1 when the entry is newer than
-/// `off_at` (the difference of two timestamps far under 2^63 apart is negative), else 0;
-/// `NO_SYSCALL` is -1, all ones.
+/// `tracer_common::wall::seen_since` for `st`.
 #[inline(always)]
-fn nr_since(st: &ThreadState, off_at: u64) -> i32 {
-    let fresh = (off_at.wrapping_sub(st.sys_start_ns) >> 63) as i32;
-    st.sys_nr | fresh.wrapping_sub(1)
+pub fn seen_since(st: &ThreadState, off_at: u64) -> u64 {
+    tracer_common::wall::seen_since(st.sys_start_ns, off_at)
 }
 
+/// `tracer_common::wall::nr_since` for `st`: the syscall it is in, `NO_SYSCALL`, or
+/// `SYSCALL_UNSEEN` when the syscall programs were off as it began its last.
+#[inline(always)]
+pub fn nr_since(st: &ThreadState, off_at: u64) -> i32 {
+    tracer_common::wall::nr_since(st.sys_nr, st.sys_start_ns, off_at)
+}
+
+/// A zeroed `SysStat` to insert from (too big for the 512-byte stack with everything else).
 #[map(name = "SYS_ZERO")]
 static SYS_ZERO: PerCpuArray<SysStat> = PerCpuArray::with_max_entries(1, 0);
 
@@ -267,10 +268,11 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
     let Some((tgid, tid, st)) = traced_thread() else {
         return 0;
     };
-    let off_at = crate::maps::counter(&SYS_OFF_AT);
+    let off_at = off_at();
     let nr = nr_since(st, off_at);
     st.sys_nr = NO_SYSCALL;
-    if nr == NO_SYSCALL {
+    // None, or one whose entry went unseen.
+    if nr < 0 {
         return 0;
     }
     let now = unsafe { bpf_ktime_get_ns() };
@@ -281,10 +283,12 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
     let block = SYS_STORM_CALLS.load();
     if block != 0 {
         if st.sys_block_ns <= off_at {
+            // Timed from this exit: the block's first call is the next one.
             st.sys_calls = 0;
             st.sys_block_ns = now;
+        } else {
+            st.sys_calls += 1;
         }
-        st.sys_calls += 1;
         if st.sys_calls as u64 >= block {
             let took = now.saturating_sub(st.sys_block_ns);
             if took < SYS_STORM_WINDOW_NS {

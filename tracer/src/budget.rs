@@ -4,7 +4,8 @@
 //! programs' own run time (measured by the kernel, `kernel.bpf_stats_enabled`) plus the trap
 //! that takes a uprobe into the kernel and back (a calibrated constant: the kernel's statistics
 //! do not see it). A budget of 2% keeps that share under 2% by switching the high-rate probes
-//! (CUDA launches) on and off in windows. What the windows saw is counted exactly; each stretch
+//! (CUDA launches) on and off in windows; the syscall tracepoints have their own control
+//! (`accounting::syscall_gate`). What the windows saw is counted exactly; each stretch
 //! with the probes off is filled in at the rate of the windows on either side of it (in the
 //! workload's own time: the probes' cost taken out of a window), with an error bound from how
 //! much those two rates disagree and from the uncertainty of the cost. A rate that changes

@@ -109,9 +109,10 @@ pub struct TraceArgs {
 
     /// Keep gputrace's estimated cost per traced thread under this share of its time (e.g. 2%,
     /// 0.5%); high-rate probes (CUDA launches) are then switched on and off in windows and their
-    /// counts scaled and marked as estimated. The other probes stay on: a thread that pays more
-    /// than this for them (a syscall storm) is named in a warning. 100% never samples: every
-    /// count is exact.
+    /// counts scaled and marked as estimated. A thread whose syscalls alone cost more (a syscall
+    /// storm) gets the syscall tracepoints taken off, for all threads, and put back on trial;
+    /// those figures are then marked partial. The other probes stay on: a thread that pays more
+    /// than this for them is named in a warning. 100% never samples: every count is exact.
     #[arg(long, default_value = crate::budget::DEFAULT_BUDGET_ARG, value_parser = crate::budget::parse_budget, value_name = "PERCENT")]
     pub max_overhead: f64,
 

@@ -363,12 +363,12 @@ async fn pump(
                 let mut guard = guard.context("poll the ring buffer")?;
                 drain(guard.get_inner_mut(), tracker);
                 guard.clear_ready();
-                hand_storms(tracker, ebpf, families)?;
+                hand_storms(tracker, ebpf, families);
             }
             _ = tick.tick() => {
                 ticks += 1;
                 drain(ring.get_mut(), tracker);
-                hand_storms(tracker, ebpf, families)?;
+                hand_storms(tracker, ebpf, families);
                 if let Some(pid) = launched {
                     if let Some(code) = target::try_reap(pid) {
                         exit_code = Some(code);
@@ -398,20 +398,17 @@ async fn pump(
 
 /// Hands the syscall storms the ring brought to the families, at once: the budget takes the
 /// syscall programs off within milliseconds, not at the next tick.
-fn hand_storms(
-    tracker: &mut Tracker,
-    ebpf: &mut Ebpf,
-    families: &mut [Box<dyn ProbeFamily>],
-) -> Result<()> {
+fn hand_storms(tracker: &mut Tracker, ebpf: &mut Ebpf, families: &mut [Box<dyn ProbeFamily>]) {
     if tracker.storms.is_empty() {
-        return Ok(());
+        return;
     }
     let storms = std::mem::take(&mut tracker.storms);
     for f in families.iter_mut() {
-        f.storms(ebpf, &storms)
-            .with_context(|| format!("{} probes", f.name()))?;
+        // The trace goes on as it is: a family that cannot react says so in its report.
+        if let Err(e) = f.storms(ebpf, &storms) {
+            eprintln!("gputrace: {} probes: {e:#}", f.name());
+        }
     }
-    Ok(())
 }
 
 /// The exit tracepoint fires before the process becomes a zombie: give it a moment.

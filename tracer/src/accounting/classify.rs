@@ -129,6 +129,18 @@ pub fn blocked_with_user(
 ) -> Verdict {
     let reason = if sys_nr >= 0 {
         syscall_names::name(sys_nr as i64)
+    } else if sys_nr == tracer_common::wall::SYSCALL_UNSEEN {
+        // The syscall programs were off (a syscall storm under the budget): what the stack
+        // can still name. A wait for a child is not a wait for data (the verdicts tell them
+        // apart by the syscall).
+        if kernel_frames
+            .iter()
+            .any(|f| *f == "do_wait" || *f == "kernel_wait4")
+        {
+            "wait4".to_string()
+        } else {
+            "syscall unseen".to_string()
+        }
     } else if state & TASK_UNINTERRUPTIBLE != 0 {
         "D state".to_string()
     } else {
@@ -228,6 +240,12 @@ mod tests {
         assert_eq!(v.category, Category::Io);
         assert_eq!(v.reason, "D state");
         assert_eq!(blocked(-1, 1, &[]).reason, "no syscall");
+        // The syscall programs off: the category from the stack, a child wait still named.
+        let unseen = tracer_common::wall::SYSCALL_UNSEEN;
+        let v = blocked(unseen, 1, &["schedule", "pipe_read"]);
+        assert_eq!(v.reason, "syscall unseen");
+        assert_eq!(v.category, Category::Ipc);
+        assert_eq!(blocked(unseen, 1, &["schedule", "do_wait"]).reason, "wait4");
     }
 
     #[test]

@@ -315,6 +315,8 @@ pub struct Accounting {
     storm_comms: BTreeMap<u32, String>,
     /// The syscalls in a block (`syscall_gate::block_calls`; 0: the budget never samples).
     storm_calls: u64,
+    /// Why moving the fds to new generations failed, if it did (file rows may mix files).
+    fd_bump_failed: Option<String>,
 }
 
 impl Accounting {
@@ -322,6 +324,7 @@ impl Accounting {
     pub fn new(budget: f64) -> Accounting {
         Accounting {
             storm_calls: syscall_gate::block_calls(budget),
+            fd_bump_failed: None,
             offsets: Offsets::read().map_err(|e| format!("{e:#}")),
             comms: BTreeMap::new(),
             renames_seen: None,
@@ -567,7 +570,9 @@ impl Accounting {
         }
         // A run that began before its link went may still stamp an entry: after a grace
         // period (the programs run with preemption off) every entry stamped is older than
-        // the time written here, and a number older than it is not trusted.
+        // the time written here, and a number older than it is not trusted. Best effort
+        // (membarrier may be missing): `put_on_syscalls` writes it again, which is what the
+        // exits go by.
         unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
         set_counter(ebpf, tracer_common::wall::SYS_OFF_AT_MAP, ktime_now())
     }
@@ -575,7 +580,11 @@ impl Accounting {
     /// Puts them back, exit first: an exit whose entry went unseen finds a number older than
     /// `SYS_OFF_AT` and is skipped.
     fn put_on_syscalls(&mut self, ebpf: &mut Ebpf) -> Result<()> {
-        retire::next_fd_generations(ebpf)?;
+        if let Err(e) = retire::next_fd_generations(ebpf) {
+            self.fd_bump_failed.get_or_insert(format!("{e:#}"));
+        }
+        // Every entry stamped so far is from before the programs came off: none is trusted.
+        set_counter(ebpf, tracer_common::wall::SYS_OFF_AT_MAP, ktime_now())?;
         for (prog, tp, link) in self.sys_links.iter_mut().rev() {
             if link.is_none() {
                 *link = Some(bpf::reattach_tracepoint(ebpf, prog, tp)?);
@@ -590,6 +599,13 @@ impl Accounting {
             data.report.warnings.push(format!(
                 "the overhead budget's control of the syscall tracepoints failed ({e}): from \
                  then on they stayed as they were, and the syscall figures may stop there"
+            ));
+        }
+        if let Some(e) = self.fd_bump_failed.take() {
+            data.report.warnings.push(format!(
+                "after the syscall tracepoints came back on, the fds could not be moved to new \
+                 generations ({e}): a file opened while they were off under a closed file's \
+                 number may add to that file's row"
             ));
         }
         let Some(g) = self
@@ -756,7 +772,11 @@ impl ProbeFamily for Accounting {
     }
 
     fn storms(&mut self, ebpf: &mut Ebpf, storms: &[tracer_common::proc::ProcEvent]) -> Result<()> {
-        let Some(g) = self.sys_gate.as_mut() else {
+        let Some(g) = self
+            .sys_gate
+            .as_mut()
+            .filter(|_| self.sys_gate_failed.is_none())
+        else {
             return Ok(());
         };
         let now = ktime_now();
@@ -770,8 +790,8 @@ impl ProbeFamily for Accounting {
         }
         if off {
             if let Err(e) = self.take_off_syscalls(ebpf) {
-                // They may be half off: the trace goes on as they are, and the report says so.
-                self.sys_gate = None;
+                // They may be half off: the gate stops where it is, the trace goes on and the
+                // report says so.
                 self.sys_gate_failed = Some(format!("{e:#}"));
             }
         }
@@ -786,14 +806,14 @@ impl ProbeFamily for Accounting {
 
     fn tick(&mut self, ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
         self.ticks += 1;
-        let put_on = self
-            .sys_gate
-            .as_mut()
-            .is_some_and(|g| g.tick(ktime_now()) == syscall_gate::Action::PutOn);
+        let put_on = self.sys_gate_failed.is_none()
+            && self
+                .sys_gate
+                .as_mut()
+                .is_some_and(|g| g.tick(ktime_now()) == syscall_gate::Action::PutOn);
         if put_on {
             if let Err(e) = self.put_on_syscalls(ebpf) {
-                // The trace goes on without them; the report says so.
-                self.sys_gate = None;
+                // The gate stops where it is, the trace goes on; the report says so.
                 self.sys_gate_failed = Some(format!("{e:#}"));
             }
         }

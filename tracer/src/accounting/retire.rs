@@ -102,14 +102,24 @@ pub(super) fn counter(ebpf: &Ebpf, name: &str) -> Result<u64> {
 /// Moves every fd of the traced processes on to a new open generation, and `FD_EPOCH` with
 /// them (so threads look their fd's generation up again): while the syscall programs were off
 /// closes went unseen, and a file opened since under an old number must not add to the row of
-/// the file that number had. A file open throughout gets a second row, named from /proc like
-/// the first; the report sums a process's rows by name. Only while the programs are off: no
-/// program moves these meanwhile.
+/// the file that number had, nor take the name an open gave it (`FD_NAMES`). A file open
+/// throughout gets a second row, named from /proc like the first; the report sums a process's
+/// rows by name. Only while the programs are off: no program moves these meanwhile.
 pub(super) fn next_fd_generations(ebpf: &mut Ebpf) -> Result<()> {
     let mut gens = super::fill::fd_gens(ebpf)?;
-    for (k, _) in crate::batch::read::<FdKey, FdStat>(ebpf, FILEIO_MAP)? {
+    let mut see = |k: FdKey| {
         let g = gens.entry((k.tgid, k.fd)).or_insert(0);
         *g = (*g).max(k.gen);
+    };
+    for (k, _) in crate::batch::read::<FdKey, FdStat>(ebpf, FILEIO_MAP)? {
+        see(k);
+    }
+    if let Some(names) = super::fill::opened_paths(ebpf) {
+        for n in names.iter().filter_map(Result::ok) {
+            if n.key.tgid != 0 {
+                see(n.key);
+            }
+        }
     }
     let mut map: HashMap<&mut MapData, FdGenKey, u32> = HashMap::try_from(
         ebpf.map_mut(FD_GEN_MAP)

@@ -14,7 +14,8 @@ pub struct Overhead {
     pub worst_thread: Option<ThreadOverhead>,
     /// The thread (alive 100 ms or more) that paid the largest share of its time for all
     /// probes: syscall and scheduler tracepoints, the CPU sampler, CUDA probes. What the budget
-    /// is a ceiling on; only the CUDA launch probes can be windowed to keep it there.
+    /// is a ceiling on; the CUDA launch probes are windowed and the syscall tracepoints taken
+    /// off a syscall storm to keep it there, the other probes stay on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub costliest_thread: Option<ThreadCost>,
     /// All probe hits in the window and their estimated cost, machine-wide (tracepoints run
