@@ -267,35 +267,17 @@ fn a_syscall_storm_takes_the_syscall_tracepoints_off() {
     assert!(off["on_share"].as_f64().unwrap() < 0.5, "{off:#}");
     // What the tracepoints saw while on: some of the 400,000 reads, not all.
     let p = &r["processes"][0];
-    let reads = p["syscalls"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "read")
-        .and_then(|s| s["count"].as_u64())
-        .unwrap_or(0);
+    let reads = common::field_of(&p["syscalls"], "name", "read", "count");
     assert!(reads > 0 && reads < 200_000, "{reads} reads");
     // What it paid for them: about one block (the budget's worth of a second, 20 ms), where
     // with the tracepoints on throughout its 800,000 syscalls cost it ~0.5 s.
     let c = &r["overhead"]["costliest_thread"];
     assert_eq!(c["tid"].as_u64(), Some(pid), "{c:#}");
-    let paid = c["parts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["what"] == "syscall tracepoints")
-        .and_then(|p| p["ns"].as_u64())
-        .unwrap_or(0);
+    let paid = common::field_of(&c["parts"], "what", "syscall tracepoints", "ns");
     assert!(paid > 1_000_000 && paid < 60_000_000, "{c:#}");
     // And the programs themselves ran for a block or so of its 800,000 syscalls (they count
     // every syscall of the machine while attached, before they look for a traced thread).
-    let exits = r["overhead"]["programs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["program"] == "sys_exit")
-        .and_then(|p| p["hits"].as_u64())
-        .unwrap_or(0);
+    let exits = common::field_of(&r["overhead"]["programs"], "program", "sys_exit", "hits");
     assert!(exits > 10_000 && exits < 200_000, "{exits} sys_exit runs");
     let shown = run.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
@@ -358,30 +340,16 @@ fn syscall_tracepoints_come_back_after_a_storm() {
         .iter()
         .find(|p| p["comm"] == "storm_then_quie")
         .unwrap_or_else(|| panic!("{:#}", r["processes"]));
-    let count = |name: &str| {
-        p["syscalls"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["name"] == name)
-            .and_then(|s| s["count"].as_u64())
-            .unwrap_or(0)
-    };
+    let count = |name: &str| common::field_of(&p["syscalls"], "name", name, "count");
     assert_eq!(count("getuid"), 1000, "{:#}", p["syscalls"]);
     let preads = count("pread64");
     assert!(preads > 1000 && preads < 200_000, "{preads}");
-    let file = |name: &std::path::Path| {
-        p["files"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|f| f["file"] == name.to_str().unwrap())
-            .and_then(|f| f["calls"].as_u64())
-    };
-    assert_eq!(file(&second), Some(1000), "{:#}", p["files"]);
+    let file =
+        |f: &std::path::Path| common::field_of(&p["files"], "file", f.to_str().unwrap(), "calls");
+    assert_eq!(file(&second), 1000, "{:#}", p["files"]);
     // The storm's reads seen land on the first file (the dynamic loader's preads of the
     // libraries are the few others).
-    let stormed = file(&first).unwrap_or(0);
+    let stormed = file(&first);
     assert!(
         stormed <= preads - 1000 && stormed + 5 >= preads - 1000,
         "{preads} preads: {:#}",

@@ -129,6 +129,17 @@ pub fn trace_workload(name: &str, args: &[&str]) -> (PathBuf, Run) {
     (out, run)
 }
 
+/// `field` of the row of the JSON array `rows` whose `key` is `is` (0 when there is none): a
+/// syscall's count, a program's hits, a file's calls.
+pub fn field_of(rows: &serde_json::Value, key: &str, is: &str, field: &str) -> u64 {
+    rows.as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r[key] == is)
+        .and_then(|r| r[field].as_u64())
+        .unwrap_or(0)
+}
+
 /// Names of the BPF programs loaded in the kernel right now.
 pub fn loaded_program_names() -> Vec<String> {
     aya::programs::loaded_programs()
