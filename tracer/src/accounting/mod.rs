@@ -373,11 +373,17 @@ impl Accounting {
             self.reread_names = moved;
         }
         // While the syscall programs are off, closes go unseen: the file /proc shows under an
-        // fd may not be the one its row counted. Rows are named again once they are back
-        // (with new generations, `retire::next_fd_generations`).
+        // fd may not be the one its row counted. They are named just before the programs
+        // come off and again as they come back (with new generations,
+        // `retire::next_fd_generations`).
         if self.sys_gate.as_ref().is_some_and(|g| !g.is_on()) {
             return;
         }
+        self.name_open_fds(ebpf);
+    }
+
+    /// Names the files of the rows of open fds (their generation current) from /proc.
+    fn name_open_fds(&mut self, ebpf: &Ebpf) {
         for k in fill::open_fds(ebpf) {
             if let std::collections::btree_map::Entry::Vacant(e) = self.fds.entry(k) {
                 if let Ok(p) = std::fs::read_link(format!("/proc/{}/fd/{}", k.tgid, k.fd)) {
@@ -563,6 +569,8 @@ impl Accounting {
     /// Takes the syscall programs off: entry first, so that no syscall starts unseen whose
     /// exit is then counted.
     fn take_off_syscalls(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+        // While every close so far was seen: /proc names the rows' files right.
+        self.name_open_fds(ebpf);
         for (prog, _, link) in self.sys_links.iter_mut() {
             if let Some(l) = link.take() {
                 bpf::detach_tracepoint(ebpf, prog, l)?;
@@ -590,7 +598,32 @@ impl Accounting {
                 *link = Some(bpf::reattach_tracepoint(ebpf, prog, tp)?);
             }
         }
+        self.name_fds_now(ebpf);
         Ok(())
+    }
+
+    /// Names every fd under its new generation from /proc, now that closes are seen again:
+    /// the rows of those generations are written at the fds' next I/O, and the next look at
+    /// /proc (`learn`) may come after a storm has taken the programs off again, when it names
+    /// nothing. Until a close (seen from now on) moves a generation on, its file is the one
+    /// /proc shows now.
+    fn name_fds_now(&mut self, ebpf: &Ebpf) {
+        let Ok(gens) = fill::fd_gens(ebpf) else {
+            return;
+        };
+        for ((tgid, fd), gen) in gens {
+            let key = tracer_common::wall::FdKey {
+                tgid,
+                fd,
+                gen,
+                _pad: 0,
+            };
+            if let std::collections::btree_map::Entry::Vacant(e) = self.fds.entry(key) {
+                if let Ok(p) = std::fs::read_link(format!("/proc/{tgid}/fd/{fd}")) {
+                    e.insert(p.display().to_string());
+                }
+            }
+        }
     }
 
     /// What the budget did to the syscall programs, in the report.
