@@ -294,7 +294,8 @@ fn a_syscall_storm_takes_the_syscall_tracepoints_off() {
     assert!(
         shown.contains("PARTIAL: over the 2% budget, the syscall tracepoints took thread")
             && shown.contains("(dd) ~")
-            && shown.contains("of its time"),
+            && shown.contains("of its time")
+            && shown.contains("syscalls: PARTIAL: tracepoints on"),
         "{}",
         run.stdout
     );

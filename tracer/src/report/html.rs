@@ -291,6 +291,13 @@ fn process(o: &mut String, r: &Report, p: &ProcessReport) {
         .collect();
     if !sc.is_empty() {
         o.push_str("<h3>Syscalls</h3>");
+        if let Some(partial) = r.overhead.as_ref().and_then(|ov| ov.syscalls_partial()) {
+            let _ = write!(
+                o,
+                "<p><b>{}</b> (see Limits of this trace)</p>",
+                esc(&partial)
+            );
+        }
         table(
             o,
             &[

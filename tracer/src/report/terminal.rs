@@ -71,7 +71,7 @@ pub fn render(r: &Report, color: bool) -> String {
         render_time(&mut o, p, st);
         render_functions(&mut o, p);
         render_cuda(&mut o, r, p);
-        render_syscalls(&mut o, p);
+        render_syscalls(&mut o, r, p);
         render_block_io(&mut o, r, p);
     }
     render_nvml(&mut o, r);
@@ -447,9 +447,12 @@ fn render_cuda_api(o: &mut String, c: &ProcessCuda) {
     more(o, api.len());
 }
 
-fn render_syscalls(o: &mut String, p: &ProcessReport) {
+fn render_syscalls(o: &mut String, r: &Report, p: &ProcessReport) {
     if p.syscalls.is_empty() {
         return;
+    }
+    if let Some(partial) = r.overhead.as_ref().and_then(|ov| ov.syscalls_partial()) {
+        line(o, &format!("  syscalls: {partial} (see the end)"));
     }
     line(
         o,

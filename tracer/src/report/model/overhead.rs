@@ -208,6 +208,15 @@ impl Overhead {
         ))
     }
 
+    /// What the syscall tables' headings add when the tracepoints were off part of the trace.
+    pub fn syscalls_partial(&self) -> Option<String> {
+        let g = self.syscalls_off.as_ref()?;
+        Some(format!(
+            "PARTIAL: tracepoints on {:.0}% of the trace",
+            g.on_share * 100.0
+        ))
+    }
+
     pub fn sampling_line(&self) -> Option<String> {
         let s = self.sampled.as_ref()?;
         let err = match s.rel_error {
