@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::common::{self, repo_root, require_root, serial, tmp_dir, Run, GPUTRACE};
 
 /// Builds the fake libraries and the workload once; returns their directory.
-fn fake_cuda() -> PathBuf {
+pub(crate) fn fake_cuda() -> PathBuf {
     static BUILT: Mutex<bool> = Mutex::new(false);
     let dir = tmp_dir().join("fake_cuda");
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
@@ -65,7 +65,7 @@ fn run_traced(args: &[&str], env: &[(&str, &str)]) -> Run {
     }
 }
 
-fn cuda_of(report: &Value, comm: &str) -> Value {
+pub(crate) fn cuda_of(report: &Value, comm: &str) -> Value {
     report["processes"]
         .as_array()
         .unwrap()
@@ -83,7 +83,7 @@ fn api<'a>(cuda: &'a Value, function: &str) -> Option<&'a Value> {
         .find(|a| a["function"] == function)
 }
 
-fn count(cuda: &Value, function: &str) -> u64 {
+pub(crate) fn count(cuda: &Value, function: &str) -> u64 {
     api(cuda, function).map_or(0, |a| a["count"].as_u64().unwrap())
 }
 

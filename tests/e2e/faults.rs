@@ -763,6 +763,91 @@ fn a_stopped_target_does_not_hang_gputrace() {
     assert!(state.contains(") T "), "{state}");
 }
 
+/// A library unloaded mid-trace (dlclose) and the runtime loaded again: the probes keep
+/// counting across both, the samples taken in the unloaded library keep its function names
+/// (the report symbolises at the end, when the library is long gone), and nothing stays
+/// attached.
+#[test]
+fn libraries_unloaded_mid_trace_keep_their_calls_and_names() {
+    let _g = serial();
+    if !require_root("libraries_unloaded_mid_trace_keep_their_calls_and_names") {
+        return;
+    }
+    let cuda = crate::cuda::fake_cuda();
+    let hot = tmp_dir().join("workloads/libhot.so");
+    std::fs::create_dir_all(hot.parent().unwrap()).unwrap();
+    let st = Command::new("gcc")
+        .args([
+            "-O0",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-shared",
+            "-fPIC",
+            "-o",
+        ])
+        .arg(&hot)
+        .arg(repo_root().join("tests/workloads/hot_lib.c"))
+        .status()
+        .expect("run gcc");
+    assert!(st.success(), "gcc failed building libhot.so");
+    let bin = build_c("unload_reload", &["-ldl"]);
+    let dir = out_dir("unload-reload");
+    let cudart = cuda.join("libcudart.so.12");
+    let mut live = Live::start(&[
+        "-v",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        cudart.to_str().unwrap(),
+        hot.to_str().unwrap(),
+    ]);
+    live.wait_attached();
+    let held = live.held();
+    live.wait_stdout("unloaded");
+    let st = live
+        .wait_for(Duration::from_secs(60))
+        .expect("gputrace hung");
+    assert!(st.success(), "{st:?}\n{}", live.stderr());
+    assert!(live.stdout().contains("reloaded"), "{}", live.stdout());
+    let r = report_at(&dir, &live);
+    assert_eq!(r["target"]["exit_code"], 0, "{}", live.stderr());
+
+    let c = crate::cuda::cuda_of(&r, "unload_reload");
+    assert_eq!(crate::cuda::count(&c, "cudaLaunchKernel"), 150, "{c:#}");
+    assert_eq!(crate::cuda::count(&c, "cudaDeviceSynchronize"), 1, "{c:#}");
+    let kernel = c["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["name"] == "kernel()")
+        .unwrap_or_else(|| panic!("no kernel() in {:#}", c["kernels"]));
+    assert_eq!(kernel["launches"], 150);
+
+    let p = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["comm"] == "unload_reload")
+        .expect("the workload's process");
+    let samples = p["samples"].as_u64().unwrap();
+    let spin = p["top_self"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == "hot_spin")
+        .unwrap_or_else(|| panic!("hot_spin not among {:#}", p["top_self"]));
+    assert_eq!(spin["module"], "libhot.so");
+    let spin = spin["samples"].as_u64().unwrap();
+    // 0.6 s of spinning at 99 Hz; the rest of the process is asleep or in short calls.
+    assert!(
+        spin >= 20 && spin * 2 >= samples,
+        "hot_spin {spin} of {samples} samples: {:#}",
+        p["top_self"]
+    );
+    assert_released(&held, live.pid());
+}
+
 #[test]
 fn two_gputraces_at_once_keep_to_their_targets() {
     let _g = serial();

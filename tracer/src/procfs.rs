@@ -188,6 +188,34 @@ pub fn read_maps(pid: u32) -> Option<Vec<Mapping>> {
         .map(|t| parse_maps(&t))
 }
 
+/// Unloaded libraries' mappings kept per process (`with_unloaded`): a bound for a process that
+/// loads and unloads code at ever new addresses all trace long.
+pub const MAX_UNLOADED: usize = 64;
+
+/// A process's `fresh` maps plus the executable file mappings of its `old` maps that are gone
+/// and whose range no fresh mapping took: a library unloaded mid-trace (dlclose), whose
+/// samples, symbolised at the end of the trace, keep its function names. A range that another
+/// mapping took since names the later one (gputrace sees maps, not when each sample was
+/// taken). At most [`MAX_UNLOADED`] are kept, the lowest addresses first. Sorted by start.
+pub fn with_unloaded(old: &[Mapping], mut fresh: Vec<Mapping>) -> Vec<Mapping> {
+    let gone: Vec<Mapping> = old
+        .iter()
+        .filter(|u| u.is_file() && u.is_exec())
+        .filter(|u| {
+            // `fresh` is sorted and without overlaps, so its ends are sorted too.
+            let i = fresh.partition_point(|f| f.end <= u.start);
+            fresh.get(i).is_none_or(|f| f.start >= u.end)
+        })
+        .take(MAX_UNLOADED)
+        .cloned()
+        .collect();
+    if !gone.is_empty() {
+        fresh.extend(gone);
+        fresh.sort_by_key(|m| m.start);
+    }
+    fresh
+}
+
 /// A path through which a mapped file can be opened even from another mount namespace.
 pub fn map_file_path(pid: u32, m: &Mapping) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
@@ -208,6 +236,58 @@ pub fn own_code(addr: u64) -> anyhow::Result<(PathBuf, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mapping(start: u64, end: u64, perms: &str, path: &str) -> Mapping {
+        Mapping {
+            start,
+            end,
+            offset: 0,
+            perms: perms.into(),
+            inode: if path.starts_with('/') { 7 } else { 0 },
+            path: path.into(),
+        }
+    }
+
+    #[test]
+    fn unloaded_libraries_stay_until_their_range_is_taken() {
+        let exe = mapping(0x1000, 0x2000, "r-xp", "/usr/bin/app");
+        let lib = mapping(0x5000, 0x6000, "r-xp", "/opt/libhot.so");
+        let lib_data = mapping(0x6000, 0x7000, "rw-p", "/opt/libhot.so");
+        let anon = mapping(0x8000, 0x9000, "rwxp", "");
+        let old = vec![exe.clone(), lib.clone(), lib_data, anon];
+
+        // dlclose: only the library's code stays (data and anonymous memory are not code).
+        let after = with_unloaded(&old, vec![exe.clone()]);
+        assert_eq!(after, vec![exe.clone(), lib.clone()]);
+        // Read again later: still there.
+        assert_eq!(with_unloaded(&after, vec![exe.clone()]), after);
+        // Loaded again where it was: once, as the fresh mapping.
+        let again = with_unloaded(&after, vec![exe.clone(), lib.clone()]);
+        assert_eq!(again, vec![exe.clone(), lib.clone()]);
+        // Another library took part of its range: the later one names those addresses.
+        let other = mapping(0x5800, 0x6800, "r-xp", "/opt/libother.so");
+        let taken = with_unloaded(&after, vec![exe.clone(), other.clone()]);
+        assert_eq!(taken, vec![exe.clone(), other]);
+        // Below and above the fresh mappings, sorted by start.
+        let low = mapping(0x100, 0x200, "r-xp", "/opt/liblow.so");
+        let merged = with_unloaded(&[low.clone(), lib.clone()], vec![exe.clone()]);
+        assert_eq!(merged, vec![low, exe, lib]);
+    }
+
+    #[test]
+    fn unloaded_libraries_are_bounded() {
+        let old: Vec<Mapping> = (0..MAX_UNLOADED as u64 + 10)
+            .map(|i| {
+                mapping(
+                    0x10_000 * (i + 1),
+                    0x10_000 * (i + 1) + 0x1000,
+                    "r-xp",
+                    "/l.so",
+                )
+            })
+            .collect();
+        assert_eq!(with_unloaded(&old, Vec::new()).len(), MAX_UNLOADED);
+    }
 
     #[test]
     fn exec_sizes_from_status() {

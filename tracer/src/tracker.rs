@@ -17,6 +17,8 @@ use crate::{
 #[derive(Debug, Clone, Default)]
 pub struct Tracked {
     pub info: ProcessInfo,
+    /// Its maps at the last read, with the code of libraries it unloaded since an earlier one
+    /// (`procfs::with_unloaded`).
     pub maps: Vec<Mapping>,
     /// Maps must be read again (new process, exec).
     pub maps_stale: bool,
@@ -266,7 +268,12 @@ impl Tracker {
             }
             match procfs::read_maps(*pid) {
                 Some(m) if !m.is_empty() => {
-                    t.maps = m;
+                    // A new process's or a new image's old maps are another program's.
+                    t.maps = if t.maps_stale {
+                        m
+                    } else {
+                        procfs::with_unloaded(&t.maps, m)
+                    };
                     t.maps_stale = false;
                     t.exec_sizes = sizes;
                     Self::refresh_names(*pid, t);
