@@ -89,6 +89,51 @@ fn no_such_pid() {
     assert_one_line(&r, 4, &format!("no such process: {pid}"));
 }
 
+/// gputrace's own pid is refused; a target that is gputrace's ancestor (the shell it was
+/// started from) is traced without gputrace itself, whose work would otherwise be profiled and
+/// blamed on the target.
+#[test]
+fn gputrace_never_traces_itself() {
+    let _g = serial();
+    if !require_root("gputrace_never_traces_itself") {
+        return;
+    }
+    // `exec`: the shell's pid becomes gputrace's.
+    let r = run_with_backtraces(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec {GPUTRACE} -d 1s --pid $$")),
+    );
+    assert_one_line(&r, 2, "is gputrace itself");
+
+    let dir = out_dir("self-ancestor");
+    // A command after gputrace keeps the shell alive as its parent.
+    let r = run_with_backtraces(Command::new("sh").arg("-c").arg(format!(
+        "{GPUTRACE} -d 1s -o {} --pid $$; echo shell-after",
+        dir.display()
+    )));
+    assert_eq!(r.code(), 0, "{}", r.stderr);
+    assert!(r.stdout.contains("shell-after"), "{}", r.stdout);
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let comms: Vec<&str> = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["comm"].as_str().unwrap())
+        .collect();
+    assert!(comms.contains(&"sh"), "{comms:?}");
+    assert!(
+        !comms.contains(&"gputrace"),
+        "gputrace traced itself: {comms:?}"
+    );
+    assert_eq!(
+        report["followed"]["processes"], 1,
+        "{:#}",
+        report["followed"]
+    );
+}
+
 #[test]
 fn pid_exits_during_the_trace() {
     let _g = serial();

@@ -19,6 +19,8 @@ pub enum TraceError {
     NotPrivileged,
     #[error("no such process: {0}")]
     NoSuchProcess(u32),
+    #[error("pid {0} is gputrace itself: give the pid of the job to trace")]
+    SelfTarget(u32),
     #[error("cannot execute {program}: {reason}")]
     Exec { program: String, reason: String },
     #[error("cannot write output directory {}: {reason}", path.display())]
@@ -38,6 +40,7 @@ impl TraceError {
         match self {
             TraceError::NotPrivileged => exit::PERMISSION,
             TraceError::NoSuchProcess(_) => exit::NO_SUCH_PROCESS,
+            TraceError::SelfTarget(_) => exit::USAGE,
             TraceError::Exec { .. } => exit::EXEC_FAILED,
             TraceError::Output { .. } | TraceError::OutputFile { .. } => exit::OUTPUT,
             TraceError::BpfLoad(_) | TraceError::Attach { .. } => exit::BPF,

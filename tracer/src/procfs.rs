@@ -82,10 +82,14 @@ pub fn tasks(pid: u32) -> Vec<u32> {
     numeric_entries(&format!("/proc/{pid}/task"))
 }
 
-/// Every process whose ancestry leads to one of `roots` (not including the roots).
+/// Every process whose ancestry leads to one of `roots` (not including the roots), but for
+/// gputrace itself and its own children: traced, a target that is gputrace's ancestor (a
+/// shell, `--pid 1`) would have gputrace profile its own work and blame the target for it.
 pub fn descendants(roots: &[u32]) -> Vec<u32> {
+    let me = std::process::id();
     let parents: Vec<(u32, u32)> = numeric_entries("/proc")
         .into_iter()
+        .filter(|&pid| pid != me)
         .filter_map(|pid| stat(pid).map(|s| (pid, s.ppid)))
         .collect();
     descendants_from(&parents, roots)

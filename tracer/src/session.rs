@@ -63,6 +63,9 @@ pub fn run(args: &TraceArgs) -> Result<()> {
         return Err(TraceError::NotPrivileged.into());
     }
     for &pid in &args.pids {
+        if pid == std::process::id() {
+            return Err(TraceError::SelfTarget(pid).into());
+        }
         if !procfs::is_alive(pid) {
             return Err(TraceError::NoSuchProcess(pid).into());
         }
