@@ -134,6 +134,29 @@ fn gputrace_never_traces_itself() {
     );
 }
 
+/// A reader that goes away before the report is printed (`gputrace ... | head`) is not an
+/// error: exit 0, nothing on stderr, the files still written.
+#[test]
+fn a_closed_stdout_is_a_normal_end() {
+    let _g = serial();
+    if !require_root("a_closed_stdout_is_a_normal_end") {
+        return;
+    }
+    let target = Bg::spawn(Command::new("sleep").arg("30"));
+    for json in ["--json", "--top=10"] {
+        let dir = out_dir("closed-stdout");
+        // `true` exits at once: the report's first write finds the pipe closed.
+        let r = run_with_backtraces(Command::new("bash").arg("-c").arg(format!(
+            "set -o pipefail; {GPUTRACE} {json} -d 1s -o {} --pid {} | true",
+            dir.display(),
+            target.pid()
+        )));
+        assert_eq!(r.code(), 0, "{json}: {}", r.stderr);
+        assert!(r.stderr.trim().is_empty(), "{json}: {}", r.stderr);
+        assert!(dir.join("report.json").exists(), "{json}");
+    }
+}
+
 #[test]
 fn pid_exits_during_the_trace() {
     let _g = serial();
