@@ -8,7 +8,7 @@ use std::{
 
 use crate::{
     common::*,
-    faults::{assert_no_orphans, assert_released, Bg, Live, Tmpfs},
+    faults::{self, assert_no_orphans, assert_released, Bg, Live, Tmpfs},
 };
 
 /// Exit code, exactly one non-empty stderr line containing `needle`, no panic or backtrace.
@@ -282,7 +282,11 @@ fn interrupt_and_terminate_write_what_was_collected() {
         return;
     }
     let spin = build_c("spin", &[]);
-    for (sig, name) in [(libc::SIGINT, "sigint"), (libc::SIGTERM, "sigterm")] {
+    for (sig, name) in [
+        (libc::SIGINT, "sigint"),
+        (libc::SIGTERM, "sigterm"),
+        (libc::SIGHUP, "sighup"),
+    ] {
         let target = Bg::spawn(Command::new(&spin).arg("30"));
         let dir = out_dir(name);
         let mut live = Live::start(&[
@@ -314,6 +318,60 @@ fn interrupt_and_terminate_write_what_was_collected() {
         // The target goes on: gputrace only observed it.
         assert!(std::path::Path::new(&format!("/proc/{}", target.pid())).exists());
     }
+}
+
+/// The on-call's ssh session drops mid-trace: gputrace gets SIGHUP and its stdout and stderr
+/// lead nowhere. The trace ends as with SIGTERM, every file is written, and nothing stays.
+#[test]
+fn a_hang_up_with_dead_outputs_still_writes_the_report() {
+    let _g = serial();
+    if !require_root("a_hang_up_with_dead_outputs_still_writes_the_report") {
+        return;
+    }
+    let spin = build_c("spin", &[]);
+    let target = Bg::spawn(Command::new(&spin).arg("30"));
+    let dir = out_dir("hangup");
+    let mut child = Command::new(GPUTRACE)
+        .args(["-v", "-o", dir.to_str().unwrap(), "--pid"])
+        .arg(target.pid().to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start gputrace");
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("attached in") {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+        assert!(n > 0, "gputrace ended before attaching");
+    }
+    let held = faults::held_by(child.id() as i32);
+    std::thread::sleep(Duration::from_millis(500));
+    // Both readers gone: every later write fails (EPIPE here, EIO on a hung-up terminal).
+    drop(err);
+    drop(child.stdout.take());
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("gputrace did not end after SIGHUP");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(st.success(), "{st:?}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(r["window"]["ended_by"], "interrupted");
+    assert!(r["sampling"]["samples"].as_u64().unwrap() > 10, "{r:#}");
+    for f in ["report.html", "trace.json", "cpu.svg"] {
+        assert!(dir.join(f).exists(), "{f} missing");
+    }
+    assert_released(&held, child.id() as i32);
 }
 
 /// A kernel that refuses to load our programs (here: a seccomp filter makes every

@@ -125,29 +125,34 @@ impl Live {
 
     /// The BPF objects this gputrace holds now.
     pub fn held(&self) -> Held {
-        let mut h = Held::default();
-        let dir = format!("/proc/{}/fdinfo", self.pid());
-        for e in std::fs::read_dir(&dir).expect("fdinfo").flatten() {
-            let Ok(text) = std::fs::read_to_string(e.path()) else {
-                continue;
-            };
-            for l in text.lines() {
-                let num = |k: &str| l.strip_prefix(k).and_then(|v| v.trim().parse::<u32>().ok());
-                if let Some(id) = num("prog_id:") {
-                    h.progs.push(id);
-                }
-                if let Some(id) = num("map_id:") {
-                    h.maps.push(id);
-                }
+        held_by(self.pid())
+    }
+}
+
+/// The BPF objects process `pid` (a gputrace) holds now.
+pub fn held_by(pid: i32) -> Held {
+    let mut h = Held::default();
+    let dir = format!("/proc/{pid}/fdinfo");
+    for e in std::fs::read_dir(&dir).expect("fdinfo").flatten() {
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        for l in text.lines() {
+            let num = |k: &str| l.strip_prefix(k).and_then(|v| v.trim().parse::<u32>().ok());
+            if let Some(id) = num("prog_id:") {
+                h.progs.push(id);
+            }
+            if let Some(id) = num("map_id:") {
+                h.maps.push(id);
             }
         }
-        h.progs.sort_unstable();
-        h.progs.dedup();
-        h.maps.sort_unstable();
-        h.maps.dedup();
-        assert!(h.progs.len() >= 4, "gputrace holds too few programs: {h:?}");
-        h
     }
+    h.progs.sort_unstable();
+    h.progs.dedup();
+    h.maps.sort_unstable();
+    h.maps.dedup();
+    assert!(h.progs.len() >= 4, "gputrace holds too few programs: {h:?}");
+    h
 }
 
 impl Drop for Live {

@@ -3,6 +3,16 @@
 //! Data flows one way: probes (tracer-ebpf) -> `collect` (reads kernel maps and ring buffers)
 //! -> `aggregate` (pure) -> `symbolize` -> `report` (pure rendering).
 
+/// `eprintln!` that never panics: after a hang-up (an ssh session that dropped) stderr is a
+/// dead terminal, and a failed progress line must not cost the report being written.
+#[macro_export]
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod accounting;
 pub mod aggregate;
 pub mod batch;

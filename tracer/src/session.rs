@@ -127,7 +127,7 @@ fn trace(
         ],
     )?;
     if args.verbose {
-        eprintln!("gputrace: {}", uprobes.describe());
+        crate::note!("gputrace: {}", uprobes.describe());
     }
     let mut tracker = Tracker::new(roots);
     let mut initial: Vec<u32> = roots.to_vec();
@@ -170,7 +170,7 @@ fn trace(
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     if args.verbose {
-        eprintln!(
+        crate::note!(
             "gputrace: attached in {attach_ms:.1} ms to {} process(es) on {cpus} CPUs",
             initial.len()
         );
@@ -211,9 +211,9 @@ fn trace(
     tracker.refresh_maps(true);
     if !args.json {
         match end {
-            EndReason::TargetExited => eprintln!("gputrace: target exited; writing the report"),
+            EndReason::TargetExited => crate::note!("gputrace: target exited; writing the report"),
             EndReason::Interrupted => {
-                eprintln!("gputrace: interrupted; writing what was collected")
+                crate::note!("gputrace: interrupted; writing what was collected")
             }
             EndReason::Duration => {}
         }
@@ -320,7 +320,7 @@ fn trace(
     out.flush()?;
     drop(out);
     if args.verbose {
-        eprintln!(
+        crate::note!(
             "gputrace: report in {:.1} ms",
             stop.elapsed().as_secs_f64() * 1e3
         );
@@ -347,6 +347,9 @@ async fn pump(
         .map_err(|e| anyhow::anyhow!("watch the process-event ring buffer: {e}"))?;
     let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt()).context("SIGINT")?;
     let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).context("SIGTERM")?;
+    // A hang-up (the on-call's ssh session dropped) ends the trace as SIGTERM does, and the
+    // report is still written; tokio's handler stays installed, so a later one is ignored.
+    let mut sighup = tokio::signal::unix::signal(SignalKind::hangup()).context("SIGHUP")?;
     let deadline = duration.map(|d| tokio::time::Instant::now() + d);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut ticks: u64 = 0;
@@ -361,6 +364,7 @@ async fn pump(
         tokio::select! {
             _ = sigint.recv() => return Ok((EndReason::Interrupted, exit_code)),
             _ = sigterm.recv() => return Ok((EndReason::Interrupted, exit_code)),
+            _ = sighup.recv() => return Ok((EndReason::Interrupted, exit_code)),
             _ = sleep => return Ok((EndReason::Duration, exit_code)),
             guard = ring.readable_mut() => {
                 let mut guard = guard.context("poll the ring buffer")?;
@@ -409,7 +413,7 @@ fn hand_storms(tracker: &mut Tracker, ebpf: &mut Ebpf, families: &mut [Box<dyn P
     for f in families.iter_mut() {
         // The trace goes on as it is: a family that cannot react says so in its report.
         if let Err(e) = f.storms(ebpf, &storms) {
-            eprintln!("gputrace: {} probes: {e:#}", f.name());
+            crate::note!("gputrace: {} probes: {e:#}", f.name());
         }
     }
 }

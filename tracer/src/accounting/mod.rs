@@ -506,7 +506,7 @@ impl Accounting {
     ) -> Result<()> {
         if let Err(e) = self.attach_btf_set(ebpf, btf, set) {
             if verbose {
-                eprintln!("gputrace: {what} programs on raw tracepoints: {e:#}");
+                crate::note!("gputrace: {what} programs on raw tracepoints: {e:#}");
             }
             for &(prog, name) in raw {
                 bpf::attach_raw_tracepoint(ebpf, prog, name)?;
@@ -546,7 +546,7 @@ impl Accounting {
             match link {
                 Ok(l) => enter = Some(("sys_enter_btf", l)),
                 Err(e) if verbose => {
-                    eprintln!("gputrace: syscall programs on raw tracepoints: {e:#}")
+                    crate::note!("gputrace: syscall programs on raw tracepoints: {e:#}")
                 }
                 Err(_) => {}
             }
@@ -722,7 +722,7 @@ impl ProbeFamily for Accounting {
         let offsets = self.offsets.as_ref().ok();
         let classic = offsets.and_then(|o| o.sched_classic.clone());
         if let (Some(why), true) = (&classic, ctx.args.verbose) {
-            eprintln!("gputrace: scheduler programs on classic tracepoints: {why}");
+            crate::note!("gputrace: scheduler programs on classic tracepoints: {why}");
         }
         let block_classic = offsets.and_then(|o| o.block_classic.clone());
         let verbose = ctx.args.verbose;
@@ -782,7 +782,7 @@ impl ProbeFamily for Accounting {
                 }
                 Some(why) => {
                     if verbose {
-                        eprintln!("gputrace: block programs on classic tracepoints: {why}");
+                        crate::note!("gputrace: block programs on classic tracepoints: {why}");
                     }
                     for (prog, cat, name) in BLOCK_TP_PROGRAMS {
                         bpf::attach_tracepoint(ebpf, prog, cat, name)?;
@@ -888,7 +888,7 @@ impl ProbeFamily for Accounting {
                 if let Some(p) = ebpf.program(prog) {
                     if let Ok(info) = p.info() {
                         let runs = info.run_count();
-                        eprintln!(
+                        crate::note!(
                             "gputrace: program {prog}: {runs} runs, {:.1} ns/run",
                             info.run_time().as_nanos() as f64 / runs.max(1) as f64
                         );

@@ -112,7 +112,7 @@ pub fn run(args: &DemoArgs) -> Result<ExitCode> {
     let (files, size) = p.dataset();
     dataset::create(&data_dir, files, size).context("write the demo's data set")?;
 
-    eprintln!(
+    crate::note!(
         "gputrace demo: a synthetic training job, {}, for {} s:\n  a trainer and {} data-loader \
          worker process(es) reading {} files of {} MiB, CUDA stand-in\n  {}\n  {}",
         if args.fixed {

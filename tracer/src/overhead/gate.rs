@@ -243,9 +243,10 @@ impl LaunchGate {
         if let Ok(c) = super::Calibrator::start(ebpf, uprobes, self.trap.clone()) {
             if verbose {
                 let t = c.current();
-                eprintln!(
+                crate::note!(
                     "gputrace: uprobe trap {:.0} ns, uretprobe {:.0} ns on this machine",
-                    t.entry_ns, t.ret_ns
+                    t.entry_ns,
+                    t.ret_ns
                 );
             }
             self.calibrator = Some(c);
