@@ -6,6 +6,7 @@
 
 pub mod aggregate;
 pub mod classify;
+mod crosscheck;
 mod fill;
 pub mod render;
 mod retire;
@@ -317,6 +318,8 @@ pub struct Accounting {
     storm_calls: u64,
     /// Why moving the fds to new generations failed, if it did (file rows may mix files).
     fd_bump_failed: Option<String>,
+    /// The seeded threads' run times, to check the accounting against at the end.
+    run_times: crosscheck::RunTimes,
 }
 
 impl Accounting {
@@ -340,6 +343,7 @@ impl Accounting {
             sys_gate: None,
             sys_gate_failed: None,
             storm_comms: BTreeMap::new(),
+            run_times: crosscheck::RunTimes::default(),
         }
     }
 
@@ -411,7 +415,7 @@ impl Default for Accounting {
 
 /// Threads that exist now: accounted from now, in what /proc says they are doing.
 /// A thread the programs already saw keeps the kernel's exact state.
-fn seed_threads(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
+fn seed_threads(ebpf: &mut Ebpf, pids: &[u32], run_times: &mut crosscheck::RunTimes) -> Result<()> {
     let tids: Vec<(u32, u32)> = pids
         .iter()
         .flat_map(|&pid| procfs::tasks(pid).into_iter().map(move |tid| (pid, tid)))
@@ -423,6 +427,7 @@ fn seed_threads(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
         let Some((phase, state, nr)) = thread_now(pid, tid) else {
             continue;
         };
+        run_times.record(pid, tid);
         let st = ThreadState {
             sys_start_ns: now,
             sys_nr: nr,
@@ -799,7 +804,7 @@ impl ProbeFamily for Accounting {
             .copied()
             .filter(|&p| Some(p) != ctx.launched)
             .collect();
-        seed_threads(ebpf, &existing)?;
+        seed_threads(ebpf, &existing, &mut self.run_times)?;
         self.learn(ebpf);
         Ok(())
     }
@@ -834,7 +839,7 @@ impl ProbeFamily for Accounting {
     fn before_release(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<()> {
         // Seeded blocked in its read of the release pipe: the wakeup that follows starts its
         // runqueue time and the switch-in its CPU time, exactly as for any other thread.
-        seed_threads(ebpf, &[pid])
+        seed_threads(ebpf, &[pid], &mut self.run_times)
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
@@ -952,6 +957,10 @@ impl ProbeFamily for Accounting {
                 retire::max_wall_rows()
             ));
         }
-        fill::fill(ebpf, ctx, data, end, &self.comms, &self.fds, retired)
+        fill::fill(ebpf, ctx, data, end, &self.comms, &self.fds, retired)?;
+        if let Some(w) = self.run_times.check(&mut data.report) {
+            data.report.warnings.push(w);
+        }
+        Ok(())
     }
 }
