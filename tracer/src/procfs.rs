@@ -15,6 +15,9 @@ pub struct Stat {
     pub comm: String,
     pub state: char,
     pub ppid: u32,
+    /// When it started, in clock ticks after boot (0 when the line is cut short): with the
+    /// pid, tells one thread or process from a later one under the same id.
+    pub starttime: u64,
 }
 
 /// Parses /proc/PID/stat; the comm is in parentheses and may itself contain spaces and ')'.
@@ -25,7 +28,14 @@ pub fn parse_stat(stat: &str) -> Option<Stat> {
     let mut rest = stat.get(close + 2..)?.split_whitespace();
     let state = rest.next()?.chars().next()?;
     let ppid = rest.next()?.parse().ok()?;
-    Some(Stat { comm, state, ppid })
+    // Field 22; `rest` began at field 3 and two are taken.
+    let starttime = rest.nth(17).and_then(|s| s.parse().ok()).unwrap_or(0);
+    Some(Stat {
+        comm,
+        state,
+        ppid,
+        starttime,
+    })
 }
 
 pub fn stat(pid: u32) -> Option<Stat> {
@@ -305,7 +315,10 @@ mod tests {
 
     #[test]
     fn stat_with_odd_comm() {
+        let line = "42 (a b) c)) S 7 42 42 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 987654 1 2";
+        assert_eq!(parse_stat(line).unwrap().starttime, 987654);
         let s = parse_stat("42 (a b) c)) S 7 42 42 0 -1").unwrap();
+        assert_eq!(s.starttime, 0);
         assert_eq!(s.comm, "a b) c)");
         assert_eq!(s.state, 'S');
         assert_eq!(s.ppid, 7);

@@ -29,14 +29,26 @@ const NAMED: usize = 3;
 /// what it ran before does not count. Threads born later started from 0.
 #[derive(Debug, Default)]
 pub struct RunTimes {
-    at_start: HashMap<u32, u64>,
+    /// (pid, tid) -> (the thread's start time, its run time then).
+    at_start: HashMap<(u32, u32), (u64, u64)>,
 }
 
 impl RunTimes {
     pub fn record(&mut self, pid: u32, tid: u32) {
-        if let Some(ns) = run_ns(pid, tid) {
-            self.at_start.insert(tid, ns);
+        if let (Some(born), Some(ns)) = (started(pid, tid), run_ns(pid, tid)) {
+            self.at_start.insert((pid, tid), (born, ns));
         }
+    }
+
+    /// What thread `tid` of `pid` ran since it was recorded (a later thread under the same
+    /// tid, or one born during the trace: since it started), if it is alive.
+    fn ran(&self, pid: u32, tid: u32) -> Option<u64> {
+        let now = run_ns(pid, tid)?;
+        let before = match self.at_start.get(&(pid, tid)) {
+            Some(&(born, ns)) if Some(born) == started(pid, tid) => ns,
+            _ => 0,
+        };
+        Some(now.saturating_sub(before))
     }
 
     /// Finds the listed live threads whose on-CPU time the kernel's run time cannot explain,
@@ -48,11 +60,10 @@ impl RunTimes {
         for p in report.processes.iter_mut().filter(|p| !p.exited) {
             for t in &mut p.threads {
                 let Some(time) = &mut t.time else { continue };
-                let Some(now) = run_ns(p.pid, t.tid) else {
+                let Some(ran) = self.ran(p.pid, t.tid) else {
                     continue;
                 };
                 let cpu = ns_of(time, "cpu");
-                let ran = now.saturating_sub(self.at_start.get(&t.tid).copied().unwrap_or(0));
                 if missed_switches(cpu, ran) {
                     bad.push((t.tid, t.comm.clone(), p.pid, cpu, ran));
                     move_unseen(time, cpu - ran);
@@ -148,6 +159,11 @@ pub fn missed_switches(cpu_ns: u64, ran_ns: u64) -> bool {
 
 fn secs(ns: u64) -> String {
     format!("{:.3} s", ns as f64 / 1e9)
+}
+
+fn started(pid: u32, tid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    crate::procfs::parse_stat(&stat).map(|s| s.starttime)
 }
 
 /// The thread's run time so far (ns), the first field of its schedstat.
