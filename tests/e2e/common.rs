@@ -67,6 +67,27 @@ pub fn build_c(name: &str, extra: &[&str]) -> PathBuf {
     out
 }
 
+/// Compiles C source `src` into shared library `out` as the real CUDA libraries are built
+/// where it matters here: -O0 keeps every function's `push %rbp` prologue (at -O1 gcc drops
+/// it in leaf functions). `extra` are more gcc arguments.
+pub fn build_shared_c(src: &Path, out: &Path, extra: &[&str]) {
+    let st = Command::new("gcc")
+        .args([
+            "-O0",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-shared",
+            "-fPIC",
+            "-o",
+        ])
+        .arg(out)
+        .arg(src)
+        .args(extra)
+        .status()
+        .expect("run gcc");
+    assert!(st.success(), "gcc failed building {}", out.display());
+}
+
 pub struct Run {
     pub output: Output,
     pub stdout: String,

@@ -781,20 +781,7 @@ fn libraries_unloaded_mid_trace_keep_their_calls_and_names() {
     let cuda = crate::cuda::fake_cuda();
     let hot = tmp_dir().join("workloads/libhot.so");
     std::fs::create_dir_all(hot.parent().unwrap()).unwrap();
-    let st = Command::new("gcc")
-        .args([
-            "-O0",
-            "-g",
-            "-fno-omit-frame-pointer",
-            "-shared",
-            "-fPIC",
-            "-o",
-        ])
-        .arg(&hot)
-        .arg(repo_root().join("tests/workloads/hot_lib.c"))
-        .status()
-        .expect("run gcc");
-    assert!(st.success(), "gcc failed building libhot.so");
+    build_shared_c(&repo_root().join("tests/workloads/hot_lib.c"), &hot, &[]);
     let bin = build_c("unload_reload", &["-ldl"]);
     let dir = out_dir("unload-reload");
     let cudart = cuda.join("libcudart.so.12");

@@ -4,7 +4,7 @@
 //! and one 4 KiB H2D cudaMemcpy, 10 quick __cudaRegisterFunction calls, one failing
 //! cudaLaunchKernel and one successful one.
 
-use std::{collections::BTreeMap, path::PathBuf, process::Command};
+use std::{collections::BTreeMap, path::PathBuf};
 
 use serde_json::Value;
 
@@ -26,21 +26,7 @@ fn fake_cudart() -> PathBuf {
         ("libcuda.so.1", "cuda.c", &[][..]),
         ("libcudart.so.12", "cudart.c", &["-ldl", rpath.as_str()][..]),
     ] {
-        let st = Command::new("gcc")
-            .args([
-                "-O0",
-                "-g",
-                "-fno-omit-frame-pointer",
-                "-shared",
-                "-fPIC",
-                "-o",
-            ])
-            .arg(dir.join(out))
-            .arg(src.join(file))
-            .args(extra)
-            .status()
-            .expect("run gcc");
-        assert!(st.success(), "gcc failed building {out}");
+        build_shared_c(&src.join(file), &dir.join(out), extra);
     }
     dir.join("libcudart.so.12")
 }
