@@ -4,8 +4,9 @@
 //! `sched_switch` tracepoint never shows would be counted on CPU for the rest of the trace.
 //! That was seen on the development VM, whose init process's tokio workers are switched in
 //! and never out as far as the tracepoint tells (bpftrace sees the same): 2.5-2.7 s "on CPU"
-//! in a 3 s trace against 1-16 ms by schedstat. Such threads are named in a warning; their
-//! figures are not corrected (when they ran is not known).
+//! in a 3 s trace against 1-16 ms by schedstat. Such threads are named in a warning, and the
+//! on-CPU time the kernel cannot explain moves to `other` (when they really ran is not known,
+//! so nothing better can be said of it), where no CPU-bound verdict rests on it.
 
 use std::collections::HashMap;
 
