@@ -114,8 +114,7 @@ fn gputrace_never_traces_itself() {
     )));
     assert_eq!(r.code(), 0, "{}", r.stderr);
     assert!(r.stdout.contains("shell-after"), "{}", r.stdout);
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let report = r.report(&dir);
     let comms: Vec<&str> = report["processes"]
         .as_array()
         .unwrap()
@@ -352,17 +351,8 @@ fn a_hang_up_with_dead_outputs_still_writes_the_report() {
     drop(err);
     drop(child.stdout.take());
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let st = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("gputrace did not end after SIGHUP");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let st = faults::wait_child(&mut child, Duration::from_secs(30))
+        .expect("gputrace did not end after SIGHUP");
     assert!(st.success(), "{st:?}");
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();

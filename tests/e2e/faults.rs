@@ -109,24 +109,30 @@ impl Live {
 
     /// Waits for exit; kills it and returns None when it takes longer than `limit`.
     pub fn wait_for(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Some(st) = self.child.try_wait().expect("try_wait") {
-                // Let the readers see the last lines.
-                std::thread::sleep(Duration::from_millis(50));
-                return Some(st);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        None
+        let st = wait_child(&mut self.child, limit)?;
+        // Let the readers see the last lines.
+        std::thread::sleep(Duration::from_millis(50));
+        Some(st)
     }
 
     /// The BPF objects this gputrace holds now.
     pub fn held(&self) -> Held {
         held_by(self.pid())
     }
+}
+
+/// Waits for `child` to exit; kills it and returns None when it takes longer than `limit`.
+pub fn wait_child(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
 }
 
 /// The BPF objects process `pid` (a gputrace) holds now.

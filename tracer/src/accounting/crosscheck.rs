@@ -35,9 +35,10 @@ pub struct RunTimes {
 }
 
 impl RunTimes {
-    pub fn record(&mut self, pid: u32, tid: u32) {
-        if let (Some(born), Some(ns)) = (started(pid, tid), run_ns(pid, tid)) {
-            self.at_start.insert((pid, tid), (born, ns));
+    /// `started`: the thread's start time, from the /proc stat its seeding read.
+    pub fn record(&mut self, pid: u32, tid: u32, started: u64) {
+        if let Some(ns) = run_ns(pid, tid) {
+            self.at_start.insert((pid, tid), (started, ns));
         }
     }
 
@@ -202,7 +203,7 @@ mod tests {
             return;
         }
         let mut rt = RunTimes::default();
-        rt.record(pid, tid);
+        rt.record(pid, tid, started(pid, tid).unwrap());
         let job = |cpu_percent: f64| {
             let mut r = fixtures::report();
             // 10 s alive, the rest asleep.

@@ -424,10 +424,10 @@ fn seed_threads(ebpf: &mut Ebpf, pids: &[u32], run_times: &mut crosscheck::RunTi
     let now = ktime_now();
     let states = States::open(ebpf)?;
     for &(pid, tid) in &tids {
-        let Some((phase, state, nr)) = thread_now(pid, tid) else {
+        let Some((phase, state, nr, started)) = thread_now(pid, tid) else {
             continue;
         };
-        run_times.record(pid, tid);
+        run_times.record(pid, tid, started);
         let st = ThreadState {
             sys_start_ns: now,
             sys_nr: nr,
@@ -447,8 +447,9 @@ fn seed_threads(ebpf: &mut Ebpf, pids: &[u32], run_times: &mut crosscheck::RunTi
     Ok(())
 }
 
-/// Reads /proc for what a thread is doing now: (phase, prev_state-like bits, syscall nr).
-fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32)> {
+/// Reads /proc for what a thread is doing now: (phase, prev_state-like bits, syscall nr,
+/// its start time).
+fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
     let st = procfs::parse_stat(&stat)?;
     let sys =
@@ -458,11 +459,12 @@ fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32)> {
         .next()
         .and_then(|s| s.parse().ok())
         .unwrap_or(-1);
-    Some(match st.state {
+    let (phase, state, nr) = match st.state {
         'R' => (PHASE_ONCPU, 0, -1),
         'D' => (PHASE_BLOCKED, 2, nr),
         _ => (PHASE_BLOCKED, 1, nr),
-    })
+    };
+    Some((phase, state, nr, st.starttime))
 }
 
 /// The kernel's BTF, for the BTF tracepoint programs (GPUTRACE_BTF_TRACEPOINTS=0: none, to run
