@@ -39,6 +39,9 @@ pub const STOPPED_MAP: &str = "ACCOUNT_STOPPED";
 /// (0: never). A syscall a thread entered before it is one whose exit may have gone unseen:
 /// its number is not trusted ([`ThreadState::sys_nr`]).
 pub const SYS_OFF_AT_MAP: &str = "SYS_OFF_AT";
+/// One u64: the syscalls in a block a traced thread's syscalls are timed in, 0 for none
+/// (written by user space once it has measured what a syscall costs).
+pub const SYS_STORM_CALLS_MAP: &str = "SYS_STORM_CALLS";
 
 pub const THREADS_ENTRIES: u32 = 65_536;
 /// Slots of `THREAD_SLOTS_MAP` (~3 MB): thread ids are handed out in sequence, so the threads

@@ -61,11 +61,12 @@ const SYS_CLOSE: i32 = 3;
 #[map(name = "SYS_OFF_AT")]
 static SYS_OFF_AT: Array<u64> = Array::with_max_entries(1, 0);
 
-/// The syscalls in a block a traced thread's syscalls are timed in, 0 for none (set by user
-/// space from the budget: `accounting::syscall_gate::block_calls`). A constant to the
-/// verifier, so a budget that never samples leaves no trace of the timing in the program.
-#[no_mangle]
-static SYS_STORM_CALLS: Global<u64> = Global::new(0);
+/// `tracer_common::wall::SYS_STORM_CALLS_MAP`: the syscalls in a block a traced thread's
+/// syscalls are timed in, 0 for none. Written by user space from the budget and what it
+/// measured a syscall to cost as it attached these programs
+/// (`accounting::syscall_gate::block_calls`), so not a load-time constant.
+#[map(name = "SYS_STORM_CALLS")]
+static SYS_STORM_CALLS: Array<u64> = Array::with_max_entries(1, 0);
 
 /// When the syscall programs last came off (0: never).
 #[inline(always)]
@@ -280,7 +281,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
     // Timed in blocks: a thread whose block of syscalls took less than the storm window pays
     // more than the budget for these programs, and user space takes them off. A block begun
     // before they last came off (or none yet) starts here.
-    let block = SYS_STORM_CALLS.load();
+    let block = crate::maps::counter(&SYS_STORM_CALLS);
     if block != 0 {
         if st.sys_block_ns <= off_at {
             // Timed from this exit: the block's first call is the next one.

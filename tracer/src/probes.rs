@@ -76,14 +76,19 @@ pub fn ktime_now() -> u64 {
 /// The families a trace runs, in the order they attach.
 pub fn families(args: &TraceArgs) -> Vec<Box<dyn ProbeFamily>> {
     let trap = crate::overhead::SharedTrapCost::default();
+    let sys_trap = crate::overhead::SharedSyscallTrap::default();
     vec![
         // First: it reads every program's run time before a family unloads its programs, and
         // it measures the trap costs the CUDA family's gate works with.
         Box::new(crate::overhead::OverheadFamily::new(
             args.max_overhead,
             trap.clone(),
+            sys_trap.clone(),
         )),
-        Box::new(crate::accounting::Accounting::new(args.max_overhead)),
+        Box::new(crate::accounting::Accounting::new(
+            args.max_overhead,
+            sys_trap,
+        )),
         // Before CUDA: the CUDA family names the kernels of the launches on the timeline.
         Box::new(crate::streams::TimelineFamily::new(args)),
         Box::new(crate::cuda::CudaFamily::new(args, trap)),

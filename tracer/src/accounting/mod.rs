@@ -314,19 +314,27 @@ pub struct Accounting {
     /// The names of threads that stormed, as the kernel gave them (they may be gone by the
     /// time names are read).
     storm_comms: BTreeMap<u32, String>,
-    /// The syscalls in a block (`syscall_gate::block_calls`; 0: the budget never samples).
+    /// `--max-overhead`, and the syscalls in a block (`syscall_gate::block_calls`; 0: the
+    /// budget never samples) at what a syscall was measured to cost as the programs attached.
+    budget: f64,
     storm_calls: u64,
+    sys_cost_ns: f64,
     /// Why moving the fds to new generations failed, if it did (file rows may mix files).
     fd_bump_failed: Option<String>,
     /// The seeded threads' run times, to check the accounting against at the end.
     run_times: crosscheck::RunTimes,
+    /// What a syscall tracepoint hit costs outside its program, measured as they attach.
+    sys_trap: crate::overhead::SharedSyscallTrap,
 }
 
 impl Accounting {
     /// Under the overhead budget `budget` (a fraction, `--max-overhead`).
-    pub fn new(budget: f64) -> Accounting {
+    pub fn new(budget: f64, sys_trap: crate::overhead::SharedSyscallTrap) -> Accounting {
         Accounting {
-            storm_calls: syscall_gate::block_calls(budget),
+            sys_trap,
+            budget,
+            storm_calls: 0,
+            sys_cost_ns: syscall_gate::SYSCALL_COST_NS,
             fd_bump_failed: None,
             offsets: Offsets::read().map_err(|e| format!("{e:#}")),
             comms: BTreeMap::new(),
@@ -409,7 +417,7 @@ const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
 
 impl Default for Accounting {
     fn default() -> Self {
-        Self::new(crate::budget::DEFAULT_BUDGET)
+        Self::new(crate::budget::DEFAULT_BUDGET, Default::default())
     }
 }
 
@@ -674,7 +682,7 @@ impl Accounting {
             .and_then(|(prog, _, _)| per_hit(prog));
         let cost = match (enter, per_hit("sys_exit")) {
             (Some(a), Some(b)) => a + b,
-            _ => syscall_gate::SYSCALL_COST_NS,
+            _ => self.sys_cost_ns,
         };
         let block = self.sys_gate.as_ref().map_or(0, |g| g.block());
         let mut threads: Vec<_> = g
@@ -717,7 +725,6 @@ impl ProbeFamily for Accounting {
         for (name, off) in &offsets.globals {
             loader.override_global(name, off, true);
         }
-        loader.override_global("SYS_STORM_CALLS", &self.storm_calls, true);
         Ok(())
     }
 
@@ -767,7 +774,23 @@ impl ProbeFamily for Accounting {
             self.attached.push("task_rename");
             self.renames_seen = Some(u64::MAX);
         }
+        // Timed before and after, while no thread is seeded (`overhead::syscall_trap`).
+        let bare = crate::overhead::syscall_trap::bare();
         self.attach_syscalls(ebpf, &btf, classic.is_none(), verbose)?;
+        let progs: Vec<&str> = self.sys_links.iter().map(|(p, _, _)| *p).collect();
+        let measured = crate::overhead::syscall_trap::measure(ebpf, &progs, bare);
+        if let Ok(trap) = measured {
+            self.sys_cost_ns = syscall_gate::cost_ns(trap);
+        }
+        if let Ok(mut s) = self.sys_trap.lock() {
+            *s = Some(measured.map_err(|e| format!("{e:#}")));
+        }
+        self.storm_calls = syscall_gate::block_calls(self.budget, self.sys_cost_ns);
+        set_counter(
+            ebpf,
+            tracer_common::wall::SYS_STORM_CALLS_MAP,
+            self.storm_calls,
+        )?;
         if self.storm_calls != 0 {
             self.sys_gate = Some(syscall_gate::SyscallGate::new(
                 self.storm_calls,

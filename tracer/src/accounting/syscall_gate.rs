@@ -1,7 +1,7 @@
 //! The overhead budget for the syscall tracepoints: pure control logic, no BPF.
 //!
 //! While they are attached every syscall of every task on the machine takes the kernel's slow
-//! path and runs two programs (~700 ns here), so a thread that makes a few hundred thousand
+//! path and runs two programs (~400 ns here), so a thread that makes a few hundred thousand
 //! syscalls a second (`dd bs=1`, a `sched_yield` spin) pays more than half of its time for
 //! them, far over the budget. Sampling them inside the programs would not help: the slow path
 //! is paid as long as they are attached. So they are taken off.
@@ -25,10 +25,19 @@ use std::collections::BTreeMap;
 
 use tracer_common::proc::SYS_STORM_WINDOW_NS;
 
-/// What one traced syscall costs with the syscall programs attached: their run time (sys_enter
-/// 115-120 ns and sys_exit 220-235 ns per hit in the data demo, BENCHMARKS.md) and the slow
-/// path and dispatch of two tracepoint hits (`budget::SYSCALL_TRACEPOINT_NS` each).
-pub const SYSCALL_COST_NS: f64 = 350.0 + 2.0 * crate::budget::SYSCALL_TRACEPOINT_NS;
+/// What the two syscall programs run for per traced syscall: sys_enter 115-130 ns and
+/// sys_exit 215-235 ns per hit in the data demo (BENCHMARKS.md), less for a getppid.
+pub const PROGRAMS_NS: f64 = 350.0;
+
+/// What one traced syscall costs with the syscall programs attached: their run time and the
+/// slow path and dispatch of two tracepoint hits at `trap_ns` each (measured as they attach,
+/// `overhead::syscall_trap`).
+pub fn cost_ns(trap_ns: f64) -> f64 {
+    PROGRAMS_NS + 2.0 * trap_ns
+}
+
+/// [`cost_ns`] at the built-in constant, where nothing was measured.
+pub const SYSCALL_COST_NS: f64 = PROGRAMS_NS + 2.0 * crate::budget::SYSCALL_TRACEPOINT_NS;
 
 /// The wait before the first window after a storm. A window costs a storming thread one block
 /// (the budget's worth of a second, [`block_calls`]), so windows at least two seconds apart
@@ -40,13 +49,14 @@ pub const MAX_GAP_NS: u64 = 16_000_000_000;
 /// than the storm window.
 pub const QUIET_NS: u64 = SYS_STORM_WINDOW_NS + 100_000_000;
 
-/// The syscalls in a block (the eBPF global `SYS_STORM_CALLS`): as many as cost `budget` of the storm
-/// window. 0, which times nothing, when the budget never samples.
-pub fn block_calls(budget: f64) -> u64 {
+/// The syscalls in a block (`SYS_STORM_CALLS_MAP`): as many as cost `budget` of the storm
+/// window at `cost_ns` each ([`cost_ns`]). 0, which times nothing, when the budget never
+/// samples.
+pub fn block_calls(budget: f64, cost_ns: f64) -> u64 {
     if budget >= crate::budget::NO_SAMPLING {
         return 0;
     }
-    ((budget * SYS_STORM_WINDOW_NS as f64 / SYSCALL_COST_NS) as u64).max(1)
+    ((budget * SYS_STORM_WINDOW_NS as f64 / cost_ns.max(1.0)) as u64).max(1)
 }
 
 /// What the caller does to the syscall programs.
@@ -216,17 +226,20 @@ mod tests {
 
     #[test]
     fn a_block_costs_the_budget_of_the_storm_window() {
-        let n = block_calls(0.02);
+        let n = block_calls(0.02, SYSCALL_COST_NS);
         let cost = n as f64 * SYSCALL_COST_NS;
         // 2% of a second, to within one call.
         assert!((cost - 20.0 * MS as f64).abs() <= SYSCALL_COST_NS, "{n}");
-        assert_eq!(block_calls(1.0), 0);
-        assert_eq!(block_calls(1e-12), 1);
+        assert_eq!(block_calls(1.0, SYSCALL_COST_NS), 0);
+        assert_eq!(block_calls(1e-12, SYSCALL_COST_NS), 1);
+        // At a measured trap of 25 ns per hit a syscall costs 400 ns: 50,000 to the block.
+        assert_eq!(cost_ns(25.0), 400.0);
+        assert_eq!(block_calls(0.02, cost_ns(25.0)), 50_000);
     }
 
     #[test]
     fn a_storm_takes_the_programs_off_and_windows_bring_them_back() {
-        let mut g = SyscallGate::new(block_calls(0.02), 0);
+        let mut g = SyscallGate::new(block_calls(0.02, SYSCALL_COST_NS), 0);
         assert_eq!(g.tick(100 * MS), Action::None);
         // The block took 40 ms: 25x the budget's pace.
         assert_eq!(g.storm(200 * MS, 10, 11, 40 * MS), Action::TakeOff);
@@ -262,7 +275,11 @@ mod tests {
             }
         );
         // The 40 ms block: 20 ms of syscall cost in it.
-        let half = share(block_calls(0.02), SYSCALL_COST_NS, worst.took_ns);
+        let half = share(
+            block_calls(0.02, SYSCALL_COST_NS),
+            SYSCALL_COST_NS,
+            worst.took_ns,
+        );
         assert!((half - 0.5).abs() < 0.01, "{half}");
         assert_eq!(s.storms[&12].took_ns, 80 * MS);
         assert_eq!(share(1000, 1000.0, 10), 1.0);

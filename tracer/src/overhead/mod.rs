@@ -9,6 +9,7 @@
 mod calibrate;
 mod gate;
 mod stats;
+pub mod syscall_trap;
 mod threads;
 
 use std::collections::HashMap;
@@ -16,6 +17,7 @@ use std::collections::HashMap;
 pub use calibrate::{Calibrator, SharedTrapCost, TrapCost};
 pub use gate::LaunchGate;
 pub use stats::{stats_on, Hits, StatsOn};
+pub use syscall_trap::SharedSyscallTrap;
 
 use anyhow::Result;
 use aya::{programs::Program, Ebpf};
@@ -49,10 +51,12 @@ pub struct OverheadFamily {
     hits: Option<Hits>,
     uprobes: Option<crate::uprobes::Uprobes>,
     trap: SharedTrapCost,
+    /// Measured by the accounting family as it attaches the syscall programs.
+    sys_trap: SharedSyscallTrap,
 }
 
 impl OverheadFamily {
-    pub fn new(budget: f64, trap: SharedTrapCost) -> OverheadFamily {
+    pub fn new(budget: f64, trap: SharedTrapCost, sys_trap: SharedSyscallTrap) -> OverheadFamily {
         OverheadFamily {
             budget,
             stats: None,
@@ -61,16 +65,18 @@ impl OverheadFamily {
             hits: None,
             uprobes: None,
             trap,
+            sys_trap,
         }
     }
 }
 
-/// Trap cost outside the program for one hit of `name`.
-fn trap_ns(name: &str, uprobe: bool, trap: TrapCost) -> f64 {
+/// Trap cost outside the program for one hit of `name`; `sys_ns` that of a syscall
+/// tracepoint hit.
+fn trap_ns(name: &str, uprobe: bool, trap: TrapCost, sys_ns: f64) -> f64 {
     match uprobe {
         true if name == RET_PROG => trap.ret_ns,
         true => trap.entry_ns,
-        false if is_syscall_tracepoint(name) => budget::SYSCALL_TRACEPOINT_NS,
+        false if is_syscall_tracepoint(name) => sys_ns,
         false => budget::TRACEPOINT_NS,
     }
 }
@@ -87,10 +93,10 @@ impl ProbeFamily for OverheadFamily {
     }
 
     fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()> {
-        // Without them only the trap constants count.
-        let on = stats_on();
-        self.stats_ok = on.is_on();
-        self.stats = Some(on);
+        // Without them only the trap constants count. Not held on from here: the accounting
+        // family times syscalls with them off as it attaches (`syscall_trap`), and the first
+        // tick turns them on for the programs that have run.
+        self.stats_ok = stats_on().is_on();
         self.hits = Hits::open(ebpf).ok();
         self.uprobes = Some(ctx.uprobes.clone());
         Ok(())
@@ -122,6 +128,7 @@ impl ProbeFamily for OverheadFamily {
         data: &mut ReportData,
     ) -> Result<()> {
         let trap = calibrate::current(&self.trap);
+        let (sys_ns, sys_measured) = syscall_trap::current(&self.sys_trap);
         // Those aya loaded, and the uprobe programs loaded for uprobe_multi links.
         let runs = ebpf
             .programs()
@@ -157,7 +164,7 @@ impl ProbeFamily for OverheadFamily {
                 program: name.to_string(),
                 hits,
                 bpf_ns_per_hit: ns as f64 / timed.max(1) as f64,
-                trap_ns_per_hit: trap_ns(name, uprobe, trap),
+                trap_ns_per_hit: trap_ns(name, uprobe, trap, sys_ns),
             });
         }
         self.stats = None;
@@ -169,6 +176,13 @@ impl ProbeFamily for OverheadFamily {
         o.probe_cost_ns = programs.iter().map(cost).sum::<f64>() as u64;
         o.programs = programs;
         o.trap_measured = trap.measured;
+        o.syscall_trap_measured = sys_measured;
+        if let Some(e) = syscall_trap::error(&self.sys_trap) {
+            data.report.warnings.push(format!(
+                "the syscall tracepoints' cost outside their programs could not be measured on \
+                 this machine ({e}): the overhead estimate uses a built-in constant"
+            ));
+        }
         if let Some(e) = calibrate::calibration_error(&self.trap) {
             data.report.warnings.push(format!(
                 "the uprobe trap cost could not be measured on this machine ({e}): the overhead \
@@ -378,19 +392,16 @@ mod tests {
     use crate::report::model::cuda::{ApiStat, KernelStat, ProcessCuda, ThreadCuda};
 
     #[test]
-    fn syscall_tracepoints_cost_the_slow_path_too() {
+    fn syscall_tracepoints_cost_their_measured_slow_path() {
         let t = TrapCost::DEFAULT;
+        assert_eq!(trap_ns("sys_enter", false, t, 41.0), 41.0);
+        assert_eq!(trap_ns("sys_enter_btf", false, t, 41.0), 41.0);
+        assert_eq!(trap_ns("sys_exit", false, t, 41.0), 41.0);
         assert_eq!(
-            trap_ns("sys_enter", false, t),
-            budget::SYSCALL_TRACEPOINT_NS
+            trap_ns("sched_switch", false, t, 41.0),
+            budget::TRACEPOINT_NS
         );
-        assert_eq!(
-            trap_ns("sys_enter_btf", false, t),
-            budget::SYSCALL_TRACEPOINT_NS
-        );
-        assert_eq!(trap_ns("sys_exit", false, t), budget::SYSCALL_TRACEPOINT_NS);
-        assert_eq!(trap_ns("sched_switch", false, t), budget::TRACEPOINT_NS);
-        assert_eq!(trap_ns(RET_PROG, true, t), t.ret_ns);
+        assert_eq!(trap_ns(RET_PROG, true, t, 41.0), t.ret_ns);
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub struct Overhead {
     /// built-in constants).
     #[serde(default)]
     pub trap_measured: bool,
+    /// Whether the syscall tracepoints' cost outside their programs (the kernel's slow path
+    /// and the dispatch) was measured at startup (false: a built-in constant).
+    #[serde(default)]
+    pub syscall_trap_measured: bool,
     /// Set when the budget switched the high-rate probes on and off: their counts are scaled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampled: Option<ProbeSampling>,
@@ -98,8 +102,9 @@ pub struct ProgramCost {
     pub hits: u64,
     /// Measured by the kernel (kernel.bpf_stats_enabled); 0 when the statistics are off.
     pub bpf_ns_per_hit: f64,
-    /// The trap outside the program: for uprobes and uretprobes measured at startup
-    /// (`trap_measured`), else a built-in constant.
+    /// The trap outside the program: for uprobes and uretprobes (`trap_measured`) and the
+    /// syscall tracepoints (`syscall_trap_measured`) measured at startup, else a built-in
+    /// constant.
     pub trap_ns_per_hit: f64,
 }
 
