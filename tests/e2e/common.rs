@@ -168,3 +168,29 @@ pub fn loaded_program_names() -> Vec<String> {
         .filter_map(|p| p.name_as_str().map(str::to_string))
         .collect()
 }
+
+/// The children of `pid` (its main thread's) with their names.
+pub fn children_of(pid: i32) -> Vec<(u32, String)> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse::<u32>().ok())
+        .map(|c| {
+            let comm = std::fs::read_to_string(format!("/proc/{c}/comm")).unwrap_or_default();
+            (c, comm.trim().to_string())
+        })
+        .collect()
+}
+
+/// `pid` and its descendants named `comm`.
+pub fn descendants_named(pid: u32, comm: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    let own = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    if own.trim() == comm {
+        out.push(pid);
+    }
+    for (c, _) in children_of(pid as i32) {
+        out.extend(descendants_named(c, comm));
+    }
+    out
+}

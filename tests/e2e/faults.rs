@@ -1016,18 +1016,6 @@ pub fn assert_no_orphans() {
     }
 }
 
-fn children_of(pid: i32) -> Vec<(u32, String)> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|c| c.parse::<u32>().ok())
-        .map(|c| {
-            let comm = std::fs::read_to_string(format!("/proc/{c}/comm")).unwrap_or_default();
-            (c, comm.trim().to_string())
-        })
-        .collect()
-}
-
 /// SIGKILL while the launched command still waits to be released (probes being loaded): the
 /// command must not hang forever nor run untraced; it exits.
 #[test]

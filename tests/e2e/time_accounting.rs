@@ -416,6 +416,88 @@ fn attached_sleeper_straddles_the_window() {
     assert_eq!(reason["reason"], "clock_nanosleep", "{time:#}");
 }
 
+/// Readers blocked since before the attach, which the kernel never shows switching out: their
+/// waits are told by the kernel stack /proc gives at seeding, not by the syscall alone (a
+/// `read` of anything would be disk I/O): a read of a pipe is `ipc`, of a TCP socket
+/// `net`, and the off-CPU flame graph shows the stack.
+#[test]
+fn readers_blocked_since_before_the_attach_are_told_by_their_stacks() {
+    let _g = serial();
+    if !require_root("readers_blocked_since_before_the_attach_are_told_by_their_stacks") {
+        return;
+    }
+    // `cat` reading a pipe nobody writes; python reading a connected TCP socket and a timerfd.
+    let mut pipe = std::process::Command::new("sh")
+        .args(["-c", "sleep 30 | cat"])
+        .spawn()
+        .expect("spawn sh");
+    let py = "import os, socket, time\n\
+              srv = socket.socket(); srv.bind(('127.0.0.1', 0)); srv.listen(1)\n\
+              c = socket.create_connection(srv.getsockname()); s, _ = srv.accept()\n\
+              if os.fork() == 0:\n    os.read(c.fileno(), 1); os._exit(0)\n\
+              time.sleep(30)\n";
+    let mut sock = std::process::Command::new("python3")
+        .args(["-c", py])
+        .spawn()
+        .expect("spawn python3");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let cat = descendants_named(pipe.id(), "cat");
+    let recv = descendants_named(sock.id(), "python3");
+    let out = out_dir("seeded-stacks");
+    let mut args = vec!["-d", "1s", "-o", out.to_str().unwrap()];
+    let pids: Vec<String> = cat.iter().chain(&recv).map(u32::to_string).collect();
+    for p in &pids {
+        args.push("-p");
+        args.push(p);
+    }
+    let run = gputrace(&args);
+    for c in [&mut pipe, &mut sock] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = std::process::Command::new("pkill")
+        .args(["-f", "sleep 30"])
+        .status();
+    for p in cat.iter().chain(&recv) {
+        unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+    }
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    let main_time = |pid: u32| -> BTreeMap<String, f64> {
+        let p = report["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"].as_u64() == Some(pid as u64))
+            .unwrap_or_else(|| panic!("no process {pid}: {report:#}"));
+        categories(&p["time"])
+    };
+    assert_eq!(cat.len(), 1, "cat: {cat:?}");
+    let c = main_time(cat[0]);
+    assert!(
+        c.get("ipc").copied().unwrap_or(0.0) >= 99.0,
+        "cat reading a pipe: {c:?}"
+    );
+    // The forked child blocked in a read of the socket (the parent sleeps).
+    let child = recv
+        .iter()
+        .copied()
+        .find(|&p| p != sock.id())
+        .expect("the python child");
+    let n = main_time(child);
+    assert!(
+        n.get("net").copied().unwrap_or(0.0) >= 99.0,
+        "a read of a TCP socket: {n:?}"
+    );
+    let folded = std::fs::read_to_string(out.join("offcpu.folded")).unwrap();
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.starts_with(&format!("cat-{}/", cat[0])) && l.contains("pipe_read")),
+        "{folded}"
+    );
+}
+
 /// A thread cycling through three waits (a read of pipe A, a nap, a read of pipe B, a nap):
 /// the stacks walked at switch-out are reused per wait, and each wait's off-CPU time must land
 /// under the function that waited, never under another wait's stack.

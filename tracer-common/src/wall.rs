@@ -43,6 +43,10 @@ pub const SYS_OFF_AT_MAP: &str = "SYS_OFF_AT";
 /// (written by user space once it has measured what a syscall costs).
 pub const SYS_STORM_CALLS_MAP: &str = "SYS_STORM_CALLS";
 
+/// `ThreadState::off_kstack` of a wait under way when the thread was seeded: user space read
+/// its kernel frames from /proc (`/proc/PID/task/TID/stack`), the kernel walked nothing.
+pub const KSTACK_SEEDED: i32 = -2;
+
 pub const THREADS_ENTRIES: u32 = 65_536;
 /// Slots of `THREAD_SLOTS_MAP` (~3 MB): thread ids are handed out in sequence, so the threads
 /// of a job share a slot only when their ids differ by a multiple of this.

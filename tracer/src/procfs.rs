@@ -20,6 +20,25 @@ pub struct Stat {
     pub starttime: u64,
 }
 
+/// A task's kernel stack as function names, innermost first (`/proc/PID/task/TID/stack`: root
+/// only; empty where the kernel has no CONFIG_STACKTRACE or the task is running).
+pub fn kernel_stack(pid: u32, tid: u32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stack"))
+        .map(|s| parse_kernel_stack(&s))
+        .unwrap_or_default()
+}
+
+/// Lines such as `[<0>] n_tty_read+0x4bd/0x660` (a module's frames end in ` [name]`).
+pub fn parse_kernel_stack(s: &str) -> Vec<String> {
+    s.lines()
+        .filter_map(|l| {
+            let f = l.split_whitespace().nth(1)?;
+            let name = f.split('+').next()?;
+            (!name.is_empty()).then(|| name.to_string())
+        })
+        .collect()
+}
+
 /// Parses /proc/PID/stat; the comm is in parentheses and may itself contain spaces and ')'.
 pub fn parse_stat(stat: &str) -> Option<Stat> {
     let open = stat.find('(')?;
@@ -250,6 +269,24 @@ pub fn own_code(addr: u64) -> anyhow::Result<(PathBuf, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_stacks_are_function_names_innermost_first() {
+        let s = "[<0>] wait_woken+0x89/0x90\n[<0>] n_tty_read+0x4bd/0x660\n\
+                 [<0>] os_wait+0x1/0x2 [nvidia]\n[<0>] entry_SYSCALL_64_after_hwframe+0x76/0x7e\n";
+        assert_eq!(
+            parse_kernel_stack(s),
+            [
+                "wait_woken",
+                "n_tty_read",
+                "os_wait",
+                "entry_SYSCALL_64_after_hwframe"
+            ]
+        );
+        assert!(parse_kernel_stack("").is_empty());
+        // This test's own thread, running, has none to show; a missing one neither.
+        assert!(kernel_stack(u32::MAX, u32::MAX).is_empty());
+    }
 
     fn mapping(start: u64, end: u64, perms: &str, path: &str) -> Mapping {
         Mapping {

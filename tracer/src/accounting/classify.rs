@@ -15,6 +15,15 @@ pub const STACK_RULES: &[(&str, Category)] = &[
     ("pipe_", Category::Ipc),
     ("anon_pipe_", Category::Ipc),
     ("unix_", Category::Ipc),
+    // A terminal's other end is a process (the terminal emulator, sshd): a shell or a job
+    // waiting for its input waits on it, not on a disk.
+    ("n_tty_", Category::Ipc),
+    ("tty_", Category::Ipc),
+    ("eventfd_", Category::Ipc),
+    ("signalfd_", Category::Ipc),
+    ("timerfd_", Category::Sleep),
+    ("inotify_", Category::Poll),
+    ("fanotify_", Category::Poll),
     ("do_wait", Category::Ipc),
     ("kernel_wait4", Category::Ipc),
     ("do_msgrcv", Category::Ipc),
@@ -41,6 +50,11 @@ pub const STACK_RULES: &[(&str, Category)] = &[
     ("jbd2_", Category::Io),
     ("io_cqring_wait", Category::Io),
 ];
+
+/// Generic wait primitives that say nothing of what is awaited (eventfd and timerfd reads wait
+/// in `do_wait_intr_irq`): skipped before the rules, so that `do_wait` (a wait for a child)
+/// does not take them.
+pub const GENERIC_WAITS: &[&str] = &["do_wait_intr", "do_wait_intr_irq"];
 
 /// User functions that name the wait more precisely than the kernel can, matched exactly from the
 /// innermost user frame outwards; checked before the kernel rules (the GIL is a futex underneath).
@@ -154,7 +168,7 @@ pub fn blocked_with_user(
             };
         }
     }
-    for f in kernel_frames {
+    for f in kernel_frames.iter().filter(|f| !GENERIC_WAITS.contains(f)) {
         if let Some((_, c)) = STACK_RULES.iter().find(|(p, _)| f.starts_with(p)) {
             return Verdict {
                 category: *c,
@@ -217,6 +231,44 @@ mod tests {
         assert_eq!(v.category, Category::Io);
         let v = blocked(nr("recvfrom"), 1, &["schedule", "unix_stream_read_generic"]);
         assert_eq!(v.category, Category::Ipc);
+    }
+
+    /// Reads that wait on something other than a disk, with the kernel frames this VM's 6.18
+    /// showed in /proc/PID/stack for each: a read that falls through to its syscall is `io`.
+    #[test]
+    fn reads_of_terminals_and_event_fds_are_not_disk_io() {
+        let read = nr("read");
+        let cases: &[(&[&str], Category)] = &[
+            (
+                &["wait_woken", "n_tty_read", "tty_read", "vfs_read"],
+                Category::Ipc,
+            ),
+            (
+                &["do_wait_intr_irq", "eventfd_read", "vfs_read"],
+                Category::Ipc,
+            ),
+            (
+                &["do_wait_intr_irq", "timerfd_read_iter", "vfs_read"],
+                Category::Sleep,
+            ),
+            (&["wait_woken", "inotify_read", "vfs_read"], Category::Poll),
+            (&["signalfd_read_iter", "vfs_read"], Category::Ipc),
+            // A wait for a child is still one.
+            (
+                &["do_wait", "kernel_wait4", "__do_sys_wait4"],
+                Category::Ipc,
+            ),
+        ];
+        for (frames, want) in cases {
+            let v = blocked(read, 1, frames);
+            assert_eq!(v.category, *want, "{frames:?}");
+            assert_eq!(v.reason, "read");
+        }
+        // A generic wait alone says nothing: the syscall decides.
+        assert_eq!(
+            blocked(read, 1, &["do_wait_intr_irq"]).category,
+            Category::Io
+        );
     }
 
     #[test]

@@ -10,8 +10,8 @@ use tracer_common::{
     wall::{
         BlkKey, BlkStat, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysKey, SysStat,
         ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FD_NAMES_MAP,
-        FD_NAME_WAYS, FILEIO_MAP, GIL_HOLDER_UNKNOWN, KIND_BLOCKED, LIFE_MAP, PHASE_ONCPU,
-        SYSCALLS_MAP, WALL_MAP,
+        FD_NAME_WAYS, FILEIO_MAP, GIL_HOLDER_UNKNOWN, KIND_BLOCKED, KSTACK_SEEDED, LIFE_MAP,
+        PHASE_ONCPU, SYSCALLS_MAP, WALL_MAP,
     },
 };
 
@@ -75,15 +75,25 @@ pub(super) fn file_name(
         .unwrap_or_else(|| format!("<closed fd {}>", k.fd))
 }
 
+/// What user space learned about the threads and files while they were alive.
+pub struct Learned<'a> {
+    /// (tgid, tid) -> thread name.
+    pub comms: &'a BTreeMap<u32, (u32, String)>,
+    /// Files by fd and open generation, read from /proc.
+    pub fds: &'a BTreeMap<FdKey, String>,
+    /// The kernel frames of the waits threads were seeded in (`KSTACK_SEEDED`).
+    pub seeded: &'a super::SeededStacks,
+}
+
 pub fn fill(
     ebpf: &Ebpf,
     ctx: &mut FinishCtx<'_>,
     data: &mut ReportData,
     end: u64,
-    comms: &BTreeMap<u32, (u32, String)>,
-    fds: &BTreeMap<FdKey, String>,
+    learned: Learned<'_>,
     mut retired: super::retire::Retired,
 ) -> Result<()> {
+    let Learned { comms, fds, seeded } = learned;
     let mut rows: Vec<Row> = crate::batch::read::<WallKey, WallVal>(ebpf, WALL_MAP)?
         .into_iter()
         .map(|(key, val)| Row { key, val })
@@ -125,13 +135,17 @@ pub fn fill(
         let v = if k.gil_wait() {
             classify::gil_wait(k.sys_nr)
         } else if k.kind == KIND_BLOCKED {
-            let frames = kframes.entry(k.kstack).or_insert_with(|| {
-                stacks
-                    .get(k.kstack)
-                    .map(<[u64]>::to_vec)
-                    .map(|ips| sym.kernel(&ips).into_iter().map(|f| f.name).collect())
-                    .unwrap_or_default()
-            });
+            let frames = if k.kstack == KSTACK_SEEDED {
+                seeded.get(&k.tid).map_or(&[][..], Vec::as_slice)
+            } else {
+                kframes.entry(k.kstack).or_insert_with(|| {
+                    stacks
+                        .get(k.kstack)
+                        .map(<[u64]>::to_vec)
+                        .map(|ips| sym.kernel(&ips).into_iter().map(|f| f.name).collect())
+                        .unwrap_or_default()
+                })
+            };
             let names: Vec<&str> = frames.iter().map(String::as_str).collect();
             let user = uframes.entry((k.tgid, k.ustack)).or_insert_with(|| {
                 let (maps, alive) = match tracker.procs.get(&k.tgid) {
@@ -203,7 +217,7 @@ pub fn fill(
     fill_syscalls(ebpf, data, retired)?;
     fill_files(ebpf, data, fds, ctx.args.top, &open, &closed)?;
     fill_block(ebpf, data, &open)?;
-    data.time = render::folded(&rows, &verdicts, ctx, data, comms, &mut stacks);
+    data.time = render::folded(&rows, &verdicts, ctx, data, comms, seeded, &mut stacks);
     Ok(())
 }
 

@@ -325,13 +325,19 @@ pub struct Accounting {
     run_times: crosscheck::RunTimes,
     /// What a syscall tracepoint hit costs outside its program, measured as they attach.
     sys_trap: crate::overhead::SharedSyscallTrap,
+    /// The kernel frames of the waits seeded threads were in (`KSTACK_SEEDED`).
+    seeded_stacks: SeededStacks,
 }
+
+/// tid -> kernel frames (innermost first) of the wait it was seeded in.
+pub type SeededStacks = std::collections::HashMap<u32, Vec<String>>;
 
 impl Accounting {
     /// Under the overhead budget `budget` (a fraction, `--max-overhead`).
     pub fn new(budget: f64, sys_trap: crate::overhead::SharedSyscallTrap) -> Accounting {
         Accounting {
             sys_trap,
+            seeded_stacks: SeededStacks::new(),
             budget,
             storm_calls: 0,
             sys_cost_ns: syscall_gate::SYSCALL_COST_NS,
@@ -423,7 +429,16 @@ impl Default for Accounting {
 
 /// Threads that exist now: accounted from now, in what /proc says they are doing.
 /// A thread the programs already saw keeps the kernel's exact state.
-fn seed_threads(ebpf: &mut Ebpf, pids: &[u32], run_times: &mut crosscheck::RunTimes) -> Result<()> {
+/// Blocked threads whose kernel stacks seeding reads from /proc at most (~20 us each): past it
+/// their waits are told by the syscall alone.
+const SEEDED_STACKS_MAX: usize = 2048;
+
+fn seed_threads(
+    ebpf: &mut Ebpf,
+    pids: &[u32],
+    run_times: &mut crosscheck::RunTimes,
+    stacks: &mut SeededStacks,
+) -> Result<()> {
     let tids: Vec<(u32, u32)> = pids
         .iter()
         .flat_map(|&pid| procfs::tasks(pid).into_iter().map(move |tid| (pid, tid)))
@@ -436,7 +451,19 @@ fn seed_threads(ebpf: &mut Ebpf, pids: &[u32], run_times: &mut crosscheck::RunTi
             continue;
         };
         run_times.record(pid, tid, started);
+        // A wait under way since before the attach: the kernel walks no stack for it, and a
+        // `read` told by its syscall alone is disk I/O, whether it reads a file, a pipe, a
+        // socket or a terminal. /proc has the stack.
+        let mut off_kstack = -1;
+        if phase != PHASE_ONCPU && stacks.len() < SEEDED_STACKS_MAX {
+            let frames = procfs::kernel_stack(pid, tid);
+            if !frames.is_empty() {
+                stacks.insert(tid, frames);
+                off_kstack = tracer_common::wall::KSTACK_SEEDED;
+            }
+        }
         let st = ThreadState {
+            off_kstack,
             sys_start_ns: now,
             sys_nr: nr,
             off_state: state,
@@ -829,7 +856,12 @@ impl ProbeFamily for Accounting {
             .copied()
             .filter(|&p| Some(p) != ctx.launched)
             .collect();
-        seed_threads(ebpf, &existing, &mut self.run_times)?;
+        seed_threads(
+            ebpf,
+            &existing,
+            &mut self.run_times,
+            &mut self.seeded_stacks,
+        )?;
         self.learn(ebpf);
         Ok(())
     }
@@ -864,7 +896,7 @@ impl ProbeFamily for Accounting {
     fn before_release(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<()> {
         // Seeded blocked in its read of the release pipe: the wakeup that follows starts its
         // runqueue time and the switch-in its CPU time, exactly as for any other thread.
-        seed_threads(ebpf, &[pid], &mut self.run_times)
+        seed_threads(ebpf, &[pid], &mut self.run_times, &mut self.seeded_stacks)
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
@@ -982,7 +1014,12 @@ impl ProbeFamily for Accounting {
                 retire::max_wall_rows()
             ));
         }
-        fill::fill(ebpf, ctx, data, end, &self.comms, &self.fds, retired)?;
+        let learned = fill::Learned {
+            comms: &self.comms,
+            fds: &self.fds,
+            seeded: &self.seeded_stacks,
+        };
+        fill::fill(ebpf, ctx, data, end, learned, retired)?;
         if let Some(w) = self.run_times.check(&mut data.report) {
             data.report.warnings.push(w);
         }

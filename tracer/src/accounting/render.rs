@@ -33,6 +33,7 @@ pub fn folded(
     ctx: &mut FinishCtx<'_>,
     data: &ReportData,
     comms: &BTreeMap<u32, (u32, String)>,
+    seeded: &super::SeededStacks,
     stacks: &mut Stacks<'_>,
 ) -> Folded {
     let mut off: BTreeMap<String, u64> = BTreeMap::new();
@@ -56,7 +57,16 @@ pub fn folded(
             line.push(';');
             line.push_str(&frame_label(f));
         }
-        if let Some(ips) = stacks.get(k.kstack).map(<[u64]>::to_vec) {
+        if k.kstack == tracer_common::wall::KSTACK_SEEDED {
+            for name in seeded.get(&k.tid).into_iter().flatten().rev() {
+                line.push(';');
+                line.push_str(&frame_label(&Frame {
+                    name: name.clone(),
+                    module: None,
+                    kernel: true,
+                }));
+            }
+        } else if let Some(ips) = stacks.get(k.kstack).map(<[u64]>::to_vec) {
             for f in ctx.symbolizer.kernel(&ips).iter().rev() {
                 line.push(';');
                 line.push_str(&frame_label(f));
