@@ -37,11 +37,11 @@ pub trait ProbeFamily {
     }
     /// Loads and attaches this family's programs.
     fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()>;
-    /// Called every 100 ms while tracing (drain ring buffers, attach to new libraries).
     /// Called just before a launched command (`-- CMD`) is released to exec.
     fn before_release(&mut self, _ebpf: &mut Ebpf, _pid: u32) -> Result<()> {
         Ok(())
     }
+    /// Called every 100 ms while tracing (drain ring buffers, attach to new libraries).
     fn tick(&mut self, _ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
         Ok(())
     }
