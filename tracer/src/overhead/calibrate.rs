@@ -127,7 +127,7 @@ const RECENT: usize = 9;
 /// Outside this range a measurement is noise, not a trap.
 const SANE_NS: std::ops::RangeInclusive<f64> = 20.0..=100_000.0;
 
-fn thread_cpu_ns() -> u64 {
+pub(super) fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Context, Result};
 use aya::Ebpf;
 
-use super::stats_on;
+use super::{calibrate::thread_cpu_ns, stats_on};
 
 /// Per hit, or why the constant is used. None: the syscall programs were not attached.
 pub type SharedSyscallTrap = Arc<Mutex<Option<std::result::Result<f64, String>>>>;
@@ -43,16 +43,6 @@ const ROUNDS: usize = 7;
 /// Per hit: a median below this is noise around nothing (it is then taken as 0); above the
 /// upper bound, something else ran.
 const PLAUSIBLE_NS: std::ops::RangeInclusive<f64> = -50.0..=5_000.0;
-
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// Thread CPU time per getppid call (the slow path and the programs run in the caller).
 fn per_call_ns() -> f64 {
