@@ -426,7 +426,7 @@ fn readers_blocked_since_before_the_attach_are_told_by_their_stacks() {
     if !require_root("readers_blocked_since_before_the_attach_are_told_by_their_stacks") {
         return;
     }
-    // `cat` reading a pipe nobody writes; python reading a connected TCP socket and a timerfd.
+    // `cat` reading a pipe nobody writes; python reading a connected TCP socket.
     let mut pipe = std::process::Command::new("sh")
         .args(["-c", "sleep 30 | cat"])
         .spawn()
@@ -451,14 +451,12 @@ fn readers_blocked_since_before_the_attach_are_told_by_their_stacks() {
         args.push(p);
     }
     let run = gputrace(&args);
+    let sleeps = descendants_named(pipe.id(), "sleep");
     for c in [&mut pipe, &mut sock] {
         let _ = c.kill();
         let _ = c.wait();
     }
-    let _ = std::process::Command::new("pkill")
-        .args(["-f", "sleep 30"])
-        .status();
-    for p in cat.iter().chain(&recv) {
+    for p in cat.iter().chain(&recv).chain(&sleeps) {
         unsafe { libc::kill(*p as i32, libc::SIGKILL) };
     }
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);

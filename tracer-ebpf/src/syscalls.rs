@@ -64,7 +64,8 @@ static SYS_OFF_AT: Array<u64> = Array::with_max_entries(1, 0);
 /// `tracer_common::wall::SYS_STORM_CALLS_MAP`: the syscalls in a block a traced thread's
 /// syscalls are timed in, 0 for none. Written by user space from the budget and what it
 /// measured a syscall to cost as it attached these programs
-/// (`accounting::syscall_gate::block_calls`), so not a load-time constant.
+/// (`accounting::syscall_gate::block_calls`), so not a load-time constant: a budget that never
+/// samples (`--max-overhead 100%`) still reads the slot at every exit, a load or two.
 #[map(name = "SYS_STORM_CALLS")]
 static SYS_STORM_CALLS: Array<u64> = Array::with_max_entries(1, 0);
 

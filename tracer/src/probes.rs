@@ -37,6 +37,10 @@ pub trait ProbeFamily {
     }
     /// Loads and attaches this family's programs.
     fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()>;
+    /// Called once every family has attached, as the trace's window starts.
+    fn attached(&mut self, _ebpf: &mut Ebpf) -> Result<()> {
+        Ok(())
+    }
     /// Called just before a launched command (`-- CMD`) is released to exec.
     fn before_release(&mut self, _ebpf: &mut Ebpf, _pid: u32) -> Result<()> {
         Ok(())

@@ -162,6 +162,10 @@ fn trace(
         f.attach(&mut ebpf, &attach_ctx)
             .with_context(|| format!("attach the {} probes", f.name()))?;
     }
+    for f in families.iter_mut() {
+        f.attached(&mut ebpf)
+            .with_context(|| format!("start the {} probes' window", f.name()))?;
+    }
     let window_start_ktime = probes::ktime_now();
     let attach_ms = started.elapsed().as_secs_f64() * 1e3;
     let window_start = Instant::now();

@@ -51,10 +51,11 @@ pub const STACK_RULES: &[(&str, Category)] = &[
     ("io_cqring_wait", Category::Io),
 ];
 
-/// Generic wait primitives that say nothing of what is awaited (eventfd and timerfd reads wait
-/// in `do_wait_intr_irq`): skipped before the rules, so that `do_wait` (a wait for a child)
-/// does not take them.
-pub const GENERIC_WAITS: &[&str] = &["do_wait_intr", "do_wait_intr_irq"];
+/// Prefixes of generic wait primitives that say nothing of what is awaited (eventfd and timerfd
+/// reads wait in `do_wait_intr_irq`, `wait_for_completion` in `do_wait_for_common` where it is
+/// not inlined): skipped before the rules, so that `do_wait` (a wait for a child) does not
+/// take them.
+pub const GENERIC_WAITS: &[&str] = &["do_wait_intr", "do_wait_for_common"];
 
 /// User functions that name the wait more precisely than the kernel can, matched exactly from the
 /// innermost user frame outwards; checked before the kernel rules (the GIL is a futex underneath).
@@ -168,7 +169,10 @@ pub fn blocked_with_user(
             };
         }
     }
-    for f in kernel_frames.iter().filter(|f| !GENERIC_WAITS.contains(f)) {
+    for f in kernel_frames
+        .iter()
+        .filter(|f| !GENERIC_WAITS.iter().any(|g| f.starts_with(g)))
+    {
         if let Some((_, c)) = STACK_RULES.iter().find(|(p, _)| f.starts_with(p)) {
             return Verdict {
                 category: *c,
@@ -264,11 +268,19 @@ mod tests {
             assert_eq!(v.category, *want, "{frames:?}");
             assert_eq!(v.reason, "read");
         }
-        // A generic wait alone says nothing: the syscall decides.
+        // A generic wait alone says nothing: the syscall decides, or the frames around it.
         assert_eq!(
             blocked(read, 1, &["do_wait_intr_irq"]).category,
             Category::Io
         );
+        let v = blocked(
+            read,
+            1,
+            &["do_wait_intr_irq.constprop.0", "timerfd_read_iter"],
+        );
+        assert_eq!(v.category, Category::Sleep);
+        let v = blocked(-1, 2, &["do_wait_for_common", "submit_bio_wait"]);
+        assert_eq!(v.category, Category::Io);
     }
 
     #[test]

@@ -297,8 +297,10 @@ pub struct Accounting {
     /// Why taking dead threads' rows out stopped, if it did.
     retire_failed: Option<String>,
     ticks: u64,
-    /// Held while `-v` asks for the programs' own run time (kernel.bpf_stats_enabled).
+    /// Held while `-v` asks for the programs' own run time (kernel.bpf_stats_enabled), and
+    /// their runs and run time when it was turned on.
     stats: Option<std::os::fd::OwnedFd>,
+    stats_base: BTreeMap<&'static str, (u64, u64)>,
     /// `RENAMES` when the names were last read, once `task_rename` is attached (else every
     /// look reads every live thread's name); whether the next look reads them all again
     /// anyway; and the thread instance (birth) each tid's name was read for.
@@ -353,6 +355,7 @@ impl Accounting {
             retire_failed: None,
             ticks: 0,
             stats: None,
+            stats_base: BTreeMap::new(),
             sys_links: Vec::new(),
             sys_gate: None,
             sys_gate_failed: None,
@@ -756,10 +759,6 @@ impl ProbeFamily for Accounting {
     }
 
     fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()> {
-        if ctx.args.verbose {
-            // The per-event cost of our own programs, printed at the end (xtask bench-sched).
-            self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
-        }
         let offsets = self.offsets.as_ref().ok();
         let classic = offsets.and_then(|o| o.sched_classic.clone());
         if let (Some(why), true) = (&classic, ctx.args.verbose) {
@@ -806,6 +805,18 @@ impl ProbeFamily for Accounting {
         self.attach_syscalls(ebpf, &btf, classic.is_none(), verbose)?;
         let progs: Vec<&str> = self.sys_links.iter().map(|(p, _, _)| *p).collect();
         let measured = crate::overhead::syscall_trap::measure(ebpf, &progs, bare);
+        if ctx.args.verbose {
+            // The per-event cost of our own programs, printed at the end (xtask bench-sched):
+            // on from after the measurement, which times syscalls with them off, and counted
+            // from here, without its early returns.
+            self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+            for prog in &self.attached {
+                if let Some(info) = ebpf.program(prog).and_then(|p| p.info().ok()) {
+                    let base = (info.run_count(), info.run_time().as_nanos() as u64);
+                    self.stats_base.insert(prog, base);
+                }
+            }
+        }
         if let Ok(trap) = measured {
             self.sys_cost_ns = syscall_gate::cost_ns(trap);
         }
@@ -949,10 +960,12 @@ impl ProbeFamily for Accounting {
             for prog in &self.attached {
                 if let Some(p) = ebpf.program(prog) {
                     if let Ok(info) = p.info() {
-                        let runs = info.run_count();
+                        let (runs0, ns0) = self.stats_base.get(prog).copied().unwrap_or((0, 0));
+                        let runs = info.run_count().saturating_sub(runs0);
+                        let ns = (info.run_time().as_nanos() as u64).saturating_sub(ns0);
                         crate::note!(
                             "gputrace: program {prog}: {runs} runs, {:.1} ns/run",
-                            info.run_time().as_nanos() as f64 / runs.max(1) as f64
+                            ns as f64 / runs.max(1) as f64
                         );
                     }
                 }

@@ -53,6 +53,33 @@ pub struct OverheadFamily {
     trap: SharedTrapCost,
     /// Measured by the accounting family as it attaches the syscall programs.
     sys_trap: SharedSyscallTrap,
+    /// Each program's counts when the window started.
+    base: HashMap<String, Runs>,
+}
+
+/// A program's hits (its own count) and what the kernel timed of them.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Runs {
+    name: String,
+    uprobe: bool,
+    hits: u64,
+    timed: u64,
+    ns: u64,
+}
+
+impl Runs {
+    /// What ran since `base`.
+    fn since(&self, base: Option<&Runs>) -> Runs {
+        let Some(b) = base else {
+            return self.clone();
+        };
+        Runs {
+            hits: self.hits.saturating_sub(b.hits),
+            timed: self.timed.saturating_sub(b.timed),
+            ns: self.ns.saturating_sub(b.ns),
+            ..self.clone()
+        }
+    }
 }
 
 impl OverheadFamily {
@@ -66,7 +93,40 @@ impl OverheadFamily {
             uprobes: None,
             trap,
             sys_trap,
+            base: HashMap::new(),
         }
+    }
+
+    /// Every program's counts so far: those aya loaded, and the uprobe programs loaded for
+    /// uprobe_multi links.
+    fn runs<'a>(&'a self, ebpf: &'a Ebpf) -> impl Iterator<Item = Runs> + 'a {
+        let own = self
+            .uprobes
+            .as_ref()
+            .map(|u| u.own_programs())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, _, n, t)| (name, true, n, t));
+        ebpf.programs()
+            .filter_map(|(name, prog)| {
+                let info = prog.info().ok()?;
+                let uprobe = matches!(prog, Program::UProbe(_));
+                Some((
+                    name,
+                    uprobe,
+                    info.run_count(),
+                    info.run_time().as_nanos() as u64,
+                ))
+            })
+            .chain(own)
+            .map(move |(name, uprobe, timed, ns)| Runs {
+                name: name.to_string(),
+                uprobe,
+                // Its own count (the kernel counts only while its statistics are on).
+                hits: self.hits.as_ref().map_or(timed, |h| h.get(name)),
+                timed,
+                ns,
+            })
     }
 }
 
@@ -102,9 +162,12 @@ impl ProbeFamily for OverheadFamily {
         Ok(())
     }
 
-    fn before_release(&mut self, _ebpf: &mut Ebpf, _pid: u32) -> Result<()> {
-        // Timed from the command's start (the attach left them off for the syscall
-        // measurement): one that ends within the first tick has its programs timed too.
+    fn attached(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+        // What ran before the window (gputrace's own measurement calls, the families'
+        // attaching) is not the trace's: counted from here.
+        self.base = self.runs(ebpf).map(|r| (r.name.clone(), r)).collect();
+        // Timed from the window's start (the attach left them off for the syscall
+        // measurement): a trace that ends within the first tick has its programs timed too.
         if self.stats_ok {
             self.stats = Some(stats_on());
         }
@@ -133,47 +196,29 @@ impl ProbeFamily for OverheadFamily {
     fn finish(
         &mut self,
         ebpf: &mut Ebpf,
-        ctx: &mut FinishCtx<'_>,
+        _ctx: &mut FinishCtx<'_>,
         data: &mut ReportData,
     ) -> Result<()> {
         let trap = calibrate::current(&self.trap);
         let (sys_ns, sys_measured) = syscall_trap::current(&self.sys_trap);
-        // Those aya loaded, and the uprobe programs loaded for uprobe_multi links.
-        let runs = ebpf
-            .programs()
-            .filter_map(|(name, prog)| {
-                let info = prog.info().ok()?;
-                let uprobe = matches!(prog, Program::UProbe(_));
-                Some((
-                    name,
-                    uprobe,
-                    info.run_count(),
-                    info.run_time().as_nanos() as u64,
-                ))
-            })
-            .chain(
-                ctx.uprobes
-                    .own_programs()
-                    .into_iter()
-                    .map(|(name, _, n, t)| (name, true, n, t)),
-            );
         let mut programs = Vec::new();
-        for (name, uprobe, timed, ns) in runs {
+        for all in self.runs(ebpf) {
             // gputrace's own calls, made before the trace started.
-            if name == CALIB_ENTRY_PROG || name == CALIB_RET_PROG {
+            if all.name == CALIB_ENTRY_PROG || all.name == CALIB_RET_PROG {
                 continue;
             }
-            // Its own count (the kernel counts only while its statistics are on), timed by
-            // the kernel's runs then.
-            let hits = self.hits.as_ref().map_or(timed, |h| h.get(name));
-            if hits == 0 {
+            let w = all.since(self.base.get(&all.name));
+            if w.hits == 0 {
                 continue;
             }
+            // Timed by the kernel's runs in the window; a program none of whose runs there
+            // were timed goes by those before it.
+            let timed = if w.timed > 0 { &w } else { &all };
             programs.push(ProgramCost {
-                program: name.to_string(),
-                hits,
-                bpf_ns_per_hit: ns as f64 / timed.max(1) as f64,
-                trap_ns_per_hit: trap_ns(name, uprobe, trap, sys_ns),
+                program: w.name.clone(),
+                hits: w.hits,
+                bpf_ns_per_hit: timed.ns as f64 / timed.timed.max(1) as f64,
+                trap_ns_per_hit: trap_ns(&w.name, w.uprobe, trap, sys_ns),
             });
         }
         self.stats = None;
