@@ -50,6 +50,18 @@ pub fn hit(p: hits::Prog) {
     }
 }
 
+/// As [`hit`], and this CPU's runs of `p` so far.
+#[inline(always)]
+pub fn hit_count(p: hits::Prog) -> u64 {
+    match PROG_HITS.get_ptr_mut(p as u32) {
+        Some(slot) => unsafe {
+            *slot += 1;
+            *slot
+        },
+        None => 0,
+    }
+}
+
 /// User and kernel stacks of CPU samples (and of off-CPU switch-outs).
 #[map(name = "STACKS")]
 pub static STACKS: StackTrace = StackTrace::with_max_entries(cpu::STACKS_ENTRIES, 0);

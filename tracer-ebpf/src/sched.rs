@@ -23,7 +23,7 @@ use aya_ebpf::{
     Global,
 };
 use tracer_common::wall::{
-    report_state, ThreadState, Walked, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, WALK_SLOTS,
+    report_state, ThreadState, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, WALK_SLOTS,
 };
 
 use crate::{

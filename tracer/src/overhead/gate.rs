@@ -8,11 +8,15 @@ use std::{
     time::{Duration, Instant},
 };
 
+use std::os::fd::{AsFd, AsRawFd};
+
 use aya::{
-    maps::{PerCpuArray, PerCpuValues},
+    maps::{Map, MapData, PerCpuArray, PerCpuValues},
     Ebpf,
 };
-use tracer_common::cuda::{ENTRY_PROG, GATE_FIRST_MAP, GATE_LAST_MAP, RET_PROG};
+use tracer_common::cuda::{
+    ENTRY_PROG, GATE_AT_MAP, GATE_FIRST_MAP, GATE_LAST_MAP, GATE_WAKE_MAP, RET_PROG,
+};
 
 use super::{scale_cuda, scale_launch_time, stats_on, worst_cuda_thread, Hits, StatsOn};
 use crate::{
@@ -28,9 +32,11 @@ use crate::{
 
 /// The launch probes' links, switched on and off by the budget's gate: the main thread opens
 /// a window at a tick (attaches the links and hands them to the watchdog); the watchdog
-/// thread closes it (drops the links) as soon as it has spent its share of the bucket,
-/// checking every [`WATCH_EVERY`], so a launch storm is cut off within milliseconds, not at
-/// the next tick.
+/// thread closes it (drops the links) as soon as it has spent its share of the bucket, so a
+/// launch storm is cut off within milliseconds, not at the next tick. It sleeps until the
+/// entry program wakes it (`GATE_AT_MAP`: a CPU's runs reached where the bucket may run dry,
+/// [`arm`]), or [`WATCH_SAFETY`] passed; without the wake-up ring, it checks every
+/// [`WATCH_EVERY`].
 pub struct LaunchGate {
     gate: Gate,
     links: Vec<GateLink>,
@@ -52,6 +58,13 @@ pub struct LaunchGate {
 }
 
 const WATCH_EVERY: Duration = Duration::from_millis(2);
+/// The longest the watchdog sleeps on the wake-up ring with a window open: a wake-up missed
+/// (a CPU already past the count armed) costs at most this. Polling every 2 ms instead, a
+/// window open all trace long (a job whose launches stay under the budget: the data, transfer
+/// and gpu demos) cost ~480 wake-ups and ~15 ms of CPU a second.
+const WATCH_SAFETY: Duration = Duration::from_millis(25);
+/// The fewest entry runs a CPU makes before it wakes the watchdog again: a check costs ~30 us.
+const WAKE_STEP_MIN: u64 = 256;
 
 /// What a link was attached with, to attach it again at the next window.
 struct GateLink {
@@ -81,10 +94,60 @@ struct Window {
     /// read it.
     closes_ns: u64,
     stop: bool,
+    /// `GATE_AT_MAP`, where the main thread and the watchdog arm the entry program's wake-up.
+    wake_at: Option<aya::maps::Array<MapData, u64>>,
 }
 
-/// The window, and what wakes the watchdog when one opens: it sleeps while none is open
-/// (polling every 2 ms all trace long cost ~480 wake-ups and ~1% of a CPU a second).
+/// Arms the entry program's wake-up where the window's share of the bucket may run dry at the
+/// earliest: any CPU could make all the runs, so each wakes the watchdog after its share of
+/// what is left (a CPU that makes more of them wakes it early, and it arms again).
+fn arm(w: &mut Window, hits: &Hits) {
+    let since = w.base_at.map_or(0, |b| b.elapsed().as_nanos() as u64);
+    let Some(at) = w.wake_at.as_mut() else {
+        return;
+    };
+    let (sum, max, cpus) = hits.spread(ENTRY_PROG);
+    let spent = sum.saturating_sub(w.base_runs) as f64 * w.cost_per_hit;
+    let left = (w.tokens_ns + w.budget * since as f64 - spent).max(0.0);
+    let step = wake_step(left, w.cost_per_hit, cpus);
+    let _ = at.set(0, max + step, 0);
+}
+
+/// Runs per CPU before a wake-up: `left_ns` of the bucket at `cost_per_hit` a run, shared by
+/// `cpus`.
+fn wake_step(left_ns: f64, cost_per_hit: f64, cpus: usize) -> u64 {
+    let runs = left_ns / cost_per_hit.max(1.0) / cpus.max(1) as f64;
+    (runs as u64).max(WAKE_STEP_MIN)
+}
+
+fn disarm(w: &mut Window) {
+    if let Some(at) = w.wake_at.as_mut() {
+        let _ = at.set(0, 0, 0);
+    }
+}
+
+/// Waits until the entry program wakes the watchdog or `timeout` passes, and empties the ring.
+fn wait_wake(ring: &mut aya::maps::RingBuf<MapData>, timeout: Duration) {
+    let mut fd = libc::pollfd {
+        fd: ring.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the call.
+    unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as libc::c_int) };
+    while ring.next().is_some() {}
+}
+
+/// A descriptor of its own on map `name`, for the watchdog thread.
+fn own_map(ebpf: &Ebpf, name: &str) -> Option<MapData> {
+    let fd = match ebpf.map(name)? {
+        Map::Array(d) | Map::RingBuf(d) => d.fd().as_fd().try_clone_to_owned().ok()?,
+        _ => return None,
+    };
+    MapData::from_fd(fd).ok()
+}
+
+/// The window, and what wakes the watchdog when one opens: it sleeps while none is open.
 #[derive(Default)]
 struct Shared {
     window: Mutex<Window>,
@@ -144,7 +207,7 @@ fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>, hits: Option<&Hits>) -> Counts
     }
 }
 
-fn watchdog(hits: Hits, shared: Arc<Shared>) {
+fn watchdog(hits: Hits, mut ring: Option<aya::maps::RingBuf<MapData>>, shared: Arc<Shared>) {
     loop {
         {
             let Ok(w) = shared.window.lock() else { return };
@@ -157,7 +220,10 @@ fn watchdog(hits: Hits, shared: Arc<Shared>) {
                 return;
             }
         }
-        std::thread::sleep(WATCH_EVERY);
+        match ring.as_mut() {
+            Some(r) => wait_wake(r, WATCH_SAFETY),
+            None => std::thread::sleep(WATCH_EVERY),
+        }
         let (links, rets) = {
             let Ok(mut w) = shared.window.lock() else {
                 return;
@@ -173,8 +239,10 @@ fn watchdog(hits: Hits, shared: Arc<Shared>) {
             let spent = runs.saturating_sub(w.base_runs) as f64 * w.cost_per_hit;
             let since = base_at.elapsed().as_nanos() as u64;
             if !budget::must_close(w.tokens_ns, w.budget, since, spent) {
+                arm(&mut w, &hits);
                 continue;
             }
+            disarm(&mut w);
             w.stats = None;
             (
                 std::mem::take(&mut w.links),
@@ -283,6 +351,14 @@ impl LaunchGate {
             let t = super::calibrate::current(&self.trap);
             self.cost_per_hit = t.per_call(self.entry_only);
             let hits = Hits::open(ebpf).ok()?;
+            // Both or neither: without the ring the watchdog polls.
+            let ring = own_map(ebpf, GATE_WAKE_MAP)
+                .and_then(|d| aya::maps::RingBuf::try_from(Map::RingBuf(d)).ok());
+            let wake_at = ring
+                .as_ref()
+                .and_then(|_| own_map(ebpf, GATE_AT_MAP))
+                .and_then(|d| aya::maps::Array::try_from(Map::Array(d)).ok());
+            let ring = ring.filter(|_| wake_at.is_some());
             let shared = Arc::new(Shared {
                 window: Mutex::new(Window {
                     tokens_ns: self.gate.tokens_ns(),
@@ -290,6 +366,7 @@ impl LaunchGate {
                     base_at: Some(Instant::now()),
                     cost_per_hit: self.cost_per_hit,
                     budget: self.gate.budget(),
+                    wake_at,
                     ..Window::default()
                 }),
                 opened: Condvar::new(),
@@ -297,7 +374,7 @@ impl LaunchGate {
             let s = shared.clone();
             let thread = std::thread::Builder::new()
                 .name("gputrace-budget".into())
-                .spawn(move || watchdog(hits, s))
+                .spawn(move || watchdog(hits, ring, s))
                 .ok()?;
             self.watch = Some(Watch {
                 shared,
@@ -330,7 +407,7 @@ impl LaunchGate {
                 counts(ebpf, self.uprobes.as_ref(), self.hits.as_ref()),
             ));
         }
-        if let Some(shared) = self.start_watch(ebpf) {
+        if let Some(shared) = self.start_watch(ebpf).cloned() {
             if let Ok(mut w) = shared.window.lock() {
                 if w.closed_at.is_none() {
                     if w.stats.is_none() {
@@ -456,6 +533,9 @@ impl LaunchGate {
                     w.base_runs = c.entry_runs;
                     w.base_at = Some(Instant::now());
                     w.cost_per_hit = self.cost_per_hit;
+                    if let Some(h) = &self.hits {
+                        arm(&mut w, h);
+                    }
                 }
             }
         }
@@ -490,7 +570,7 @@ impl LaunchGate {
 
         let tokens = self.gate.tokens_ns();
         let cost = self.cost_per_hit;
-        if let Some(shared) = self.start_watch(ebpf) {
+        if let Some(shared) = self.start_watch(ebpf).cloned() {
             if let Ok(mut w) = shared.window.lock() {
                 w.links = entries;
                 w.ret_links = rets;
@@ -500,6 +580,9 @@ impl LaunchGate {
                 w.base_at = Some(Instant::now());
                 w.cost_per_hit = cost;
                 w.closed_at = None;
+                if let Some(h) = &self.hits {
+                    arm(&mut w, h);
+                }
             }
             shared.opened.notify_one();
         }
@@ -599,7 +682,18 @@ fn gate_last(ebpf: &Ebpf) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::close_cost;
+    use super::{close_cost, wake_step, WAKE_STEP_MIN};
+
+    #[test]
+    fn each_cpu_wakes_the_watchdog_after_its_share_of_the_bucket() {
+        // 20 ms left at 1.5 us a launch is 13,333 launches; on 2 CPUs each wakes it after
+        // half of them, so the bucket cannot run dry before one of them has.
+        assert_eq!(wake_step(20e6, 1500.0, 2), 6666);
+        assert_eq!(wake_step(20e6, 1500.0, 1), 13333);
+        // Nearly dry, or nothing known: a few hundred runs, not a wake-up per launch.
+        assert_eq!(wake_step(0.0, 1500.0, 64), WAKE_STEP_MIN);
+        assert_eq!(wake_step(20e6, 0.0, 0), 20_000_000);
+    }
 
     #[test]
     fn a_close_costs_the_traps_of_the_calls_made_meanwhile() {
