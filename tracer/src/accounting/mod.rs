@@ -432,7 +432,7 @@ impl Default for Accounting {
 
 /// Threads that exist now: accounted from now, in what /proc says they are doing.
 /// A thread the programs already saw keeps the kernel's exact state.
-/// Blocked threads whose kernel stacks seeding reads from /proc at most (~20 us each): past it
+/// Blocked threads whose kernel stacks seeding reads from /proc at most (~30 us each): past it
 /// their waits are told by the syscall alone.
 const SEEDED_STACKS_MAX: usize = 2048;
 
