@@ -487,6 +487,16 @@ fn readers_blocked_since_before_the_attach_are_told_by_their_stacks() {
         n.get("net").copied().unwrap_or(0.0) >= 99.0,
         "a read of a TCP socket: {n:?}"
     );
+    // Nothing else to report: the lead is what `cat` waits in, not a disk.
+    let findings = report["findings"].as_array().unwrap();
+    let f = findings
+        .iter()
+        .find(|f| f["rule"] == "waiting" && f["pid"].as_u64() == Some(cat[0] as u64))
+        .unwrap_or_else(|| panic!("no waiting finding for cat: {findings:#?}"));
+    assert!(
+        f["title"].as_str().unwrap().contains("in `read` (ipc)"),
+        "{f:#}"
+    );
     let folded = std::fs::read_to_string(out.join("offcpu.folded")).unwrap();
     assert!(
         folded

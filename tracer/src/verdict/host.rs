@@ -635,6 +635,114 @@ pub fn gil_contention(r: &Report) -> Vec<Finding> {
     out
 }
 
+/// What a wait in each category means, and what to look at next.
+fn waiting_on(category: &str) -> (&'static str, &'static str) {
+    match category {
+        "ipc" => (
+            "it waits on another process (a pipe, a socket pair, a terminal, a child)",
+            "Find the other end: `ls -l /proc/PID/fd` names the pipe or socket, and `gputrace \
+             --pid` on the process that should write to it shows why it does not.",
+        ),
+        "net" => (
+            "it waits on the network",
+            "Look at the peer (a data service, a parameter server, another rank): `ss -tnp` \
+             shows the connection; trace the peer if it runs here.",
+        ),
+        "lock" => (
+            "it waits on a lock another thread holds",
+            "Find the holder: the off-CPU flame graph (offcpu.svg) shows where each thread \
+             waits; for native code `gdb -p PID -batch -ex 'thread apply all bt'`.",
+        ),
+        "poll" => (
+            "it waits for events that do not come (poll/epoll/select)",
+            "An event loop with nothing to do: the work it waits for is elsewhere (another \
+             process, a remote service).",
+        ),
+        "sleep" => (
+            "it sleeps",
+            "A sleep loop (a retry, a back-off, a polling interval): find what it waits for \
+             in the Python lines or the off-CPU flame graph.",
+        ),
+        _ => (
+            "it is blocked in the kernel",
+            "The kernel stack in the off-CPU flame graph (offcpu.svg) says in what (a driver \
+             such as the GPU's for a hung kernel, a filesystem, a device).",
+        ),
+    }
+}
+
+/// waiting: when no other rule fires, a process that did next to nothing in the window (its
+/// threads on CPU, runnable or in disk I/O under 2% of their time) while its main thread spent
+/// most of it in one wait. Waits for a child (a launcher) are left out: the child is the story.
+pub fn waiting(r: &Report) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for p in &r.processes {
+        let Some(pt) = p.time.as_ref() else { continue };
+        if !substantial(r, pt) || cat_pct(pt, &["cpu", "runqueue", "io"]) >= WAITING_BUSY_MAX {
+            continue;
+        }
+        let Some((t, tb)) = p
+            .threads
+            .iter()
+            .find(|t| t.tid == p.pid)
+            .and_then(|t| t.time.as_ref().map(|tb| (t, tb)))
+            .filter(|(_, tb)| substantial(r, tb))
+        else {
+            continue;
+        };
+        let Some(top) = tb.reasons.iter().max_by_key(|x| x.ns) else {
+            continue;
+        };
+        let share = units::pct(top.ns, tb.alive_ns);
+        if share < WAITING_ONE_MIN
+            || NOT_DATA.contains(&top.reason.as_str())
+            || top.category.starts_with("cuda")
+            || top.category == "gil"
+        {
+            continue;
+        }
+        let (what, next) = waiting_on(&top.category);
+        let title = format!(
+            "{} spent {:.0}% {} in `{}` ({}): {what}",
+            capitalize(&thread_label(p, t)),
+            share,
+            of_life(r, tb),
+            top.reason,
+            top.category,
+        );
+        let mut evidence = vec![
+            format!(
+                "pid {}: on CPU {:.1}%, waiting for a CPU {:.1}%, disk I/O {:.1}% of its threads' \
+                 {} alive",
+                p.pid,
+                cat_pct(pt, &["cpu"]),
+                cat_pct(pt, &["runqueue"]),
+                cat_pct(pt, &["io"]),
+                units::dur(pt.alive_ns)
+            ),
+            format!("waits: {}", top_reasons(tb, &WAITS_ALL, 3)),
+        ];
+        evidence.extend(python_lines(t, &[top.category.as_str()], 3));
+        out.push(finding(
+            "waiting",
+            share * weight(r, tb.alive_ns),
+            title,
+            evidence,
+            vec![next],
+            Some(p.pid),
+            Some(t.tid),
+        ));
+    }
+    // A lead, not a bottleneck of the process's own doing.
+    for f in &mut out {
+        f.severity = "low".into();
+    }
+    out
+}
+
+/// Every off-CPU category but the CUDA ones.
+const WAITS_ALL: [&str; 8] = ["io", "net", "ipc", "lock", "gil", "sleep", "poll", "other"];
+
 pub(crate) fn capitalize(s: &str) -> String {
     let mut c = s.chars();
     match c.next() {

@@ -43,6 +43,11 @@ pub fn evaluate(r: &Report) -> Vec<Finding> {
     out.extend(gpu::memory_not_freed(r));
     out.extend(gpu::cuda_errors(r));
     out.extend(gpu::gpu_idle(r));
+    if out.is_empty() {
+        // Nothing of its own slows it: what it waited in is the lead (a hung job, or one
+        // that waits on a process gputrace does not trace).
+        out.extend(host::waiting(r));
+    }
     rank(&mut out);
     out
 }

@@ -667,3 +667,79 @@ fn gil_contention_names_the_line_and_the_holder() {
     r.processes[0].threads[1] = thread(101, "python", &[("gil", 10.0), ("cpu", 90.0)]);
     assert!(!rules(&r).contains(&"gil-contention".into()));
 }
+
+/// A process that did nothing in the window but wait: what it waited in is the lead.
+#[test]
+fn waiting_names_the_wait_when_nothing_else_fires() {
+    let mut r = report();
+    let mut t = thread(100, "python", &[("ipc", 100.0)]);
+    t.time.as_mut().unwrap().reasons[0].reason = "read".into();
+    r.processes.push(process(100, None, "python", vec![t]));
+    let fs = evaluate(&r);
+    assert_eq!(fs.len(), 1, "{fs:#?}");
+    let f = &fs[0];
+    assert_eq!(f.rule, "waiting");
+    assert_eq!(f.severity, "low");
+    assert_eq!((f.pid, f.tid), (Some(100), Some(100)));
+    assert!(
+        f.title
+            .contains("spent 100% of wall time in `read` (ipc): it waits on another process"),
+        "{}",
+        f.title
+    );
+    assert!(f.suggestions[0].contains("/proc/PID/fd"), "{f:#?}");
+
+    // Blocked in the kernel (a hung GPU kernel under an ioctl, say): the stack is the lead.
+    let mut r = report();
+    let mut t = thread(100, "python", &[("other", 100.0)]);
+    t.time.as_mut().unwrap().reasons[0].reason = "ioctl".into();
+    r.processes.push(process(100, None, "python", vec![t]));
+    let fs = evaluate(&r);
+    assert!(fs[0]
+        .title
+        .contains("`ioctl` (other): it is blocked in the kernel"));
+    assert!(fs[0].suggestions[0].contains("offcpu.svg"));
+}
+
+#[test]
+fn waiting_leaves_launchers_busy_processes_and_other_findings_alone() {
+    // A launcher waiting for its child.
+    let mut r = report();
+    let mut t = thread(50, "bash", &[("ipc", 100.0)]);
+    t.time.as_mut().unwrap().reasons[0].reason = "wait4".into();
+    r.processes.push(process(50, None, "bash", vec![t]));
+    assert!(evaluate(&r).is_empty(), "{:#?}", evaluate(&r));
+    // A process that works a little is not stalled.
+    let mut r = report();
+    r.processes.push(process(
+        100,
+        None,
+        "python",
+        vec![thread(100, "python", &[("cpu", 5.0), ("ipc", 95.0)])],
+    ));
+    assert!(evaluate(&r).is_empty(), "{:#?}", evaluate(&r));
+    // A wait spread over several reasons names none.
+    let mut r = report();
+    r.processes.push(process(
+        100,
+        None,
+        "python",
+        vec![thread(100, "python", &[("ipc", 50.0), ("lock", 50.0)])],
+    ));
+    assert!(evaluate(&r).is_empty(), "{:#?}", evaluate(&r));
+    // Where another rule fires, the idle process beside it is no lead.
+    let mut r = report();
+    r.processes.push(process(
+        100,
+        None,
+        "python",
+        vec![thread(100, "python", &[("cpu", 90.0)])],
+    ));
+    r.processes.push(process(
+        200,
+        None,
+        "agent",
+        vec![thread(200, "agent", &[("poll", 100.0)])],
+    ));
+    assert_eq!(rules(&r), vec!["cpu-bound"]);
+}

@@ -24,6 +24,11 @@ pub const WORKER_THREAD_IO_MIN: f64 = 20.0;
 /// io-bound: a thread spends at least this share of its time in disk/file I/O.
 pub const IO_MIN: f64 = 25.0;
 
+/// waiting: a process whose threads were on CPU, runnable or in disk I/O under this share of
+/// their time, and whose main thread spent at least `WAITING_ONE_MIN` in one wait.
+pub const WAITING_BUSY_MAX: f64 = 2.0;
+pub const WAITING_ONE_MIN: f64 = 80.0;
+
 /// cpu-bound: a thread is on CPU at least this share of its time.
 pub const CPU_MIN: f64 = 70.0;
 /// gil-contention: share of a thread's life spent waiting for the GIL.
