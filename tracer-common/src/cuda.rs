@@ -15,9 +15,9 @@ pub const EVENTS_MAP: &str = "CUDA_EVENTS";
 pub const GATE_LAST_MAP: &str = "CUDA_GATE_LAST";
 /// Per CPU: the first traced launch entry since user space zeroed it (a window's start).
 pub const GATE_FIRST_MAP: &str = "CUDA_GATE_FIRST";
-/// One u64: the entry program's run count on a CPU (`PROG_HITS`) at which it wakes the
-/// budget's watchdog (0: never). Set by the watchdog to where the window's share of the bucket
-/// may run dry, at the earliest.
+/// Per CPU, one u64: the entry program's run count on that CPU (`PROG_HITS`) at which it wakes
+/// the budget's watchdog (0: never). Set by the watchdog to each CPU's count plus its share of
+/// what is left of the window's share of the bucket.
 pub const GATE_AT_MAP: &str = "CUDA_GATE_AT";
 /// The ring the entry program wakes the watchdog on (one u64 a record: the count).
 pub const GATE_WAKE_MAP: &str = "CUDA_GATE_WAKE";

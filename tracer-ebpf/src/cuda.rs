@@ -12,7 +12,7 @@ use aya_ebpf::{
         bpf_get_attach_cookie, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
     },
     macros::{map, tracepoint, uprobe, uretprobe},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{HashMap, PerCpuArray, RingBuf},
     programs::{tracing::StackIdContext, ProbeContext, RetProbeContext, TracePointContext},
     EbpfContext, Global,
 };
@@ -83,7 +83,7 @@ const FRESH: ThreadState = ThreadState {
 
 /// `tracer_common::cuda::GATE_AT_MAP` and `GATE_WAKE_MAP`.
 #[map(name = "CUDA_GATE_AT")]
-static CUDA_GATE_AT: Array<u64> = Array::with_max_entries(1, 0);
+static CUDA_GATE_AT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map(name = "CUDA_GATE_WAKE")]
 static CUDA_GATE_WAKE: RingBuf = RingBuf::with_byte_size(4096, 0);
 
@@ -93,7 +93,8 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     // The budget's watchdog sleeps until this CPU's runs reach the count where the window's
     // share of the bucket may run dry: a storm is cut at once, a trickle wakes nobody. Every
     // run counts, as in the watchdog's sums (a process not traced pays the trap too).
-    let at = crate::maps::counter(&CUDA_GATE_AT);
+    // Per CPU, as the runs: each CPU's own count is armed.
+    let at = CUDA_GATE_AT.get(0).copied().unwrap_or(0);
     if at != 0 && runs == at {
         let _ = CUDA_GATE_WAKE.output::<u64>(&runs, 0);
     }

@@ -94,23 +94,38 @@ struct Window {
     /// read it.
     closes_ns: u64,
     stop: bool,
-    /// `GATE_AT_MAP`, where the main thread and the watchdog arm the entry program's wake-up.
-    wake_at: Option<aya::maps::Array<MapData, u64>>,
+    /// `GATE_AT_MAP`, where the main thread and the watchdog arm the entry program's wake-up,
+    /// and the CPUs online (what is left of the bucket is shared among them).
+    wake_at: Option<PerCpuArray<MapData, u64>>,
+    online: usize,
 }
 
 /// Arms the entry program's wake-up where the window's share of the bucket may run dry at the
-/// earliest: any CPU could make all the runs, so each wakes the watchdog after its share of
-/// what is left (a CPU that makes more of them wakes it early, and it arms again).
+/// earliest: any CPU could make all the runs, so each CPU wakes the watchdog after its share of
+/// what is left, counted from its own runs (a CPU that makes more of them wakes it early, and
+/// it arms again). Not while no window is open: the watchdog may have just decided to close.
 fn arm(w: &mut Window, hits: &Hits) {
+    if w.links.is_empty() && w.ret_links.is_empty() {
+        return;
+    }
     let since = w.base_at.map_or(0, |b| b.elapsed().as_nanos() as u64);
+    let (base_runs, cost, tokens, budget, online) =
+        (w.base_runs, w.cost_per_hit, w.tokens_ns, w.budget, w.online);
     let Some(at) = w.wake_at.as_mut() else {
         return;
     };
-    let (sum, max, cpus) = hits.spread(ENTRY_PROG);
-    let spent = sum.saturating_sub(w.base_runs) as f64 * w.cost_per_hit;
-    let left = (w.tokens_ns + w.budget * since as f64 - spent).max(0.0);
-    let step = wake_step(left, w.cost_per_hit, cpus);
-    let _ = at.set(0, max + step, 0);
+    let runs = hits.per_cpu(ENTRY_PROG);
+    let spent = runs.iter().sum::<u64>().saturating_sub(base_runs) as f64 * cost;
+    let left = (tokens + budget * since as f64 - spent).max(0.0);
+    let step = wake_step(left, cost, online);
+    let ats: Vec<u64> = runs.iter().map(|n| n + step).collect();
+    let set = PerCpuValues::try_from(ats)
+        .ok()
+        .is_some_and(|v| at.set(0, v, 0).is_ok());
+    if !set {
+        // The watchdog then checks every WATCH_SAFETY only.
+        w.wake_at = None;
+    }
 }
 
 /// Runs per CPU before a wake-up: `left_ns` of the bucket at `cost_per_hit` a run, shared by
@@ -121,8 +136,12 @@ fn wake_step(left_ns: f64, cost_per_hit: f64, cpus: usize) -> u64 {
 }
 
 fn disarm(w: &mut Window) {
-    if let Some(at) = w.wake_at.as_mut() {
-        let _ = at.set(0, 0, 0);
+    let Some(at) = w.wake_at.as_mut() else {
+        return;
+    };
+    let n = aya::util::nr_cpus().unwrap_or(1);
+    if let Ok(zeros) = PerCpuValues::try_from(vec![0u64; n]) {
+        let _ = at.set(0, zeros, 0);
     }
 }
 
@@ -141,7 +160,7 @@ fn wait_wake(ring: &mut aya::maps::RingBuf<MapData>, timeout: Duration) {
 /// A descriptor of its own on map `name`, for the watchdog thread.
 fn own_map(ebpf: &Ebpf, name: &str) -> Option<MapData> {
     let fd = match ebpf.map(name)? {
-        Map::Array(d) | Map::RingBuf(d) => d.fd().as_fd().try_clone_to_owned().ok()?,
+        Map::PerCpuArray(d) | Map::RingBuf(d) => d.fd().as_fd().try_clone_to_owned().ok()?,
         _ => return None,
     };
     MapData::from_fd(fd).ok()
@@ -357,7 +376,7 @@ impl LaunchGate {
             let wake_at = ring
                 .as_ref()
                 .and_then(|_| own_map(ebpf, GATE_AT_MAP))
-                .and_then(|d| aya::maps::Array::try_from(Map::Array(d)).ok());
+                .and_then(|d| PerCpuArray::try_from(Map::PerCpuArray(d)).ok());
             let ring = ring.filter(|_| wake_at.is_some());
             let shared = Arc::new(Shared {
                 window: Mutex::new(Window {
@@ -367,6 +386,7 @@ impl LaunchGate {
                     cost_per_hit: self.cost_per_hit,
                     budget: self.gate.budget(),
                     wake_at,
+                    online: aya::util::online_cpus().map_or(1, |c| c.len()),
                     ..Window::default()
                 }),
                 opened: Condvar::new(),
@@ -417,6 +437,10 @@ impl LaunchGate {
                         w.ret_links.extend(links);
                     } else {
                         w.links.extend(links);
+                    }
+                    // The first window, opened as the probes attach.
+                    if let Some(h) = &self.hits {
+                        arm(&mut w, h);
                     }
                 }
             }

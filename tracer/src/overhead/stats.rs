@@ -35,17 +35,13 @@ impl Hits {
         Ok(Hits { map })
     }
 
-    /// Runs of program `name` so far: on all CPUs, on the CPU with the most, and the number of
-    /// CPUs (zeros for a program without a counter).
-    pub fn spread(&self, name: &str) -> (u64, u64, usize) {
+    /// Runs of program `name` so far on each possible CPU (empty for a program without a
+    /// counter).
+    pub fn per_cpu(&self, name: &str) -> Vec<u64> {
         slot(name)
             .and_then(|s| self.map.get(&(s as u32), 0).ok())
-            .map(|v| {
-                let sum = v.iter().sum();
-                let max = v.iter().copied().max().unwrap_or(0);
-                (sum, max, v.iter().count())
-            })
-            .unwrap_or((0, 0, 0))
+            .map(|v| v.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// Runs of program `name` on all CPUs so far (0 for a program without a counter).

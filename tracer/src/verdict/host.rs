@@ -671,14 +671,25 @@ fn waiting_on(category: &str) -> (&'static str, &'static str) {
     }
 }
 
-/// waiting: when no other rule fires, a process that did next to nothing in the window (its
-/// threads on CPU, runnable or in disk I/O under 2% of their time) while its main thread spent
-/// most of it in one wait. Waits for a child (a launcher) are left out: the child is the story.
+/// waiting: when no other rule fires, a process that did next to nothing in the window (each of
+/// its threads on CPU, runnable or in disk I/O under 2% of the window) while its main thread
+/// spent most of it in one wait. A launcher is left out (one waiting for a child, or one whose
+/// children are traced: however it waits, they are the story).
 pub fn waiting(r: &Report) -> Vec<Finding> {
     let mut out = Vec::new();
     for p in &r.processes {
         let Some(pt) = p.time.as_ref() else { continue };
-        if !substantial(r, pt) || cat_pct(pt, &["cpu", "runqueue", "io"]) >= WAITING_BUSY_MAX {
+        // Per thread, over the window: 40 idle threads do not hide a busy one.
+        let busy = p
+            .threads
+            .iter()
+            .filter_map(|t| t.time.as_ref())
+            .map(|tb| units::pct(cat_ns(tb, &["cpu", "runqueue", "io"]), r.window.duration_ns))
+            .fold(0.0, f64::max);
+        if !substantial(r, pt)
+            || busy >= WAITING_BUSY_MAX
+            || r.processes.iter().any(|c| c.ppid == Some(p.pid))
+        {
             continue;
         }
         let Some((t, tb)) = p
@@ -723,6 +734,14 @@ pub fn waiting(r: &Report) -> Vec<Finding> {
             format!("waits: {}", top_reasons(tb, &WAITS_ALL, 3)),
         ];
         evidence.extend(python_lines(t, &[top.category.as_str()], 3));
+        if p.threads.len() > 1 {
+            evidence.push(format!(
+                "its {} listed threads: none on CPU, runnable or in disk I/O {:.0}% of the \
+                 window or more",
+                p.threads.len(),
+                WAITING_BUSY_MAX
+            ));
+        }
         out.push(finding(
             "waiting",
             share * weight(r, tb.alive_ns),

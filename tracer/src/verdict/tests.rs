@@ -718,6 +718,32 @@ fn waiting_leaves_launchers_busy_processes_and_other_findings_alone() {
         vec![thread(100, "python", &[("cpu", 5.0), ("ipc", 95.0)])],
     ));
     assert!(evaluate(&r).is_empty(), "{:#?}", evaluate(&r));
+    // Nor is one whose idle threads would dilute a busy one.
+    let mut r = report();
+    let mut threads = vec![thread(100, "python", &[("ipc", 100.0)])];
+    threads.extend((101..141).map(|tid| thread(tid, "idle", &[("lock", 100.0)])));
+    threads.push(thread(141, "busy", &[("cpu", 60.0)]));
+    r.processes.push(process(100, None, "python", threads));
+    assert!(
+        !rules(&r).contains(&"waiting".into()),
+        "{:#?}",
+        evaluate(&r)
+    );
+    // A launcher whose child is traced, however it waits (torchrun's agent polls).
+    let mut r = report();
+    r.processes.push(process(
+        50,
+        None,
+        "torchrun",
+        vec![thread(50, "torchrun", &[("poll", 100.0)])],
+    ));
+    let mut child = thread(51, "python", &[("ipc", 100.0)]);
+    child.time.as_mut().unwrap().reasons[0].reason = "read".into();
+    r.processes
+        .push(process(51, Some(50), "python", vec![child]));
+    let fs = evaluate(&r);
+    assert_eq!(fs.len(), 1, "{fs:#?}");
+    assert_eq!(fs[0].pid, Some(51));
     // A wait spread over several reasons names none.
     let mut r = report();
     r.processes.push(process(
