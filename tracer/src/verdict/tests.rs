@@ -668,14 +668,22 @@ fn gil_contention_names_the_line_and_the_holder() {
     assert!(!rules(&r).contains(&"gil-contention".into()));
 }
 
+/// A report of one process (pid 100, `python`) of one thread with the time `cats`, its first
+/// reason renamed `reason`.
+fn lone(cats: &[(&str, f64)], reason: Option<&str>) -> Report {
+    let mut r = report();
+    let mut t = thread(100, "python", cats);
+    if let Some(reason) = reason {
+        t.time.as_mut().unwrap().reasons[0].reason = reason.into();
+    }
+    r.processes.push(process(100, None, "python", vec![t]));
+    r
+}
+
 /// A process that did nothing in the window but wait: what it waited in is the lead.
 #[test]
 fn waiting_names_the_wait_when_nothing_else_fires() {
-    let mut r = report();
-    let mut t = thread(100, "python", &[("ipc", 100.0)]);
-    t.time.as_mut().unwrap().reasons[0].reason = "read".into();
-    r.processes.push(process(100, None, "python", vec![t]));
-    let fs = evaluate(&r);
+    let fs = evaluate(&lone(&[("ipc", 100.0)], Some("read")));
     assert_eq!(fs.len(), 1, "{fs:#?}");
     let f = &fs[0];
     assert_eq!(f.rule, "waiting");
@@ -690,11 +698,7 @@ fn waiting_names_the_wait_when_nothing_else_fires() {
     assert!(f.suggestions[0].contains("/proc/PID/fd"), "{f:#?}");
 
     // Blocked in the kernel (a hung GPU kernel under an ioctl, say): the stack is the lead.
-    let mut r = report();
-    let mut t = thread(100, "python", &[("other", 100.0)]);
-    t.time.as_mut().unwrap().reasons[0].reason = "ioctl".into();
-    r.processes.push(process(100, None, "python", vec![t]));
-    let fs = evaluate(&r);
+    let fs = evaluate(&lone(&[("other", 100.0)], Some("ioctl")));
     assert!(fs[0]
         .title
         .contains("`ioctl` (other): it is blocked in the kernel"));
@@ -704,19 +708,10 @@ fn waiting_names_the_wait_when_nothing_else_fires() {
 #[test]
 fn waiting_leaves_launchers_busy_processes_and_other_findings_alone() {
     // A launcher waiting for its child.
-    let mut r = report();
-    let mut t = thread(50, "bash", &[("ipc", 100.0)]);
-    t.time.as_mut().unwrap().reasons[0].reason = "wait4".into();
-    r.processes.push(process(50, None, "bash", vec![t]));
+    let r = lone(&[("ipc", 100.0)], Some("wait4"));
     assert!(evaluate(&r).is_empty(), "{:#?}", evaluate(&r));
     // A process that works a little is not stalled.
-    let mut r = report();
-    r.processes.push(process(
-        100,
-        None,
-        "python",
-        vec![thread(100, "python", &[("cpu", 5.0), ("ipc", 95.0)])],
-    ));
+    let r = lone(&[("cpu", 5.0), ("ipc", 95.0)], None);
     assert!(evaluate(&r).is_empty(), "{:#?}", evaluate(&r));
     // Nor is one whose idle threads would dilute a busy one.
     let mut r = report();
@@ -730,37 +725,22 @@ fn waiting_leaves_launchers_busy_processes_and_other_findings_alone() {
         evaluate(&r)
     );
     // A launcher whose child is traced, however it waits (torchrun's agent polls).
-    let mut r = report();
+    let mut r = lone(&[("ipc", 100.0)], Some("read"));
+    r.processes[0].ppid = Some(50);
     r.processes.push(process(
         50,
         None,
         "torchrun",
         vec![thread(50, "torchrun", &[("poll", 100.0)])],
     ));
-    let mut child = thread(51, "python", &[("ipc", 100.0)]);
-    child.time.as_mut().unwrap().reasons[0].reason = "read".into();
-    r.processes
-        .push(process(51, Some(50), "python", vec![child]));
     let fs = evaluate(&r);
     assert_eq!(fs.len(), 1, "{fs:#?}");
-    assert_eq!(fs[0].pid, Some(51));
+    assert_eq!(fs[0].pid, Some(100));
     // A wait spread over several reasons names none.
-    let mut r = report();
-    r.processes.push(process(
-        100,
-        None,
-        "python",
-        vec![thread(100, "python", &[("ipc", 50.0), ("lock", 50.0)])],
-    ));
+    let r = lone(&[("ipc", 50.0), ("lock", 50.0)], None);
     assert!(evaluate(&r).is_empty(), "{:#?}", evaluate(&r));
     // Where another rule fires, the idle process beside it is no lead.
-    let mut r = report();
-    r.processes.push(process(
-        100,
-        None,
-        "python",
-        vec![thread(100, "python", &[("cpu", 90.0)])],
-    ));
+    let mut r = lone(&[("cpu", 90.0)], None);
     r.processes.push(process(
         200,
         None,
