@@ -125,7 +125,7 @@ pub fn fill(
     deaths.append(&mut retired.deaths);
 
     let mut stacks = Stacks::new(ebpf)?;
-    let mut kframes: StdHashMap<i32, Vec<String>> = StdHashMap::new();
+    let mut kframes: StdHashMap<(i32, u32), Vec<String>> = StdHashMap::new();
     let mut verdicts: StdHashMap<WallKey, Category> = StdHashMap::new();
     let mut uframes: StdHashMap<(u32, i32), Vec<String>> = StdHashMap::new();
     let tracker = ctx.tracker;
@@ -135,17 +135,14 @@ pub fn fill(
         let v = if k.gil_wait() {
             classify::gil_wait(k.sys_nr)
         } else if k.kind == KIND_BLOCKED {
-            let frames = if k.kstack == KSTACK_SEEDED {
-                seeded.get(&k.tid).map_or(&[][..], Vec::as_slice)
-            } else {
-                kframes.entry(k.kstack).or_insert_with(|| {
-                    stacks
-                        .get(k.kstack)
-                        .map(<[u64]>::to_vec)
-                        .map(|ips| sym.kernel(&ips).into_iter().map(|f| f.name).collect())
-                        .unwrap_or_default()
-                })
-            };
+            // Seeded frames are a thread's own: keyed by its tid too.
+            let seeded_tid = if k.kstack == KSTACK_SEEDED { k.tid } else { 0 };
+            let frames = kframes.entry((k.kstack, seeded_tid)).or_insert_with(|| {
+                render::kernel_frames(k, seeded, &mut stacks, sym)
+                    .into_iter()
+                    .map(|f| f.name)
+                    .collect()
+            });
             let names: Vec<&str> = frames.iter().map(String::as_str).collect();
             let user = uframes.entry((k.tgid, k.ustack)).or_insert_with(|| {
                 let (maps, alive) = match tracker.procs.get(&k.tgid) {

@@ -804,17 +804,14 @@ impl ProbeFamily for Accounting {
         let bare = crate::overhead::syscall_trap::bare();
         self.attach_syscalls(ebpf, &btf, classic.is_none(), verbose)?;
         let progs: Vec<&str> = self.sys_links.iter().map(|(p, _, _)| *p).collect();
-        let measured = crate::overhead::syscall_trap::measure(ebpf, &progs, bare);
+        let measured = crate::overhead::syscall_trap::measure(ebpf, ctx.uprobes, &progs, bare);
         if ctx.args.verbose {
             // The per-event cost of our own programs, printed at the end (xtask bench-sched):
             // on from after the measurement, which times syscalls with them off, and counted
             // from here, without its early returns.
             self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
             for prog in &self.attached {
-                if let Some(info) = ebpf.program(prog).and_then(|p| p.info().ok()) {
-                    let base = (info.run_count(), info.run_time().as_nanos() as u64);
-                    self.stats_base.insert(prog, base);
-                }
+                self.stats_base.insert(prog, ctx.uprobes.runs(ebpf, prog));
             }
         }
         if let Ok(trap) = measured {
@@ -958,17 +955,13 @@ impl ProbeFamily for Accounting {
         self.report_syscalls_off(ctx, data);
         if self.stats.is_some() {
             for prog in &self.attached {
-                if let Some(p) = ebpf.program(prog) {
-                    if let Ok(info) = p.info() {
-                        let (runs0, ns0) = self.stats_base.get(prog).copied().unwrap_or((0, 0));
-                        let runs = info.run_count().saturating_sub(runs0);
-                        let ns = (info.run_time().as_nanos() as u64).saturating_sub(ns0);
-                        crate::note!(
-                            "gputrace: program {prog}: {runs} runs, {:.1} ns/run",
-                            ns as f64 / runs.max(1) as f64
-                        );
-                    }
-                }
+                let (runs, ns) = ctx.uprobes.runs(ebpf, prog);
+                let (runs0, ns0) = self.stats_base.get(prog).copied().unwrap_or((0, 0));
+                let runs = runs.saturating_sub(runs0);
+                crate::note!(
+                    "gputrace: program {prog}: {runs} runs, {:.1} ns/run",
+                    ns.saturating_sub(ns0) as f64 / runs.max(1) as f64
+                );
             }
         }
         // Stop the programs so that the sums and the open intervals are read at one instant.

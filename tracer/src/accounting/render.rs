@@ -6,7 +6,10 @@ use std::{
     io::Write,
 };
 
-use tracer_common::{time::Category, wall::WallKey};
+use tracer_common::{
+    time::Category,
+    wall::{WallKey, KSTACK_SEEDED},
+};
 
 use super::{aggregate::Row, Folded};
 use crate::{
@@ -17,8 +20,33 @@ use crate::{
         folded::{frame_label, thread_label},
         Exporter, ReportData,
     },
-    symbolize::Frame,
+    symbolize::{Frame, Symbolizer},
 };
+
+/// The kernel frames of row `k`, innermost first: those the kernel walked at the switch-out,
+/// or, for a wait under way at the attach, those /proc gave at seeding.
+pub(super) fn kernel_frames(
+    k: &WallKey,
+    seeded: &super::SeededStacks,
+    stacks: &mut Stacks<'_>,
+    sym: &mut Symbolizer,
+) -> Vec<Frame> {
+    if k.kstack == KSTACK_SEEDED {
+        let names = seeded.get(&k.tid).into_iter().flatten();
+        return names
+            .map(|name| Frame {
+                name: name.clone(),
+                module: None,
+                kernel: true,
+            })
+            .collect();
+    }
+    stacks
+        .get(k.kstack)
+        .map(<[u64]>::to_vec)
+        .map(|ips| sym.kernel(&ips))
+        .unwrap_or_default()
+}
 
 /// The category frame under each thread in the flame graphs.
 fn category_frame(c: Category) -> String {
@@ -57,20 +85,12 @@ pub fn folded(
             line.push(';');
             line.push_str(&frame_label(f));
         }
-        if k.kstack == tracer_common::wall::KSTACK_SEEDED {
-            for name in seeded.get(&k.tid).into_iter().flatten().rev() {
-                line.push(';');
-                line.push_str(&frame_label(&Frame {
-                    name: name.clone(),
-                    module: None,
-                    kernel: true,
-                }));
-            }
-        } else if let Some(ips) = stacks.get(k.kstack).map(<[u64]>::to_vec) {
-            for f in ctx.symbolizer.kernel(&ips).iter().rev() {
-                line.push(';');
-                line.push_str(&frame_label(f));
-            }
+        for f in kernel_frames(k, seeded, stacks, ctx.symbolizer)
+            .iter()
+            .rev()
+        {
+            line.push(';');
+            line.push_str(&frame_label(f));
         }
         *off.entry(line).or_default() += r.val.ns / 1000;
     }

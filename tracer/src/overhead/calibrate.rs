@@ -127,7 +127,7 @@ const RECENT: usize = 9;
 /// Outside this range a measurement is noise, not a trap.
 const SANE_NS: std::ops::RangeInclusive<f64> = 20.0..=100_000.0;
 
-pub(super) fn thread_cpu_ns() -> u64 {
+fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -137,15 +137,26 @@ pub(super) fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// CPU time per call of `f` over `calls` calls (thread CPU time: the trap is spent in the
-/// calling thread, and time away from the CPU is not).
-fn per_call_ns(f: CalibFn, calls: u32) -> f64 {
+/// CPU time per call of `f` over `calls` calls (thread CPU time: a trap or a syscall's slow
+/// path is spent in the calling thread, and time away from the CPU is not).
+pub(super) fn per_call_ns(calls: u32, mut f: impl FnMut()) -> f64 {
     let t0 = thread_cpu_ns();
     for _ in 0..calls {
-        // SAFETY: the function only pushes and pops the frame pointer.
-        unsafe { std::hint::black_box(f)() };
+        f();
     }
     (thread_cpu_ns() - t0) as f64 / calls as f64
+}
+
+/// The median of `v` (the upper one of an even count); `v` must not be empty.
+pub(super) fn median_of(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Calls of a calibration copy.
+fn call(f: CalibFn) {
+    // SAFETY: the function only pushes and pops the frame pointer.
+    unsafe { std::hint::black_box(f)() };
 }
 
 /// Per-hit program time since `before`.
@@ -163,11 +174,7 @@ fn median(samples: &[TrapCost]) -> TrapCost {
     if samples.is_empty() {
         return TrapCost::DEFAULT;
     }
-    let median = |f: fn(&TrapCost) -> f64| {
-        let mut v: Vec<f64> = samples.iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    let median = |f: fn(&TrapCost) -> f64| median_of(samples.iter().map(f).collect());
     TrapCost {
         entry_ns: median(|t| t.entry_ns),
         ret_ns: median(|t| t.ret_ns),
@@ -241,15 +248,15 @@ impl Calibrator {
     /// One round (~4 ms of this thread's time); implausible rounds are dropped.
     pub fn sample(&mut self, ebpf: &Ebpf) {
         let [bare, entry, both] = self.fns;
-        let b = per_call_ns(bare, CALLS);
+        let b = per_call_ns(CALLS, || call(bare));
         // The programs' run times come from the kernel's statistics.
         let _on = super::stats_on();
         let u = &self.uprobes;
         let before = u.runs(ebpf, CALIB_ENTRY_PROG);
-        let e = per_call_ns(entry, CALLS);
+        let e = per_call_ns(CALLS, || call(entry));
         let e_bpf = bpf_ns_per_hit(ebpf, u, CALIB_ENTRY_PROG, before);
         let before = (u.runs(ebpf, CALIB_ENTRY_PROG), u.runs(ebpf, CALIB_RET_PROG));
-        let r = per_call_ns(both, CALLS);
+        let r = per_call_ns(CALLS, || call(both));
         let r_bpf = bpf_ns_per_hit(ebpf, u, CALIB_ENTRY_PROG, before.0)
             + bpf_ns_per_hit(ebpf, u, CALIB_RET_PROG, before.1);
         let t = TrapCost {

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 
 use aya::{
     maps::{Map, MapData, PerCpuArray, PerCpuValues},
@@ -18,7 +18,9 @@ use tracer_common::cuda::{
     ENTRY_PROG, GATE_AT_MAP, GATE_FIRST_MAP, GATE_LAST_MAP, GATE_WAKE_MAP, RET_PROG,
 };
 
-use super::{scale_cuda, scale_launch_time, stats_on, worst_cuda_thread, Hits, StatsOn};
+use super::{
+    scale_cuda, scale_launch_time, stats::own_map, stats_on, worst_cuda_thread, Hits, StatsOn,
+};
 use crate::{
     budget::{self, Gate, TickObs},
     cuda::table::FUNCS,
@@ -139,8 +141,7 @@ fn disarm(w: &mut Window) {
     let Some(at) = w.wake_at.as_mut() else {
         return;
     };
-    let n = aya::util::nr_cpus().unwrap_or(1);
-    if let Ok(zeros) = PerCpuValues::try_from(vec![0u64; n]) {
+    if let Some(zeros) = per_cpu_zeros() {
         let _ = at.set(0, zeros, 0);
     }
 }
@@ -157,13 +158,10 @@ fn wait_wake(ring: &mut aya::maps::RingBuf<MapData>, timeout: Duration) {
     while ring.next().is_some() {}
 }
 
-/// A descriptor of its own on map `name`, for the watchdog thread.
-fn own_map(ebpf: &Ebpf, name: &str) -> Option<MapData> {
-    let fd = match ebpf.map(name)? {
-        Map::PerCpuArray(d) | Map::RingBuf(d) => d.fd().as_fd().try_clone_to_owned().ok()?,
-        _ => return None,
-    };
-    MapData::from_fd(fd).ok()
+/// Zeros for a per-CPU u64 slot, one per possible CPU.
+fn per_cpu_zeros() -> Option<PerCpuValues<u64>> {
+    let n = aya::util::nr_cpus().ok()?;
+    PerCpuValues::try_from(vec![0u64; n]).ok()
 }
 
 /// The window, and what wakes the watchdog when one opens: it sleeps while none is open.
@@ -372,10 +370,11 @@ impl LaunchGate {
             let hits = Hits::open(ebpf).ok()?;
             // Both or neither: without the ring the watchdog polls.
             let ring = own_map(ebpf, GATE_WAKE_MAP)
+                .ok()
                 .and_then(|d| aya::maps::RingBuf::try_from(Map::RingBuf(d)).ok());
             let wake_at = ring
                 .as_ref()
-                .and_then(|_| own_map(ebpf, GATE_AT_MAP))
+                .and_then(|_| own_map(ebpf, GATE_AT_MAP).ok())
                 .and_then(|d| PerCpuArray::try_from(Map::PerCpuArray(d)).ok());
             let ring = ring.filter(|_| wake_at.is_some());
             let shared = Arc::new(Shared {
@@ -693,8 +692,7 @@ fn reset_gate_first(ebpf: &mut Ebpf) {
     let Ok(mut map) = PerCpuArray::<_, u64>::try_from(m) else {
         return;
     };
-    let Ok(n) = aya::util::nr_cpus() else { return };
-    if let Ok(zeros) = PerCpuValues::try_from(vec![0u64; n]) {
+    if let Some(zeros) = per_cpu_zeros() {
         let _ = map.set(0, zeros, 0);
     }
 }

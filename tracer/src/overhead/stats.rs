@@ -23,14 +23,20 @@ pub struct Hits {
     map: PerCpuArray<MapData, u64>,
 }
 
+/// A descriptor of its own on map `name` (a per-CPU array or a ring), for a thread that reads
+/// it without the `Ebpf`.
+pub(super) fn own_map(ebpf: &Ebpf, name: &str) -> Result<MapData> {
+    let fd = match ebpf.map(name) {
+        Some(Map::PerCpuArray(d) | Map::RingBuf(d)) => d.fd().as_fd().try_clone_to_owned(),
+        _ => anyhow::bail!("map {name} missing"),
+    }
+    .with_context(|| format!("duplicate the {name} descriptor"))?;
+    MapData::from_fd(fd).with_context(|| format!("open {name}"))
+}
+
 impl Hits {
     pub fn open(ebpf: &Ebpf) -> Result<Hits> {
-        let fd = match ebpf.map(HITS_MAP) {
-            Some(Map::PerCpuArray(d)) => d.fd().as_fd().try_clone_to_owned(),
-            _ => anyhow::bail!("map {HITS_MAP} missing"),
-        }
-        .with_context(|| format!("duplicate the {HITS_MAP} descriptor"))?;
-        let data = MapData::from_fd(fd).with_context(|| format!("open {HITS_MAP}"))?;
+        let data = own_map(ebpf, HITS_MAP)?;
         let map = PerCpuArray::try_from(Map::PerCpuArray(data))?;
         Ok(Hits { map })
     }

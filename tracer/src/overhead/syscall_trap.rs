@@ -16,10 +16,14 @@
 
 use std::sync::{Arc, Mutex};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use aya::Ebpf;
 
-use super::{calibrate::thread_cpu_ns, stats_on};
+use super::{
+    calibrate::{median_of, per_call_ns},
+    stats_on,
+};
+use crate::uprobes::Uprobes;
 
 /// Per hit, or why the constant is used. None: the syscall programs were not attached.
 pub type SharedSyscallTrap = Arc<Mutex<Option<std::result::Result<f64, String>>>>;
@@ -48,18 +52,11 @@ const ROUNDS: usize = 7;
 const PLAUSIBLE_NS: std::ops::RangeInclusive<f64> = -50.0..=5_000.0;
 
 /// Thread CPU time per getppid call (the slow path and the programs run in the caller).
-fn per_call_ns() -> f64 {
-    let t0 = thread_cpu_ns();
-    for _ in 0..CALLS {
+fn getppid_ns() -> f64 {
+    per_call_ns(CALLS, || {
         // SAFETY: getppid takes no arguments and cannot fail.
         unsafe { libc::syscall(libc::SYS_getppid) };
-    }
-    (thread_cpu_ns() - t0) as f64 / CALLS as f64
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    })
 }
 
 /// A syscall's cost before the programs are attached.
@@ -67,7 +64,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub struct Bare(f64);
 
 pub fn bare() -> Bare {
-    Bare(median((0..ROUNDS).map(|_| per_call_ns()).collect()))
+    Bare(median_of((0..ROUNDS).map(|_| getppid_ns()).collect()))
 }
 
 /// One hit's cost outside its program, from a round's cost per call with the two programs
@@ -81,21 +78,11 @@ fn settle(rounds: Vec<f64>) -> Result<f64> {
     if rounds.is_empty() {
         bail!("no round measured");
     }
-    let m = median(rounds);
+    let m = median_of(rounds);
     if !PLAUSIBLE_NS.contains(&m) {
         bail!("{m:.0} ns per hit is implausible");
     }
     Ok(m.max(0.0))
-}
-
-/// (runs, run time in ns) of program `name` so far.
-fn runs(ebpf: &Ebpf, name: &str) -> Result<(u64, u64)> {
-    let info = ebpf
-        .program(name)
-        .with_context(|| format!("program {name} missing"))?
-        .info()
-        .with_context(|| format!("read the statistics of {name}"))?;
-    Ok((info.run_count(), info.run_time().as_nanos() as u64))
 }
 
 /// Measures the cost per hit with `programs` (entry and exit) attached, against `bare`.
@@ -103,20 +90,17 @@ fn runs(ebpf: &Ebpf, name: &str) -> Result<(u64, u64)> {
 /// (they cost every program run two clock reads, half of it outside what they time), then
 /// again with them on for the programs' own run time. Without the statistics the programs'
 /// early return counts as trap (a few tens of ns more per hit).
-pub fn measure(ebpf: &Ebpf, programs: &[&str], bare: Bare) -> Result<f64> {
+pub fn measure(ebpf: &Ebpf, u: &Uprobes, programs: &[&str], bare: Bare) -> Result<f64> {
     let mut rounds = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
-        let attached = per_call_ns();
+        let attached = getppid_ns();
         let on = stats_on();
         let mut bpf = 0.0;
         if on.is_on() {
-            let before = programs
-                .iter()
-                .map(|p| runs(ebpf, p))
-                .collect::<Result<Vec<_>>>()?;
-            per_call_ns();
+            let before: Vec<(u64, u64)> = programs.iter().map(|p| u.runs(ebpf, p)).collect();
+            getppid_ns();
             for (p, (n0, t0)) in programs.iter().zip(before) {
-                let (n, t) = runs(ebpf, p)?;
+                let (n, t) = u.runs(ebpf, p);
                 // Machine-wide: other tasks' syscalls in the round return early too.
                 if n > n0 {
                     bpf += t.saturating_sub(t0) as f64 / (n - n0) as f64;
@@ -162,7 +146,7 @@ mod tests {
 
     #[test]
     fn getppid_is_timed_in_this_thread() {
-        let ns = per_call_ns();
+        let ns = getppid_ns();
         assert!(ns > 0.0 && ns < 1e6, "{ns}");
     }
 }

@@ -684,7 +684,7 @@ pub fn waiting(r: &Report) -> Vec<Finding> {
             .threads
             .iter()
             .filter_map(|t| t.time.as_ref())
-            .map(|tb| units::pct(cat_ns(tb, &["cpu", "runqueue", "io"]), r.window.duration_ns))
+            .map(|tb| units::pct(cat_ns(tb, &BUSY), r.window.duration_ns))
             .fold(0.0, f64::max);
         if !substantial(r, pt)
             || busy >= WAITING_BUSY_MAX
@@ -742,7 +742,7 @@ pub fn waiting(r: &Report) -> Vec<Finding> {
                 WAITING_BUSY_MAX
             ));
         }
-        out.push(finding(
+        let mut f = finding(
             "waiting",
             share * weight(r, tb.alive_ns),
             title,
@@ -750,11 +750,10 @@ pub fn waiting(r: &Report) -> Vec<Finding> {
             vec![next],
             Some(p.pid),
             Some(t.tid),
-        ));
-    }
-    // A lead, not a bottleneck of the process's own doing.
-    for f in &mut out {
+        );
+        // A lead, not a bottleneck of the process's own doing.
         f.severity = "low".into();
+        out.push(f);
     }
     out
 }
