@@ -703,7 +703,7 @@ impl Accounting {
                 o.programs
                     .iter()
                     .find(|p| p.program == name && p.bpf_ns_per_hit > 0.0)
-                    .map(|p| p.bpf_ns_per_hit + p.trap_ns_per_hit)
+                    .map(|p| p.ns_per_hit())
             })
         };
         let enter = self

@@ -22,10 +22,49 @@ use crate::{
 /// Trap cost per hit outside the program, and where it came from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TrapCost {
+    /// With the kernel's BPF statistics on (as they are in the gate's windows, which these
+    /// price): the part of the statistics' clock reads outside the timed run is in here.
     pub entry_ns: f64,
     pub ret_ns: f64,
     /// False: the built-in constants (calibration failed or was not possible).
     pub measured: bool,
+    /// What the statistics themselves cost a program run (0 where not measured).
+    pub stats: StatsCost,
+}
+
+/// The kernel's BPF statistics time each run between two `sched_clock` reads, which cost a
+/// run on this VM ~60-150 ns while they are on (they are on a tenth of the trace or less:
+/// `stats::sampled_tick`); and part of one read falls inside the time they report, so an
+/// empty program shows ~45 ns per run. Measured on the empty calibration program, whose own
+/// work is a few instructions.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StatsCost {
+    /// Run time the statistics report for an empty program: taken out of every program's
+    /// measured time.
+    pub inside_ns: f64,
+    /// What a run pays for them in all while they are on (at least `inside_ns`).
+    pub per_run_ns: f64,
+}
+
+impl StatsCost {
+    /// A program's own time per run, from the statistics' mean (`timed_ns`).
+    pub fn own_ns(&self, timed_ns: f64) -> f64 {
+        (timed_ns - self.inside_ns).max(0.0)
+    }
+
+    /// What the statistics cost per hit, averaged over hits of which `timed` of `hits` ran
+    /// while they were on.
+    pub fn per_hit_ns(&self, timed: u64, hits: u64) -> f64 {
+        if hits == 0 {
+            return 0.0;
+        }
+        self.per_run_ns * (timed.min(hits) as f64 / hits as f64)
+    }
+
+    /// The uprobe trap with them off: `with_stats` less the part of them outside the run.
+    pub fn trap_off_ns(&self, with_stats: f64) -> f64 {
+        (with_stats - (self.per_run_ns - self.inside_ns)).max(0.0)
+    }
 }
 
 impl TrapCost {
@@ -39,6 +78,10 @@ impl TrapCost {
         entry_ns: budget::UPROBE_TRAP_NS,
         ret_ns: budget::URETPROBE_TRAP_NS,
         measured: false,
+        stats: StatsCost {
+            inside_ns: 0.0,
+            per_run_ns: 0.0,
+        },
     };
 }
 
@@ -169,16 +212,31 @@ fn bpf_ns_per_hit(ebpf: &Ebpf, u: &Uprobes, name: &str, before: (u64, u64)) -> f
     t.saturating_sub(before.1) as f64 / hits as f64
 }
 
-/// Median of each part on its own.
+/// Median of each part on its own; the statistics' cost from the rounds that measured it.
 fn median(samples: &[TrapCost]) -> TrapCost {
     if samples.is_empty() {
         return TrapCost::DEFAULT;
     }
     let median = |f: fn(&TrapCost) -> f64| median_of(samples.iter().map(f).collect());
+    let with_stats: Vec<&TrapCost> = samples.iter().filter(|t| t.stats.inside_ns > 0.0).collect();
+    let stats = match with_stats.is_empty() {
+        true => StatsCost::default(),
+        false => {
+            let m = |f: fn(&StatsCost) -> f64| {
+                median_of(with_stats.iter().map(|t| f(&t.stats)).collect())
+            };
+            let inside_ns = m(|s| s.inside_ns);
+            StatsCost {
+                inside_ns,
+                per_run_ns: m(|s| s.per_run_ns).max(inside_ns),
+            }
+        }
+    };
     TrapCost {
         entry_ns: median(|t| t.entry_ns),
         ret_ns: median(|t| t.ret_ns),
         measured: true,
+        stats,
     }
 }
 
@@ -249,9 +307,14 @@ impl Calibrator {
     pub fn sample(&mut self, ebpf: &Ebpf) {
         let [bare, entry, both] = self.fns;
         let b = per_call_ns(CALLS, || call(bare));
-        // The programs' run times come from the kernel's statistics.
-        let _on = super::stats_on();
         let u = &self.uprobes;
+        // Without the statistics, unless another holder (the overhead family's sampled
+        // ticks, another tool) keeps them on: the kernel counts runs only while they are.
+        let before_off = u.runs(ebpf, CALIB_ENTRY_PROG).0;
+        let e_off = per_call_ns(CALLS, || call(entry));
+        let off = u.runs(ebpf, CALIB_ENTRY_PROG).0 == before_off;
+        // The programs' run times come from the kernel's statistics.
+        let on = super::stats_on();
         let before = u.runs(ebpf, CALIB_ENTRY_PROG);
         let e = per_call_ns(CALLS, || call(entry));
         let e_bpf = bpf_ns_per_hit(ebpf, u, CALIB_ENTRY_PROG, before);
@@ -263,7 +326,15 @@ impl Calibrator {
             entry_ns: e - b - e_bpf,
             ret_ns: r - e - (r_bpf - e_bpf),
             measured: true,
+            stats: match off && on.is_on() && e_bpf > 0.0 {
+                true => StatsCost {
+                    inside_ns: e_bpf,
+                    per_run_ns: (e - e_off).max(e_bpf),
+                },
+                false => StatsCost::default(),
+            },
         };
+        drop(on);
         if SANE_NS.contains(&t.entry_ns) && SANE_NS.contains(&t.ret_ns) {
             self.samples.push(t);
             let cur = self.in_trace();
@@ -300,5 +371,44 @@ impl Calibrator {
         let _ = std::thread::Builder::new()
             .name("gputrace-calib".into())
             .spawn(move || drop(links));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(entry_ns: f64, inside_ns: f64, per_run_ns: f64) -> TrapCost {
+        TrapCost {
+            entry_ns,
+            ret_ns: 2.0 * entry_ns,
+            measured: true,
+            stats: StatsCost {
+                inside_ns,
+                per_run_ns,
+            },
+        }
+    }
+
+    #[test]
+    fn the_statistics_cost_is_the_median_of_the_rounds_that_measured_it() {
+        // The middle round ran while the statistics were on already (another holder): no
+        // measure of them, left out of theirs but not of the traps'.
+        let m = median(&[
+            sample(700.0, 45.0, 110.0),
+            sample(720.0, 0.0, 0.0),
+            sample(760.0, 47.0, 90.0),
+            sample(740.0, 44.0, 130.0),
+        ]);
+        assert_eq!(m.entry_ns, 740.0);
+        assert_eq!(m.ret_ns, 1480.0);
+        assert_eq!(m.stats.inside_ns, 45.0);
+        assert_eq!(m.stats.per_run_ns, 110.0);
+        // In all never less than what they add inside a run.
+        let m = median(&[sample(700.0, 45.0, 45.0), sample(700.0, 60.0, 50.0)]);
+        assert_eq!(m.stats.per_run_ns, 60.0);
+        let none = median(&[sample(700.0, 0.0, 0.0)]);
+        assert_eq!(none.stats, StatsCost::default());
+        assert_eq!(median(&[]), TrapCost::DEFAULT);
     }
 }

@@ -4,10 +4,11 @@
 //! BPF statistics (`kernel.bpf_stats_enabled`: run counts and run times) cost every BPF program
 //! on the machine, not only gputrace's, two clock reads per run: measured on the development VM,
 //! bpftrace's counting uprobe went from 930-1060 to 1100-1240 ns per hit with them on. So they
-//! are on only while something is timed: the first 100 ms tick, one tick in ten after it, any
-//! tick while a program with 100 or more hits has none timed, the launch-probe windows, and the
-//! trap calibration. A program's time per run is what the kernel measured then; its hits are
-//! its own counts.
+//! are on only while something is timed: the first 100 ms tick, one tick in ten after it for
+//! the first 10 s and one in fifty after that, any tick while a program with 100 or more hits
+//! has none timed, a launch-probe window's first tick, and the trap calibration. A program's
+//! time per run is what the kernel measured then; its hits are its own counts. The report
+//! charges the statistics' own cost to the hits they timed (`calibrate::StatsCost`).
 
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -73,13 +74,17 @@ impl StatsOn {
     }
 }
 
-/// Whether the statistics are on in tick `n` of the trace (ticks of 100 ms): one tick in ten,
-/// and any tick while a program that has run often (`runs`: its own hits and the runs the
-/// kernel timed, per program) has none timed yet. A rare one (an exec) would keep them on for
-/// the rest of the trace, waiting for a second run; its few hits cost their traps only.
+/// Whether the statistics are on in tick `n` of the trace (ticks of 100 ms): one tick in ten
+/// for the first 10 s, one in fifty after (a hot program's run time per hit is steady, and
+/// each timed tick times thousands of its runs: after 10 s the later ticks mostly cost), and
+/// any tick while a program that has run often (`runs`: its own hits and the runs the kernel
+/// timed, per program) has none timed yet. A rare one (an exec) would keep them on for the
+/// rest of the trace, waiting for a second run; its few hits cost their traps only.
 pub fn sampled_tick(n: u64, runs: impl IntoIterator<Item = (u64, u64)>) -> bool {
     const OFTEN: u64 = 100;
-    n.is_multiple_of(10)
+    const EARLY_TICKS: u64 = 100;
+    let every = if n < EARLY_TICKS { 10 } else { 50 };
+    n.is_multiple_of(every)
         || runs
             .into_iter()
             .any(|(hits, timed)| hits >= OFTEN && timed == 0)
@@ -90,10 +95,13 @@ mod tests {
     use super::sampled_tick;
 
     #[test]
-    fn a_tenth_of_the_ticks_once_every_program_is_timed() {
+    fn a_tenth_of_the_ticks_then_a_fiftieth_once_every_program_is_timed() {
         let timed = [(100, 10), (0, 0)];
         let on = (0..100).filter(|&n| sampled_tick(n, timed)).count();
         assert_eq!(on, 10);
+        // One in fifty after the first 10 s.
+        let later = (100..600).filter(|&n| sampled_tick(n, timed)).count();
+        assert_eq!(later, 10);
         assert!(sampled_tick(0, timed) && !sampled_tick(11, timed) && sampled_tick(20, timed));
         // A program that ran unseen keeps them on.
         assert!(sampled_tick(11, [(100, 10), (500, 0)]));

@@ -28,7 +28,7 @@ fn per_hit(o: &Overhead, name: &str) -> f64 {
             || p.program.strip_suffix("_btf") == Some(name)
     }) {
         hits += p.hits;
-        ns += p.hits as f64 * (p.bpf_ns_per_hit + p.trap_ns_per_hit);
+        ns += p.hits as f64 * p.ns_per_hit();
     }
     if hits == 0 {
         0.0
@@ -198,6 +198,7 @@ mod tests {
             hits,
             bpf_ns_per_hit: bpf,
             trap_ns_per_hit: trap,
+            stats_ns_per_hit: 0.0,
         }
     }
 

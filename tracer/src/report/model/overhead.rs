@@ -37,6 +37,14 @@ pub struct Overhead {
     /// and the dispatch) was measured at startup (false: a built-in constant).
     #[serde(default)]
     pub syscall_trap_measured: bool,
+    /// What the kernel's BPF statistics (on for a tenth of the trace or less, to time the
+    /// programs) add to a program run's reported time, measured on an empty program at
+    /// startup and taken out of each program's (0: not measured, nothing taken out).
+    #[serde(default)]
+    pub stats_inside_ns: f64,
+    /// What they cost a program run in all while on, charged to the hits timed.
+    #[serde(default)]
+    pub stats_per_run_ns: f64,
     /// Set when the budget switched the high-rate probes on and off: their counts are scaled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampled: Option<ProbeSampling>,
@@ -100,12 +108,25 @@ pub struct ThreadCostPart {
 pub struct ProgramCost {
     pub program: String,
     pub hits: u64,
-    /// Measured by the kernel (kernel.bpf_stats_enabled); 0 when the statistics are off.
+    /// The program's own run time, measured by the kernel (kernel.bpf_stats_enabled) less
+    /// what the statistics' clock read adds to it (`stats_inside_ns`); 0 when the statistics
+    /// are off.
     pub bpf_ns_per_hit: f64,
     /// The trap outside the program: for uprobes and uretprobes (`trap_measured`) and the
     /// syscall tracepoints (`syscall_trap_measured`) measured at startup, else a built-in
     /// constant.
     pub trap_ns_per_hit: f64,
+    /// What the kernel's statistics cost its hits, averaged: `stats_per_run_ns` for each hit
+    /// that ran while gputrace had them on.
+    #[serde(default)]
+    pub stats_ns_per_hit: f64,
+}
+
+impl ProgramCost {
+    /// What one hit cost the thread that made it.
+    pub fn ns_per_hit(&self) -> f64 {
+        self.bpf_ns_per_hit + self.trap_ns_per_hit + self.stats_ns_per_hit
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
