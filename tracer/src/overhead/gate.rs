@@ -82,11 +82,12 @@ struct Window {
     /// Entry links first: dropped in this order, so a call inside still finds its return probe.
     links: Vec<Link>,
     ret_links: Vec<Link>,
-    /// The kernel's statistics, on from the window's opening to its first tick (a storm's
-    /// window closes before it): they time the launch programs. Not for the rest of a long
-    /// window (a job that launches under the budget keeps one open all trace): on, they cost
-    /// every program run on the machine ~60-150 ns here, and the overhead family's sampled
-    /// ticks time the programs then.
+    /// The kernel's statistics, on from the window's opening to its first tick that finds the
+    /// launch programs timed (a storm's window closes before it): they time the launch
+    /// programs. Not for the rest of a long window (a job that launches under the budget keeps
+    /// one open all trace): on, they cost every program run on the machine ~60-150 ns here,
+    /// and the overhead family's sampled ticks time the programs then. The window is still
+    /// priced at the traps timed with them on: a little high.
     stats: Option<StatsOn>,
     /// Bucket at the window's last tick, the entry program's run count then, and the time.
     tokens_ns: f64,
@@ -556,7 +557,10 @@ impl LaunchGate {
             // Still open: the watchdog measures from this tick with the bucket as it is now.
             if let Some(w) = &self.watch {
                 if let Ok(mut w) = w.shared.window.lock() {
-                    w.stats = None;
+                    // Once the launch programs have timed runs to price the window by.
+                    if c.entry_timed > 0 && (self.entry_only || c.ret_timed > 0) {
+                        w.stats = None;
+                    }
                     w.tokens_ns = self.gate.tokens_ns();
                     w.base_runs = c.entry_runs;
                     w.base_at = Some(Instant::now());

@@ -198,6 +198,7 @@ mod tests {
             hits,
             bpf_ns_per_hit: bpf,
             trap_ns_per_hit: trap,
+            timed: hits,
             stats_ns_per_hit: 0.0,
         }
     }

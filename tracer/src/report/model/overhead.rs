@@ -38,13 +38,13 @@ pub struct Overhead {
     #[serde(default)]
     pub syscall_trap_measured: bool,
     /// What the kernel's BPF statistics (on for a tenth of the trace or less, to time the
-    /// programs) add to a program run's reported time, measured on an empty program at
-    /// startup and taken out of each program's (0: not measured, nothing taken out).
+    /// programs) cost a program run while on: the part inside the run time they report (in
+    /// each program's `bpf_ns_per_hit`), and the part outside it (charged to the hits they
+    /// timed, `stats_ns_per_hit`). Measured at startup on an empty program; 0: not measured.
     #[serde(default)]
     pub stats_inside_ns: f64,
-    /// What they cost a program run in all while on, charged to the hits timed.
     #[serde(default)]
-    pub stats_per_run_ns: f64,
+    pub stats_outside_ns: f64,
     /// Set when the budget switched the high-rate probes on and off: their counts are scaled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampled: Option<ProbeSampling>,
@@ -108,16 +108,17 @@ pub struct ThreadCostPart {
 pub struct ProgramCost {
     pub program: String,
     pub hits: u64,
-    /// The program's own run time, measured by the kernel (kernel.bpf_stats_enabled) less
-    /// what the statistics' clock read adds to it (`stats_inside_ns`); 0 when the statistics
-    /// are off.
+    /// The hits the kernel timed (its statistics on), which `bpf_ns_per_hit` comes from.
+    #[serde(default)]
+    pub timed: u64,
+    /// Measured by the kernel (kernel.bpf_stats_enabled); 0 when the statistics are off.
     pub bpf_ns_per_hit: f64,
-    /// The trap outside the program: for uprobes and uretprobes (`trap_measured`) and the
-    /// syscall tracepoints (`syscall_trap_measured`) measured at startup, else a built-in
-    /// constant.
+    /// The trap outside the program with the kernel's statistics off: for uprobes and
+    /// uretprobes (`trap_measured`) and the syscall tracepoints (`syscall_trap_measured`)
+    /// measured at startup, else a built-in constant.
     pub trap_ns_per_hit: f64,
-    /// What the kernel's statistics cost its hits, averaged: `stats_per_run_ns` for each hit
-    /// that ran while gputrace had them on.
+    /// What the kernel's statistics cost its hits outside their run, averaged:
+    /// `stats_outside_ns` for each hit that ran while they were on.
     #[serde(default)]
     pub stats_ns_per_hit: f64,
 }
