@@ -463,7 +463,8 @@ pub fn block_rq_issue_btf(ctx: BtfTracePointContext) -> i32 {
 /// `rq`: the request's address, `p`: the same to read from (a typed pointer for [`Direct`]).
 #[inline(always)]
 fn rq_issue<K: Kernel>(rq: u64, p: u64) -> u32 {
-    let now = unsafe { bpf_ktime_get_ns() };
+    // Read once the request is known to be ours: most of a machine's are not.
+    let clock = || unsafe { bpf_ktime_get_ns() };
     let Some(slot) = RQ_INFLIGHT.get_ptr_mut(slot_of(rq, RQ_SLOTS)) else {
         return 0;
     };
@@ -483,7 +484,7 @@ fn rq_issue<K: Kernel>(rq: u64, p: u64) -> u32 {
     if let Some((alloc, bio)) = known {
         if mine {
             if unsafe { (*slot).same(alloc, bio) } {
-                unsafe { (*slot).reissued::<K>(p, now) };
+                unsafe { (*slot).reissued::<K>(p, clock()) };
                 return 0;
             }
             // The same address, a new request: the old one completed unseen.
@@ -498,7 +499,7 @@ fn rq_issue<K: Kernel>(rq: u64, p: u64) -> u32 {
         };
         if let Some(r) = r {
             if unsafe { (*r).same(alloc, bio) } {
-                unsafe { (*r).reissued::<K>(p, now) };
+                unsafe { (*r).reissued::<K>(p, clock()) };
                 return 0;
             }
             if RQ_SPILL.remove(&rq).is_ok() {
@@ -524,6 +525,7 @@ fn rq_issue<K: Kernel>(rq: u64, p: u64) -> u32 {
             cur
         }
     };
+    let now = clock();
     let (alloc, bio) = known.unwrap_or_else(identity);
     let opf: u32 = K::read(p, OFF_K_RQ_FLAGS.load());
     let v = RqSlot {
@@ -655,7 +657,6 @@ pub fn block_rq_complete_btf(ctx: BtfTracePointContext) -> i32 {
 /// of the request: what it needs was kept at the issue.
 #[inline(always)]
 fn rq_complete(rq: u64, nr_bytes: u64) -> u32 {
-    let now = unsafe { bpf_ktime_get_ns() };
     let Some(slot) = RQ_INFLIGHT.get_ptr_mut(slot_of(rq, RQ_SLOTS)) else {
         return 0;
     };
@@ -669,6 +670,8 @@ fn rq_complete(rq: u64, nr_bytes: u64) -> u32 {
     } else {
         return 0;
     };
+    // Only for a request kept at its issue: most of a machine's are not.
+    let now = unsafe { bpf_ktime_get_ns() };
     let done: u64 = nr_bytes & 0xffff_ffff;
     if done != 0 && done < r.bytes {
         // Part of it: the rest completes later.

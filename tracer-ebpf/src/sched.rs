@@ -94,12 +94,20 @@ fn task_pid<K: Kernel>(task: u64) -> i32 {
 /// `prev_state` in the tracepoint's form (`tracer_common::wall::report_state`).
 #[inline(always)]
 fn switch<C: StackIdContext>(ctx: &C, prev_state: i64, next: i32) -> u32 {
-    let now = unsafe { bpf_ktime_get_ns() };
     let (tgid, tid) = current_ids();
-    if tid != 0 {
+    // Looked up by tid first, not by TRACED: a process's last thread leaves TRACED at
+    // sched_process_exit, before its final switch-out, which is when its life ends.
+    let out = tid != 0 && (maybe_traced(tid) || maybe_traced(tgid));
+    let into = next > 0 && maybe_traced(next as u32);
+    // Most switches of a machine are neither's: they return before the clock read.
+    if !out && !into {
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    if out {
         switch_out(ctx, tgid, tid, now, prev_state);
     }
-    if next > 0 && maybe_traced(next as u32) {
+    if into {
         let next = next as u32;
         if let Some(st) = state(next) {
             let st = unsafe { &mut *st };
@@ -111,13 +119,9 @@ fn switch<C: StackIdContext>(ctx: &C, prev_state: i64, next: i32) -> u32 {
     0
 }
 
-/// Looked up by tid first, not by TRACED: a process's last thread leaves TRACED at
-/// sched_process_exit, before its final switch-out, which is when its life ends.
+/// `tid` of `tgid` leaves the CPU; either may be traced (`maybe_traced`).
 #[inline(always)]
 fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_state: i64) {
-    if !maybe_traced(tid) && !maybe_traced(tgid) {
-        return;
-    }
     let st = match state(tid) {
         Some(st) => st,
         None => {
