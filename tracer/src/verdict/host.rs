@@ -671,7 +671,24 @@ fn waiting_on(category: &str) -> (&'static str, &'static str) {
     }
 }
 
-/// waiting: when no other rule fires, a process that did next to nothing in the window (each of
+/// The largest share of the window one of `p`'s threads spent on CPU, runnable or in disk I/O
+/// (per thread: 40 idle threads do not hide a busy one).
+fn busiest_thread(r: &Report, p: &ProcessReport) -> f64 {
+    p.threads
+        .iter()
+        .filter_map(|t| t.time.as_ref())
+        .map(|tb| units::pct(cat_ns(tb, &BUSY), r.window.duration_ns))
+        .fold(0.0, f64::max)
+}
+
+/// Whether no traced thread did anything to speak of in the window: the whole job is stalled.
+pub fn all_idle(r: &Report) -> bool {
+    r.processes
+        .iter()
+        .all(|p| busiest_thread(r, p) < WAITING_BUSY_MAX)
+}
+
+/// waiting: when no other rule fires (or only low ones while the whole job is idle), a process that did next to nothing in the window (each of
 /// its threads on CPU, runnable or in disk I/O under 2% of the window) while its main thread
 /// spent most of it in one wait. A launcher is left out (one waiting for a child, or one whose
 /// children are traced: however it waits, they are the story).
@@ -679,13 +696,7 @@ pub fn waiting(r: &Report) -> Vec<Finding> {
     let mut out = Vec::new();
     for p in &r.processes {
         let Some(pt) = p.time.as_ref() else { continue };
-        // Per thread, over the window: 40 idle threads do not hide a busy one.
-        let busy = p
-            .threads
-            .iter()
-            .filter_map(|t| t.time.as_ref())
-            .map(|tb| units::pct(cat_ns(tb, &BUSY), r.window.duration_ns))
-            .fold(0.0, f64::max);
+        let busy = busiest_thread(r, p);
         if !substantial(r, pt)
             || busy >= WAITING_BUSY_MAX
             || r.processes.iter().any(|c| c.ppid == Some(p.pid))

@@ -43,9 +43,11 @@ pub fn evaluate(r: &Report) -> Vec<Finding> {
     out.extend(gpu::memory_not_freed(r));
     out.extend(gpu::cuda_errors(r));
     out.extend(gpu::gpu_idle(r));
-    if out.is_empty() {
-        // Nothing of its own slows it: what it waited in is the lead (a hung job, or one
-        // that waits on a process gputrace does not trace).
+    // Nothing of its own slows it: what it waited in is the lead (a hung job, or one that
+    // waits on a process gputrace does not trace). Also beside low findings when no traced
+    // thread did anything (a hung job whose helper's CUDA calls failed): with a busy thread
+    // somewhere the job runs, and its idle helpers are no lead.
+    if out.iter().all(|f| f.severity == "low") && (out.is_empty() || host::all_idle(r)) {
         out.extend(host::waiting(r));
     }
     rank(&mut out);

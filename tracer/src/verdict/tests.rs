@@ -749,3 +749,50 @@ fn waiting_leaves_launchers_busy_processes_and_other_findings_alone() {
     ));
     assert_eq!(rules(&r), vec!["cpu-bound"]);
 }
+
+/// A hung job (its main process reading a pipe all trace) beside an idle helper whose CUDA
+/// memory was never freed: the low finding does not hide the lead, which ranks first. With a
+/// thread busy somewhere, the job runs, and an idle process's wait is no lead.
+#[test]
+fn waiting_beside_low_findings_only_when_the_whole_job_is_idle() {
+    let helper = |cats: &[(&str, f64)]| {
+        let mut p = process(200, None, "helper", vec![thread(200, "helper", cats)]);
+        p.cuda = Some(ProcessCuda {
+            api: vec![api("cudaMalloc", 1, 1000)],
+            memory: MemoryStat {
+                never_freed: vec![Allocation {
+                    function: "cudaMalloc".into(),
+                    bytes: 512 << 20,
+                    at_ns: SEC,
+                }],
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        p
+    };
+    let mut r = lone(&[("ipc", 100.0)], Some("read"));
+    r.processes.push(helper(&[("sleep", 100.0)]));
+    let fs = evaluate(&r);
+    // The helper's own sleep is named too: with everything idle, each wait may be the lead.
+    assert_eq!(
+        fs.iter()
+            .map(|f| (f.rule.as_str(), f.pid))
+            .collect::<Vec<_>>(),
+        vec![
+            ("waiting", Some(100)),
+            ("waiting", Some(200)),
+            ("gpu-memory-not-freed", Some(200))
+        ],
+        "{fs:#?}"
+    );
+
+    let mut r = lone(&[("ipc", 100.0)], Some("read"));
+    r.processes.push(helper(&[("cpu", 10.0), ("sleep", 90.0)]));
+    assert_eq!(
+        rules(&r),
+        vec!["gpu-memory-not-freed"],
+        "{:#?}",
+        evaluate(&r)
+    );
+}
