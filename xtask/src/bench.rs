@@ -27,6 +27,10 @@ const RUNS: usize = 3;
 enum Tool<'a> {
     /// gputrace with these arguments before `--`.
     Gputrace(&'a [&'a str]),
+    /// gputrace at its defaults tracing another process (`sleep`) while the workload runs
+    /// untraced: what tracing one job costs the machine's other processes (the syscall and
+    /// scheduler tracepoints are machine-wide, and their programs return early for them).
+    GputraceBeside,
     Bpftrace(String),
     /// `perf record -F <freq> -g`.
     Perf(&'a str),
@@ -121,6 +125,11 @@ pub fn run(
                 tool: Tool::Bpftrace(BT_SYSCALLS.into()),
                 vs: Some("gputrace"),
             },
+            Tracer {
+                label: "gputrace tracing another process",
+                tool: Tool::GputraceBeside,
+                vs: None,
+            },
         ],
     )?);
     let n_cs = 25_000 * scale;
@@ -145,6 +154,11 @@ pub fn run(
                 label: "bpftrace (off-CPU sum + syscall latency hist)",
                 tool: Tool::Bpftrace(format!("{BT_OFFCPU} {BT_WAKEUP} {BT_SYSCALLS}")),
                 vs: Some("gputrace"),
+            },
+            Tracer {
+                label: "gputrace tracing another process",
+                tool: Tool::GputraceBeside,
+                vs: None,
             },
         ],
     )?);
@@ -375,6 +389,19 @@ fn command_for(tool: &Tool<'_>, gputrace: &Path, cmd: &[&str], perf_data: &Path)
         Tool::Gputrace(extra) => {
             let mut c = Command::new(gputrace);
             c.args(*extra).arg("--").args(cmd);
+            c
+        }
+        Tool::GputraceBeside => {
+            // Attached within the 3 s before the workload starts; stopped (Ctrl-C) after it,
+            // and the `sleep` it traced with it.
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg(
+                    "sleep 600 & p=$!; \"$0\" --pid $p >/dev/null 2>&1 & g=$!; sleep 3; \
+                     \"$@\"; s=$?; kill -INT $g; wait $g; kill $p; exit $s",
+                )
+                .arg(gputrace)
+                .args(cmd);
             c
         }
         Tool::Bpftrace(script) => {
