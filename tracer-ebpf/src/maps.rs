@@ -84,15 +84,21 @@ pub fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
     match ctx.get_stackid(&STACKS, flags) {
         Ok(id) => id as i32,
         Err(e) => {
-            if e == -EEXIST {
-                count_drop(Drop::StackCollision);
-            } else if e == -ENOMEM {
-                count_drop(Drop::StackMapFull);
-            } else if e != -EFAULT {
-                count_drop(Drop::StackFailed);
-            }
+            count_stack_error(e);
             e
         }
+    }
+}
+
+/// Counts a stack id that is an error (see [`stack_id`]); a stack id is left alone.
+#[inline(always)]
+pub fn count_stack_error(e: i32) {
+    if e == -EEXIST {
+        count_drop(Drop::StackCollision);
+    } else if e == -ENOMEM {
+        count_drop(Drop::StackMapFull);
+    } else if e < 0 && e != -EFAULT {
+        count_drop(Drop::StackFailed);
     }
 }
 

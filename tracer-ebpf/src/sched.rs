@@ -195,7 +195,8 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
                 (victim, victim_rank) = (i, rank);
             }
         }
-        if found == WALK_SLOTS {
+        let fresh = found == WALK_SLOTS;
+        if fresh {
             found = victim;
             if let Some(w) = st.walked.get_mut(victim) {
                 // Field by field: a whole `Walked` built first goes through the stack.
@@ -211,6 +212,11 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
             st.off_kstack = w.kstack;
             st.off_ustack = w.ustack;
             st.off_pystack = w.pystack;
+            // This wait goes without the stacks that failed: counted as a walk would be.
+            if !fresh {
+                crate::maps::count_stack_error(w.kstack);
+                crate::maps::count_stack_error(w.ustack);
+            }
         }
     } else {
         st.off_kstack = -1;

@@ -65,10 +65,12 @@ impl StatsCost {
         self.outside_ns * (timed.min(hits) as f64 / hits as f64)
     }
 
-    /// The uprobe trap with them off: `with_stats`, timed with them on, less their part
-    /// outside the run.
+    /// The uprobe trap with them off, to add to a program's reported mean: `with_stats`,
+    /// timed with them on, less their part outside the run and what the empty program
+    /// reported (the calibration's calls with them off paid the call into it already:
+    /// `with_stats` - outside is that whole empty hit, reported part included).
     pub fn trap_off_ns(&self, with_stats: f64) -> f64 {
-        (with_stats - self.outside_ns).max(0.0)
+        (with_stats - self.outside_ns - self.inside_ns).max(0.0)
     }
 }
 
@@ -345,10 +347,11 @@ impl Calibrator {
         // From the entry-only copy: the return probe's calls would also time the uretprobe
         // syscall's tracepoints, whose early returns the statistics time too.
         let outside = e - (off_a + off_b) / 2.0 - e_bpf;
-        if clean_a && clean_b && measured_on && e_bpf > 0.0 {
+        if clean_a && clean_b && measured_on && e_bpf > 0.0 && outside <= STATS_OUTSIDE_MAX_NS {
             t.stats = StatsCost {
                 inside_ns: e_bpf,
-                outside_ns: outside.clamp(0.0, STATS_OUTSIDE_MAX_NS),
+                // Noise around a small cost.
+                outside_ns: outside.max(0.0),
             };
         }
         if SANE_NS.contains(&t.entry_ns) && SANE_NS.contains(&t.ret_ns) {
@@ -442,8 +445,9 @@ mod tests {
         assert_eq!(s.per_hit_ns(0, 1000), 0.0);
         assert_eq!(s.per_hit_ns(5, 0), 0.0);
         assert_eq!(s.per_hit_ns(2000, 1000), 60.0);
-        // A trap timed with them on holds their part outside the run.
-        assert_eq!(s.trap_off_ns(800.0), 740.0);
+        // A trap timed with them on holds their part outside the run; the empty program's
+        // reported run is in the program's mean it is added to.
+        assert_eq!(s.trap_off_ns(800.0), 695.0);
         assert_eq!(s.trap_off_ns(30.0), 0.0);
         assert_eq!(StatsCost::default().trap_off_ns(800.0), 800.0);
     }

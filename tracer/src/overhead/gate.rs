@@ -84,7 +84,8 @@ struct Window {
     links: Vec<Link>,
     ret_links: Vec<Link>,
     /// The kernel's statistics, on from the window's opening to its first tick that finds the
-    /// launch programs timed (a storm's window closes before it): they time the launch
+    /// launch programs timed or no launch (and on again at a tick of launches none of which
+    /// were timed; a storm's window closes before its first tick): they time the launch
     /// programs. Not for the rest of a long window (a job that launches under the budget keeps
     /// one open all trace): on, they cost every program run on the machine ~60-150 ns here,
     /// and the overhead family's sampled ticks time the programs then. The window is still
@@ -578,9 +579,14 @@ impl LaunchGate {
             // Still open: the watchdog measures from this tick with the bucket as it is now.
             if let Some(w) = &self.watch {
                 if let Ok(mut w) = w.shared.window.lock() {
-                    // Once the launch programs have timed runs to price the window by.
-                    if c.entry_timed > 0 && (self.entry_only || c.ret_timed > 0) {
+                    // Once the launch programs have timed runs to price the window by, or while
+                    // nothing launches (a window opened at the attach of a job that has not
+                    // started launching, or never does); on again when launches come untimed.
+                    let timed = c.entry_timed > 0 && (self.entry_only || c.ret_timed > 0);
+                    if timed || hits == 0 {
                         w.stats = None;
+                    } else if w.stats.is_none() {
+                        w.stats = Some(stats_on());
                     }
                     w.tokens_ns = self.gate.tokens_ns();
                     w.base_runs = c.entry_runs;

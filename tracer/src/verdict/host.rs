@@ -681,17 +681,23 @@ fn busiest_thread(r: &Report, p: &ProcessReport) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Whether no traced thread did anything to speak of in the window: the whole job is stalled.
+/// Whether no traced process did anything to speak of in the window: the whole job is
+/// stalled. Its threads one by one, and all of them together (the process's breakdown also
+/// holds the threads folded out of the list).
 pub fn all_idle(r: &Report) -> bool {
-    r.processes
-        .iter()
-        .all(|p| busiest_thread(r, p) < WAITING_BUSY_MAX)
+    r.processes.iter().all(|p| {
+        let all = p.time.as_ref().map_or(0.0, |pt| {
+            units::pct(cat_ns(pt, &BUSY), r.window.duration_ns)
+        });
+        busiest_thread(r, p).max(all) < WAITING_BUSY_MAX
+    })
 }
 
-/// waiting: when no other rule fires (or only low ones while the whole job is idle), a process that did next to nothing in the window (each of
-/// its threads on CPU, runnable or in disk I/O under 2% of the window) while its main thread
-/// spent most of it in one wait. A launcher is left out (one waiting for a child, or one whose
-/// children are traced: however it waits, they are the story).
+/// waiting: when no other rule fires (or only low ones while the whole job is idle), a process
+/// that did next to nothing in the window (each of its threads on CPU, runnable or in disk I/O
+/// under 2% of the window) while its main thread spent most of it in one wait. A launcher is
+/// left out (one waiting for a child, or one whose children are traced: however it waits,
+/// they are the story).
 pub fn waiting(r: &Report) -> Vec<Finding> {
     let mut out = Vec::new();
     for p in &r.processes {

@@ -796,3 +796,21 @@ fn waiting_beside_low_findings_only_when_the_whole_job_is_idle() {
         evaluate(&r)
     );
 }
+
+/// Threads folded out of a process's list (a thread storm) still count: the process's own
+/// breakdown holds them.
+#[test]
+fn a_job_is_idle_only_when_its_folded_threads_are_too() {
+    let mut r = lone(&[("ipc", 100.0)], Some("read"));
+    assert!(host::all_idle(&r));
+    let busy = process(
+        300,
+        None,
+        "storm",
+        vec![thread(300, "storm", &[("cpu", 30.0)])],
+    );
+    let mut folded = process(300, None, "storm", vec![]);
+    folded.time = busy.time.clone();
+    r.processes.push(folded);
+    assert!(!host::all_idle(&r));
+}

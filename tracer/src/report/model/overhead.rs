@@ -108,7 +108,8 @@ pub struct ThreadCostPart {
 pub struct ProgramCost {
     pub program: String,
     pub hits: u64,
-    /// The hits the kernel timed (its statistics on), which `bpf_ns_per_hit` comes from.
+    /// The hits in the window the kernel timed (its statistics on): `bpf_ns_per_hit` is their
+    /// mean, or the mean of the program's runs before the window when none in it were.
     #[serde(default)]
     pub timed: u64,
     /// Measured by the kernel (kernel.bpf_stats_enabled); 0 when the statistics are off.
