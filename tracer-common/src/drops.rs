@@ -29,7 +29,9 @@ pub enum Drop {
     /// The CUDA event ring buffer was full: an allocation, free or kernel-name event was lost.
     CudaEventsFull = 9,
     /// Two stacks hashed to one slot of the stack-trace map (it keeps the first): a sample or
-    /// wait was counted without its stack. Grows with the number of distinct stacks.
+    /// wait was counted without its stack. Grows with the number of distinct stacks, and with
+    /// the waits of a thread whose stack lost its slot (each counted: its failed walk is
+    /// reused, not tried again, since 2026-11-25).
     StackCollision = 10,
     /// The kernel failed to store a stack for another reason than a full map or a collision
     /// (for example its stack map's lock was contended): a sample or wait was counted without

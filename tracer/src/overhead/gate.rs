@@ -89,7 +89,8 @@ struct Window {
     /// programs. Not for the rest of a long window (a job that launches under the budget keeps
     /// one open all trace): on, they cost every program run on the machine ~60-150 ns here,
     /// and the overhead family's sampled ticks time the programs then. The window is still
-    /// priced at the traps timed with them on: a little high.
+    /// priced at the traps and program means timed with them on: high by what they cost a
+    /// hit, ~100 ns of ~1.5-2 us here (the report prices hits without them).
     stats: Option<StatsOn>,
     /// Bucket at the window's last tick, the entry program's run count then, and the time.
     tokens_ns: f64,
@@ -580,8 +581,8 @@ impl LaunchGate {
             if let Some(w) = &self.watch {
                 if let Ok(mut w) = w.shared.window.lock() {
                     // Once the launch programs have timed runs to price the window by, or while
-                    // nothing launches (a window opened at the attach of a job that has not
-                    // started launching, or never does); on again when launches come untimed.
+                    // no CUDA call comes (a window opened at the attach of a job that has not
+                    // started, or never calls); on again for calls while none was ever timed.
                     let timed = c.entry_timed > 0 && (self.entry_only || c.ret_timed > 0);
                     if timed || hits == 0 {
                         w.stats = None;

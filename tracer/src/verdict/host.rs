@@ -682,14 +682,25 @@ fn busiest_thread(r: &Report, p: &ProcessReport) -> f64 {
 }
 
 /// Whether no traced process did anything to speak of in the window: the whole job is
-/// stalled. Its threads one by one, and all of them together (the process's breakdown also
-/// holds the threads folded out of the list).
+/// stalled. Thread by thread, as `waiting` judges (many nearly idle threads are not a busy
+/// one); the threads folded out of the list by their mean (the process's breakdown holds
+/// them, less what the listed ones hold).
 pub fn all_idle(r: &Report) -> bool {
     r.processes.iter().all(|p| {
-        let all = p.time.as_ref().map_or(0.0, |pt| {
-            units::pct(cat_ns(pt, &BUSY), r.window.duration_ns)
-        });
-        busiest_thread(r, p).max(all) < WAITING_BUSY_MAX
+        let folded = match (p.time.as_ref(), p.threads_not_listed) {
+            (Some(pt), n) if n > 0 => {
+                let listed: u64 = p
+                    .threads
+                    .iter()
+                    .filter_map(|t| t.time.as_ref())
+                    .map(|tb| cat_ns(tb, &BUSY))
+                    .sum();
+                let rest = cat_ns(pt, &BUSY).saturating_sub(listed);
+                units::pct(rest / n, r.window.duration_ns)
+            }
+            _ => 0.0,
+        };
+        busiest_thread(r, p).max(folded) < WAITING_BUSY_MAX
     })
 }
 

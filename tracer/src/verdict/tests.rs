@@ -797,8 +797,8 @@ fn waiting_beside_low_findings_only_when_the_whole_job_is_idle() {
     );
 }
 
-/// Threads folded out of a process's list (a thread storm) still count: the process's own
-/// breakdown holds them.
+/// Threads folded out of a process's list (a thread storm) still count, by their mean: the
+/// process's own breakdown holds them. Many nearly idle threads are not a busy one.
 #[test]
 fn a_job_is_idle_only_when_its_folded_threads_are_too() {
     let mut r = lone(&[("ipc", 100.0)], Some("read"));
@@ -811,6 +811,14 @@ fn a_job_is_idle_only_when_its_folded_threads_are_too() {
     );
     let mut folded = process(300, None, "storm", vec![]);
     folded.time = busy.time.clone();
+    folded.threads_not_listed = 1;
     r.processes.push(folded);
     assert!(!host::all_idle(&r));
+    // 30 listed threads at 1% each: idle.
+    let mut r = lone(&[("ipc", 100.0)], Some("read"));
+    let helpers = (400..430)
+        .map(|tid| thread(tid, "helper", &[("runqueue", 1.0), ("lock", 99.0)]))
+        .collect();
+    r.processes.push(process(400, None, "helpers", helpers));
+    assert!(host::all_idle(&r));
 }
