@@ -335,25 +335,26 @@ impl Calibrator {
         let r = per_call_ns(CALLS, || call(both));
         let r_bpf = bpf_ns_per_hit(ebpf, u, CALIB_ENTRY_PROG, before.0)
             + bpf_ns_per_hit(ebpf, u, CALIB_RET_PROG, before.1);
-        let mut t = TrapCost {
-            entry_ns: e - b - e_bpf,
-            ret_ns: r - e - (r_bpf - e_bpf),
-            measured: true,
-            stats: StatsCost::default(),
-        };
         let measured_on = on.is_on();
         drop(on);
         let (off_b, clean_b) = off_calls();
         // From the entry-only copy: the return probe's calls would also time the uretprobe
         // syscall's tracepoints, whose early returns the statistics time too.
         let outside = e - (off_a + off_b) / 2.0 - e_bpf;
-        if clean_a && clean_b && measured_on && e_bpf > 0.0 && outside <= STATS_OUTSIDE_MAX_NS {
-            t.stats = StatsCost {
+        let stats = match clean_a && clean_b && measured_on && e_bpf > 0.0 {
+            true if outside <= STATS_OUTSIDE_MAX_NS => StatsCost {
                 inside_ns: e_bpf,
                 // Noise around a small cost.
                 outside_ns: outside.max(0.0),
-            };
-        }
+            },
+            _ => StatsCost::default(),
+        };
+        let t = TrapCost {
+            entry_ns: e - b - e_bpf,
+            ret_ns: r - e - (r_bpf - e_bpf),
+            measured: true,
+            stats,
+        };
         if SANE_NS.contains(&t.entry_ns) && SANE_NS.contains(&t.ret_ns) {
             self.samples.push(t);
             let cur = self.in_trace();

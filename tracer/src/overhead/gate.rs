@@ -3,12 +3,11 @@
 //! within milliseconds when the bucket runs dry.
 
 use std::{
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     path::PathBuf,
     sync::{Arc, Condvar, Mutex},
     time::{Duration, Instant},
 };
-
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use aya::{
     maps::{Map, MapData, PerCpuArray, PerCpuValues},

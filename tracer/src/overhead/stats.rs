@@ -6,7 +6,8 @@
 //! bpftrace's counting uprobe went from 930-1060 to 1100-1240 ns per hit with them on. So they
 //! are on only while something is timed: the first 100 ms tick, one tick in ten after it for
 //! the first 10 s and one in fifty after that, any tick while a program with 100 or more hits
-//! has none timed, a launch-probe window's first tick, and the trap calibration. A program's
+//! has none timed, a launch-probe window until its programs are timed (or while no CUDA call
+//! comes), and the trap calibration. A program's
 //! time per run is what the kernel measured then; its hits are its own counts. The report
 //! charges the statistics' own cost to the hits they timed (`calibrate::StatsCost`).
 
@@ -53,10 +54,7 @@ impl Hits {
 
     /// Runs of program `name` on all CPUs so far (0 for a program without a counter).
     pub fn get(&self, name: &str) -> u64 {
-        slot(name)
-            .and_then(|s| self.map.get(&(s as u32), 0).ok())
-            .map(|v| v.iter().sum())
-            .unwrap_or(0)
+        self.per_cpu(name).iter().sum()
     }
 }
 

@@ -11,6 +11,8 @@ use crate::report::{
 
 const WAIT: [&str; 3] = ["lock", "ipc", "poll"];
 const BUSY: [&str; 3] = ["cpu", "io", "runqueue"];
+/// Every off-CPU category but the CUDA ones.
+const WAITS_ALL: [&str; 8] = ["io", "net", "ipc", "lock", "gil", "sleep", "poll", "other"];
 
 /// Wall time of a set of processes by category, from their (process-level) breakdowns.
 struct Sum {
@@ -671,14 +673,18 @@ fn waiting_on(category: &str) -> (&'static str, &'static str) {
     }
 }
 
-/// The largest share of the window one of `p`'s threads spent on CPU, runnable or in disk I/O
-/// (per thread: 40 idle threads do not hide a busy one).
-fn busiest_thread(r: &Report, p: &ProcessReport) -> f64 {
+/// What each of `p`'s listed threads spent on CPU, runnable or in disk I/O (ns).
+fn busy_ns(p: &ProcessReport) -> impl Iterator<Item = u64> + '_ {
     p.threads
         .iter()
         .filter_map(|t| t.time.as_ref())
-        .map(|tb| units::pct(cat_ns(tb, &BUSY), r.window.duration_ns))
-        .fold(0.0, f64::max)
+        .map(|tb| cat_ns(tb, &BUSY))
+}
+
+/// The largest share of the window one of `p`'s threads spent on CPU, runnable or in disk I/O
+/// (per thread: 40 idle threads do not hide a busy one).
+fn busiest_thread(r: &Report, p: &ProcessReport) -> f64 {
+    units::pct(busy_ns(p).max().unwrap_or(0), r.window.duration_ns)
 }
 
 /// Whether no traced process did anything to speak of in the window: the whole job is
@@ -689,13 +695,7 @@ pub fn all_idle(r: &Report) -> bool {
     r.processes.iter().all(|p| {
         let folded = match (p.time.as_ref(), p.threads_not_listed) {
             (Some(pt), n) if n > 0 => {
-                let listed: u64 = p
-                    .threads
-                    .iter()
-                    .filter_map(|t| t.time.as_ref())
-                    .map(|tb| cat_ns(tb, &BUSY))
-                    .sum();
-                let rest = cat_ns(pt, &BUSY).saturating_sub(listed);
+                let rest = cat_ns(pt, &BUSY).saturating_sub(busy_ns(p).sum());
                 units::pct(rest / n, r.window.duration_ns)
             }
             _ => 0.0,
@@ -785,9 +785,6 @@ pub fn waiting(r: &Report) -> Vec<Finding> {
     }
     out
 }
-
-/// Every off-CPU category but the CUDA ones.
-const WAITS_ALL: [&str; 8] = ["io", "net", "ipc", "lock", "gil", "sleep", "poll", "other"];
 
 pub(crate) fn capitalize(s: &str) -> String {
     let mut c = s.chars();
