@@ -432,3 +432,73 @@ fn syscall_tracepoints_come_back_after_a_storm() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A traced job beside a busy untraced one: most of the machine's switches are the other
+/// job's, which the scheduler programs return from at once, and their mean per run is far
+/// below what a traced switch costs. The report prices the traced thread's switches at what
+/// a traced switch costs, and does not charge the other job's to the traced threads.
+#[test]
+fn switches_beside_a_busy_untraced_job_are_priced_by_their_path() {
+    let _g = serial();
+    if !require_root("switches_beside_a_busy_untraced_job_are_priced_by_their_path") {
+        return;
+    }
+    let bin = build_c("pingpong", &[]);
+    // Killed however the test ends: left running, it would load every test after it.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _other = KillOnDrop(
+        std::process::Command::new(&bin)
+            .arg("100000000")
+            .spawn()
+            .expect("run the untraced pingpong"),
+    );
+    let out = common::out_dir("paths-beside");
+    let run = common::gputrace(&[
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "100000",
+    ]);
+    drop(_other);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let r = run.report(&out);
+    let o = &r["overhead"];
+    let sw = o["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["program"].as_str().unwrap().starts_with("sched_switch"))
+        .unwrap_or_else(|| panic!("no sched_switch program: {o:#}"));
+    let hits = sw["hits"].as_u64().unwrap();
+    let traced = sw["traced_hits"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{sw:#}"));
+    assert!(
+        traced > 0 && traced < hits,
+        "traced {traced} of {hits} hits: {sw:#}"
+    );
+    let (t, e) = (
+        sw["traced_bpf_ns_per_hit"].as_f64(),
+        sw["early_bpf_ns_per_hit"].as_f64(),
+    );
+    let (Some(t), Some(e)) = (t, e) else {
+        panic!("the mean was not split: {sw:#}");
+    };
+    assert!(
+        t > e,
+        "a traced switch at {t:.0} ns, an early return at {e:.0}: {sw:#}"
+    );
+    // The traced threads' switches at the traced price, above the machine's mean.
+    let mean = sw["bpf_ns_per_hit"].as_f64().unwrap();
+    assert!(
+        t > mean,
+        "traced {t:.0} ns against a mean of {mean:.0}: {sw:#}"
+    );
+}

@@ -55,6 +55,99 @@ programs! {
     TaskRename = "task_rename",
 }
 
+/// Per-CPU array of [`Paths`], one slot per program in [`PROGRAMS`] order: how the programs
+/// that return early for what is not traced split their runs and their time. Their mean per
+/// run (the kernel's statistics) mixes a machine's many untraced runs, a few loads each, with
+/// the traced ones that do the work: a traced thread's switch costs several times the mean of
+/// a busy machine's. Only the programs that have such an early return fill it.
+pub const PATHS_MAP: &str = "PROG_PATHS";
+
+/// One `u64`, 1 while the kernel's BPF statistics are held on by gputrace: the programs time
+/// their paths only then, in the runs the kernel times.
+pub const PATHS_ON_MAP: &str = "PATHS_ON";
+
+/// One run in about this many of each program on each CPU (picked by a hash of its run
+/// count) is timed by the program itself while
+/// `PATHS_ON_MAP` is 1 (two clock reads, ~15 ns each on the development VM: a few ns a run
+/// averaged, in the runs that pay ~45 ns for the statistics anyway).
+pub const PATH_SAMPLE_EVERY: u64 = 8;
+
+/// A program's runs by path, on one CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Paths {
+    /// Runs that did the traced work (every one, not only the timed ones).
+    pub traced: u64,
+    /// Timed runs ([`PATH_SAMPLE_EVERY`], while `PATHS_ON_MAP` is 1) that did the traced
+    /// work, and their time summed.
+    pub traced_timed: u64,
+    pub traced_ns: u64,
+    /// Timed runs that returned early, and their time.
+    pub early_timed: u64,
+    pub early_ns: u64,
+    /// The program's own scratch for the run in progress: when its timing began (0: not
+    /// timed), and whether it took the traced path. Kept in the map, not in registers: a
+    /// value carried across the program's paths doubles the states the verifier walks. The
+    /// kernel does not run a program inside itself on one CPU (the scheduler programs run
+    /// with interrupts off; kernels before ~6.10 may nest a block completion's, from a hard
+    /// interrupt, in one from a soft interrupt: the inner run then ends the outer one's
+    /// timing, which loses that run's path and leaves nothing stale).
+    pub start_ns: u64,
+    pub in_traced: u64,
+}
+
+impl Paths {
+    pub fn add(&mut self, o: &Paths) {
+        self.traced += o.traced;
+        self.traced_timed += o.traced_timed;
+        self.traced_ns += o.traced_ns;
+        self.early_timed += o.early_timed;
+        self.early_ns += o.early_ns;
+    }
+
+    /// What was counted since `base` (the same program's counts then).
+    pub fn since(&self, base: &Paths) -> Paths {
+        Paths {
+            traced: self.traced.saturating_sub(base.traced),
+            traced_timed: self.traced_timed.saturating_sub(base.traced_timed),
+            traced_ns: self.traced_ns.saturating_sub(base.traced_ns),
+            early_timed: self.early_timed.saturating_sub(base.early_timed),
+            early_ns: self.early_ns.saturating_sub(base.early_ns),
+            start_ns: 0,
+            in_traced: 0,
+        }
+    }
+}
+
+crate::user_pod!(Paths);
+
+/// The programs that fill [`PATHS_MAP`]: those that return early for the machine's untraced
+/// tasks, requests or samples (the classic tracepoints of the block set, for old kernels, do
+/// not).
+pub const SPLIT: &[Prog] = &[
+    Prog::CpuSample,
+    Prog::SchedSwitch,
+    Prog::SchedSwitchTp,
+    Prog::SchedSwitchBtf,
+    Prog::SchedWakeup,
+    Prog::SchedWakeupTp,
+    Prog::SchedWakeupBtf,
+    Prog::SysEnter,
+    Prog::SysEnterBtf,
+    Prog::SysExit,
+    Prog::BlockBioQueue,
+    Prog::BlockBioQueueBtf,
+    Prog::BlockRqIssue,
+    Prog::BlockRqIssueBtf,
+    Prog::BlockRqComplete,
+    Prog::BlockRqCompleteBtf,
+];
+
+/// Whether program `name` fills [`PATHS_MAP`].
+pub fn splits(name: &str) -> bool {
+    SPLIT.iter().any(|p| PROGRAMS[*p as usize] == name)
+}
+
 /// The slot of program `name`.
 pub fn slot(name: &str) -> Option<usize> {
     PROGRAMS.iter().position(|p| *p == name)
@@ -72,5 +165,7 @@ mod tests {
         assert_eq!(PROGRAMS[Prog::CudaThreadExit as usize], "cuda_thread_exit");
         assert_eq!(slot("cuda_ret"), Some(Prog::CudaRet as usize));
         assert_eq!(slot("nope"), None);
+        assert!(splits("sched_switch_btf") && splits("sys_exit"));
+        assert!(!splits("cuda_entry") && !splits("block_rq_issue_tp"));
     }
 }

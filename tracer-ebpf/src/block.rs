@@ -35,8 +35,11 @@ use tracer_common::{
 use crate::{
     account,
     kread::{arg0_value, Direct, Kernel, Probe},
-    maps::{count_drop, counter, counter_add, current_ids, is_traced, maybe_traced},
+    maps::{
+        begin, count_drop, counter, counter_add, current_ids, end, is_traced, maybe_traced, traced,
+    },
 };
+use tracer_common::hits::Prog;
 
 /// Per CPU: each program adds to its CPU's copy with plain stores, where a shared row took an
 /// atomic add per field (six per completion); user space sums the copies. A completion (in
@@ -250,18 +253,24 @@ fn op_kind(opf: u32) -> u32 {
 // TP_PROTO(struct bio *bio)
 #[raw_tracepoint(tracepoint = "block_bio_queue")]
 pub fn block_bio_queue(ctx: RawTracePointContext) -> u32 {
-    crate::maps::hit(tracer_common::hits::Prog::BlockBioQueue);
-    bio_queue::<Probe>(ctx.arg(0))
+    let p = Prog::BlockBioQueue;
+    begin(p);
+    bio_queue::<Probe>(ctx.arg(0), p);
+    end(p);
+    0
 }
 
 #[btf_tracepoint(function = "block_bio_queue")]
 pub fn block_bio_queue_btf(ctx: BtfTracePointContext) -> i32 {
-    crate::maps::hit(tracer_common::hits::Prog::BlockBioQueueBtf);
-    bio_queue::<Direct>(ctx.arg(0)) as i32
+    let p = Prog::BlockBioQueueBtf;
+    begin(p);
+    bio_queue::<Direct>(ctx.arg(0), p);
+    end(p);
+    0
 }
 
 #[inline(always)]
-fn bio_queue<K: Kernel>(bio: u64) -> u32 {
+fn bio_queue<K: Kernel>(bio: u64, p: Prog) {
     let (tgid, tid) = current_ids();
     // The submitter's own state when it has one: its bytes are then summed there, with no
     // hash lookup (the state is an array slot). Two separate paths: merged, LLVM emits a read
@@ -270,20 +279,21 @@ fn bio_queue<K: Kernel>(bio: u64) -> u32 {
         if let Some(st) = account::state(tid) {
             let st = unsafe { &mut *st };
             if st.tgid == tgid {
+                traced(p);
                 let (sector, dev, bytes, kind) = bio_fields::<K>(bio);
                 set_owner(sector, tgid);
                 held_bio_bytes(st, dev, bytes, kind);
-                return 0;
+                return;
             }
         }
     }
     if !is_traced(tgid) {
-        return 0;
+        return;
     }
+    traced(p);
     let (sector, dev, bytes, kind) = bio_fields::<K>(bio);
     set_owner(sector, tgid);
     bio_bytes(tgid, dev, bytes, kind);
-    0
 }
 
 /// A bio's start sector, device, size and kind (`op_kind`).
@@ -449,24 +459,33 @@ fn rq_dev<K: Kernel>(rq: u64) -> u32 {
 // TP_PROTO(struct request *rq)
 #[raw_tracepoint(tracepoint = "block_rq_issue")]
 pub fn block_rq_issue(ctx: RawTracePointContext) -> u32 {
-    crate::maps::hit(tracer_common::hits::Prog::BlockRqIssue);
+    let p = Prog::BlockRqIssue;
+    begin(p);
     let rq: u64 = ctx.arg(0);
-    rq_issue::<Probe>(rq, rq)
+    rq_issue::<Probe>(rq, rq, p);
+    end(p);
+    0
 }
 
 #[btf_tracepoint(function = "block_rq_issue")]
 pub fn block_rq_issue_btf(ctx: BtfTracePointContext) -> i32 {
-    crate::maps::hit(tracer_common::hits::Prog::BlockRqIssueBtf);
-    rq_issue::<Direct>(arg0_value(&ctx), ctx.arg(0)) as i32
+    let p = Prog::BlockRqIssueBtf;
+    begin(p);
+    rq_issue::<Direct>(arg0_value(&ctx), ctx.arg(0), p);
+    end(p);
+    0
 }
 
 /// `rq`: the request's address, `p`: the same to read from (a typed pointer for [`Direct`]).
 #[inline(always)]
-fn rq_issue<K: Kernel>(rq: u64, p: u64) -> u32 {
+fn rq_issue<K: Kernel>(rq: u64, p: u64, prog: Prog) {
     // Read once the request is known to be ours: most of a machine's are not.
-    let clock = || unsafe { bpf_ktime_get_ns() };
+    let clock = || {
+        traced(prog);
+        unsafe { bpf_ktime_get_ns() }
+    };
     let Some(slot) = RQ_INFLIGHT.get_ptr_mut(slot_of(rq, RQ_SLOTS)) else {
-        return 0;
+        return;
     };
     let mine = unsafe { (*slot).rq == rq };
     let spilled = counter(&RQ_SPILLED) != 0;
@@ -485,7 +504,7 @@ fn rq_issue<K: Kernel>(rq: u64, p: u64) -> u32 {
         if mine {
             if unsafe { (*slot).same(alloc, bio) } {
                 unsafe { (*slot).reissued::<K>(p, clock()) };
-                return 0;
+                return;
             }
             // The same address, a new request: the old one completed unseen.
             unsafe { (*slot).rq = 0 };
@@ -500,7 +519,7 @@ fn rq_issue<K: Kernel>(rq: u64, p: u64) -> u32 {
         if let Some(r) = r {
             if unsafe { (*r).same(alloc, bio) } {
                 unsafe { (*r).reissued::<K>(p, clock()) };
-                return 0;
+                return;
             }
             if RQ_SPILL.remove(&rq).is_ok() {
                 counter_add(&RQ_SPILLED, u64::MAX);
@@ -520,7 +539,7 @@ fn rq_issue<K: Kernel>(rq: u64, p: u64) -> u32 {
         None => {
             let (cur, _) = current_ids();
             if !is_traced(cur) {
-                return 0;
+                return;
             }
             cur
         }
@@ -555,7 +574,6 @@ fn rq_issue<K: Kernel>(rq: u64, p: u64) -> u32 {
     } else {
         count_drop(Drop::BlockMapFull);
     }
-    0
 }
 
 #[tracepoint]
@@ -643,33 +661,40 @@ fn rw_kind(rwbs: &[u8; 4]) -> u32 {
 // TP_PROTO(struct request *rq, blk_status_t error, unsigned int nr_bytes)
 #[raw_tracepoint(tracepoint = "block_rq_complete")]
 pub fn block_rq_complete(ctx: RawTracePointContext) -> u32 {
-    crate::maps::hit(tracer_common::hits::Prog::BlockRqComplete);
-    rq_complete(ctx.arg(0), ctx.arg::<u64>(2))
+    let p = Prog::BlockRqComplete;
+    begin(p);
+    rq_complete(ctx.arg(0), ctx.arg::<u64>(2), p);
+    end(p);
+    0
 }
 
 #[btf_tracepoint(function = "block_rq_complete")]
 pub fn block_rq_complete_btf(ctx: BtfTracePointContext) -> i32 {
-    crate::maps::hit(tracer_common::hits::Prog::BlockRqCompleteBtf);
-    rq_complete(arg0_value(&ctx), ctx.arg::<u64>(2)) as i32
+    let p = Prog::BlockRqCompleteBtf;
+    begin(p);
+    rq_complete(arg0_value(&ctx), ctx.arg::<u64>(2), p);
+    end(p);
+    0
 }
 
 /// `rq`: the request's address; `nr_bytes`: the bytes this completion finished. Reads nothing
 /// of the request: what it needs was kept at the issue.
 #[inline(always)]
-fn rq_complete(rq: u64, nr_bytes: u64) -> u32 {
+fn rq_complete(rq: u64, nr_bytes: u64, p: Prog) {
     let Some(slot) = RQ_INFLIGHT.get_ptr_mut(slot_of(rq, RQ_SLOTS)) else {
-        return 0;
+        return;
     };
     let (r, in_slot) = if unsafe { (*slot).rq } == rq {
         (unsafe { *slot }, true)
     } else if counter(&RQ_SPILLED) != 0 {
         match RQ_SPILL.get_ptr(&rq) {
             Some(r) => (unsafe { *r }, false),
-            None => return 0,
+            None => return,
         }
     } else {
-        return 0;
+        return;
     };
+    traced(p);
     // Only for a request kept at its issue: most of a machine's are not.
     let now = unsafe { bpf_ktime_get_ns() };
     let done: u64 = nr_bytes & 0xffff_ffff;
@@ -703,7 +728,6 @@ fn rq_complete(rq: u64, nr_bytes: u64) -> u32 {
         r.sector,
         queued,
     );
-    0
 }
 
 #[tracepoint]

@@ -62,6 +62,71 @@ pub fn hit_count(p: hits::Prog) -> u64 {
     }
 }
 
+/// `tracer_common::hits::PATHS_MAP`.
+#[map(name = "PROG_PATHS")]
+pub static PROG_PATHS: PerCpuArray<hits::Paths> =
+    PerCpuArray::with_max_entries(hits::PROGRAMS.len() as u32, 0);
+
+/// `tracer_common::hits::PATHS_ON_MAP`.
+#[map(name = "PATHS_ON")]
+static PATHS_ON: Array<u64> = Array::with_max_entries(1, 0);
+
+/// As [`hit`], for a program that returns early for what is not traced (`hits::Paths`): one
+/// run in `PATH_SAMPLE_EVERY` on this CPU is timed until [`end`], while user space has the
+/// kernel's statistics on (`PATHS_ON`). The program calls [`traced`] where it takes the
+/// traced path.
+#[inline(always)]
+pub fn begin(p: hits::Prog) {
+    // A hash of the run count, not a stride: a stride sees the same phase of a CPU whose
+    // switches repeat in a short cycle (a traced task between two untraced ones).
+    let n = hit_count(p).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    if n % hits::PATH_SAMPLE_EVERY != 0 || counter(&PATHS_ON) == 0 {
+        return;
+    }
+    if let Some(s) = PROG_PATHS.get_ptr_mut(p as u32) {
+        unsafe { (*s).start_ns = aya_ebpf::helpers::bpf_ktime_get_ns() };
+    }
+}
+
+/// The run of `p` in progress does the traced work (counted once however often a run says
+/// so: a switch between two traced threads says it for each).
+#[inline(always)]
+pub fn traced(p: hits::Prog) {
+    if let Some(s) = PROG_PATHS.get_ptr_mut(p as u32) {
+        unsafe {
+            if (*s).in_traced == 0 {
+                (*s).in_traced = 1;
+                (*s).traced += 1;
+            }
+        }
+    }
+}
+
+/// The end of a run begun with [`begin`]: its time by path, when timed.
+#[inline(always)]
+pub fn end(p: hits::Prog) {
+    let Some(s) = PROG_PATHS.get_ptr_mut(p as u32) else {
+        return;
+    };
+    let s = unsafe { &mut *s };
+    let was_traced = s.in_traced != 0;
+    if was_traced {
+        s.in_traced = 0;
+    }
+    if s.start_ns == 0 {
+        return;
+    }
+    let ns = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }.saturating_sub(s.start_ns);
+    s.start_ns = 0;
+    if was_traced {
+        s.traced_timed += 1;
+        s.traced_ns += ns;
+    } else {
+        s.early_timed += 1;
+        s.early_ns += ns;
+    }
+}
+
 /// User and kernel stacks of CPU samples (and of off-CPU switch-outs).
 #[map(name = "STACKS")]
 pub static STACKS: StackTrace = StackTrace::with_max_entries(cpu::STACKS_ENTRIES, 0);

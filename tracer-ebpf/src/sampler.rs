@@ -14,20 +14,31 @@ use tracer_common::{
     drops::Drop,
 };
 
-use crate::maps::{add_to, current_ids, is_traced, stack_id};
+use tracer_common::hits::Prog;
+
+use crate::maps::{add_to, begin, current_ids, end, is_traced, stack_id, traced};
 
 #[map(name = "CPU_COUNTS")]
 static CPU_COUNTS: HashMap<SampleKey, u64> = HashMap::with_max_entries(CPU_COUNTS_ENTRIES, 0);
 
 #[perf_event]
 pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
-    crate::maps::hit(tracer_common::hits::Prog::CpuSample);
+    let p = Prog::CpuSample;
+    begin(p);
+    sample(&ctx, p);
+    end(p);
+    0
+}
+
+#[inline(always)]
+fn sample(ctx: &PerfEventContext, p: Prog) {
     let (tgid, tid) = current_ids();
     if tid == 0 || !is_traced(tgid) {
-        return 0;
+        return;
     }
-    let user_stack_id = stack_id(&ctx, BPF_F_USER_STACK as u64);
-    let kernel_stack_id = stack_id(&ctx, 0);
+    traced(p);
+    let user_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
+    let kernel_stack_id = stack_id(ctx, 0);
     let key = SampleKey {
         pid: tgid,
         tid,
@@ -37,5 +48,4 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
         py_stack: crate::python::python_stack(tgid, tid),
     };
     add_to(&CPU_COUNTS, &key, 1, Drop::CpuCountsFull);
-    0
 }

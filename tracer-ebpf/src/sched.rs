@@ -29,8 +29,9 @@ use tracer_common::wall::{
 use crate::{
     account::{born, close, died, flush, state},
     kread::{Direct, Kernel, Probe},
-    maps::{current_ids, is_traced, maybe_traced, stack_id},
+    maps::{begin, current_ids, end, is_traced, maybe_traced, stack_id, traced},
 };
+use tracer_common::hits::Prog;
 
 #[no_mangle]
 static OFF_SW_PREV_STATE: Global<u32> = Global::new(32);
@@ -61,29 +62,44 @@ const EXIT_BITS: i64 = 0x10 | 0x20;
 //          unsigned int prev_state)
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn sched_switch(ctx: RawTracePointContext) -> u32 {
-    crate::maps::hit(tracer_common::hits::Prog::SchedSwitch);
-    switch_args::<_, Probe>(&ctx, ctx.arg(0), ctx.arg(2), ctx.arg(3))
+    let p = Prog::SchedSwitch;
+    begin(p);
+    switch_args::<_, Probe>(&ctx, ctx.arg(0), ctx.arg(2), ctx.arg(3), p);
+    end(p);
+    0
 }
 
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
-    crate::maps::hit(tracer_common::hits::Prog::SchedSwitchBtf);
-    switch_args::<_, Direct>(&ctx, ctx.arg(0), ctx.arg(2), ctx.arg(3)) as i32
+    let p = Prog::SchedSwitchBtf;
+    begin(p);
+    switch_args::<_, Direct>(&ctx, ctx.arg(0), ctx.arg(2), ctx.arg(3), p);
+    end(p);
+    0
 }
 
 /// The raw and BTF programs' arguments: `preempt`, the `next` task, the raw `prev_state`.
 #[inline(always)]
-fn switch_args<C: StackIdContext, K: Kernel>(ctx: &C, preempt: u64, next: u64, raw: u64) -> u32 {
+fn switch_args<C: StackIdContext, K: Kernel>(
+    ctx: &C,
+    preempt: u64,
+    next: u64,
+    raw: u64,
+    p: Prog,
+) {
     let state = report_state(preempt & 0xff != 0, raw as u32);
-    switch(ctx, state as i64, task_pid::<K>(next))
+    switch(ctx, state as i64, task_pid::<K>(next), p)
 }
 
 #[tracepoint]
 pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
-    crate::maps::hit(tracer_common::hits::Prog::SchedSwitchTp);
+    let p = Prog::SchedSwitchTp;
+    begin(p);
     let state: i64 = unsafe { ctx.read_at(OFF_SW_PREV_STATE.load() as usize) }.unwrap_or(0);
     let next: i32 = unsafe { ctx.read_at(OFF_SW_NEXT_PID.load() as usize) }.unwrap_or(0);
-    switch(&ctx, state, next)
+    switch(&ctx, state, next, p);
+    end(p);
+    0
 }
 
 #[inline(always)]
@@ -93,7 +109,7 @@ fn task_pid<K: Kernel>(task: u64) -> i32 {
 
 /// `prev_state` in the tracepoint's form (`tracer_common::wall::report_state`).
 #[inline(always)]
-fn switch<C: StackIdContext>(ctx: &C, prev_state: i64, next: i32) -> u32 {
+fn switch<C: StackIdContext>(ctx: &C, prev_state: i64, next: i32, p: Prog) {
     let (tgid, tid) = current_ids();
     // Most switches of a machine are neither's: they return before the clock read. Read
     // where first needed, not decided up front: flags carried across `switch_out` doubled the
@@ -103,7 +119,7 @@ fn switch<C: StackIdContext>(ctx: &C, prev_state: i64, next: i32) -> u32 {
     // sched_process_exit, before its final switch-out, which is when its life ends.
     if tid != 0 && (maybe_traced(tid) || maybe_traced(tgid)) {
         now = unsafe { bpf_ktime_get_ns() };
-        switch_out(ctx, tgid, tid, now, prev_state);
+        switch_out(ctx, tgid, tid, now, prev_state, p);
     }
     if next > 0 && maybe_traced(next as u32) {
         if now == 0 {
@@ -111,18 +127,25 @@ fn switch<C: StackIdContext>(ctx: &C, prev_state: i64, next: i32) -> u32 {
         }
         let next = next as u32;
         if let Some(st) = state(next) {
+            traced(p);
             let st = unsafe { &mut *st };
             crate::timeline::offcpu(next, st, now);
             close(next, st, now);
             st.phase = PHASE_ONCPU;
         }
     }
-    0
 }
 
 /// `tid` of `tgid` leaves the CPU; either may be traced (`maybe_traced`).
 #[inline(always)]
-fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_state: i64) {
+fn switch_out<C: StackIdContext>(
+    ctx: &C,
+    tgid: u32,
+    tid: u32,
+    now: u64,
+    prev_state: i64,
+    p: Prog,
+) {
     let st = match state(tid) {
         Some(st) => st,
         None => {
@@ -141,6 +164,7 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
             }
         }
     };
+    traced(p);
     let st: &mut ThreadState = unsafe { &mut *st };
     close(tid, st, now);
     if prev_state & 0xff & EXIT_BITS != 0 {
@@ -234,39 +258,48 @@ fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_st
 // TP_PROTO(struct task_struct *p)
 #[raw_tracepoint(tracepoint = "sched_wakeup")]
 pub fn sched_wakeup(ctx: RawTracePointContext) -> u32 {
-    crate::maps::hit(tracer_common::hits::Prog::SchedWakeup);
-    wakeup(task_pid::<Probe>(ctx.arg(0)))
+    let p = Prog::SchedWakeup;
+    begin(p);
+    wakeup(task_pid::<Probe>(ctx.arg(0)), p);
+    end(p);
+    0
 }
 
 #[btf_tracepoint(function = "sched_wakeup")]
 pub fn sched_wakeup_btf(ctx: BtfTracePointContext) -> i32 {
-    crate::maps::hit(tracer_common::hits::Prog::SchedWakeupBtf);
-    wakeup(task_pid::<Direct>(ctx.arg(0))) as i32
+    let p = Prog::SchedWakeupBtf;
+    begin(p);
+    wakeup(task_pid::<Direct>(ctx.arg(0)), p);
+    end(p);
+    0
 }
 
 #[tracepoint]
 pub fn sched_wakeup_tp(ctx: TracePointContext) -> u32 {
-    crate::maps::hit(tracer_common::hits::Prog::SchedWakeupTp);
-    wakeup(unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0))
+    let p = Prog::SchedWakeupTp;
+    begin(p);
+    wakeup(unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0), p);
+    end(p);
+    0
 }
 
 #[inline(always)]
-fn wakeup(pid: i32) -> u32 {
+fn wakeup(pid: i32, p: Prog) {
     if pid <= 0 {
-        return 0;
+        return;
     }
     let tid = pid as u32;
     if !maybe_traced(tid) {
-        return 0;
+        return;
     }
     if let Some(st) = state(tid) {
+        traced(p);
         let st = unsafe { &mut *st };
         if st.phase == PHASE_BLOCKED {
             close(tid, st, unsafe { bpf_ktime_get_ns() });
             st.phase = PHASE_RUNNABLE;
         }
     }
-    0
 }
 
 /// New threads of traced processes (clone_flags tell a thread from a process here).

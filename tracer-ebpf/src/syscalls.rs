@@ -30,8 +30,9 @@ use tracer_common::{
 use crate::{
     account,
     kread::{Direct, Kernel, Probe},
-    maps::{add_to, count_drop, current_ids},
+    maps::{add_to, begin, count_drop, current_ids, end, traced},
 };
+use tracer_common::hits::Prog;
 
 #[map(name = "SYSCALLS")]
 static SYSCALLS: HashMap<SysKey, SysStat> = HashMap::with_max_entries(SYSCALLS_ENTRIES, 0);
@@ -144,26 +145,33 @@ fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
 // TP_PROTO(struct pt_regs *regs, long id)
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
-    crate::maps::hit(tracer_common::hits::Prog::SysEnter);
-    enter::<Probe>(ctx.arg(0), ctx.arg(1))
+    let p = Prog::SysEnter;
+    begin(p);
+    enter::<Probe>(ctx.arg(0), ctx.arg(1), p);
+    end(p);
+    0
 }
 
 /// The same on a BTF tracepoint: the registers are a typed pointer, read with plain loads.
 #[btf_tracepoint(function = "sys_enter")]
 pub fn sys_enter_btf(ctx: BtfTracePointContext) -> i32 {
-    crate::maps::hit(tracer_common::hits::Prog::SysEnterBtf);
-    enter::<Direct>(ctx.arg(0), ctx.arg(1)) as i32
+    let p = Prog::SysEnterBtf;
+    begin(p);
+    enter::<Direct>(ctx.arg(0), ctx.arg(1), p);
+    end(p);
+    0
 }
 
 /// `regs`: the syscall's `struct pt_regs *`.
 #[inline(always)]
-fn enter<K: Kernel>(regs: u64, id: i64) -> u32 {
+fn enter<K: Kernel>(regs: u64, id: i64, p: Prog) {
     if id == SYS_URETPROBE.load() as i64 {
-        return 0;
+        return;
     }
     let Some((_, _, st)) = traced_thread() else {
-        return 0;
+        return;
     };
+    traced(p);
     st.sys_nr = id as i32;
     st.sys_arg0 = K::read(regs, OFF_REGS_ARG0.load());
     // Only the pointer here: the path is read at the exit, for the opens that succeeded.
@@ -175,7 +183,6 @@ fn enter<K: Kernel>(regs: u64, id: i64) -> u32 {
         0
     };
     st.sys_start_ns = unsafe { bpf_ktime_get_ns() };
-    0
 }
 
 /// The `FD_NAMES` slot for the file `fd` of `tgid` just got (under the generation it has:
@@ -266,17 +273,26 @@ fn next_gen(tgid: u32, fd: i32) {
 // uretprobe's return left none, so it is skipped here too.
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
-    crate::maps::hit(tracer_common::hits::Prog::SysExit);
+    let p = Prog::SysExit;
+    begin(p);
+    exit(&ctx, p);
+    end(p);
+    0
+}
+
+#[inline(always)]
+fn exit(ctx: &RawTracePointContext, p: Prog) {
     let Some((tgid, tid, st)) = traced_thread() else {
-        return 0;
+        return;
     };
     let off_at = off_at();
     let nr = nr_since(st, off_at);
     st.sys_nr = NO_SYSCALL;
     // None, or one whose entry went unseen.
     if nr < 0 {
-        return 0;
+        return;
     }
+    traced(p);
     let now = unsafe { bpf_ktime_get_ns() };
     let lat = now.saturating_sub(st.sys_start_ns);
     // Timed in blocks: a thread whose block of syscalls took less than the storm window pays
@@ -312,15 +328,15 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
         Some(s) => s,
         None => {
             let Some(zero) = SYS_ZERO.get_ptr(0) else {
-                return 0;
+                return;
             };
             if SYSCALLS.insert(&key, unsafe { &*zero }, 0).is_err() {
                 count_drop(Drop::SyscallMapFull);
-                return 0;
+                return;
             }
             match SYSCALLS.get_ptr_mut(&key) {
                 Some(s) => s,
-                None => return 0,
+                None => return,
             }
         }
     };
@@ -405,7 +421,6 @@ pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
             st.held_file.calls += 1;
         }
     }
-    0
 }
 
 /// Adds `v` to the `FILEIO` row of (`tgid`, `fd`, `gen`), creating it.

@@ -299,7 +299,7 @@ pub struct Accounting {
     ticks: u64,
     /// Held while `-v` asks for the programs' own run time (kernel.bpf_stats_enabled), and
     /// their runs and run time when it was turned on.
-    stats: Option<std::os::fd::OwnedFd>,
+    stats: Option<crate::overhead::StatsOn>,
     stats_base: BTreeMap<&'static str, (u64, u64)>,
     /// `RENAMES` when the names were last read, once `task_rename` is attached (else every
     /// look reads every live thread's name); whether the next look reads them all again
@@ -703,7 +703,7 @@ impl Accounting {
                 o.programs
                     .iter()
                     .find(|p| p.program == name && p.bpf_ns_per_hit > 0.0)
-                    .map(|p| p.ns_per_hit())
+                    .map(|p| p.traced_ns_per_hit())
             })
         };
         let enter = self
@@ -809,7 +809,7 @@ impl ProbeFamily for Accounting {
             // The per-event cost of our own programs, printed at the end (xtask bench-sched):
             // on from after the measurement, which times syscalls with them off, and counted
             // from here, without its early returns.
-            self.stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+            self.stats = Some(crate::overhead::stats_on()).filter(|s| s.is_on());
             for prog in &self.attached {
                 self.stats_base.insert(prog, ctx.uprobes.runs(ebpf, prog));
             }

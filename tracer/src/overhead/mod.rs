@@ -8,6 +8,7 @@
 
 mod calibrate;
 mod gate;
+mod paths;
 mod stats;
 pub mod syscall_trap;
 mod threads;
@@ -23,7 +24,7 @@ use anyhow::Result;
 use aya::{programs::Program, Ebpf};
 use tracer_common::{
     cuda::{ENTRY_PROG, RET_PROG},
-    hits::{Prog, PROGRAMS},
+    hits::{splits, Paths, Prog, PROGRAMS},
     overhead::{CALIB_ENTRY_PROG, CALIB_RET_PROG},
 };
 
@@ -65,6 +66,8 @@ struct Runs {
     hits: u64,
     timed: u64,
     ns: u64,
+    /// None when `PROG_PATHS` could not be read: every hit is then priced at the mean.
+    paths: Option<Paths>,
 }
 
 impl Runs {
@@ -77,6 +80,10 @@ impl Runs {
             hits: self.hits.saturating_sub(b.hits),
             timed: self.timed.saturating_sub(b.timed),
             ns: self.ns.saturating_sub(b.ns),
+            paths: match (&self.paths, &b.paths) {
+                (Some(p), Some(b)) => Some(p.since(b)),
+                (p, _) => *p,
+            },
             ..self.clone()
         }
     }
@@ -126,6 +133,7 @@ impl OverheadFamily {
                 hits: self.hits.as_ref().map_or(timed, |h| h.get(name)),
                 timed,
                 ns,
+                paths: self.hits.as_ref().and_then(|h| h.paths(name)),
             })
     }
 }
@@ -157,6 +165,8 @@ impl ProbeFamily for OverheadFamily {
         // Without them only the trap constants count. Not held on from here: the accounting
         // family times syscalls with them off as it attaches (`syscall_trap`), and the first
         // tick turns them on for the programs that have run.
+        // Without it the programs never time their paths and every mean stays whole.
+        let _ = stats::register_paths_timing(ebpf);
         self.stats_ok = stats_on().is_on();
         self.hits = Hits::open(ebpf).ok();
         self.uprobes = Some(ctx.uprobes.clone());
@@ -215,17 +225,27 @@ impl ProbeFamily for OverheadFamily {
             // Timed by the kernel's runs in the window; a program none of whose runs there
             // were timed goes by those before it.
             let timed = if w.timed > 0 { &w } else { &all };
+            let mean = timed.ns as f64 / timed.timed.max(1) as f64;
+            // Counted, and split by the same runs the mean is of.
+            let counted = w.paths.filter(|_| splits(&w.name));
+            let by_path = timed
+                .paths
+                .filter(|_| splits(&w.name))
+                .and_then(|p| paths::split(mean, &p));
             programs.push(ProgramCost {
                 program: w.name.clone(),
                 hits: w.hits,
                 timed: w.timed,
-                bpf_ns_per_hit: timed.ns as f64 / timed.timed.max(1) as f64,
+                bpf_ns_per_hit: mean,
                 trap_ns_per_hit: trap_ns(&w.name, w.uprobe, trap, sys_ns),
                 stats_ns_per_hit: trap.stats.per_hit_ns(w.timed, w.hits),
+                traced_hits: counted.map(|p| p.traced),
+                traced_bpf_ns_per_hit: by_path.map(|s| s.traced),
+                early_bpf_ns_per_hit: by_path.map(|s| s.early),
             });
         }
         self.stats = None;
-        let cost = |p: &ProgramCost| p.hits as f64 * p.ns_per_hit();
+        let cost = |p: &ProgramCost| p.cost_ns();
         programs.sort_by(|a, b| cost(b).total_cmp(&cost(a)));
         let o = data.report.overhead.get_or_insert_with(Overhead::default);
         o.budget = self.budget;
@@ -299,7 +319,8 @@ pub fn complete(report: &mut Report) {
 /// in a millisecond's life is not a share worth a warning.
 const MIN_ALIVE_NS: u64 = 100_000_000;
 
-/// Hits of each program that the traced threads caused, from what the report counts for them.
+/// Hits of each program that the traced threads caused, from what the report counts for them
+/// (the programs that split their paths count them), at what a traced hit costs.
 fn traced_cost_ns(r: &Report) -> u64 {
     let Some(o) = &r.overhead else { return 0 };
     let syscalls: u64 = r
@@ -329,10 +350,10 @@ fn traced_cost_ns(r: &Report) -> u64 {
                 "sys_enter" | "sys_enter_btf" | "sys_exit" => syscalls,
                 n if n == ENTRY_PROG || n == RET_PROG => cuda,
                 "cpu_sample" => r.sampling.samples,
-                _ => p.hits,
+                _ => p.traced_hits(),
             }
             .min(p.hits);
-            hits as f64 * p.ns_per_hit()
+            hits as f64 * p.traced_ns_per_hit()
         })
         .sum::<f64>() as u64
 }
@@ -497,10 +518,33 @@ mod tests {
                 bpf_ns_per_hit: 200.0,
                 trap_ns_per_hit: 30.0,
                 stats_ns_per_hit: 6.0,
+                ..Default::default()
             }],
             ..Default::default()
         });
         assert_eq!(traced_cost_ns(&r), 236_000);
+    }
+
+    #[test]
+    fn the_traced_threads_pay_for_their_own_hits_at_a_traced_hits_price() {
+        // 1,000 switches on the machine, 100 of them a traced thread's: a mean of 200 ns
+        // split into 740 ns traced and 140 ns early returns.
+        let mut r = crate::report::fixtures::report();
+        r.overhead = Some(Overhead {
+            programs: vec![ProgramCost {
+                program: "sched_switch_btf".into(),
+                hits: 1000,
+                timed: 100,
+                bpf_ns_per_hit: 200.0,
+                trap_ns_per_hit: 30.0,
+                stats_ns_per_hit: 6.0,
+                traced_hits: Some(100),
+                traced_bpf_ns_per_hit: Some(740.0),
+                early_bpf_ns_per_hit: Some(140.0),
+            }],
+            ..Default::default()
+        });
+        assert_eq!(traced_cost_ns(&r), 100 * 776);
     }
 
     #[test]

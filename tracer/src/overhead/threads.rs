@@ -4,14 +4,14 @@
 //!
 //! Each thread's hits are read off what the report counts for it (its syscalls, CPU samples,
 //! switches out, wakeups, CUDA calls seen, its process's block requests shared by the
-//! threads' disk waits) and priced at each program's mean cost per hit.
+//! threads' disk waits) and priced at what a traced hit of each program costs: the
+//! scheduler, syscall and block programs split their mean by path (`super::paths`), as most
+//! of a busy machine's runs are other tasks' early returns; the others at their mean.
 //! Switches are counted from the thread's off-CPU intervals: a wait inside a CUDA call is
 //! charged to the call's category, not counted as an interval of its own, so a thread that
 //! blocks in cudaDeviceSynchronize has its switches under-counted.
-//! The scheduler programs' mean includes the many cheap hits of untraced tasks, which return
-//! at once, so a traced thread's switches cost more than it says; the stack walks that make
-//! the difference are bounded (one per blocking wait, reused for repeats), and the figure is
-//! marked as an estimate.
+//! A program whose paths were not timed often enough keeps its mean, which prices a traced
+//! thread's switches low on a busy machine; the figure is marked as an estimate.
 
 use crate::report::model::{
     overhead::{Overhead, ThreadCost, ThreadCostPart},
@@ -19,7 +19,7 @@ use crate::report::model::{
     Report, ThreadReport,
 };
 
-/// Mean cost of one hit of `name` (its raw or classic tracepoint variant alike), in ns.
+/// Mean cost of one traced hit of `name` (its raw or classic tracepoint variant alike), in ns.
 fn per_hit(o: &Overhead, name: &str) -> f64 {
     let (mut hits, mut ns) = (0u64, 0.0);
     for p in o.programs.iter().filter(|p| {
@@ -27,8 +27,8 @@ fn per_hit(o: &Overhead, name: &str) -> f64 {
             || p.program.strip_suffix("_tp") == Some(name)
             || p.program.strip_suffix("_btf") == Some(name)
     }) {
-        hits += p.hits;
-        ns += p.hits as f64 * p.ns_per_hit();
+        hits += p.traced_hits();
+        ns += p.traced_hits() as f64 * p.traced_ns_per_hit();
     }
     if hits == 0 {
         0.0
@@ -199,7 +199,7 @@ mod tests {
             bpf_ns_per_hit: bpf,
             trap_ns_per_hit: trap,
             timed: hits,
-            stats_ns_per_hit: 0.0,
+            ..Default::default()
         }
     }
 
@@ -279,6 +279,29 @@ mod tests {
         let sampler = c.parts.iter().find(|p| p.what == "CPU sampler").unwrap();
         assert_eq!(sampler.ns, 500_000);
         assert!((c.estimated - 0.0702).abs() < 0.0002, "{}", c.estimated);
+    }
+
+    #[test]
+    fn a_threads_switches_are_priced_as_traced_switches_not_at_the_machines_mean() {
+        // 10,000 switches on the machine at a mean of 1 us; the 1,000 traced ones cost 5 us.
+        let mut r = report(vec![thread(2, 10.0, 0, 400, 100)]);
+        let o = r.overhead.as_mut().unwrap();
+        o.programs.retain(|p| p.program != "sched_switch_tp");
+        let sw = o
+            .programs
+            .iter_mut()
+            .find(|p| p.program == "sched_switch")
+            .unwrap();
+        sw.traced_hits = Some(1_000);
+        sw.traced_bpf_ns_per_hit = Some(5_000.0);
+        sw.early_bpf_ns_per_hit = Some(556.0);
+        let c = costliest_thread(&r, &[], 0).unwrap();
+        let sched = c
+            .parts
+            .iter()
+            .find(|p| p.what == "scheduler tracepoints")
+            .unwrap();
+        assert_eq!(sched.ns, 500 * 5030 + 400 * 500);
     }
 
     #[test]

@@ -122,12 +122,52 @@ pub struct ProgramCost {
     /// `stats_outside_ns` for each hit that ran while they were on.
     #[serde(default)]
     pub stats_ns_per_hit: f64,
+    /// For a program that returns early for what is not traced and counts its paths
+    /// (`tracer_common::hits::SPLIT`): the hits that did the traced work. The rest were the
+    /// machine's other tasks, requests and samples. None for the other programs (the CUDA
+    /// probes, whose every hit is a traced call; the classic block tracepoints of old
+    /// kernels, which do not count them), and when the counts could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traced_hits: Option<u64>,
+    /// `bpf_ns_per_hit` split by path (`paths::split`): a traced hit's and an early return's.
+    /// None when the program did not time enough of both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traced_bpf_ns_per_hit: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_bpf_ns_per_hit: Option<f64>,
 }
 
 impl ProgramCost {
-    /// What one hit cost the thread that made it.
+    /// What one hit cost on average, traced or not.
     pub fn ns_per_hit(&self) -> f64 {
         self.bpf_ns_per_hit + self.trap_ns_per_hit + self.stats_ns_per_hit
+    }
+
+    /// What one traced hit cost the traced thread that made it (or waited on it): more than
+    /// the mean where the machine's other tasks make most of the cheap early returns.
+    pub fn traced_ns_per_hit(&self) -> f64 {
+        self.traced_bpf_ns_per_hit.unwrap_or(self.bpf_ns_per_hit)
+            + self.trap_ns_per_hit
+            + self.stats_ns_per_hit
+    }
+
+    /// The hits that did the traced work.
+    pub fn traced_hits(&self) -> u64 {
+        self.traced_hits.unwrap_or(self.hits).min(self.hits)
+    }
+
+    /// What all the hits cost, each path at its own price where the mean was split (the
+    /// statistics' ticks may have seen another mix of paths than the whole trace).
+    pub fn cost_ns(&self) -> f64 {
+        match self.early_bpf_ns_per_hit {
+            Some(early) => {
+                let traced = self.traced_hits();
+                let outside = self.trap_ns_per_hit + self.stats_ns_per_hit;
+                traced as f64 * self.traced_ns_per_hit()
+                    + (self.hits - traced) as f64 * (early + outside)
+            }
+            None => self.hits as f64 * self.ns_per_hit(),
+        }
     }
 }
 
@@ -274,6 +314,30 @@ fn pct(f: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_split_program_prices_each_path_at_its_own_cost() {
+        let mut p = ProgramCost {
+            program: "sched_switch_btf".into(),
+            hits: 1000,
+            bpf_ns_per_hit: 200.0,
+            trap_ns_per_hit: 30.0,
+            stats_ns_per_hit: 5.0,
+            ..Default::default()
+        };
+        assert_eq!((p.traced_hits(), p.traced_ns_per_hit()), (1000, 235.0));
+        assert_eq!(p.cost_ns(), 235_000.0);
+        p.traced_hits = Some(100);
+        p.traced_bpf_ns_per_hit = Some(1100.0);
+        p.early_bpf_ns_per_hit = Some(100.0);
+        assert_eq!((p.traced_hits(), p.traced_ns_per_hit()), (100, 1135.0));
+        assert_eq!(p.cost_ns(), 100.0 * 1135.0 + 900.0 * 135.0);
+        // Counted but not split (too few timed runs of a path): the mean for both.
+        p.traced_bpf_ns_per_hit = None;
+        p.early_bpf_ns_per_hit = None;
+        assert_eq!((p.traced_hits(), p.traced_ns_per_hit()), (100, 235.0));
+        assert_eq!(p.cost_ns(), 235_000.0);
+    }
 
     fn costly(estimated: f64) -> Overhead {
         Overhead {
