@@ -507,42 +507,40 @@ mod tests {
         );
     }
 
-    #[test]
-    fn what_the_traced_threads_paid_includes_the_statistics() {
+    /// A report whose only program is `sched_switch_btf`: 1,000 hits, 100 timed, a mean of
+    /// 200 ns, 30 ns trap, 6 ns statistics.
+    fn switches(with: impl FnOnce(&mut ProgramCost)) -> Report {
+        let mut p = ProgramCost {
+            program: "sched_switch_btf".into(),
+            hits: 1000,
+            timed: 100,
+            bpf_ns_per_hit: 200.0,
+            trap_ns_per_hit: 30.0,
+            stats_ns_per_hit: 6.0,
+            ..Default::default()
+        };
+        with(&mut p);
         let mut r = crate::report::fixtures::report();
         r.overhead = Some(Overhead {
-            programs: vec![ProgramCost {
-                program: "sched_switch_btf".into(),
-                hits: 1000,
-                timed: 100,
-                bpf_ns_per_hit: 200.0,
-                trap_ns_per_hit: 30.0,
-                stats_ns_per_hit: 6.0,
-                ..Default::default()
-            }],
+            programs: vec![p],
             ..Default::default()
         });
-        assert_eq!(traced_cost_ns(&r), 236_000);
+        r
+    }
+
+    #[test]
+    fn what_the_traced_threads_paid_includes_the_statistics() {
+        assert_eq!(traced_cost_ns(&switches(|_| {})), 236_000);
     }
 
     #[test]
     fn the_traced_threads_pay_for_their_own_hits_at_a_traced_hits_price() {
-        // 1,000 switches on the machine, 100 of them a traced thread's: a mean of 200 ns
-        // split into 740 ns traced and 140 ns early returns.
-        let mut r = crate::report::fixtures::report();
-        r.overhead = Some(Overhead {
-            programs: vec![ProgramCost {
-                program: "sched_switch_btf".into(),
-                hits: 1000,
-                timed: 100,
-                bpf_ns_per_hit: 200.0,
-                trap_ns_per_hit: 30.0,
-                stats_ns_per_hit: 6.0,
-                traced_hits: Some(100),
-                traced_bpf_ns_per_hit: Some(740.0),
-                early_bpf_ns_per_hit: Some(140.0),
-            }],
-            ..Default::default()
+        // 100 of the 1,000 switches a traced thread's: the mean split into 740 ns traced and
+        // 140 ns early returns.
+        let r = switches(|p| {
+            p.traced_hits = Some(100);
+            p.traced_bpf_ns_per_hit = Some(740.0);
+            p.early_bpf_ns_per_hit = Some(140.0);
         });
         assert_eq!(traced_cost_ns(&r), 100 * 776);
     }
