@@ -23,8 +23,6 @@ pub const LIFE_MAP: &str = "LIFE";
 /// out of the maps when it has moved enough since the last time.
 pub const DEATHS_MAP: &str = "DEATHS";
 pub const SYSCALLS_MAP: &str = "SYSCALLS";
-/// `THREAD_SLOTS` entries of [`SysHeld`], at each thread state's slot.
-pub const SYS_HELD_MAP: &str = "SYS_HELD";
 pub const ERRNOS_MAP: &str = "ERRNOS";
 pub const FILEIO_MAP: &str = "FILEIO";
 pub const FD_GEN_MAP: &str = "FD_GEN";
@@ -627,39 +625,6 @@ impl SysStat {
     }
 }
 
-/// A traced thread's row for the syscall it made last, summed at its state's slot
-/// (`SYS_HELD_MAP`) and written out to `SYSCALLS_MAP` when it makes another one, dies, or
-/// its slot's state is flushed: a thread looping on one syscall (a loader's `pread64`) then
-/// pays no hash lookup per call (~45 ns of `sys_exit`'s ~240 on the development VM). User
-/// space adds the rows still held at the end (`row`). Only a thread whose state is in its
-/// slot holds one: a spilled thread shares the slot's index with the slot's owner, on
-/// another CPU.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SysHeld {
-    pub tgid: u32,
-    /// 0: holds nothing.
-    pub tid: u32,
-    pub nr: i32,
-    pub _pad: u32,
-    pub stat: SysStat,
-}
-
-impl SysHeld {
-    /// The row this holds, if any.
-    pub fn row(&self) -> Option<(SysKey, SysStat)> {
-        (self.tid != 0 && self.stat.count != 0).then_some((
-            SysKey {
-                tgid: self.tgid,
-                tid: self.tid,
-                nr: self.nr,
-                _pad: 0,
-            },
-            self.stat,
-        ))
-    }
-}
-
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ErrnoKey {
@@ -820,7 +785,6 @@ crate::user_pod!(
     LifeVal,
     SysKey,
     SysStat,
-    SysHeld,
     ErrnoKey,
     FdKey,
     FdGenKey,
@@ -867,25 +831,6 @@ pub fn log2_bucket(v: u64) -> usize {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_held_syscall_row_is_one_only_while_it_holds_calls() {
-        let mut h = SysHeld::default();
-        assert_eq!(h.row(), None);
-        h.tgid = 7;
-        h.tid = 8;
-        h.nr = 17;
-        assert_eq!(h.row(), None, "tagged, no calls yet");
-        h.stat.count = 3;
-        h.stat.total_ns = 300;
-        let (k, s) = h.row().unwrap();
-        assert_eq!(
-            (k.tgid, k.tid, k.nr, s.count, s.total_ns),
-            (7, 8, 17, 3, 300)
-        );
-        h.tid = 0;
-        assert_eq!(h.row(), None, "an empty slot");
-    }
-
     use super::{
         report_state, BlkStat, FdKey, FdName, FD_NAMES_ENTRIES, FD_NAME_LEN, FD_NAME_WAYS,
     };
