@@ -753,3 +753,70 @@ fn short_lived_files_are_named_by_their_open() {
     );
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// A thread's syscalls in runs: the row it holds for a syscall made several times running
+/// (`SysHeld`) is written out when it takes another and when the thread exits, read where it
+/// is held when the trace ends first, and the report counts every call once, in the thread's
+/// own rows, histograms included.
+#[test]
+fn syscalls_in_runs_are_counted_once_each() {
+    let _g = serial();
+    if !require_root("syscalls_in_runs_are_counted_once_each") {
+        return;
+    }
+    const ROUNDS: u64 = 20_000;
+    let bin = build_c("syscall_runs", &[]);
+    let out = out_dir("syscall-runs");
+    // Every call seen: at the default budget the syscall gate would take a storm's off. The
+    // trace ends while the main thread sleeps, still holding a row.
+    let run = gputrace(&[
+        "--max-overhead",
+        "100%",
+        "--duration",
+        "2",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "20000",
+        "4",
+    ]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let r = run.report(&out);
+    let p = &r["processes"][0];
+    let threads = p["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 2, "{threads:#?}");
+    let main = threads
+        .iter()
+        .find(|t| t["tid"] == p["pid"])
+        .expect("the main thread");
+    let worker = threads
+        .iter()
+        .find(|t| t["tid"] != p["pid"])
+        .expect("the worker");
+    assert_eq!(syscall_count(main, "getppid"), 7 * ROUNDS);
+    assert_eq!(syscall_count(main, "getuid"), 3 * ROUNDS);
+    assert_eq!(syscall_count(main, "getpid"), 5 * ROUNDS);
+    assert_eq!(syscall_count(worker, "getppid"), 9 * ROUNDS);
+    for t in [main, worker] {
+        for s in t["syscalls"].as_array().unwrap() {
+            let hist: u64 = s["hist_log2_ns"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_u64().unwrap())
+                .sum();
+            assert_eq!(hist, s["count"].as_u64().unwrap(), "{s:#}");
+            assert!(s["min_ns"].as_u64() <= s["max_ns"].as_u64(), "{s:#}");
+        }
+    }
+    let table = |name: &str| {
+        p["syscalls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .and_then(|s| s["count"].as_u64())
+    };
+    assert_eq!(table("getppid"), Some(16 * ROUNDS));
+}

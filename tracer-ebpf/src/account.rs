@@ -49,6 +49,14 @@ fn thread_slot(tid: u32) -> u32 {
 #[map(name = "THREADS_SPILLED")]
 static SPILLED: Array<u64> = Array::with_max_entries(1, MAP_F_MMAPABLE);
 
+/// The `THREAD_SLOTS` index of `tid` when its state is there (not spilled to `THREADS`).
+#[inline(always)]
+pub fn own_slot(tid: u32) -> Option<u32> {
+    let i = thread_slot(tid);
+    let slot = SLOTS.get_ptr(i)?;
+    (tid != 0 && unsafe { (*slot).tid } == tid).then_some(i)
+}
+
 /// The state of traced thread `tid`, if it has one. A thread's state is touched only from
 /// its own events (serialised by the scheduler), so callers may hold the pointer for the run.
 #[inline(always)]
@@ -179,6 +187,7 @@ pub fn flush(tid: u32, st: &mut ThreadState) {
     flush_cuda(tid, st);
     flush_wait(tid, st);
     crate::syscalls::flush_file(st);
+    crate::syscalls::flush_sys(tid);
     crate::block::flush_bio(st);
     crate::cuda::flush_api(tid, st);
 }

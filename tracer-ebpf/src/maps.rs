@@ -172,6 +172,14 @@ pub fn is_traced(tgid: u32) -> bool {
     maybe_traced(tgid) && unsafe { TRACED.get(&tgid) }.is_some()
 }
 
+/// As [`count_drop`], `n` times.
+#[inline(always)]
+pub fn count_drops(reason: Drop, n: u64) {
+    if let Some(slot) = DROPS.get_ptr_mut(reason as u32) {
+        unsafe { *slot += n };
+    }
+}
+
 #[inline(always)]
 pub fn count_drop(reason: Drop) {
     if let Some(slot) = DROPS.get_ptr_mut(reason as u32) {

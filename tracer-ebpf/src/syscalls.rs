@@ -21,9 +21,9 @@ use tracer_common::{
     drops::Drop,
     proc::SYS_STORM_WINDOW_NS,
     wall::{
-        log2_bucket, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, SysKey, SysStat, ThreadState,
-        ERRNOS_ENTRIES, FD_NAMES_ENTRIES, FD_NAME_WAYS, FILEIO_ENTRIES, HIST_BUCKETS, NO_SYSCALL,
-        SYSCALLS_ENTRIES,
+        log2_bucket, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, SysHeld, SysKey, SysStat,
+        ThreadState, ERRNOS_ENTRIES, FD_NAMES_ENTRIES, FD_NAME_WAYS, FILEIO_ENTRIES, HIST_BUCKETS,
+        NO_SYSCALL, SYSCALLS_ENTRIES, SYS_HOLD_RUN, THREAD_SLOTS,
     },
 };
 
@@ -36,6 +36,10 @@ use tracer_common::hits::Prog;
 
 #[map(name = "SYSCALLS")]
 static SYSCALLS: HashMap<SysKey, SysStat> = HashMap::with_max_entries(SYSCALLS_ENTRIES, 0);
+
+/// `tracer_common::wall::SYS_HELD_MAP`.
+#[map(name = "SYS_HELD")]
+static SYS_HELD: Array<SysHeld> = Array::with_max_entries(THREAD_SLOTS, 0);
 
 #[map(name = "ERRNOS")]
 static ERRNOS: HashMap<ErrnoKey, u64> = HashMap::with_max_entries(ERRNOS_ENTRIES, 0);
@@ -324,9 +328,11 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         nr,
         _pad: 0,
     };
-    let stat = match SYSCALLS.get_ptr_mut(&key) {
+    let stat = match held_row(st, &key) {
         Some(s) => s,
-        None => {
+        None => match SYSCALLS.get_ptr_mut(&key) {
+            Some(s) => s,
+            None => {
             let Some(zero) = SYS_ZERO.get_ptr(0) else {
                 return;
             };
@@ -334,11 +340,12 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
                 count_drop(Drop::SyscallMapFull);
                 return;
             }
-            match SYSCALLS.get_ptr_mut(&key) {
-                Some(s) => s,
-                None => return,
+                match SYSCALLS.get_ptr_mut(&key) {
+                    Some(s) => s,
+                    None => return,
+                }
             }
-        }
+        },
     };
     // Keyed by thread: only this thread updates the row, so no atomics are needed.
     let s = unsafe { &mut *stat };
@@ -419,6 +426,88 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
             st.held_file.ns += lat;
             st.held_file.bytes += bytes;
             st.held_file.calls += 1;
+        }
+    }
+}
+
+/// The row `key`'s thread holds for its syscall (`SysHeld`), taken for `key` when the thread
+/// made it `SYS_HOLD_RUN` times running; None for the calls of its other syscalls, and for a
+/// thread whose state is not in its slot.
+#[inline(always)]
+fn held_row(st: &mut ThreadState, key: &SysKey) -> Option<*mut SysStat> {
+    if st.sys_held_nr == key.nr {
+        let h = unsafe { &mut *SYS_HELD.get_ptr_mut(account::own_slot(key.tid)?)? };
+        if h.tid == key.tid && h.tgid == key.tgid && h.nr == key.nr {
+            return Some(&mut h.stat);
+        }
+        // Out of step with the slot (never expected): held again from the next run.
+        st.sys_held_nr = NO_SYSCALL;
+    }
+    st.sys_run = if st.sys_last_nr == key.nr {
+        st.sys_run + 1
+    } else {
+        1
+    };
+    st.sys_last_nr = key.nr;
+    if st.sys_run < SYS_HOLD_RUN {
+        return None;
+    }
+    let h = unsafe { &mut *SYS_HELD.get_ptr_mut(account::own_slot(key.tid)?)? };
+    // What it held: this thread's other syscall, or a leftover of the slot's last owner (an
+    // exec's); each goes to its own row.
+    write_out_sys(h);
+    h.tgid = key.tgid;
+    h.tid = key.tid;
+    h.nr = key.nr;
+    st.sys_held_nr = key.nr;
+    Some(&mut h.stat)
+}
+
+/// Adds what `h` holds to its `SYSCALLS` row and empties it.
+#[inline(always)]
+fn write_out_sys(h: &mut SysHeld) {
+    if h.tid == 0 || h.stat.count == 0 {
+        return;
+    }
+    let key = SysKey {
+        tgid: h.tgid,
+        tid: h.tid,
+        nr: h.nr,
+        _pad: 0,
+    };
+    match SYSCALLS.get_ptr_mut(&key) {
+        Some(s) => unsafe { (*s).add(&h.stat) },
+        None => {
+            if SYSCALLS.insert(&key, &h.stat, 0).is_err() {
+                // One per call, as a call whose row could not be made counts.
+                crate::maps::count_drops(Drop::SyscallMapFull, h.stat.count);
+            }
+        }
+    }
+    h.stat.count = 0;
+    h.stat.errors = 0;
+    h.stat.total_ns = 0;
+    h.stat.min_ns = 0;
+    h.stat.max_ns = 0;
+    h.stat.bytes = 0;
+    let mut i = 0;
+    while i < HIST_BUCKETS {
+        h.stat.hist[i] = 0;
+        i += 1;
+    }
+}
+
+/// Writes out the syscall row thread `tid` holds (`SysHeld`), if any: at its death, and when
+/// its state is flushed.
+#[inline(always)]
+pub fn flush_sys(tid: u32) {
+    let Some(slot) = account::own_slot(tid) else {
+        return;
+    };
+    if let Some(h) = SYS_HELD.get_ptr_mut(slot) {
+        let h = unsafe { &mut *h };
+        if h.tid == tid {
+            write_out_sys(h);
         }
     }
 }

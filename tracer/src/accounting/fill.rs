@@ -8,10 +8,10 @@ use tracer_common::{
     python::{PySeed, PY_SEED_MAP, PY_STACK_PENDING},
     time::Category,
     wall::{
-        BlkKey, BlkStat, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysKey, SysStat,
-        ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FD_NAMES_MAP,
+        BlkKey, BlkStat, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysHeld, SysKey,
+        SysStat, ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FD_NAMES_MAP,
         FD_NAME_WAYS, FILEIO_MAP, GIL_HOLDER_UNKNOWN, KIND_BLOCKED, KSTACK_SEEDED, LIFE_MAP,
-        PHASE_ONCPU, SYSCALLS_MAP, WALL_MAP,
+        PHASE_ONCPU, SYSCALLS_MAP, SYS_HELD_MAP, WALL_MAP,
     },
 };
 
@@ -365,12 +365,26 @@ fn to_stat(nr: i32, s: &SysStat, errnos: &BTreeMap<i32, u64>) -> SyscallStat {
     }
 }
 
+/// The syscall rows threads still hold (`SysHeld`): live threads', and those of threads whose
+/// death went unseen.
+fn held_syscalls(ebpf: &Ebpf) -> Vec<(SysKey, SysStat)> {
+    let Some(held) = ebpf
+        .map(SYS_HELD_MAP)
+        .and_then(|m| aya::maps::Array::<_, SysHeld>::try_from(m).ok())
+    else {
+        return Vec::new();
+    };
+    held.iter().filter_map(|r| r.ok()?.row()).collect()
+}
+
 fn fill_syscalls(
     ebpf: &Ebpf,
     data: &mut ReportData,
     mut retired: super::retire::Retired,
 ) -> Result<()> {
-    let stats = retired.syscalls_with(crate::batch::read(ebpf, SYSCALLS_MAP)?);
+    let mut rows: Vec<(SysKey, SysStat)> = crate::batch::read(ebpf, SYSCALLS_MAP)?;
+    rows.extend(held_syscalls(ebpf));
+    let stats = retired.syscalls_with(rows);
     let errs = retired.errnos_with(crate::batch::read(ebpf, ERRNOS_MAP)?);
     let mut by_call: BTreeMap<(u32, u32, i32), BTreeMap<i32, u64>> = BTreeMap::new();
     for (k, n) in errs {
