@@ -79,7 +79,9 @@ impl Drop {
             Drop::TracedFull => "task_newtask",
             Drop::ThreadStateFull => "sched_switch, task_newtask (thread birth and death)",
             Drop::TimeMapFull => "sched_switch, sched_wakeup, sys_exit (time sums)",
-            Drop::SyscallMapFull => "sys_enter, sys_exit",
+            Drop::SyscallMapFull => {
+                "sys_enter, sys_exit (and the switch-out or death that writes out a held row)"
+            }
             Drop::BlockMapFull => "block_rq_issue, block_rq_complete, block_bio_queue",
             Drop::BlockNoCompletion => "block_rq_issue",
             Drop::CudaFull => "cuda_entry, cuda_ret",

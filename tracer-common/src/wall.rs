@@ -118,9 +118,9 @@ pub struct ThreadState {
     /// programs last came off ([`nr_since`], `SYS_OFF_AT_MAP`).
     pub sys_nr: i32,
     /// The syscall whose row the thread holds in its slot (`SysHeld`), else [`NO_SYSCALL`];
-    /// the syscall it made last and how many times running (see [`SYS_HOLD_RUN`]). Here, in
-    /// the line `sys_exit` reads anyway, so that a call of another syscall costs a compare
-    /// and two stores, not a look at the held row.
+    /// the syscall it made last and how many times running (see [`SYS_HOLD_RUN`]; the run
+    /// of a held syscall is not kept). Beside `sys_nr`, which `sys_exit` reads anyway, so that
+    /// a call of another syscall costs a compare and two stores, not a look at the held row.
     pub sys_held_nr: i32,
     pub sys_last_nr: i32,
     pub sys_run: u32,

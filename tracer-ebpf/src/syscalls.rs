@@ -436,11 +436,15 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
 #[inline(always)]
 fn held_row(st: &mut ThreadState, key: &SysKey) -> Option<*mut SysStat> {
     if st.sys_held_nr == key.nr {
+        // It breaks another syscall's run: one alternating with the held one (a read after
+        // each write) never reaches a run of its own.
+        st.sys_last_nr = key.nr;
         let h = unsafe { &mut *SYS_HELD.get_ptr_mut(account::own_slot(key.tid)?)? };
         if h.tid == key.tid && h.tgid == key.tgid && h.nr == key.nr {
             return Some(&mut h.stat);
         }
-        // Out of step with the slot (never expected): held again from the next run.
+        // Out of step with the slot (never expected): taken again below once its run is
+        // long enough, this call's included.
         st.sys_held_nr = NO_SYSCALL;
     }
     st.sys_run = if st.sys_last_nr == key.nr {
