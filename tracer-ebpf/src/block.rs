@@ -36,7 +36,7 @@ use crate::{
     account,
     kread::{arg0_value, Direct, Kernel, Probe},
     maps::{
-        begin, count_drop, counter, counter_add, current_ids, end, is_traced, maybe_traced, traced,
+        by_path, count_drop, counter, counter_add, current_ids, is_traced, maybe_traced, traced,
     },
 };
 use tracer_common::hits::Prog;
@@ -236,7 +236,7 @@ const REQ_OP_MASK: u32 = 0xff;
 const MINORBITS: u32 = 20;
 
 /// 0 read, 1 write, 2 neither, from a `blk_opf_t`: as the classic tracepoints' rwbs (`R`, `W`,
-/// `D`, `F`, `N`), except that a zone append, data written, counts as a write (rwbs says `N`).
+/// `D`, `F`, `N`), except that a zone appdata written, counts as a write (rwbs says `N`).
 #[inline(always)]
 fn op_kind(opf: u32) -> u32 {
     let op = opf & REQ_OP_MASK;
@@ -253,19 +253,15 @@ fn op_kind(opf: u32) -> u32 {
 // TP_PROTO(struct bio *bio)
 #[raw_tracepoint(tracepoint = "block_bio_queue")]
 pub fn block_bio_queue(ctx: RawTracePointContext) -> u32 {
-    let p = Prog::BlockBioQueue;
-    begin(p);
-    bio_queue::<Probe>(ctx.arg(0), p);
-    end(p);
+    by_path(Prog::BlockBioQueue, |p| bio_queue::<Probe>(ctx.arg(0), p));
     0
 }
 
 #[btf_tracepoint(function = "block_bio_queue")]
 pub fn block_bio_queue_btf(ctx: BtfTracePointContext) -> i32 {
-    let p = Prog::BlockBioQueueBtf;
-    begin(p);
-    bio_queue::<Direct>(ctx.arg(0), p);
-    end(p);
+    by_path(Prog::BlockBioQueueBtf, |p| {
+        bio_queue::<Direct>(ctx.arg(0), p)
+    });
     0
 }
 
@@ -459,20 +455,18 @@ fn rq_dev<K: Kernel>(rq: u64) -> u32 {
 // TP_PROTO(struct request *rq)
 #[raw_tracepoint(tracepoint = "block_rq_issue")]
 pub fn block_rq_issue(ctx: RawTracePointContext) -> u32 {
-    let p = Prog::BlockRqIssue;
-    begin(p);
-    let rq: u64 = ctx.arg(0);
-    rq_issue::<Probe>(rq, rq, p);
-    end(p);
+    by_path(Prog::BlockRqIssue, |p| {
+        let rq: u64 = ctx.arg(0);
+        rq_issue::<Probe>(rq, rq, p);
+    });
     0
 }
 
 #[btf_tracepoint(function = "block_rq_issue")]
 pub fn block_rq_issue_btf(ctx: BtfTracePointContext) -> i32 {
-    let p = Prog::BlockRqIssueBtf;
-    begin(p);
-    rq_issue::<Direct>(arg0_value(&ctx), ctx.arg(0), p);
-    end(p);
+    by_path(Prog::BlockRqIssueBtf, |p| {
+        rq_issue::<Direct>(arg0_value(&ctx), ctx.arg(0), p)
+    });
     0
 }
 
@@ -661,19 +655,17 @@ fn rw_kind(rwbs: &[u8; 4]) -> u32 {
 // TP_PROTO(struct request *rq, blk_status_t error, unsigned int nr_bytes)
 #[raw_tracepoint(tracepoint = "block_rq_complete")]
 pub fn block_rq_complete(ctx: RawTracePointContext) -> u32 {
-    let p = Prog::BlockRqComplete;
-    begin(p);
-    rq_complete(ctx.arg(0), ctx.arg::<u64>(2), p);
-    end(p);
+    by_path(Prog::BlockRqComplete, |p| {
+        rq_complete(ctx.arg(0), ctx.arg::<u64>(2), p)
+    });
     0
 }
 
 #[btf_tracepoint(function = "block_rq_complete")]
 pub fn block_rq_complete_btf(ctx: BtfTracePointContext) -> i32 {
-    let p = Prog::BlockRqCompleteBtf;
-    begin(p);
-    rq_complete(arg0_value(&ctx), ctx.arg::<u64>(2), p);
-    end(p);
+    by_path(Prog::BlockRqCompleteBtf, |p| {
+        rq_complete(arg0_value(&ctx), ctx.arg::<u64>(2), p)
+    });
     0
 }
 

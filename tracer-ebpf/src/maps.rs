@@ -71,12 +71,19 @@ pub static PROG_PATHS: PerCpuArray<hits::Paths> =
 #[map(name = "PATHS_ON")]
 static PATHS_ON: Array<u64> = Array::with_max_entries(1, 0);
 
-/// As [`hit`], for a program that returns early for what is not traced (`hits::Paths`): one
-/// run in `PATH_SAMPLE_EVERY` on this CPU is timed until [`end`], while user space has the
-/// kernel's statistics on (`PATHS_ON`). The program calls [`traced`] where it takes the
-/// traced path.
+/// Runs `f` as a run of program `p`, one that returns early for what is not traced
+/// (`hits::Paths`): counted as [`hit`] does, and one run in `PATH_SAMPLE_EVERY` on this CPU
+/// timed, while user space has the kernel's statistics on (`PATHS_ON`). `f` calls [`traced`]
+/// where it takes the traced path.
 #[inline(always)]
-pub fn begin(p: hits::Prog) {
+pub fn by_path(p: hits::Prog, f: impl FnOnce(hits::Prog)) {
+    begin(p);
+    f(p);
+    end(p);
+}
+
+#[inline(always)]
+fn begin(p: hits::Prog) {
     // A hash of the run count, not a stride: a stride sees the same phase of a CPU whose
     // switches repeat in a short cycle (a traced task between two untraced ones).
     let n = hit_count(p).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
@@ -104,7 +111,7 @@ pub fn traced(p: hits::Prog) {
 
 /// The end of a run begun with [`begin`]: its time by path, when timed.
 #[inline(always)]
-pub fn end(p: hits::Prog) {
+fn end(p: hits::Prog) {
     let Some(s) = PROG_PATHS.get_ptr_mut(p as u32) else {
         return;
     };
@@ -176,16 +183,14 @@ pub fn is_traced(tgid: u32) -> bool {
 #[inline(always)]
 pub fn count_drops(reason: Drop, n: u64) {
     if let Some(slot) = DROPS.get_ptr_mut(reason as u32) {
+        // Per-CPU slot: no other CPU writes it, and programs do not nest on one CPU here.
         unsafe { *slot += n };
     }
 }
 
 #[inline(always)]
 pub fn count_drop(reason: Drop) {
-    if let Some(slot) = DROPS.get_ptr_mut(reason as u32) {
-        // Per-CPU slot: no other CPU writes it, and programs do not nest on one CPU here.
-        unsafe { *slot += 1 };
-    }
+    count_drops(reason, 1);
 }
 
 #[inline(always)]

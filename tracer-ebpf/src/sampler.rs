@@ -16,17 +16,14 @@ use tracer_common::{
 
 use tracer_common::hits::Prog;
 
-use crate::maps::{add_to, begin, current_ids, end, is_traced, stack_id, traced};
+use crate::maps::{add_to, by_path, current_ids, is_traced, stack_id, traced};
 
 #[map(name = "CPU_COUNTS")]
 static CPU_COUNTS: HashMap<SampleKey, u64> = HashMap::with_max_entries(CPU_COUNTS_ENTRIES, 0);
 
 #[perf_event]
 pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
-    let p = Prog::CpuSample;
-    begin(p);
-    sample(&ctx, p);
-    end(p);
+    by_path(Prog::CpuSample, |p| sample(&ctx, p));
     0
 }
 

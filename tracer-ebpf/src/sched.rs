@@ -29,7 +29,7 @@ use tracer_common::wall::{
 use crate::{
     account::{born, close, died, flush, state},
     kread::{Direct, Kernel, Probe},
-    maps::{begin, current_ids, end, is_traced, maybe_traced, stack_id, traced},
+    maps::{by_path, current_ids, is_traced, maybe_traced, stack_id, traced},
 };
 use tracer_common::hits::Prog;
 
@@ -62,43 +62,34 @@ const EXIT_BITS: i64 = 0x10 | 0x20;
 //          unsigned int prev_state)
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn sched_switch(ctx: RawTracePointContext) -> u32 {
-    let p = Prog::SchedSwitch;
-    begin(p);
-    switch_args::<_, Probe>(&ctx, ctx.arg(0), ctx.arg(2), ctx.arg(3), p);
-    end(p);
+    by_path(Prog::SchedSwitch, |p| {
+        switch_args::<_, Probe>(&ctx, ctx.arg(0), ctx.arg(2), ctx.arg(3), p)
+    });
     0
 }
 
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch_btf(ctx: BtfTracePointContext) -> i32 {
-    let p = Prog::SchedSwitchBtf;
-    begin(p);
-    switch_args::<_, Direct>(&ctx, ctx.arg(0), ctx.arg(2), ctx.arg(3), p);
-    end(p);
+    by_path(Prog::SchedSwitchBtf, |p| {
+        switch_args::<_, Direct>(&ctx, ctx.arg(0), ctx.arg(2), ctx.arg(3), p)
+    });
     0
 }
 
 /// The raw and BTF programs' arguments: `preempt`, the `next` task, the raw `prev_state`.
 #[inline(always)]
-fn switch_args<C: StackIdContext, K: Kernel>(
-    ctx: &C,
-    preempt: u64,
-    next: u64,
-    raw: u64,
-    p: Prog,
-) {
+fn switch_args<C: StackIdContext, K: Kernel>(ctx: &C, preempt: u64, next: u64, raw: u64, p: Prog) {
     let state = report_state(preempt & 0xff != 0, raw as u32);
     switch(ctx, state as i64, task_pid::<K>(next), p)
 }
 
 #[tracepoint]
 pub fn sched_switch_tp(ctx: TracePointContext) -> u32 {
-    let p = Prog::SchedSwitchTp;
-    begin(p);
-    let state: i64 = unsafe { ctx.read_at(OFF_SW_PREV_STATE.load() as usize) }.unwrap_or(0);
-    let next: i32 = unsafe { ctx.read_at(OFF_SW_NEXT_PID.load() as usize) }.unwrap_or(0);
-    switch(&ctx, state, next, p);
-    end(p);
+    by_path(Prog::SchedSwitchTp, |p| {
+        let state: i64 = unsafe { ctx.read_at(OFF_SW_PREV_STATE.load() as usize) }.unwrap_or(0);
+        let next: i32 = unsafe { ctx.read_at(OFF_SW_NEXT_PID.load() as usize) }.unwrap_or(0);
+        switch(&ctx, state, next, p);
+    });
     0
 }
 
@@ -138,14 +129,7 @@ fn switch<C: StackIdContext>(ctx: &C, prev_state: i64, next: i32, p: Prog) {
 
 /// `tid` of `tgid` leaves the CPU; either may be traced (`maybe_traced`).
 #[inline(always)]
-fn switch_out<C: StackIdContext>(
-    ctx: &C,
-    tgid: u32,
-    tid: u32,
-    now: u64,
-    prev_state: i64,
-    p: Prog,
-) {
+fn switch_out<C: StackIdContext>(ctx: &C, tgid: u32, tid: u32, now: u64, prev_state: i64, p: Prog) {
     let st = match state(tid) {
         Some(st) => st,
         None => {
@@ -258,28 +242,28 @@ fn switch_out<C: StackIdContext>(
 // TP_PROTO(struct task_struct *p)
 #[raw_tracepoint(tracepoint = "sched_wakeup")]
 pub fn sched_wakeup(ctx: RawTracePointContext) -> u32 {
-    let p = Prog::SchedWakeup;
-    begin(p);
-    wakeup(task_pid::<Probe>(ctx.arg(0)), p);
-    end(p);
+    by_path(Prog::SchedWakeup, |p| {
+        wakeup(task_pid::<Probe>(ctx.arg(0)), p)
+    });
     0
 }
 
 #[btf_tracepoint(function = "sched_wakeup")]
 pub fn sched_wakeup_btf(ctx: BtfTracePointContext) -> i32 {
-    let p = Prog::SchedWakeupBtf;
-    begin(p);
-    wakeup(task_pid::<Direct>(ctx.arg(0)), p);
-    end(p);
+    by_path(Prog::SchedWakeupBtf, |p| {
+        wakeup(task_pid::<Direct>(ctx.arg(0)), p)
+    });
     0
 }
 
 #[tracepoint]
 pub fn sched_wakeup_tp(ctx: TracePointContext) -> u32 {
-    let p = Prog::SchedWakeupTp;
-    begin(p);
-    wakeup(unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0), p);
-    end(p);
+    by_path(Prog::SchedWakeupTp, |p| {
+        wakeup(
+            unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0),
+            p,
+        );
+    });
     0
 }
 

@@ -30,7 +30,7 @@ use tracer_common::{
 use crate::{
     account,
     kread::{Direct, Kernel, Probe},
-    maps::{add_to, begin, count_drop, current_ids, end, traced},
+    maps::{add_to, by_path, count_drop, current_ids, traced},
 };
 use tracer_common::hits::Prog;
 
@@ -149,20 +149,18 @@ fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
 // TP_PROTO(struct pt_regs *regs, long id)
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
-    let p = Prog::SysEnter;
-    begin(p);
-    enter::<Probe>(ctx.arg(0), ctx.arg(1), p);
-    end(p);
+    by_path(Prog::SysEnter, |p| {
+        enter::<Probe>(ctx.arg(0), ctx.arg(1), p)
+    });
     0
 }
 
 /// The same on a BTF tracepoint: the registers are a typed pointer, read with plain loads.
 #[btf_tracepoint(function = "sys_enter")]
 pub fn sys_enter_btf(ctx: BtfTracePointContext) -> i32 {
-    let p = Prog::SysEnterBtf;
-    begin(p);
-    enter::<Direct>(ctx.arg(0), ctx.arg(1), p);
-    end(p);
+    by_path(Prog::SysEnterBtf, |p| {
+        enter::<Direct>(ctx.arg(0), ctx.arg(1), p)
+    });
     0
 }
 
@@ -277,10 +275,7 @@ fn next_gen(tgid: u32, fd: i32) {
 // uretprobe's return left none, so it is skipped here too.
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
-    let p = Prog::SysExit;
-    begin(p);
-    exit(&ctx, p);
-    end(p);
+    by_path(Prog::SysExit, |p| exit(&ctx, p));
     0
 }
 
@@ -333,13 +328,13 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         None => match SYSCALLS.get_ptr_mut(&key) {
             Some(s) => s,
             None => {
-            let Some(zero) = SYS_ZERO.get_ptr(0) else {
-                return;
-            };
-            if SYSCALLS.insert(&key, unsafe { &*zero }, 0).is_err() {
-                count_drop(Drop::SyscallMapFull);
-                return;
-            }
+                let Some(zero) = SYS_ZERO.get_ptr(0) else {
+                    return;
+                };
+                if SYSCALLS.insert(&key, unsafe { &*zero }, 0).is_err() {
+                    count_drop(Drop::SyscallMapFull);
+                    return;
+                }
                 match SYSCALLS.get_ptr_mut(&key) {
                     Some(s) => s,
                     None => return,
@@ -439,7 +434,7 @@ fn held_row(st: &mut ThreadState, key: &SysKey) -> Option<*mut SysStat> {
         // It breaks another syscall's run: one alternating with the held one (a read after
         // each write) never reaches a run of its own.
         st.sys_last_nr = key.nr;
-        let h = unsafe { &mut *SYS_HELD.get_ptr_mut(account::own_slot(key.tid)?)? };
+        let h = held_slot(key.tid)?;
         if h.tid == key.tid && h.tgid == key.tgid && h.nr == key.nr {
             return Some(&mut h.stat);
         }
@@ -456,7 +451,7 @@ fn held_row(st: &mut ThreadState, key: &SysKey) -> Option<*mut SysStat> {
     if st.sys_run < SYS_HOLD_RUN {
         return None;
     }
-    let h = unsafe { &mut *SYS_HELD.get_ptr_mut(account::own_slot(key.tid)?)? };
+    let h = held_slot(key.tid)?;
     // What it held: this thread's other syscall, or a leftover of the slot's last owner (an
     // exec's); each goes to its own row.
     write_out_sys(h);
@@ -488,6 +483,7 @@ fn write_out_sys(h: &mut SysHeld) {
             }
         }
     }
+    // Field by field: a whole `SysStat` built first goes through the stack.
     h.stat.count = 0;
     h.stat.errors = 0;
     h.stat.total_ns = 0;
@@ -505,15 +501,15 @@ fn write_out_sys(h: &mut SysHeld) {
 /// its state is flushed.
 #[inline(always)]
 pub fn flush_sys(tid: u32) {
-    let Some(slot) = account::own_slot(tid) else {
-        return;
-    };
-    if let Some(h) = SYS_HELD.get_ptr_mut(slot) {
-        let h = unsafe { &mut *h };
-        if h.tid == tid {
-            write_out_sys(h);
-        }
+    if let Some(h) = held_slot(tid).filter(|h| h.tid == tid) {
+        write_out_sys(h);
     }
+}
+
+/// The `SYS_HELD` entry at `tid`'s state's slot, when its state is there.
+#[inline(always)]
+fn held_slot(tid: u32) -> Option<&'static mut SysHeld> {
+    Some(unsafe { &mut *SYS_HELD.get_ptr_mut(account::own_slot(tid)?)? })
 }
 
 /// Adds `v` to the `FILEIO` row of (`tgid`, `fd`, `gen`), creating it.

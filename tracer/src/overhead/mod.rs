@@ -162,11 +162,11 @@ impl ProbeFamily for OverheadFamily {
     }
 
     fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()> {
+        // Without it the programs never time their paths and every mean stays whole.
+        let _ = stats::register_paths_timing(ebpf);
         // Without them only the trap constants count. Not held on from here: the accounting
         // family times syscalls with them off as it attaches (`syscall_trap`), and the first
         // tick turns them on for the programs that have run.
-        // Without it the programs never time their paths and every mean stays whole.
-        let _ = stats::register_paths_timing(ebpf);
         self.stats_ok = stats_on().is_on();
         self.hits = Hits::open(ebpf).ok();
         self.uprobes = Some(ctx.uprobes.clone());
@@ -227,10 +227,11 @@ impl ProbeFamily for OverheadFamily {
             let timed = if w.timed > 0 { &w } else { &all };
             let mean = timed.ns as f64 / timed.timed.max(1) as f64;
             // Counted, and split by the same runs the mean is of.
-            let counted = w.paths.filter(|_| splits(&w.name));
+            let split = splits(&w.name);
+            let counted = w.paths.filter(|_| split);
             let by_path = timed
                 .paths
-                .filter(|_| splits(&w.name))
+                .filter(|_| split)
                 .and_then(|p| paths::split(mean, &p));
             programs.push(ProgramCost {
                 program: w.name.clone(),

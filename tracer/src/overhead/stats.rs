@@ -11,11 +11,12 @@
 //! time per run is what the kernel measured then; its hits are its own counts. The report
 //! charges the statistics' own cost to the hits they timed (`calibrate::StatsCost`).
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::{
+    os::fd::{AsFd, OwnedFd},
+    sync::Mutex,
+};
 
 use anyhow::{Context, Result};
-use std::sync::Mutex;
-
 use aya::{
     maps::{Array, Map, MapData, PerCpuArray},
     Ebpf,
@@ -29,11 +30,13 @@ pub struct Hits {
     paths: Option<PerCpuArray<MapData, Paths>>,
 }
 
-/// A descriptor of its own on map `name` (a per-CPU array or a ring), for a thread that reads
-/// it without the `Ebpf`.
+/// A descriptor of its own on map `name` (an array, a per-CPU array or a ring), for a thread
+/// that reads it without the `Ebpf`, or a handle kept beyond it.
 pub(super) fn own_map(ebpf: &Ebpf, name: &str) -> Result<MapData> {
     let fd = match ebpf.map(name) {
-        Some(Map::PerCpuArray(d) | Map::RingBuf(d)) => d.fd().as_fd().try_clone_to_owned(),
+        Some(Map::Array(d) | Map::PerCpuArray(d) | Map::RingBuf(d)) => {
+            d.fd().as_fd().try_clone_to_owned()
+        }
         _ => anyhow::bail!("map {name} missing"),
     }
     .with_context(|| format!("duplicate the {name} descriptor"))?;
@@ -140,13 +143,7 @@ fn paths_timing(delta: i64) {
 /// Hands the loaded object's `PATHS_ON` to [`stats_on`], set to whether the statistics are
 /// held on now.
 pub fn register_paths_timing(ebpf: &Ebpf) -> Result<()> {
-    let fd = match ebpf.map(PATHS_ON_MAP) {
-        Some(Map::Array(d)) => d.fd().as_fd().try_clone_to_owned(),
-        _ => anyhow::bail!("map {PATHS_ON_MAP} missing"),
-    }
-    .with_context(|| format!("duplicate the {PATHS_ON_MAP} descriptor"))?;
-    let data = MapData::from_fd(fd).with_context(|| format!("open {PATHS_ON_MAP}"))?;
-    let mut map = Array::try_from(Map::Array(data))?;
+    let mut map = Array::try_from(Map::Array(own_map(ebpf, PATHS_ON_MAP)?))?;
     let mut t = PATHS_TIMING
         .lock()
         .map_err(|_| anyhow::anyhow!("paths timing lock poisoned"))?;
