@@ -104,6 +104,14 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Test { args } => {
             setup::run()?;
             cargo(&["fmt", "--all", "--", "--check"])?;
+            // The eBPF crate is not a workspace member (it builds for another target).
+            cargo(&[
+                "fmt",
+                "--manifest-path",
+                "tracer-ebpf/Cargo.toml",
+                "--",
+                "--check",
+            ])?;
             cargo(&[
                 "clippy",
                 "--workspace",
