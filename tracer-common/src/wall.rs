@@ -90,6 +90,9 @@ pub const RQ_WOKEN: u32 = 1;
 
 /// No syscall in progress.
 pub const NO_SYSCALL: i32 = -1;
+/// `ThreadState::off_run_delay` of a thread not yet seen leaving the CPU (seeded blocked at
+/// the attach).
+pub const RUN_DELAY_UNKNOWN: u64 = u64::MAX;
 /// `ThreadState::off_sys_nr` (and the rows keyed by it) of a wait the syscall programs could
 /// not place: they were off (the overhead budget takes them off a syscall storm) when the
 /// thread's last syscall began, so it may be in one they did not see, or in none.
@@ -138,6 +141,11 @@ pub struct ThreadState {
     pub tid: u32,
     /// When the thread last left the CPU (the start of its off-CPU interval, for the timeline).
     pub off_ns: u64,
+    /// The scheduler's sum of the thread's runqueue waits (`sched_info.run_delay`) when it
+    /// last left the CPU, or [`RUN_DELAY_UNKNOWN`]: where no `sched_wakeup` program runs, the
+    /// part of a wait it spent runnable is told at its switch-in from this and the kernel's
+    /// own accounting (see the eBPF crate's `sched::queued_ns`).
+    pub off_run_delay: u64,
     /// The stacks walked for the thread's last waits: blocking again in one of them soon
     /// after reuses its stacks instead of walking again. Several, because a thread often
     /// cycles through a few waits (a loader's read and its write to a pipe; a trainer reading
@@ -317,6 +325,7 @@ impl ThreadState {
             cpu_row: 0,
             tid,
             off_ns: 0,
+            off_run_delay: RUN_DELAY_UNKNOWN,
             walked: [Walked::NONE; WALK_SLOTS],
             off_pystack: 0,
             off_gil: 0,

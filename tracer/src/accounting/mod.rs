@@ -108,6 +108,31 @@ fn raw_sched_offset(btf: &crate::btf::Btf) -> Result<u32> {
     check_args(btf, SCHED_RAW_PROGRAMS.map(|(_, tp, args)| (tp, args)))?;
     btf.member_offset("task_struct", "pid")
 }
+/// What `sched_switch_btf` reads to tell a woken thread's runqueue wait at its switch-in, so
+/// that no `sched_wakeup` program runs (the eBPF crate's `sched::queued_ns`): the
+/// scheduler's run-delay accounting (`CONFIG_SCHED_INFO`) and the task's runqueue clock,
+/// reached through its CFS runqueue (`CONFIG_FAIR_GROUP_SCHED`). A kernel without them, or
+/// GPUTRACE_SCHED_WAKEUP=1, gets the `sched_wakeup` program.
+fn switch_in_split_offsets(btf: &crate::btf::Btf) -> Result<Vec<(&'static str, u32)>> {
+    if std::env::var("GPUTRACE_SCHED_WAKEUP").is_ok_and(|v| v == "1") {
+        anyhow::bail!("GPUTRACE_SCHED_WAKEUP=1");
+    }
+    let off = |s: &str, f: &str| btf.member_offset(s, f);
+    let info = off("task_struct", "sched_info")?;
+    let se = off("task_struct", "se")?;
+    Ok(vec![
+        ("SPLIT_AT_SWITCH_IN", 1),
+        (
+            "OFF_TASK_LAST_QUEUED",
+            info + off("sched_info", "last_queued")?,
+        ),
+        ("OFF_TASK_RUN_DELAY", info + off("sched_info", "run_delay")?),
+        ("OFF_TASK_CFS_RQ", se + off("sched_entity", "cfs_rq")?),
+        ("OFF_CFS_RQ_RQ", off("cfs_rq", "rq")?),
+        ("OFF_RQ_CLOCK", off("rq", "clock")?),
+    ])
+}
+
 /// The block programs on classic tracepoints, for kernels whose BTF does not show the fields
 /// the raw ones read.
 const BLOCK_TP_PROGRAMS: [(&str, &str, &str); 5] = [
@@ -172,6 +197,9 @@ struct Offsets {
     globals: Vec<(&'static str, u32)>,
     sched_classic: Option<String>,
     block_classic: Option<String>,
+    /// Why `sched_switch_btf` does not tell woken threads' runqueue waits itself (`None`: it
+    /// does, and `sched_wakeup_btf` is not attached).
+    wakeup_needed: Option<String>,
 }
 
 impl Offsets {
@@ -251,6 +279,10 @@ impl Offsets {
             ("SYS_FUTEX", SYS_FUTEX),
             ("THREAD_SLOT_MASK", states::slot_mask()),
         ];
+        let split = on_btf(&btf, switch_in_split_offsets);
+        if let Ok(o) = &split {
+            v.extend(o.iter().copied());
+        }
         let mut block_classic = None;
         if tracefs::exists("block", "block_rq_issue") {
             match on_btf(&btf, raw_block_offsets) {
@@ -281,6 +313,7 @@ impl Offsets {
             globals: v,
             sched_classic: raw.err().map(|e| format!("{e:#}")),
             block_classic,
+            wakeup_needed: split.err().map(|e| format!("{e:#}")),
         })
     }
 }
@@ -774,7 +807,17 @@ impl ProbeFamily for Accounting {
         };
         if classic.is_none() {
             let raw = SCHED_RAW_PROGRAMS.map(|(prog, name, _)| (prog, name));
-            self.attach_btf_or_raw(ebpf, &btf, &SCHED_BTF_PROGRAMS, &raw, "scheduler", verbose)?;
+            // The raw set always has its wakeup program: only the BTF switch program tells
+            // the runqueue waits itself.
+            let wakeup_needed = offsets.and_then(|o| o.wakeup_needed.clone());
+            if let (Some(why), true) = (&wakeup_needed, verbose) {
+                crate::note!("gputrace: runqueue waits told by sched_wakeup: {why}");
+            }
+            let btf_set: Vec<(&'static str, &str)> = SCHED_BTF_PROGRAMS
+                .into_iter()
+                .filter(|(prog, _)| wakeup_needed.is_some() || *prog != "sched_wakeup_btf")
+                .collect();
+            self.attach_btf_or_raw(ebpf, &btf, &btf_set, &raw, "scheduler", verbose)?;
         } else {
             for (prog, cat, name) in SCHED_TP_PROGRAMS {
                 bpf::attach_tracepoint(ebpf, prog, cat, name)?;

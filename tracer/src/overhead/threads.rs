@@ -39,7 +39,8 @@ fn per_hit(o: &Overhead, name: &str) -> f64 {
 
 /// (switches out, wakeups): every blocking wait begins with a switch out and ends with a
 /// wakeup (the runqueue wait after it, "woken, waiting for a CPU", is the same switch); a
-/// preemption is a switch out with no wakeup.
+/// preemption is a switch out with no wakeup. Wakeups are priced at `sched_wakeup`'s cost, 0
+/// where that program does not run (the switch program tells the wait itself).
 fn switches(t: &TimeBreakdown) -> (u64, u64) {
     let (mut blocked, mut preempted) = (0, 0);
     for r in &t.reasons {
