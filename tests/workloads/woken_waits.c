@@ -52,9 +52,13 @@ int main(int argc, char **argv) {
     rounds = argc > 1 ? atol(argv[1]) : 2000;
     int n = argc > 2 ? atoi(argv[2]) : 3;
     if (n < 1 || n > 16) return 2;
+    // The first CPU this process may use (a cpuset may leave out CPU 0).
     cpu_set_t one;
+    if (sched_getaffinity(0, sizeof one, &one)) return 1;
+    int cpu = 0;
+    while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &one)) cpu++;
     CPU_ZERO(&one);
-    CPU_SET(0, &one);
+    CPU_SET(cpu, &one);
     // Before the threads start, so that they all inherit it.
     if (sched_setaffinity(0, sizeof one, &one)) {
         perror("sched_setaffinity");

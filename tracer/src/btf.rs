@@ -293,19 +293,12 @@ mod tests {
         assert_eq!(b.enum_value("REQ_OP_WRITE").unwrap(), 1);
         assert!(b.member_offset("request", "start_time_ns").is_ok());
         // What sched_switch_btf reads instead of a sched_wakeup program
-        // (accounting::switch_in_split_offsets); this machine's kernel has them.
-        for (s, f) in [
-            ("task_struct", "sched_info"),
-            ("sched_info", "last_queued"),
-            ("sched_info", "run_delay"),
-            ("task_struct", "se"),
-            ("sched_entity", "cfs_rq"),
-            ("cfs_rq", "rq"),
-            ("rq", "clock"),
-        ] {
-            let o = b.member_offset(s, f);
-            eprintln!("{s}.{f}: {o:?}");
-            assert!(o.is_ok(), "{s}.{f}: {o:?}");
+        // (accounting::switch_in_split_offsets), where the kernel has them: the scheduler's
+        // delay accounting comes whole (CONFIG_SCHED_INFO), and the runqueue clock is found.
+        if b.member_offset("task_struct", "sched_info").is_ok() {
+            assert!(b.member_offset("sched_info", "last_queued").is_ok());
+            assert!(b.member_offset("sched_info", "run_delay").is_ok());
         }
+        assert!(b.member_offset("rq", "clock").is_ok());
     }
 }

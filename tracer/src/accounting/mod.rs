@@ -809,7 +809,8 @@ impl ProbeFamily for Accounting {
             let raw = SCHED_RAW_PROGRAMS.map(|(prog, name, _)| (prog, name));
             // The raw set always has its wakeup program: only the BTF switch program tells
             // the runqueue waits itself.
-            let wakeup_needed = offsets.and_then(|o| o.wakeup_needed.clone());
+            let wakeup_needed =
+                offsets.map_or(Some("offsets unread".into()), |o| o.wakeup_needed.clone());
             if let (Some(why), true) = (&wakeup_needed, verbose) {
                 crate::note!("gputrace: runqueue waits told by sched_wakeup: {why}");
             }
@@ -945,8 +946,10 @@ impl ProbeFamily for Accounting {
     }
 
     fn before_release(&mut self, ebpf: &mut Ebpf, pid: u32) -> Result<()> {
-        // Seeded blocked in its read of the release pipe: the wakeup that follows starts its
-        // runqueue time and the switch-in its CPU time, exactly as for any other thread.
+        // Seeded blocked in its read of the release pipe: its runqueue time after the wake-up
+        // and then its CPU time are told at its switch-in, as for any other thread (its
+        // run-delay sum unknown, only the wait under way counts: it cannot migrate while
+        // queued between our release and its first run in a way that matters here).
         seed_threads(ebpf, &[pid], &mut self.run_times, &mut self.seeded_stacks)
     }
 
