@@ -255,9 +255,9 @@ fn a_syscall_storm_is_estimated_at_what_it_pays() {
         assert!(out.status.success(), "{out:?}");
         ns_per_op(&String::from_utf8_lossy(&out.stdout))
     };
+    // Untraced runs before and after the traced one: the host's speed drifts (on a noisy
+    // day three runs before it gave 110 and 146 ns a call in two tries, and a 1.6 ratio).
     let mut bare: Vec<f64> = (0..3).map(|_| untraced()).collect();
-    bare.sort_by(f64::total_cmp);
-    let bare = bare[1];
     let out = common::out_dir("syscall-estimate");
     let run = common::gputrace(&[
         "-F",
@@ -272,6 +272,9 @@ fn a_syscall_storm_is_estimated_at_what_it_pays() {
     ]);
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
     let traced = ns_per_op(&run.stdout);
+    bare.extend((0..3).map(|_| untraced()));
+    bare.sort_by(f64::total_cmp);
+    let bare = (bare[2] + bare[3]) / 2.0;
     let r = run.report(&out);
     let o = &r["overhead"];
     assert_eq!(o["syscall_trap_measured"], true, "{o:#}");
@@ -286,9 +289,12 @@ fn a_syscall_storm_is_estimated_at_what_it_pays() {
         paid > 0.2 * traced * calls,
         "untraced {bare} ns, traced {traced} ns per call"
     );
+    // Up to 1.75: on a noisy host (2026-11-26) the estimate reached 1.62-1.66 of what was
+    // paid in 2 of 8 runs, with the traced run itself slowed (329 against 240-250 ns a call);
+    // the constant it guards against read 1.83 (121% against 66%).
     let ratio = estimated / paid;
     assert!(
-        (0.6..=1.5).contains(&ratio),
+        (0.6..=1.75).contains(&ratio),
         "estimated {:.0} ms for the syscall tracepoints, paid {:.0} ms (untraced {bare} ns, \
          traced {traced} ns per call): {o:#}",
         estimated / 1e6,
