@@ -255,48 +255,61 @@ fn a_syscall_storm_is_estimated_at_what_it_pays() {
         assert!(out.status.success(), "{out:?}");
         ns_per_op(&String::from_utf8_lossy(&out.stdout))
     };
-    // Untraced runs before and after the traced one: the host's speed drifts (on a noisy
-    // day three runs before it gave 110 and 146 ns a call in two tries, and a 1.6 ratio).
-    let mut bare: Vec<f64> = (0..3).map(|_| untraced()).collect();
-    let out = common::out_dir("syscall-estimate");
-    let run = common::gputrace(&[
-        "-F",
-        "1",
-        "--max-overhead",
-        "100%",
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        bin,
-        CALLS,
-    ]);
-    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
-    let traced = ns_per_op(&run.stdout);
-    bare.extend((0..3).map(|_| untraced()));
+    // Three traced runs between untraced ones, judged by the median of their ratios: the
+    // host's speed drifts, and its noise reaches the programs' measured run times too (on a
+    // noisy day (2026-11-26) single runs gave 1.19-1.87, ~1.4 typical: each hit is priced
+    // at the mean the statistics report, whose own clock reads inside a timed run come to
+    // more than what an untimed hit pays beyond its program, ~30 ns a run over here). The
+    // constant that once put a storm at 1.83 is guarded by `syscall_trap_measured`; up to 2.0
+    // here catches a hit priced twice.
+    let mut bare: Vec<f64> = (0..2).map(|_| untraced()).collect();
+    let mut rounds = Vec::new();
+    for i in 0..3 {
+        let out = common::out_dir(&format!("syscall-estimate-{i}"));
+        let run = common::gputrace(&[
+            "-F",
+            "1",
+            "--max-overhead",
+            "100%",
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            bin,
+            CALLS,
+        ]);
+        assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+        let traced = ns_per_op(&run.stdout);
+        let r = run.report(&out);
+        let o = r["overhead"].clone();
+        assert_eq!(o["syscall_trap_measured"], true, "{o:#}");
+        let c = &o["costliest_thread"];
+        assert_eq!(c["tid"], r["target"]["pids"][0], "{c:#}");
+        // In ns, not as shares of the thread's life: that also holds its wait to be released,
+        // which a loaded machine stretches.
+        let estimated = common::field_of(&c["parts"], "what", "syscall tracepoints", "ns") as f64;
+        rounds.push((traced, estimated, o));
+        bare.extend((0..2).map(|_| untraced()));
+    }
     bare.sort_by(f64::total_cmp);
-    let bare = (bare[2] + bare[3]) / 2.0;
-    let r = run.report(&out);
-    let o = &r["overhead"];
-    assert_eq!(o["syscall_trap_measured"], true, "{o:#}");
-    let c = &o["costliest_thread"];
-    assert_eq!(c["tid"], r["target"]["pids"][0], "{c:#}");
-    // In ns, not as shares of the thread's life: that also holds its wait to be released,
-    // which a loaded machine stretches.
-    let estimated = common::field_of(&c["parts"], "what", "syscall tracepoints", "ns") as f64;
+    let bare = (bare[3] + bare[4]) / 2.0;
     let calls: f64 = CALLS.parse().unwrap();
+    let mut ratios: Vec<(f64, usize)> = Vec::new();
+    for (i, (traced, estimated, _)) in rounds.iter().enumerate() {
+        let paid = (traced - bare) * calls;
+        assert!(
+            paid > 0.2 * traced * calls,
+            "untraced {bare} ns, traced {traced} ns per call"
+        );
+        ratios.push((estimated / paid, i));
+    }
+    ratios.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (ratio, i) = ratios[1];
+    let (traced, estimated, o) = &rounds[i];
     let paid = (traced - bare) * calls;
     assert!(
-        paid > 0.2 * traced * calls,
-        "untraced {bare} ns, traced {traced} ns per call"
-    );
-    // Up to 1.75: on a noisy host (2026-11-26) the estimate reached 1.62-1.66 of what was
-    // paid in 2 of 8 runs, with the traced run itself slowed (329 against 240-250 ns a call);
-    // the constant it guards against read 1.83 (121% against 66%).
-    let ratio = estimated / paid;
-    assert!(
-        (0.6..=1.75).contains(&ratio),
-        "estimated {:.0} ms for the syscall tracepoints, paid {:.0} ms (untraced {bare} ns, \
-         traced {traced} ns per call): {o:#}",
+        (0.6..=2.0).contains(&ratio),
+        "median of {ratios:?}: estimated {:.0} ms for the syscall tracepoints, paid {:.0} ms \
+         (untraced {bare} ns, traced {traced} ns per call): {o:#}",
         estimated / 1e6,
         paid / 1e6
     );
@@ -465,12 +478,15 @@ fn switches_beside_a_busy_untraced_job_are_priced_by_their_path() {
             .expect("run the untraced pingpong"),
     );
     let out = common::out_dir("paths-beside");
+    // Long enough for the statistics' sampled ticks (one 100 ms tick a second) to time a few
+    // thousand switches of each path: 100,000 rounds (~0.6 s traced) timed as few as 689 runs
+    // once the wake-ups ran no program, too few to split.
     let run = common::gputrace(&[
         "-o",
         out.to_str().unwrap(),
         "--",
         bin.to_str().unwrap(),
-        "100000",
+        "400000",
     ]);
     drop(_other);
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);

@@ -425,7 +425,8 @@ fn running_process_is_traced_by_pid() {
     let dir = fake_cuda();
     // Started first: its libraries are already mapped when gputrace attaches.
     let mut child = Command::new(dir.join("workload"))
-        .arg("2000")
+        // Its calls start after this many ms: past the attach (1.2-2 s under CI load).
+        .arg("5000")
         .stdout(Stdio::null())
         .spawn()
         .expect("start the workload");
@@ -473,7 +474,8 @@ fn replaced_library_is_probed_through_map_files() {
         .unwrap();
     assert!(st.success());
     let mut child = Command::new(dir.join("workload"))
-        .arg("2000")
+        // Its calls start after this many ms: past the attach (1.2-2 s under CI load).
+        .arg("5000")
         .stdout(Stdio::null())
         .spawn()
         .expect("start the workload");
