@@ -257,11 +257,10 @@ fn a_syscall_storm_is_estimated_at_what_it_pays() {
     };
     // Three traced runs between untraced ones, judged by the median of their ratios: the
     // host's speed drifts, and its noise reaches the programs' measured run times too (on a
-    // noisy day (2026-11-26) single runs gave 1.19-1.87, ~1.4 typical: each hit is priced
-    // at the mean the statistics report, whose own clock reads inside a timed run come to
-    // more than what an untimed hit pays beyond its program, ~30 ns a run over here). The
-    // constant that once put a storm at 1.83 is guarded by `syscall_trap_measured`; up to 2.0
-    // here catches a hit priced twice.
+    // noisy day (2026-11-26) single runs gave 0.95-1.62, 1.22 the median of five: the
+    // programs' means, timed at a few sampled ticks, carry the host's noise). The constant
+    // that once put a storm at 1.83 is guarded by `syscall_trap_measured`; up to 2.0 here
+    // catches a hit priced twice.
     let mut bare: Vec<f64> = (0..2).map(|_| untraced()).collect();
     let mut rounds = Vec::new();
     for i in 0..3 {

@@ -47,9 +47,13 @@ pub fn error(shared: &SharedSyscallTrap) -> Option<String> {
 /// rounds moved by a few ns between runs on the development VM.
 const CALLS: u32 = 2000;
 const ROUNDS: usize = 7;
-/// Per hit: a median below this is noise around nothing (it is then taken as 0); above the
-/// upper bound, something else ran.
-const PLAUSIBLE_NS: std::ops::RangeInclusive<f64> = -50.0..=5_000.0;
+/// Per hit: outside this, something else ran. Below 0 is no noise: the programs' run time
+/// taken out was timed with the statistics on, which put their own clock reads inside each
+/// run (~30-45 ns here), and a hit with them off pays less than that outside its program
+/// (~15-27 ns less on 2026-11-26). The trace prices each hit at that same statistics-on
+/// mean plus this, so the two cancel; taken as 0, a getppid storm was estimated at ~1.4x
+/// what it paid.
+const PLAUSIBLE_NS: std::ops::RangeInclusive<f64> = -100.0..=5_000.0;
 
 /// Thread CPU time per getppid call (the slow path and the programs run in the caller).
 fn getppid_ns() -> f64 {
@@ -73,7 +77,7 @@ fn per_hit(attached: f64, bare: f64, programs: f64) -> f64 {
     (attached - bare - programs) / 2.0
 }
 
-/// The plausible median of the rounds' per-hit costs, never below 0.
+/// The plausible median of the rounds' per-hit costs.
 fn settle(rounds: Vec<f64>) -> Result<f64> {
     if rounds.is_empty() {
         bail!("no round measured");
@@ -82,7 +86,7 @@ fn settle(rounds: Vec<f64>) -> Result<f64> {
     if !PLAUSIBLE_NS.contains(&m) {
         bail!("{m:.0} ns per hit is implausible");
     }
-    Ok(m.max(0.0))
+    Ok(m)
 }
 
 /// Measures the cost per hit with `programs` (entry and exit) attached, against `bare`.
@@ -124,9 +128,10 @@ mod tests {
     }
 
     #[test]
-    fn the_median_round_counts_and_noise_below_zero_is_zero() {
+    fn the_median_round_counts_below_zero_too() {
         assert_eq!(settle(vec![30.0, 900.0, 25.0, 40.0, 35.0]).unwrap(), 35.0);
-        assert_eq!(settle(vec![-10.0, -5.0, 3.0]).unwrap(), 0.0);
+        // What the statistics put inside the runs outweighs the dispatch: it corrects them.
+        assert_eq!(settle(vec![-30.0, -25.0, 3.0]).unwrap(), -25.0);
         assert!(settle(vec![-400.0, -300.0, 0.0]).is_err());
         assert!(settle(vec![9_000.0]).is_err());
         assert!(settle(vec![]).is_err());

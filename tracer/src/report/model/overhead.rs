@@ -138,17 +138,20 @@ pub struct ProgramCost {
 }
 
 impl ProgramCost {
-    /// What one hit cost on average, traced or not.
+    /// What one hit cost on average, traced or not. Never below 0: a syscall tracepoint's
+    /// `trap_ns_per_hit` may be negative (`overhead::syscall_trap`), taking out what the
+    /// statistics put inside the mean.
     pub fn ns_per_hit(&self) -> f64 {
-        self.bpf_ns_per_hit + self.trap_ns_per_hit + self.stats_ns_per_hit
+        (self.bpf_ns_per_hit + self.trap_ns_per_hit + self.stats_ns_per_hit).max(0.0)
     }
 
     /// What one traced hit cost the traced thread that made it (or waited on it): more than
     /// the mean where the machine's other tasks make most of the cheap early returns.
     pub fn traced_ns_per_hit(&self) -> f64 {
-        self.traced_bpf_ns_per_hit.unwrap_or(self.bpf_ns_per_hit)
+        (self.traced_bpf_ns_per_hit.unwrap_or(self.bpf_ns_per_hit)
             + self.trap_ns_per_hit
-            + self.stats_ns_per_hit
+            + self.stats_ns_per_hit)
+            .max(0.0)
     }
 
     /// The hits that did the traced work.
@@ -164,7 +167,7 @@ impl ProgramCost {
                 let traced = self.traced_hits();
                 let outside = self.trap_ns_per_hit + self.stats_ns_per_hit;
                 traced as f64 * self.traced_ns_per_hit()
-                    + (self.hits - traced) as f64 * (early + outside)
+                    + (self.hits - traced) as f64 * (early + outside).max(0.0)
             }
             None => self.hits as f64 * self.ns_per_hit(),
         }
