@@ -43,8 +43,9 @@ pub const URETPROBE_TRAP_NS: f64 = 2000.0;
 pub const TRACEPOINT_NS: f64 = 30.0;
 /// The same for the syscall tracepoints, which also send every syscall of every task down the
 /// kernel's slow path while attached, where it cannot be measured at startup
-/// (`overhead::syscall_trap`, which measured 24-35 ns here on 2026-11-25: the host's costs
-/// drift). Measured on this VM (2026-11-21, getppid x500k): traced
+/// (`overhead::syscall_trap`, which measured 24-35 ns here on 2026-11-25 and -15 to -27 ns,
+/// net of what the statistics put inside the programs' means, on 2026-11-26: the host's
+/// costs drift). Measured on this VM (2026-11-21, getppid x500k): traced
 /// minus untraced less the two programs' run time left 322-388 ns per call with raw
 /// tracepoints (the default) and 226-280 ns with classic ones: ~170 ns per hit. With 30 ns the
 /// estimate put a syscall storm's overhead at 37% of its time where the measured share was 72%.

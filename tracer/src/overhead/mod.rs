@@ -212,6 +212,7 @@ impl ProbeFamily for OverheadFamily {
     ) -> Result<()> {
         let trap = calibrate::current(&self.trap);
         let (sys_ns, sys_measured) = syscall_trap::current(&self.sys_trap);
+        let sys_ns = syscall_trap::bounded(sys_ns, trap.stats.inside_ns);
         let mut programs = Vec::new();
         for all in self.runs(ebpf) {
             // gputrace's own calls, made before the trace started.

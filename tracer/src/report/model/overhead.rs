@@ -342,6 +342,33 @@ mod tests {
         assert_eq!(p.cost_ns(), 235_000.0);
     }
 
+    #[test]
+    fn a_negative_outside_cost_never_prices_a_hit_below_zero() {
+        // A syscall tracepoint's measured outside cost takes out what the statistics put
+        // inside its mean (`overhead::syscall_trap`).
+        let mut p = ProgramCost {
+            program: "sys_exit".into(),
+            hits: 1000,
+            bpf_ns_per_hit: 120.0,
+            trap_ns_per_hit: -25.0,
+            ..Default::default()
+        };
+        assert_eq!(p.ns_per_hit(), 95.0);
+        p.traced_hits = Some(100);
+        p.traced_bpf_ns_per_hit = Some(400.0);
+        p.early_bpf_ns_per_hit = Some(20.0);
+        assert_eq!(p.traced_ns_per_hit(), 375.0);
+        // The early path at 20 - 25: nothing, not less.
+        assert_eq!(p.cost_ns(), 100.0 * 375.0);
+        p.bpf_ns_per_hit = 20.0;
+        p.traced_bpf_ns_per_hit = None;
+        p.early_bpf_ns_per_hit = None;
+        assert_eq!(
+            (p.ns_per_hit(), p.traced_ns_per_hit(), p.cost_ns()),
+            (0.0, 0.0, 0.0)
+        );
+    }
+
     fn costly(estimated: f64) -> Overhead {
         Overhead {
             budget: 0.02,
