@@ -112,6 +112,20 @@ fn ground_truth_time_split_with_shared_thread_slots() {
     );
 }
 
+/// The programs the report says ran.
+fn programs_that_ran(report: &Value) -> Vec<&str> {
+    report["overhead"]["programs"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|p| p["program"].as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// Whether `-v` said the BTF scheduler set runs `sched_wakeup` (a kernel whose BTF lacks the
+/// scheduler's delay accounting, or GPUTRACE_SCHED_WAKEUP=1).
+fn told_by_wakeup(stderr: &str) -> bool {
+    stderr.contains("runqueue waits told by sched_wakeup")
+}
+
 /// Per CPU (`cpuN` lines of /proc/stat): (all ticks, steal ticks).
 fn cpu_ticks() -> Vec<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -183,7 +197,7 @@ fn ground_truth(name: &str, env: &[(&str, &str)]) {
     let asked_classic = env.contains(&("GPUTRACE_RAW_TRACEPOINTS", "0"));
     let asked_wakeup = env.contains(&("GPUTRACE_SCHED_WAKEUP", "1"));
     // A kernel whose BTF lacks the scheduler's delay accounting keeps the wake-up program.
-    let told_by_wakeup = run.stderr.contains("runqueue waits told by sched_wakeup");
+    let told_by_wakeup = told_by_wakeup(&run.stderr);
     assert_eq!(classic, asked_classic, "stderr:\n{}", run.stderr);
     assert_eq!(
         run.code(),
@@ -296,10 +310,7 @@ fn ground_truth(name: &str, env: &[(&str, &str)]) {
     }
     // Which sets of programs ran: the BTF ones by default, the raw ones with
     // GPUTRACE_BTF_TRACEPOINTS=0, the classic ones with GPUTRACE_RAW_TRACEPOINTS=0.
-    let programs: Vec<&str> = report["overhead"]["programs"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|p| p["program"].as_str()).collect())
-        .unwrap_or_default();
+    let programs = programs_that_ran(&report);
     let want: &[&str] = if asked_classic {
         &[
             "block_rq_insert_tp",
@@ -885,14 +896,11 @@ fn woken_threads_runqueue_waits_match_the_kernels() {
             .collect();
         assert_eq!(truth.len(), 3, "stdout:\n{}", run.stdout);
         let r = run.report(&out);
-        let programs: Vec<&str> = r["overhead"]["programs"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|p| p["program"].as_str()).collect())
-            .unwrap_or_default();
+        let programs = programs_that_ran(&r);
         assert!(programs.contains(&"sched_switch_btf"), "{programs:?}");
         // A kernel whose BTF lacks the scheduler's delay accounting keeps the wake-up program
         // (-v says so); CI's kernel has it, and there the switch program must tell the waits.
-        let told_by_wakeup = run.stderr.contains("runqueue waits told by sched_wakeup");
+        let told_by_wakeup = told_by_wakeup(&run.stderr);
         if wakeup == "0" && told_by_wakeup {
             assert!(
                 std::env::var_os("CI").is_none(),

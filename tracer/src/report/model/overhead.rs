@@ -142,16 +142,18 @@ impl ProgramCost {
     /// `trap_ns_per_hit` may be negative (`overhead::syscall_trap`), taking out what the
     /// statistics put inside the mean.
     pub fn ns_per_hit(&self) -> f64 {
-        (self.bpf_ns_per_hit + self.trap_ns_per_hit + self.stats_ns_per_hit).max(0.0)
+        self.priced(self.bpf_ns_per_hit)
+    }
+
+    /// A hit whose program ran `bpf_ns`, with what it cost outside the run; never below 0.
+    fn priced(&self, bpf_ns: f64) -> f64 {
+        (bpf_ns + self.trap_ns_per_hit + self.stats_ns_per_hit).max(0.0)
     }
 
     /// What one traced hit cost the traced thread that made it (or waited on it): more than
     /// the mean where the machine's other tasks make most of the cheap early returns.
     pub fn traced_ns_per_hit(&self) -> f64 {
-        (self.traced_bpf_ns_per_hit.unwrap_or(self.bpf_ns_per_hit)
-            + self.trap_ns_per_hit
-            + self.stats_ns_per_hit)
-            .max(0.0)
+        self.priced(self.traced_bpf_ns_per_hit.unwrap_or(self.bpf_ns_per_hit))
     }
 
     /// The hits that did the traced work.
@@ -165,9 +167,8 @@ impl ProgramCost {
         match self.early_bpf_ns_per_hit {
             Some(early) => {
                 let traced = self.traced_hits();
-                let outside = self.trap_ns_per_hit + self.stats_ns_per_hit;
                 traced as f64 * self.traced_ns_per_hit()
-                    + (self.hits - traced) as f64 * (early + outside).max(0.0)
+                    + (self.hits - traced) as f64 * self.priced(early)
             }
             None => self.hits as f64 * self.ns_per_hit(),
         }
