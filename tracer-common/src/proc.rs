@@ -32,6 +32,10 @@ pub enum ProcEventKind {
     /// A thread of a traced process (`pid`, `tid`) made `SYS_STORM_CALLS` syscalls in `arg`
     /// µs, under [`SYS_STORM_WINDOW_NS`]: its syscall tracepoints cost more than the budget.
     SyscallStorm = 5,
+    /// A thread of a traced process (`pid`, `tid`) mapped a file executable (mmap with
+    /// PROT_EXEC and a file): a library came in, maybe a CUDA one, to probe before its first
+    /// call rather than at the next scan of the process's maps.
+    MappedExec = 6,
 }
 
 /// A thread's syscalls are timed in blocks of `SYS_STORM_CALLS`, as many as cost the budget
@@ -47,6 +51,7 @@ impl ProcEventKind {
             3 => Some(Self::Exit),
             4 => Some(Self::ThreadExit),
             5 => Some(Self::SyscallStorm),
+            6 => Some(Self::MappedExec),
             _ => None,
         }
     }

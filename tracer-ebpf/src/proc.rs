@@ -110,6 +110,13 @@ pub fn syscall_storm(tgid: u32, tid: u32, took_ns: u64) {
     );
 }
 
+/// Thread `tid` of `tgid` mapped a file executable: user space, waiting on this ring, looks
+/// for a CUDA library in its maps at once, before the library's first call.
+#[inline(always)]
+pub fn mapped_exec(tgid: u32, tid: u32) {
+    emit(ProcEventKind::MappedExec, tgid, tid, 0);
+}
+
 #[inline(always)]
 fn emit_arg(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32, arg: u32) {
     let Some(mut entry) = PROC_EVENTS.reserve::<ProcEvent>(0) else {

@@ -109,6 +109,18 @@ static SYS_URETPROBE: Global<u32> = Global::new(335);
 /// The second argument's place in `struct pt_regs` (x86-64 `si`).
 #[no_mangle]
 static OFF_REGS_ARG1: Global<u32> = Global::new(104);
+/// mmap, and the places of its third to fifth arguments (`prot`, `flags`, `fd`) in `struct
+/// pt_regs` (x86-64 9, `dx`, `r10`, `r8`; set by user space per architecture).
+#[no_mangle]
+static SYS_MMAP: Global<u32> = Global::new(9);
+#[no_mangle]
+static OFF_REGS_ARG2: Global<u32> = Global::new(96);
+#[no_mangle]
+static OFF_REGS_ARG3: Global<u32> = Global::new(56);
+#[no_mangle]
+static OFF_REGS_ARG4: Global<u32> = Global::new(72);
+const PROT_EXEC: u64 = 4;
+const MAP_ANONYMOUS: u64 = 0x20;
 /// The open family (set by user space per architecture; `u32::MAX - 1` where a syscall does
 /// not exist): the path is the first argument of open and creat, the second of the others.
 #[no_mangle]
@@ -380,6 +392,17 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         || nr == SYS_ACCEPT4.load() as i32
     {
         label_fd(tgid, ret as i32, SOCKET_LABEL);
+    } else if nr == SYS_MMAP.load() as i32 {
+        // The registers still hold the arguments at the exit. A library's code segment is
+        // mapped executable from its file; anonymous memory (a JIT's) has no fd.
+        let regs: u64 = ctx.arg(0);
+        let prot: u64 = Probe::read(regs, OFF_REGS_ARG2.load());
+        let flags: u64 = Probe::read(regs, OFF_REGS_ARG3.load());
+        let fd: u64 = Probe::read(regs, OFF_REGS_ARG4.load());
+        // The kernel takes the fd as an int, whatever the upper half of the register holds.
+        if prot & PROT_EXEC != 0 && flags & MAP_ANONYMOUS == 0 && (fd as i32) >= 0 {
+            crate::proc::mapped_exec(tgid, tid);
+        }
     }
     if nr == SYS_CLOSE && ret == 0 {
         next_gen(tgid, st.sys_arg0 as i32);

@@ -58,6 +58,13 @@ pub trait ProbeFamily {
     ) -> Result<()> {
         Ok(())
     }
+    /// Processes that mapped a file executable (a library came in), a few milliseconds after
+    /// the kernel reported it: a family that probes libraries looks at their maps now rather
+    /// than at its next scan, before the library's first calls. `pids`: (pid, when it mapped
+    /// the first of them, ktime ns).
+    fn mapped(&mut self, _ebpf: &mut Ebpf, _pids: &[(u32, u64)]) -> Result<()> {
+        Ok(())
+    }
     /// Reads what the kernel aggregated and fills in its part of the report.
     fn finish(
         &mut self,

@@ -358,9 +358,18 @@ async fn pump(
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let mut ticks: u64 = 0;
     let mut exit_code = None;
+    // When the processes that mapped a library are handed on: a loader maps a program's
+    // libraries in a burst, which one look covers.
+    let mut mapped_due: Option<tokio::time::Instant> = None;
     loop {
         let sleep = async {
             match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let mapped_sleep = async {
+            match mapped_due {
                 Some(d) => tokio::time::sleep_until(d).await,
                 None => std::future::pending().await,
             }
@@ -375,11 +384,21 @@ async fn pump(
                 drain(guard.get_inner_mut(), tracker);
                 guard.clear_ready();
                 hand_storms(tracker, ebpf, families);
+                if !tracker.mapped.is_empty() && mapped_due.is_none() {
+                    mapped_due = Some(tokio::time::Instant::now() + MAPPED_SETTLE);
+                }
+            }
+            _ = mapped_sleep => {
+                mapped_due = None;
+                hand_mapped(tracker, ebpf, families);
             }
             _ = tick.tick() => {
                 ticks += 1;
                 drain(ring.get_mut(), tracker);
                 hand_storms(tracker, ebpf, families);
+                if !tracker.mapped.is_empty() && mapped_due.is_none() {
+                    mapped_due = Some(tokio::time::Instant::now() + MAPPED_SETTLE);
+                }
                 if let Some(pid) = launched {
                     if let Some(code) = target::try_reap(pid) {
                         exit_code = Some(code);
@@ -417,6 +436,30 @@ fn hand_storms(tracker: &mut Tracker, ebpf: &mut Ebpf, families: &mut [Box<dyn P
     for f in families.iter_mut() {
         // The trace goes on as it is: a family that cannot react says so in its report.
         if let Err(e) = f.storms(ebpf, &storms) {
+            crate::note!("gputrace: {} probes: {e:#}", f.name());
+        }
+    }
+}
+
+/// How long after a process mapped a library the families look at it: the loader maps the
+/// rest of a burst (a program's needed libraries, a Python extension's) meanwhile, and a
+/// CUDA runtime's first launch comes hundreds of milliseconds after its load (context
+/// creation).
+const MAPPED_SETTLE: Duration = Duration::from_millis(3);
+
+/// Hands the processes that mapped a library to the families (the CUDA probes attach to a new
+/// runtime or driver before its first calls, not at their next scan).
+fn hand_mapped(tracker: &mut Tracker, ebpf: &mut Ebpf, families: &mut [Box<dyn ProbeFamily>]) {
+    let pids: Vec<(u32, u64)> = std::mem::take(&mut tracker.mapped)
+        .into_iter()
+        .filter(|(pid, _)| tracker.procs.get(pid).is_none_or(|t| !t.info.exited))
+        .collect();
+    if pids.is_empty() {
+        return;
+    }
+    for f in families.iter_mut() {
+        // The periodic scan is still there: a family that cannot look now says so.
+        if let Err(e) = f.mapped(ebpf, &pids) {
             crate::note!("gputrace: {} probes: {e:#}", f.name());
         }
     }

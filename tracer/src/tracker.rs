@@ -58,6 +58,9 @@ pub struct Tracker {
     /// Syscall storms the kernel reported and the accounting has not taken yet (bounded: the
     /// kernel sends one per block of syscalls until the programs are off).
     pub storms: Vec<ProcEvent>,
+    /// Processes that mapped a file executable since the families last looked
+    /// (`ProcEventKind::MappedExec`), with the first such mapping's time (ktime ns).
+    pub mapped: BTreeMap<u32, u64>,
 }
 
 /// Storms kept for the accounting between two of its looks.
@@ -121,6 +124,10 @@ impl Tracker {
             }
             return;
         }
+        if ev.kind == ProcEventKind::MappedExec as u32 {
+            self.mapped.entry(ev.pid).or_insert(ev.ts_ns);
+            return;
+        }
         self.events += 1;
         if self.lifecycle.len() < crate::report::timeline::LIFECYCLE_MAX {
             self.lifecycle.push(*ev);
@@ -159,7 +166,10 @@ impl Tracker {
             Some(ProcEventKind::Exit) => {
                 self.mark_exited_at(ev.pid, ev.ts_ns);
             }
-            Some(ProcEventKind::ThreadExit) | Some(ProcEventKind::SyscallStorm) | None => {}
+            Some(ProcEventKind::ThreadExit)
+            | Some(ProcEventKind::SyscallStorm)
+            | Some(ProcEventKind::MappedExec)
+            | None => {}
         }
     }
 

@@ -232,6 +232,12 @@ impl Offsets {
         } else {
             104
         };
+        // mmap's prot, flags and fd (x86-64 dx, r10, r8; arm64 x2, x3, x4).
+        let (regs_arg2, regs_arg3, regs_arg4) = if cfg!(target_arch = "aarch64") {
+            (16, 24, 32)
+        } else {
+            (96, 56, 72)
+        };
         // The open family, whose paths name the files (arm64 has only openat and openat2).
         const NONE: u32 = u32::MAX - 1;
         let arm = cfg!(target_arch = "aarch64");
@@ -264,6 +270,10 @@ impl Offsets {
             ),
             ("OFF_REGS_ARG0", REGS_ARG0),
             ("OFF_REGS_ARG1", REGS_ARG1),
+            ("OFF_REGS_ARG2", regs_arg2),
+            ("OFF_REGS_ARG3", regs_arg3),
+            ("OFF_REGS_ARG4", regs_arg4),
+            ("SYS_MMAP", if arm { 222 } else { 9 }),
             ("SYS_OPEN", sys_open),
             ("SYS_CREAT", sys_creat),
             ("SYS_OPENAT", sys_openat),

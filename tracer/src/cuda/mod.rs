@@ -81,6 +81,8 @@ pub struct CudaFamily {
     /// Switches the launch probes on and off under `--max-overhead` (issue 6).
     gate: crate::overhead::LaunchGate,
     uprobes: Option<Uprobes>,
+    /// `-v`: say how soon a library mapped during the trace was probed.
+    verbose: bool,
 }
 
 impl Drop for CudaFamily {
@@ -138,6 +140,7 @@ impl CudaFamily {
             exec_sizes: HashMap::new(),
             named: Vec::new(),
             gate: crate::overhead::LaunchGate::new(args.max_overhead, args.cuda_entry_only, trap),
+            verbose: args.verbose,
             uprobes: None,
         }
     }
@@ -169,6 +172,11 @@ impl CudaFamily {
     fn scan(&mut self, ebpf: &mut Ebpf, pids: &[u32], all: bool) {
         // Forgets processes that are gone: a reused pid is looked at afresh.
         self.exec_sizes.retain(|pid, _| pids.contains(pid));
+        self.scan_only(ebpf, pids, all);
+    }
+
+    /// `scan` without forgetting the processes not in `pids`.
+    fn scan_only(&mut self, ebpf: &mut Ebpf, pids: &[u32], all: bool) {
         for &pid in pids {
             let sizes = procfs::exec_sizes(pid);
             if !all && sizes.is_some() && self.exec_sizes.get(&pid) == sizes.as_ref() {
@@ -366,6 +374,25 @@ impl ProbeFamily for CudaFamily {
                 .map(|(pid, _)| *pid)
                 .collect();
             self.scan(ebpf, &live, self.ticks.is_multiple_of(SCAN_ALL_EVERY_TICKS));
+        }
+        Ok(())
+    }
+
+    fn mapped(&mut self, ebpf: &mut Ebpf, pids: &[(u32, u64)]) -> Result<()> {
+        // Before the library's first launch: its calls until the next scan would go uncounted.
+        for &(pid, mapped_at) in pids {
+            let known = self.libs.len();
+            self.scan_only(ebpf, &[pid], false);
+            if self.verbose {
+                let lag = crate::probes::ktime_now().saturating_sub(mapped_at);
+                for lib in &self.libs[known..] {
+                    crate::note!(
+                        "gputrace: probes on {} {:.1} ms after pid {pid} mapped it",
+                        lib.found.path,
+                        lag as f64 / 1e6
+                    );
+                }
+            }
         }
         Ok(())
     }

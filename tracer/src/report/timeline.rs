@@ -189,7 +189,7 @@ pub fn add_lifecycle(
                 ev.pid,
                 vec![("code".to_string(), ev.exit_code.to_string())],
             ),
-            Some(K::ThreadExit) | Some(K::SyscallStorm) | None => continue,
+            Some(K::ThreadExit) | Some(K::SyscallStorm) | Some(K::MappedExec) | None => continue,
         };
         t.push(TimelineEvent {
             ts_ns: ev.ts_ns.saturating_sub(window_start_ktime),
