@@ -111,6 +111,36 @@ fn check_python(dir: &Path, run: &Run, version: &str) {
         a + b
     );
     assert!(folded.contains("_[k]"), "no kernel frames");
+    // The report's Python lines give each sample to its innermost Python frame, the native
+    // code under it included: the spin is hot_a's and hot_b's own time, 70/30, and a hot
+    // function leads the process's list.
+    let lines = report["processes"][0]["top_python"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no top_python: {:#}", report["processes"][0]));
+    let own = |name: &str| -> u64 {
+        lines
+            .iter()
+            .filter(|l| {
+                l["function"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("{name} (py_hot.py:"))
+            })
+            .map(|l| l["samples"].as_u64().unwrap())
+            .sum()
+    };
+    let (own_a, own_b) = (own("hot_a"), own("hot_b"));
+    let own_share = 100.0 * own_a as f64 / (own_a + own_b).max(1) as f64;
+    assert!(
+        (own_share - 70.0).abs() <= 10.0 && own_a + own_b > (a + b) / 2,
+        "hot_a's own share {own_share:.1}% (a={own_a}, b={own_b} of {} under them): {lines:#?}",
+        a + b
+    );
+    let first = lines[0]["function"].as_str().unwrap();
+    assert!(
+        first.starts_with("hot_a (py_hot.py:") || first.starts_with("hot_b (py_hot.py:"),
+        "{lines:#?}"
+    );
     let svg = std::fs::read_to_string(dir.join("cpu.svg")).expect("cpu.svg");
     assert!(
         svg.contains("hot_a (py_hot.py:"),

@@ -278,6 +278,7 @@ fn fill_time(
                         samples: 0,
                         kernel_samples: 0,
                         top_self: Vec::new(),
+                        top_python: Vec::new(),
                         time: None,
                         syscalls: Vec::new(),
                         python_sites: Vec::new(),

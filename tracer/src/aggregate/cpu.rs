@@ -98,6 +98,25 @@ pub fn top_self(samples: &[&StackSample], n: usize) -> Vec<FnStat> {
     })
 }
 
+/// Python lines ranked by the samples taken under them: each sample goes to its innermost
+/// Python frame (none when the stack has no Python frame).
+pub fn top_python(samples: &[&StackSample], n: usize) -> Vec<FnStat> {
+    rank(samples, n, |s, add| {
+        if let Some(f) = s.frames.iter().rev().find(|f| is_python(f)) {
+            add(f);
+        }
+    })
+}
+
+/// A frame the Python walk put in: its module is the source file (`train.py`, or
+/// `<frozen importlib._bootstrap>` for a frozen module), not an object file.
+pub fn is_python(f: &Frame) -> bool {
+    !f.kernel
+        && f.module
+            .as_deref()
+            .is_some_and(|m| m.ends_with(".py") || (m.starts_with('<') && m.ends_with('>')))
+}
+
 /// Functions ranked by total samples (anywhere on the stack, counted once per stack).
 pub fn top_total(samples: &[&StackSample], n: usize) -> Vec<FnStat> {
     rank(samples, n, |s, add| {
@@ -201,6 +220,79 @@ pub(crate) mod tests {
         assert!((totals[0].percent - 100.0).abs() < 1e-9);
         assert_eq!(totals[1].function, "r");
         assert_eq!(totals[1].samples, 10);
+    }
+
+    /// Each sample goes to its innermost Python frame, whatever native code ran under it.
+    #[test]
+    fn python_lines_own_the_native_code_under_them() {
+        let py = |name: &str, file: &str| Frame {
+            name: name.into(),
+            module: Some(file.into()),
+            kernel: false,
+        };
+        let native = |name: &str| Frame {
+            name: name.into(),
+            module: Some("python3.12".into()),
+            kernel: false,
+        };
+        let sample = |frames: Vec<Frame>, count: u64| StackSample {
+            pid: 1,
+            tid: 1,
+            comm: "python3".into(),
+            frames,
+            count,
+            kernel_mode: false,
+        };
+        let main = py("<module> (train.py:30)", "/job/train.py");
+        let prep = py("prep_batch (train.py:15)", "/job/train.py");
+        let boot = py(
+            "_find_and_load (<frozen importlib._bootstrap>:1360)",
+            "<frozen importlib._bootstrap>",
+        );
+        let samples = [
+            sample(
+                vec![
+                    native("Py_RunMain"),
+                    main.clone(),
+                    prep.clone(),
+                    native("PyObject_Malloc"),
+                ],
+                6,
+            ),
+            sample(vec![native("Py_RunMain"), main.clone(), prep.clone()], 2),
+            sample(
+                vec![
+                    native("Py_RunMain"),
+                    main.clone(),
+                    native("_PyEval_EvalFrameDefault"),
+                ],
+                1,
+            ),
+            sample(vec![native("Py_RunMain"), boot.clone(), native("read")], 1),
+            // A thread with no Python frames (a CUDA helper thread): no line.
+            sample(vec![native("start_thread"), native("poll")], 10),
+        ];
+        let all: Vec<&StackSample> = samples.iter().collect();
+        let lines = top_python(&all, 10);
+        let got: Vec<(&str, u64)> = lines
+            .iter()
+            .map(|l| (l.function.as_str(), l.samples))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("prep_batch (train.py:15)", 8),
+                ("<module> (train.py:30)", 1),
+                ("_find_and_load (<frozen importlib._bootstrap>:1360)", 1),
+            ]
+        );
+        // A share of all the samples considered, as top_self's.
+        assert!((lines[0].percent - 40.0).abs() < 1e-9);
+        assert!(!is_python(&Frame {
+            kernel: true,
+            ..prep
+        }));
+        assert!(!is_python(&native("PyObject_Malloc")));
     }
 
     #[test]

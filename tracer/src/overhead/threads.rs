@@ -217,6 +217,7 @@ mod tests {
             samples: 100,
             kernel_samples: 0,
             top_self: vec![],
+            top_python: vec![],
             time: Some(TimeBreakdown {
                 alive_ns: (alive_s * 1e9) as u64,
                 reasons: vec![

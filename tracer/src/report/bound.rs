@@ -181,6 +181,7 @@ mod tests {
             exited: true,
             samples,
             top_self: vec![],
+            top_python: vec![],
             top_total: vec![],
             time: None,
             syscalls: vec![],
@@ -280,6 +281,7 @@ mod tests {
             samples,
             kernel_samples: 0,
             top_self: vec![],
+            top_python: vec![],
             time: Some(crate::report::model::time::TimeBreakdown {
                 alive_ns,
                 accounted_ns: alive_ns,

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::aggregate::cpu::{top_self, top_total, CpuProfile};
+use crate::aggregate::cpu::{top_python, top_self, top_total, CpuProfile};
 
 use super::model::*;
 
@@ -62,6 +62,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
                         .map(|s| s.count)
                         .sum(),
                     top_self: top_self(&samples, input.top),
+                    top_python: top_python(&samples, input.top),
                     time: None,
                     syscalls: Vec::new(),
                     python_sites: Vec::new(),
@@ -81,6 +82,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
                 samples: all.iter().map(|s| s.count).sum(),
                 top_self: top_self(&all, input.top),
                 top_total: top_total(&all, input.top),
+                top_python: top_python(&all, input.top),
                 time: None,
                 syscalls: Vec::new(),
                 files: Vec::new(),

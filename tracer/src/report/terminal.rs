@@ -318,6 +318,16 @@ fn render_functions(o: &mut String, p: &ProcessReport) {
     if p.samples == 0 {
         return;
     }
+    if !p.top_python.is_empty() {
+        // The innermost Python line of each sample, native code under it included.
+        line(
+            o,
+            "  top Python lines by samples (own time, native calls included):",
+        );
+        for f in &p.top_python {
+            line(o, &fn_line(f));
+        }
+    }
     line(o, "  top functions by self samples:");
     for f in &p.top_self {
         line(o, &fn_line(f));

@@ -4,7 +4,7 @@
 use super::{cat_pct, finding, host::capitalize, substantial, thread_label, thresholds::*, weight};
 use crate::report::{
     model::{
-        cuda::{ApiStat, ProcessCuda},
+        cuda::{ApiStat, GpuSample, GpuSeries, ProcessCuda},
         verdict::Finding,
         ProcessReport, Report,
     },
@@ -53,17 +53,71 @@ fn share(r: &Report, p: &ProcessReport, category: &str, api_ns: u64) -> (f64, Op
 }
 
 /// Mean GPU utilisation over all GPUs NVML saw, when it is available.
-fn gpu_util(r: &Report) -> Option<f64> {
+/// When the traced job first took GPU memory (ns since the window start), if it did during the
+/// trace and not at its very start: `gputrace -- python train.py` spends seconds importing
+/// before the GPU has any work, and an H100 trace of a GPU-bound loop read 30% utilisation
+/// over the whole window (a "GPU idle" verdict) where the loop itself kept it ~75% busy.
+pub(crate) fn gpu_work_from(r: &Report) -> Option<u64> {
+    cuda_procs(r)
+        .filter_map(|(_, c)| c.memory.live_bytes_series.first().map(|&(t, _)| t))
+        .min()
+        .filter(|&t| t > 0)
+}
+
+/// The samples of `g` the utilisation is judged on: from the job's first GPU allocation on,
+/// when that leaves enough of them (`GPU_UTIL_MIN_SAMPLES`), else all.
+fn judged_samples(g: &GpuSeries, from: Option<u64>) -> &[GpuSample] {
+    if let Some(from) = from {
+        let start = g.samples.partition_point(|s| s.t_ns < from);
+        if g.samples.len() - start >= GPU_UTIL_MIN_SAMPLES {
+            return &g.samples[start..];
+        }
+    }
+    &g.samples
+}
+
+/// Mean utilisation of every GPU since the job's first GPU allocation (`gpu_work_from`).
+pub(crate) fn gpu_util(r: &Report) -> Option<f64> {
     let n = r.nvml.as_ref()?;
     if !n.available || n.gpus.is_empty() {
         return None;
     }
-    Some(n.gpus.iter().map(|g| g.mean_util_percent).sum::<f64>() / n.gpus.len() as f64)
+    let from = gpu_work_from(r);
+    let mean = |g: &GpuSeries| {
+        let s = judged_samples(g, from);
+        if s.is_empty() {
+            g.mean_util_percent
+        } else {
+            s.iter().map(|x| x.util_gpu as f64).sum::<f64>() / s.len() as f64
+        }
+    };
+    Some(n.gpus.iter().map(mean).sum::<f64>() / n.gpus.len() as f64)
+}
+
+/// `" since the first GPU allocation at 9.3 s"` when the utilisation leaves the start-up out.
+fn util_since(r: &Report) -> String {
+    let Some(from) = gpu_work_from(r) else {
+        return String::new();
+    };
+    let n = r.nvml.as_ref();
+    let windowed = n.is_some_and(|n| {
+        n.gpus
+            .iter()
+            .any(|g| judged_samples(g, Some(from)).len() < g.samples.len())
+    });
+    if windowed {
+        format!(
+            " since the job's first GPU allocation at {}",
+            units::dur(from)
+        )
+    } else {
+        String::new()
+    }
 }
 
 fn util_line(r: &Report) -> String {
     match (gpu_util(r), r.nvml.as_ref()) {
-        (Some(u), _) => format!("mean GPU utilisation {u:.0}% (NVML)"),
+        (Some(u), _) => format!("mean GPU utilisation {u:.0}%{} (NVML)", util_since(r)),
         (None, Some(n)) => format!(
             "GPU utilisation not measured: {}",
             n.reason.as_deref().unwrap_or("NVML unavailable")
@@ -542,16 +596,23 @@ pub fn gpu_idle(r: &Report) -> Vec<Finding> {
         return vec![];
     }
     let nvml = r.nvml.as_ref().expect("gpu_util needs nvml");
+    let from = gpu_work_from(r);
     let mut evidence = Vec::new();
     for g in &nvml.gpus {
-        let zero = g.samples.iter().filter(|s| s.util_gpu == 0).count();
+        let samples = judged_samples(g, from);
+        let n = samples.len().max(1) as f64;
+        let mean = samples.iter().map(|s| s.util_gpu as f64).sum::<f64>() / n;
+        let max = samples.iter().map(|s| s.util_gpu).max().unwrap_or(0);
+        let none = samples.iter().filter(|s| s.util_gpu == 0).count();
+        // NVML's utilisation is the share of its sample period in which a kernel ran: a GPU
+        // at 18% in every sample is idle 82% of the time without one idle sample.
         evidence.push(format!(
-            "GPU {} {}: mean utilisation {:.0}%, idle in {} of {} samples",
+            "GPU {} {}: a kernel ran {mean:.0}% of the time on average, at most {max}% in one \
+             sample; no kernel at all in {none} of {} samples{}",
             g.index,
             g.name,
-            g.mean_util_percent,
-            zero,
-            g.samples.len()
+            samples.len(),
+            util_since(r)
         ));
     }
     vec![finding(

@@ -405,7 +405,22 @@ pub fn cpu_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
             .filter_map(|t| on_cpu(r, p, t).map(|c| (t, c)))
             .max_by(|a, b| a.1.total_cmp(&b.1));
         let Some((t, cpu)) = best else { continue };
-        if cpu < CPU_MIN {
+        // A CUDA process whose GPU sat mostly idle: the host thread that feeds it is the
+        // bottleneck well before it is on CPU nearly all the time (an H100 trace of a loop
+        // preparing batches in Python: 67% on CPU, the GPU 18% busy).
+        let util = p
+            .cuda
+            .as_ref()
+            .filter(|c| !c.api.is_empty())
+            .and_then(|_| super::gpu::gpu_util(r))
+            .filter(|&u| u < GPU_IDLE_UTIL);
+        if cpu
+            < if util.is_some() {
+                CPU_MIN_GPU_IDLE
+            } else {
+                CPU_MIN
+            }
+        {
             continue;
         }
         let fns = if t.top_self.is_empty() {
@@ -413,27 +428,54 @@ pub fn cpu_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
         } else {
             &t.top_self
         };
-        let hot = fns
-            .iter()
-            .take(3)
-            .map(|f| format!("{} ({:.0}%)", f.function, f.percent))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let mut evidence: Vec<String> = fns
-            .iter()
-            .take(5)
-            .map(|f| {
-                format!(
-                    "{:.1}% {}{}",
-                    f.percent,
-                    f.function,
-                    f.module
-                        .as_deref()
-                        .map(|m| format!(" [{m}]"))
-                        .unwrap_or_default()
-                )
-            })
-            .collect();
+        let py = if t.samples > 0 {
+            &t.top_python
+        } else {
+            &p.top_python
+        };
+        // Python lines name the work better than the interpreter's own functions under them
+        // (PyObject_Malloc, _PyEval_EvalFrameDefault): py-spy's view, first.
+        let py_hot = py.first().is_some_and(|f| f.percent >= PYTHON_LINE_MIN);
+        let hot = if py_hot {
+            format!(
+                "Python: {}",
+                py.iter()
+                    .take(3)
+                    .map(|f| format!("{} ({:.0}%)", f.function, f.percent))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            fns.iter()
+                .take(3)
+                .map(|f| format!("{} ({:.0}%)", f.function, f.percent))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut evidence: Vec<String> = Vec::new();
+        if py_hot {
+            evidence.extend(
+                py.iter()
+                    .take(3)
+                    .map(|f| format!("{:.1}% under {} (Python)", f.percent, f.function)),
+            );
+        }
+        if let Some(u) = util {
+            evidence.push(format!(
+                "meanwhile the GPU was busy {u:.0}% of the time (NVML): this thread feeds it"
+            ));
+        }
+        evidence.extend(fns.iter().take(if py_hot { 3 } else { 5 }).map(|f| {
+            format!(
+                "{:.1}% {}{}",
+                f.percent,
+                f.function,
+                f.module
+                    .as_deref()
+                    .map(|m| format!(" [{m}]"))
+                    .unwrap_or_default()
+            )
+        }));
         if t.samples > 0 {
             evidence.push(format!(
                 "{} samples, {:.0}% in the kernel",
@@ -457,10 +499,18 @@ pub fn cpu_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
                  page faults) and batch them.",
             );
         }
-        if p.comm.starts_with("python") || fns.iter().any(|f| f.function.contains("_PyEval")) {
+        if py_hot {
             sugg.push(
-                "Python interpreter frames: vectorise the loop (NumPy/torch ops), or use \
-                 py-spy to see which Python lines are hot.",
+                "The Python lines above hold the CPU (with the native code they call): \
+                 vectorise them (NumPy/torch ops), cache what they compute, or move them into \
+                 DataLoader workers.",
+            );
+        } else if p.comm.starts_with("python") || fns.iter().any(|f| f.function.contains("_PyEval"))
+        {
+            sugg.push(
+                "Python interpreter frames without Python lines (the frame walk did not \
+                 resolve them; see the report's warnings): vectorise the loop (NumPy/torch \
+                 ops), or use py-spy to see which Python lines are hot.",
             );
         }
         out.push(finding(

@@ -822,3 +822,119 @@ fn a_job_is_idle_only_when_its_folded_threads_are_too() {
     r.processes.push(process(400, None, "helpers", helpers));
     assert!(host::all_idle(&r));
 }
+
+/// NVML samples 100 ms apart (`n` of them): `util(i)` for the i-th.
+fn nvml_series(n: u64, util: impl Fn(u64) -> u32) -> crate::report::model::cuda::Nvml {
+    let mut nv = nvml(0.0);
+    let g = &mut nv.gpus[0];
+    let proto = g.samples[0].clone();
+    g.samples = (0..n)
+        .map(|i| crate::report::model::cuda::GpuSample {
+            t_ns: i * SEC / 10,
+            util_gpu: util(i),
+            ..proto.clone()
+        })
+        .collect();
+    g.mean_util_percent =
+        g.samples.iter().map(|s| s.util_gpu as f64).sum::<f64>() / g.samples.len() as f64;
+    nv
+}
+
+/// What an H100 showed: a Python loop preparing batches on CPU 67% of the time while the GPU
+/// ran kernels 18% of it. The host thread is the bottleneck, named by its Python line.
+#[test]
+fn cpu_bound_below_70_percent_when_the_gpu_it_feeds_is_idle() {
+    let mut r = cuda_job(
+        &[("cpu", 67.0), ("cuda_memcpy", 15.0), ("lock", 15.0)],
+        sync_cuda(100, SEC / 10),
+    );
+    {
+        let t = &mut r.processes[0].threads[0];
+        t.samples = 660;
+        t.top_self = vec![f("PyObject_Free", 13.0, 88), f("PyObject_Malloc", 12.0, 82)];
+        t.top_python = vec![
+            f("prep_batch (train.py:15)", 71.0, 470),
+            f("step (train.py:20)", 6.0, 40),
+        ];
+    }
+    r.nvml = Some(nvml(18.0));
+    let fs = evaluate(&r);
+    let cpu = fs
+        .iter()
+        .find(|f| f.rule == "cpu-bound")
+        .unwrap_or_else(|| panic!("{fs:#?}"));
+    assert!(
+        cpu.title
+            .contains("hottest: Python: prep_batch (train.py:15) (71%)"),
+        "{}",
+        cpu.title
+    );
+    assert!(
+        cpu.evidence[0].contains("71.0% under prep_batch (train.py:15)"),
+        "{:?}",
+        cpu.evidence
+    );
+    assert!(cpu.evidence.iter().any(|e| e.contains("GPU was busy 18%")));
+    assert!(!cpu.suggestions.iter().any(|s| s.contains("py-spy")));
+    // The same thread beside a busy GPU, or with no GPU figures: under 70%, not CPU-bound.
+    r.nvml = Some(nvml(90.0));
+    assert!(!rules(&r).contains(&"cpu-bound".to_string()));
+    r.nvml = None;
+    assert!(!rules(&r).contains(&"cpu-bound".to_string()));
+    // A process without CUDA calls keeps the 70% bar even beside an idle GPU.
+    r.nvml = Some(nvml(18.0));
+    r.processes[0].cuda = None;
+    assert!(!rules(&r).contains(&"cpu-bound".to_string()));
+}
+
+/// `gputrace -- python train.py`: seconds of imports before the first GPU allocation leave the
+/// GPU idle; the loop after it keeps the GPU busy. Utilisation is judged from the allocation on
+/// (an H100 trace of such a loop read 30% over the whole window and said "GPU idle").
+#[test]
+fn gpu_utilisation_is_judged_from_the_jobs_first_allocation() {
+    let mut cuda = sync_cuda(500, 6 * SEC);
+    cuda.memory = MemoryStat {
+        live_bytes_series: vec![(12 * SEC, 1 << 30)],
+        ..Default::default()
+    };
+    let mut r = cuda_job(&[("cuda_sync", 40.0), ("cpu", 55.0)], cuda);
+    // 16 s at 10 Hz: idle for the first 12 s, 85% busy after (21% over the whole window).
+    r.nvml = Some(nvml_series(160, |i| if i < 120 { 0 } else { 85 }));
+    let rs = rules(&r);
+    assert!(!rs.contains(&"gpu-idle".to_string()), "{rs:?}");
+    let fs = evaluate(&r);
+    let gb = fs.iter().find(|f| f.rule == "gpu-bound");
+    assert!(
+        gb.is_some_and(|f| f.title.contains("85%")
+            && f.title
+                .contains("since the job's first GPU allocation at 12.00 s")),
+        "{fs:#?}"
+    );
+
+    // Without an allocation in the window (attached to a running job), every sample counts.
+    if let Some(c) = r.processes[0].cuda.as_mut() {
+        c.memory.live_bytes_series.clear();
+    }
+    assert!(rules(&r).contains(&"gpu-idle".to_string()));
+    // An allocation too late to leave enough samples after it: every sample counts too.
+    if let Some(c) = r.processes[0].cuda.as_mut() {
+        c.memory.live_bytes_series = vec![(SEC * 155 / 10, 1 << 20)];
+    }
+    assert!(rules(&r).contains(&"gpu-idle".to_string()));
+}
+
+/// NVML's utilisation is the share of each sample period a kernel ran: a GPU at 18% in every
+/// sample was idle most of the time without one idle sample, and the evidence says so.
+#[test]
+fn gpu_idle_evidence_reads_utilisation_as_a_share_of_time() {
+    let mut r = cuda_job(&[("cpu", 30.0)], sync_cuda(10, SEC / 100));
+    r.nvml = Some(nvml_series(44, |i| if i % 2 == 0 { 16 } else { 20 }));
+    let fs = evaluate(&r);
+    let idle = fs.iter().find(|f| f.rule == "gpu-idle").expect("gpu-idle");
+    assert!(
+        idle.evidence[0].contains("a kernel ran 18% of the time on average, at most 20%")
+            && idle.evidence[0].contains("no kernel at all in 0 of 44 samples"),
+        "{:?}",
+        idle.evidence
+    );
+}

@@ -31,6 +31,11 @@ pub const WAITING_ONE_MIN: f64 = 80.0;
 
 /// cpu-bound: a thread is on CPU at least this share of its time.
 pub const CPU_MIN: f64 = 70.0;
+/// cpu-bound, for a thread of a CUDA process while the GPU was mostly idle (below
+/// `GPU_IDLE_UTIL`): on CPU this much of its time.
+pub const CPU_MIN_GPU_IDLE: f64 = 50.0;
+/// cpu-bound names Python lines first when the hottest holds this share of the samples.
+pub const PYTHON_LINE_MIN: f64 = 10.0;
 /// gil-contention: share of a thread's life spent waiting for the GIL.
 pub const GIL_WAIT_MIN: f64 = 20.0;
 
@@ -79,3 +84,6 @@ pub const NOT_FREED_MIN_BYTES: u64 = 256 * 1024 * 1024;
 
 /// gpu-idle: mean NVML utilisation below this while the process makes CUDA calls.
 pub const GPU_IDLE_UTIL: f64 = 30.0;
+/// NVML samples needed after the job's first GPU allocation to judge utilisation on them
+/// alone (at the default 10 Hz, a second).
+pub const GPU_UTIL_MIN_SAMPLES: usize = 10;

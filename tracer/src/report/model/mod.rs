@@ -99,6 +99,10 @@ pub struct ProcessReport {
     pub samples: u64,
     pub top_self: Vec<FnStat>,
     pub top_total: Vec<FnStat>,
+    /// Python lines by the CPU samples taken under them (the innermost Python frame of each
+    /// sample, whatever native code ran below it: what py-spy calls a line's own time).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top_python: Vec<FnStat>,
     /// Wall time of all threads summed, by category.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<time::TimeBreakdown>,
@@ -133,6 +137,9 @@ pub struct ThreadReport {
     /// Samples taken while the thread ran kernel code.
     pub kernel_samples: u64,
     pub top_self: Vec<FnStat>,
+    /// As the process's `top_python`, for this thread.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top_python: Vec<FnStat>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<time::TimeBreakdown>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
