@@ -131,6 +131,43 @@ fn launch_storm_stays_within_the_default_budget() {
     assert!(stdout.contains("gputrace overhead: ~"), "{stdout}");
 }
 
+/// A storm through a runtime whose launches call the driver's `cuLaunchKernel` inside (as the
+/// real libcudart does), under the default budget: every window attaches and drops the two
+/// libraries' links one after another, and a launch caught between them must still count once,
+/// as a runtime launch. On an H100 ~20% of a PyTorch loop's launches (all made through
+/// cudaLaunchKernel) were counted as direct cuLaunchKernel calls: a driver return probe that
+/// was on while its entry probe was not took the runtime call's count.
+#[test]
+fn runtime_launches_under_the_budget_count_no_driver_launches() {
+    let _g = serial();
+    if !require_root("runtime_launches_under_the_budget_count_no_driver_launches") {
+        return;
+    }
+    let lib = crate::cuda::fake_cuda()
+        .join("libcudart.so.12")
+        .display()
+        .to_string();
+    let bin = build_c("launch_storm", &["-ldl"]).display().to_string();
+    for i in 0..2 {
+        let (_, report, stdout) = traced(&bin, &lib, "3000000", "2%", &format!("nested-{i}"));
+        let o = &report["overhead"];
+        assert!(o["sampled"]["windows"].as_u64() >= Some(1), "{o}");
+        assert!(launches(&report) > 0, "{stdout}");
+        let driver: Vec<&Value> = report["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p["cuda"]["api"].as_array())
+            .flatten()
+            .filter(|a| a["layer"] == "driver")
+            .collect();
+        assert!(
+            driver.is_empty(),
+            "runtime launches counted at the driver: {driver:?}"
+        );
+    }
+}
+
 /// Launches with ~8 us of work each (~120k/s, a busy PyTorch loop): the probes cost less than
 /// the work, and the scaled count must land within a bound that says something.
 #[test]

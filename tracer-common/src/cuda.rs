@@ -110,7 +110,7 @@ pub const DIR_NONE: u8 = 0xff;
 
 /// The attach cookie, packed into a u64:
 /// bits 0..16 function id, 16..24 [`Shape`], 24..32 time category, 32..40 copy direction,
-/// 40..48 flags ([`FLAG_ASYNC`], [`FLAG_NO_RESULT`]).
+/// 40..48 flags ([`FLAG_ASYNC`], [`FLAG_NO_RESULT`], [`FLAG_DRIVER`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cookie {
     pub fid: u16,
@@ -123,6 +123,8 @@ pub struct Cookie {
 pub const FLAG_ASYNC: u8 = 1;
 /// The function returns nothing (or nothing that is an error code).
 pub const FLAG_NO_RESULT: u8 = 2;
+/// A driver (libcuda) function: a runtime call's launch, copy or sync runs one inside.
+pub const FLAG_DRIVER: u8 = 4;
 
 impl Cookie {
     #[inline(always)]

@@ -20,7 +20,8 @@ use tracer_common::{
     cuda::{
         log2_bucket, ApiKey, ApiVal, Cookie, CopyKey, CopyVal, CudaEvent, ErrKey, EventKind,
         LaunchKey, LaunchVal, Shape, API_ENTRIES, COPY_ENTRIES, DIR_NONE, ERRS_ENTRIES,
-        EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCH_ENTRIES, STASH_ENTRIES,
+        EVENTS_BYTES, FLAG_ASYNC, FLAG_DRIVER, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCH_ENTRIES,
+        STASH_ENTRIES,
     },
     drops::Drop,
 };
@@ -61,7 +62,8 @@ static CUDA_ZERO: PerCpuArray<ApiVal> = PerCpuArray::with_max_entries(1, 0);
 struct ThreadState {
     /// Probed calls in progress on this thread (runtime -> driver nesting).
     depth: u32,
-    _pad: u32,
+    /// 1 when the outermost call is a runtime (libcudart) function.
+    outer_runtime: u32,
     /// The outermost call: entry time and register arguments.
     ts: u64,
     args: [u64; 6],
@@ -74,7 +76,7 @@ struct ThreadState {
 
 const FRESH: ThreadState = ThreadState {
     depth: 0,
-    _pad: 0,
+    outer_runtime: 0,
     ts: 0,
     args: [0; 6],
     arg7: 0,
@@ -145,6 +147,7 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
         }
         return 0;
     }
+    st.outer_runtime = u32::from(cookie.flags & FLAG_DRIVER == 0);
     let mut i = 0;
     while i < 6 {
         st.args[i] = ctx.arg::<u64>(i).unwrap_or(0);
@@ -278,6 +281,13 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
     };
     let st = unsafe { &mut *st };
     if st.depth == 0 {
+        return 0;
+    }
+    // A driver function returning as the outermost call inside a runtime call: its entry was
+    // not seen (its entry probe was not on yet, or already off, while its return probe was:
+    // the budget's windows attach and drop the links one after another). It is the runtime
+    // call's nested one; counting it here would take the runtime call's count and depth.
+    if st.depth == 1 && st.outer_runtime == 1 && cookie.flags & FLAG_DRIVER != 0 {
         return 0;
     }
     let depth = st.depth;

@@ -189,11 +189,15 @@ impl CudaFamily {
                 self.exec_sizes.insert(pid, s);
             }
             let checked = &mut self.checked;
-            let found_libs = discover::scan(pid, &maps, |inode, path, open| {
+            let mut found_libs = discover::scan(pid, &maps, |inode, path, open| {
                 *checked
                     .entry((inode, path.to_string()))
                     .or_insert_with(|| discover::embeds_runtime(open))
             });
+            // Runtimes before the driver, whatever their order in the maps: a runtime launch
+            // made while only the driver's launch probe is on counts as a direct driver
+            // launch (see `LaunchGate`'s `outer_first`).
+            found_libs.sort_by_key(|f| f.layer != Layer::Runtime);
             for found in found_libs {
                 let i = self.ensure(ebpf, found);
                 self.users.entry(pid).or_default().insert(i);
@@ -306,7 +310,14 @@ fn attach_library(
             }
             for (points, l) in made {
                 if gated {
-                    gate.add(ebpf, prog, lib.open_path.clone(), points, l);
+                    gate.add(
+                        ebpf,
+                        prog,
+                        lib.layer == Layer::Runtime,
+                        lib.open_path.clone(),
+                        points,
+                        l,
+                    );
                 } else {
                     links.extend(l);
                 }
