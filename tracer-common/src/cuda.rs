@@ -15,8 +15,15 @@ pub const EVENTS_MAP: &str = "CUDA_EVENTS";
 pub const GATE_LAST_MAP: &str = "CUDA_GATE_LAST";
 /// Per CPU: the first traced launch entry since user space zeroed it (a window's start).
 pub const GATE_FIRST_MAP: &str = "CUDA_GATE_FIRST";
-/// Per CPU, one u64: the entry program's run count on that CPU (`PROG_HITS`) at which it wakes
-/// the budget's watchdog (0: never). Set by the watchdog to each CPU's count plus its share of
+/// Per CPU, two u64s: the runs of the entry (0) and return (1) programs at a launch function on
+/// that CPU, in a traced process or not (every process that maps the library traps). What the
+/// budget's windows cost: the other functions' probes stay on outside them, and a PyTorch
+/// import's ~21,000 `__cudaRegisterFunction` calls counted as a window's launches once shut its
+/// windows and spread them 8 s apart before the job's first launch (an H100 trace of a launch-
+/// bound loop started under gputrace then counted no launch at all).
+pub const LAUNCH_RUNS_MAP: &str = "CUDA_LAUNCH_RUNS";
+/// Per CPU, one u64: the entry program's launch runs on that CPU (`LAUNCH_RUNS_MAP`) at which
+/// it wakes the budget's watchdog (0: never). Set by the watchdog to each CPU's count plus its share of
 /// what is left of the window's share of the bucket.
 pub const GATE_AT_MAP: &str = "CUDA_GATE_AT";
 /// The ring the entry program wakes the watchdog on (one u64 a record: the count).
@@ -110,7 +117,7 @@ pub const DIR_NONE: u8 = 0xff;
 
 /// The attach cookie, packed into a u64:
 /// bits 0..16 function id, 16..24 [`Shape`], 24..32 time category, 32..40 copy direction,
-/// 40..48 flags ([`FLAG_ASYNC`], [`FLAG_NO_RESULT`], [`FLAG_DRIVER`]).
+/// 40..48 flags ([`FLAG_ASYNC`], [`FLAG_NO_RESULT`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cookie {
     pub fid: u16,
@@ -123,8 +130,6 @@ pub struct Cookie {
 pub const FLAG_ASYNC: u8 = 1;
 /// The function returns nothing (or nothing that is an error code).
 pub const FLAG_NO_RESULT: u8 = 2;
-/// A driver (libcuda) function: a runtime call's launch, copy or sync runs one inside.
-pub const FLAG_DRIVER: u8 = 4;
 
 impl Cookie {
     #[inline(always)]

@@ -20,8 +20,7 @@ use tracer_common::{
     cuda::{
         log2_bucket, ApiKey, ApiVal, Cookie, CopyKey, CopyVal, CudaEvent, ErrKey, EventKind,
         LaunchKey, LaunchVal, Shape, API_ENTRIES, COPY_ENTRIES, DIR_NONE, ERRS_ENTRIES,
-        EVENTS_BYTES, FLAG_ASYNC, FLAG_DRIVER, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCH_ENTRIES,
-        STASH_ENTRIES,
+        EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCH_ENTRIES, STASH_ENTRIES,
     },
     drops::Drop,
 };
@@ -62,8 +61,11 @@ static CUDA_ZERO: PerCpuArray<ApiVal> = PerCpuArray::with_max_entries(1, 0);
 struct ThreadState {
     /// Probed calls in progress on this thread (runtime -> driver nesting).
     depth: u32,
-    /// 1 when the outermost call is a runtime (libcudart) function.
-    outer_runtime: u32,
+    _pad: u32,
+    /// The stack pointer at the outermost call's entry. A call nested in it runs on a lower
+    /// stack; a later call at its level or above it means it returned, unseen; a return above
+    /// it is its own.
+    outer_sp: u64,
     /// The outermost call: entry time and register arguments.
     ts: u64,
     args: [u64; 6],
@@ -76,7 +78,8 @@ struct ThreadState {
 
 const FRESH: ThreadState = ThreadState {
     depth: 0,
-    outer_runtime: 0,
+    _pad: 0,
+    outer_sp: 0,
     ts: 0,
     args: [0; 6],
     arg7: 0,
@@ -89,16 +92,37 @@ static CUDA_GATE_AT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map(name = "CUDA_GATE_WAKE")]
 static CUDA_GATE_WAKE: RingBuf = RingBuf::with_byte_size(4096, 0);
 
+/// `tracer_common::cuda::LAUNCH_RUNS_MAP`.
+#[map(name = "CUDA_LAUNCH_RUNS")]
+static CUDA_LAUNCH_RUNS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+
+/// Counts a run at a launch function in `slot` (0 entry, 1 return); the count so far.
+#[inline(always)]
+fn launch_run(slot: u32) -> u64 {
+    match CUDA_LAUNCH_RUNS.get_ptr_mut(slot) {
+        // Per-CPU slot, as `PROG_HITS`.
+        Some(p) => unsafe {
+            *p += 1;
+            *p
+        },
+        None => 0,
+    }
+}
+
 #[uprobe]
 pub fn cuda_entry(ctx: ProbeContext) -> u32 {
-    let runs = crate::maps::hit_count(tracer_common::hits::Prog::CudaEntry);
-    // The budget's watchdog sleeps until this CPU's runs reach the count where the window's
-    // share of the bucket may run dry: a storm is cut at once, a trickle wakes nobody. Every
-    // run counts, as in the watchdog's sums (a process not traced pays the trap too).
-    // Per CPU, as the runs: each CPU's own count is armed.
-    let at = CUDA_GATE_AT.get(0).copied().unwrap_or(0);
-    if at != 0 && runs == at {
-        let _ = CUDA_GATE_WAKE.output::<u64>(&runs, 0);
+    crate::maps::hit(tracer_common::hits::Prog::CudaEntry);
+    let cookie = Cookie::unpack(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    if is_launch_shape(cookie.shape) {
+        let runs = launch_run(0);
+        // The budget's watchdog sleeps until this CPU's launch runs reach the count where the
+        // window's share of the bucket may run dry: a storm is cut at once, a trickle wakes
+        // nobody. Every run counts, as in the watchdog's sums (a process not traced pays the
+        // trap too). Per CPU, as the runs: each CPU's own count is armed.
+        let at = CUDA_GATE_AT.get(0).copied().unwrap_or(0);
+        if at != 0 && runs == at {
+            let _ = CUDA_GATE_WAKE.output::<u64>(&runs, 0);
+        }
     }
     let (tgid, tid) = current_ids();
     // Processes that are surely not traced stop at an array read (the library's probes fire
@@ -106,7 +130,6 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     if !maybe_traced(tgid) {
         return 0;
     }
-    let cookie = Cookie::unpack(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
     if CUDA_ENTRY_ONLY.load() != 0 {
         return count_entry(tgid, tid, &cookie);
     }
@@ -136,6 +159,15 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     };
     // Only this thread touches its state.
     let st = unsafe { &mut *st };
+    // A call at the outermost call's stack level or above it is not nested in it: that call
+    // returned without its return probe running (the budget's windows drop the entry and
+    // return links one after another, and a launch in flight then loses its return). Its
+    // depth would otherwise stay up for good: on an H100 a PyTorch loop's copies and syncs
+    // went uncounted after the first window closed, 2 of 2,339 counted.
+    let sp = unsafe { (*ctx.regs).rsp };
+    if st.depth > 0 && sp >= st.outer_sp {
+        st.depth = 0;
+    }
     st.depth += 1;
     if st.depth > 1 {
         if is_name_shape(cookie.shape) {
@@ -147,7 +179,7 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
         }
         return 0;
     }
-    st.outer_runtime = u32::from(cookie.flags & FLAG_DRIVER == 0);
+    st.outer_sp = sp;
     let mut i = 0;
     while i < 6 {
         st.args[i] = ctx.arg::<u64>(i).unwrap_or(0);
@@ -270,10 +302,13 @@ fn is_name_shape(shape: u8) -> bool {
 #[uretprobe]
 pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::CudaRet);
+    let cookie = Cookie::unpack(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    if is_launch_shape(cookie.shape) {
+        launch_run(1);
+    }
     // Only traced threads have a call state (no TRACED lookup: one hash lookup less per call).
     let (tgid, tid) = current_ids();
     let now = unsafe { bpf_ktime_get_ns() };
-    let cookie = Cookie::unpack(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
     let pid_tgid = ((tgid as u64) << 32) | tid as u64;
     let Some(st) = CUDA_THREAD.get_ptr_mut(&pid_tgid) else {
         // Attached while the call was already running: no entry was seen.
@@ -283,11 +318,16 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
     if st.depth == 0 {
         return 0;
     }
-    // A driver function returning as the outermost call inside a runtime call: its entry was
-    // not seen (its entry probe was not on yet, or already off, while its return probe was:
-    // the budget's windows attach and drop the links one after another). It is the runtime
-    // call's nested one; counting it here would take the runtime call's count and depth.
-    if st.depth == 1 && st.outer_runtime == 1 && cookie.flags & FLAG_DRIVER != 0 {
+    // After its `ret` the stack pointer is above the call's entry one: above the outermost
+    // call's, this is the outermost call returning, whatever nested returns went unseen.
+    // At or below it, a nested call returns; at depth 1 that is one whose entry was not seen
+    // (its return probe on and its entry probe not yet or no longer, as the budget's windows
+    // attach and drop the links one after another), which must not take the outermost call's
+    // count: a runtime launch would read as a driver launch.
+    let sp = unsafe { (*ctx.regs).rsp };
+    if sp > st.outer_sp {
+        st.depth = 1;
+    } else if st.depth == 1 {
         return 0;
     }
     let depth = st.depth;

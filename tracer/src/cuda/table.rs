@@ -3,8 +3,7 @@
 
 use tracer_common::{
     cuda::{
-        Cookie, Shape, DIR_D2D, DIR_D2H, DIR_DEFAULT, DIR_H2D, DIR_NONE, FLAG_ASYNC, FLAG_DRIVER,
-        FLAG_NO_RESULT,
+        Cookie, Shape, DIR_D2D, DIR_D2H, DIR_DEFAULT, DIR_H2D, DIR_NONE, FLAG_ASYNC, FLAG_NO_RESULT,
     },
     time::Category,
 };
@@ -176,17 +175,12 @@ pub fn func(fid: u32) -> Option<&'static Func> {
 
 pub fn cookie(fid: usize) -> u64 {
     let f = &FUNCS[fid];
-    let layer = if f.layer == Layer::Driver {
-        FLAG_DRIVER
-    } else {
-        0
-    };
     Cookie {
         fid: fid as u16,
         shape: f.shape as u8,
         category: f.category as u8,
         dir: f.dir,
-        flags: f.flags | layer,
+        flags: f.flags,
     }
     .pack()
 }

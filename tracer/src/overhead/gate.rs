@@ -14,12 +14,11 @@ use aya::{
     Ebpf,
 };
 use tracer_common::cuda::{
-    ENTRY_PROG, GATE_AT_MAP, GATE_FIRST_MAP, GATE_LAST_MAP, GATE_WAKE_MAP, RET_PROG,
+    ENTRY_PROG, GATE_AT_MAP, GATE_FIRST_MAP, GATE_LAST_MAP, GATE_WAKE_MAP, LAUNCH_RUNS_MAP,
+    RET_PROG,
 };
 
-use super::{
-    scale_cuda, scale_launch_time, stats::own_map, stats_on, worst_cuda_thread, Hits, StatsOn,
-};
+use super::{scale_cuda, scale_launch_time, stats::own_map, stats_on, worst_cuda_thread, StatsOn};
 use crate::{
     budget::{self, Gate, TickObs},
     cuda::table::FUNCS,
@@ -67,6 +66,35 @@ const WATCH_EVERY: Duration = Duration::from_millis(2);
 const WATCH_SAFETY: Duration = Duration::from_millis(25);
 /// The fewest entry runs a CPU makes before it wakes the watchdog again: a check costs ~30 us.
 const WAKE_STEP_MIN: u64 = 256;
+
+/// The entry and return programs' runs at launch functions (`LAUNCH_RUNS_MAP`): what a window
+/// costs. Their runs at the other functions are paid whether a window is open or not.
+struct Hits {
+    map: PerCpuArray<MapData, u64>,
+}
+
+impl Hits {
+    fn open(ebpf: &Ebpf) -> anyhow::Result<Hits> {
+        let data = own_map(ebpf, LAUNCH_RUNS_MAP)?;
+        Ok(Hits {
+            map: PerCpuArray::try_from(Map::PerCpuArray(data))?,
+        })
+    }
+
+    /// `prog`'s (`ENTRY_PROG` or `RET_PROG`) launch runs so far on each possible CPU.
+    fn per_cpu(&self, prog: &str) -> Vec<u64> {
+        let slot = u32::from(prog == RET_PROG);
+        self.map
+            .get(&slot, 0)
+            .map(|v| v.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// `prog`'s launch runs on all CPUs so far.
+    fn get(&self, prog: &str) -> u64 {
+        self.per_cpu(prog).iter().sum()
+    }
+}
 
 /// What a link was attached with, to attach it again at the next window.
 struct GateLink {
@@ -245,7 +273,7 @@ impl Drop for Watch {
 
 #[derive(Clone, Copy, Default)]
 struct Counts {
-    /// The programs' own hit counts.
+    /// The programs' runs at launch functions (`Hits`).
     entry_runs: u64,
     ret_runs: u64,
     /// Runs the kernel timed (while its statistics were on) and their time.

@@ -1,0 +1,38 @@
+/* Training-loop steps of 100 cudaLaunchKernel calls (~0.5 us of work each) and one cudaMemcpy
+ * into LIB (dlopen'd). The launches are sampled by the budget's windows; the copies never are,
+ * so tests/e2e/budget.rs expects every one of them counted.
+ *   launches_and_copies LIB STEPS */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+typedef struct { unsigned x, y, z; } dim3;
+typedef int (*launch_fn)(const void *, dim3, dim3, void **, size_t, void *);
+typedef int (*memcpy_fn)(void *, const void *, size_t, int);
+
+static void kernel_stub(void) {}
+
+int main(int argc, char **argv) {
+    if (argc < 3) return 2;
+    void *h = dlopen(argv[1], RTLD_NOW);
+    if (!h) return 3;
+    launch_fn launch = (launch_fn)dlsym(h, "cudaLaunchKernel");
+    memcpy_fn copy = (memcpy_fn)dlsym(h, "cudaMemcpy");
+    if (!launch || !copy) return 4;
+    char dst[8], src[8] = {0};
+    /* Lets gputrace find the library (it is probed within milliseconds of its mapping). */
+    usleep(300000);
+    long steps = atol(argv[2]);
+    dim3 one = {1, 1, 1};
+    volatile long work = 0;
+    for (long s = 0; s < steps; s++) {
+        for (int i = 0; i < 100; i++) {
+            launch((const void *)kernel_stub, one, one, 0, 0, 0);
+            for (int w = 0; w < 3000; w++) work += w;
+        }
+        copy(dst, src, sizeof dst, 1);
+    }
+    printf("steps %ld\n", steps);
+    return 0;
+}
