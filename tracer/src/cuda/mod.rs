@@ -456,20 +456,18 @@ impl ProbeFamily for CudaFamily {
             let kernels = aggregate::kernels(pid, &launches, |fid, func| {
                 kernel_name(raw, sym, pid, maps, alive, fid, func)
             });
-            let unnamed: Vec<_> = kernels
+            let unnamed = kernels
                 .iter()
                 .filter(|k| k.name.starts_with(HANDLE_NAME))
-                .collect();
-            if !unnamed.is_empty() {
+                .count();
+            if unnamed > 0 {
                 // Seen on an H100 attached to a running PyTorch job: its runtime registered
                 // every kernel (cuLibraryGetKernel) long before, and launches by handle.
                 data.report.blind_spots.push(format!(
-                    "{} of pid {pid}'s kernels ({} launches) are shown by handle: no symbol \
-                     names their launch pointer and the process registered their names before \
-                     gputrace attached; launched under gputrace (`gputrace -- CMD`), a job's \
-                     kernels are named as it loads them",
-                    unnamed.len(),
-                    unnamed.iter().map(|k| k.launches).sum::<u64>()
+                    "{unnamed} of pid {pid}'s kernels are shown by handle: no symbol names their \
+                     launch pointer and the process registered their names before gputrace \
+                     attached; launched under gputrace (`gputrace -- CMD`), a job's kernels \
+                     are named as it loads them"
                 ));
             }
             let memory = raw
