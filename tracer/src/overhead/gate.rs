@@ -59,6 +59,8 @@ pub struct LaunchGate {
 }
 
 const WATCH_EVERY: Duration = Duration::from_millis(2);
+/// The latest a closed window is taken to end after the watchdog decided to close it (ns).
+const CLOSE_GRACE_NS: u64 = 5_000_000;
 /// The longest the watchdog sleeps on the wake-up ring with a window open: a wake-up missed
 /// (a CPU already past the count armed) costs at most this. Polling every 2 ms instead, a
 /// window open all trace long (a job whose launches stay under the budget: the data, transfer
@@ -599,10 +601,16 @@ impl LaunchGate {
             }
             // A closed window ends with its last launch (plus one gap between launches): the
             // breakpoints go a few ms after the watchdog's decision, later when this 2-CPU
-            // machine is busy, and the launches go on until then.
+            // machine is busy, and the launches go on until then. At most `CLOSE_GRACE_NS`
+            // after the decision: dropping the links stalls the target (the breakpoints'
+            // removal), for ~100 ms here at times, and a launch made after the stall would put
+            // the stall in the window, which then reads a rate a fraction of the true one (a
+            // nested runtime's storm of 2M launches was estimated at 0.23-0.34M).
             let end = match closed_at {
                 Some(decided) => match gate_last(ebpf) {
-                    Some(last) if last > from && hits > 0 => (last + (last - from) / hits).min(now),
+                    Some(last) if last > from && hits > 0 => (last + (last - from) / hits)
+                        .min(now)
+                        .min(decided + CLOSE_GRACE_NS),
                     _ => decided,
                 },
                 None => now,
