@@ -53,16 +53,35 @@ fn traced(bin: &str, lib: &str, n: &str, budget: &str, name: &str) -> (f64, Valu
     (ns_per_op(&run.stdout), run.report(&out), run.stdout)
 }
 
-fn launches(report: &Value) -> u64 {
+/// Every traced process's CUDA API rows.
+fn api_rows(report: &Value) -> impl Iterator<Item = &Value> {
     report["processes"]
         .as_array()
-        .unwrap()
-        .iter()
+        .into_iter()
+        .flatten()
         .filter_map(|p| p["cuda"]["api"].as_array())
         .flatten()
-        .filter(|a| a["function"] == "cudaLaunchKernel")
+}
+
+/// Calls of `function` in every traced process.
+fn calls(report: &Value, function: &str) -> u64 {
+    api_rows(report)
+        .filter(|a| a["function"] == function)
         .map(|a| a["count"].as_u64().unwrap())
         .sum()
+}
+
+fn launches(report: &Value) -> u64 {
+    calls(report, "cudaLaunchKernel")
+}
+
+/// The fake libcudart, whose launches call the fake libcuda's `cuLaunchKernel` inside as the
+/// real runtime's call the driver's.
+fn nested_runtime() -> String {
+    crate::cuda::fake_cuda()
+        .join("libcudart.so.12")
+        .display()
+        .to_string()
 }
 
 #[test]
@@ -143,22 +162,14 @@ fn runtime_launches_under_the_budget_count_no_driver_launches() {
     if !require_root("runtime_launches_under_the_budget_count_no_driver_launches") {
         return;
     }
-    let lib = crate::cuda::fake_cuda()
-        .join("libcudart.so.12")
-        .display()
-        .to_string();
+    let lib = nested_runtime();
     let bin = build_c("launch_storm", &["-ldl"]).display().to_string();
     for i in 0..2 {
         let (_, report, stdout) = traced(&bin, &lib, "3000000", "2%", &format!("nested-{i}"));
         let o = &report["overhead"];
         assert!(o["sampled"]["windows"].as_u64() >= Some(1), "{o}");
         assert!(launches(&report) > 0, "{stdout}");
-        let driver: Vec<&Value> = report["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|p| p["cuda"]["api"].as_array())
-            .flatten()
+        let driver: Vec<&Value> = api_rows(&report)
             .filter(|a| a["layer"] == "driver")
             .collect();
         assert!(
@@ -168,21 +179,19 @@ fn runtime_launches_under_the_budget_count_no_driver_launches() {
     }
 }
 
-/// Steps of 100 launches and one copy under the default budget: the windows sample the
-/// launches, and a window that closes while a launch is in flight drops its return probe
-/// before the launch returns. The copies, never sampled, must all be counted: before the
-/// thread's call depth was told by its stack pointer, the first such close left the depth up
-/// for good and 613 of 20,000 copies were counted (on an H100, 2 of a PyTorch loop's 2,339).
+/// Steps of 100 launches and one copy (made from a deeper frame) under the default budget:
+/// the windows sample the launches, and a window that closes while a launch is in flight
+/// drops its return probe before the launch returns. The copies, never sampled, must all be
+/// counted: before the thread's call depth was told by its stack pointer and the return
+/// probes' generation, the first such close left the depth up for good and 613 of 20,000
+/// copies were counted (on an H100, 2 of a PyTorch loop's 2,339).
 #[test]
 fn copies_between_sampled_launches_are_counted_exactly() {
     let _g = serial();
     if !require_root("copies_between_sampled_launches_are_counted_exactly") {
         return;
     }
-    let lib = crate::cuda::fake_cuda()
-        .join("libcudart.so.12")
-        .display()
-        .to_string();
+    let lib = nested_runtime();
     let bin = build_c("launches_and_copies", &["-ldl"])
         .display()
         .to_string();
@@ -201,19 +210,8 @@ fn copies_between_sampled_launches_are_counted_exactly() {
     let report = run.report(&out);
     let o = &report["overhead"];
     assert!(o["sampled"]["windows"].as_u64() >= Some(2), "{o}");
-    let count = |f: &str| -> u64 {
-        report["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|p| p["cuda"]["api"].as_array())
-            .flatten()
-            .filter(|a| a["function"] == f)
-            .map(|a| a["count"].as_u64().unwrap())
-            .sum()
-    };
-    assert_eq!(count("cudaMemcpy"), 20_000, "{o}");
-    assert!(count("cudaLaunchKernel") > 0, "{o}");
+    assert_eq!(calls(&report, "cudaMemcpy"), 20_000, "{o}");
+    assert!(launches(&report) > 0, "{o}");
 }
 
 /// Launches with ~8 us of work each (~120k/s, a busy PyTorch loop): the probes cost less than

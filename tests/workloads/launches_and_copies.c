@@ -13,6 +13,17 @@ typedef int (*memcpy_fn)(void *, const void *, size_t, int);
 
 static void kernel_stub(void) {}
 
+/* The copy from a deeper frame than the launches: after a window's close loses a launch's
+ * return, the next launch (same frame) tells the lost call from a nested one by its stack
+ * level, but a copy made deeper looks nested in it until the threads' call states are known
+ * stale (the return probes' generation). */
+__attribute__((noinline)) static void copy_deeper(memcpy_fn copy, char *dst, const char *src) {
+    volatile char pad[64];
+    pad[0] = 0;
+    copy(dst, src, 8, 1 + (pad[0] & 0));
+    __asm__ volatile("" ::: "memory");
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     void *h = dlopen(argv[1], RTLD_NOW);
@@ -31,7 +42,7 @@ int main(int argc, char **argv) {
             launch((const void *)kernel_stub, one, one, 0, 0, 0);
             for (int w = 0; w < 3000; w++) work += w;
         }
-        copy(dst, src, sizeof dst, 1);
+        copy_deeper(copy, dst, src);
     }
     printf("steps %ld\n", steps);
     return 0;

@@ -28,6 +28,10 @@ pub const LAUNCH_RUNS_MAP: &str = "CUDA_LAUNCH_RUNS";
 pub const GATE_AT_MAP: &str = "CUDA_GATE_AT";
 /// The ring the entry program wakes the watchdog on (one u64 a record: the count).
 pub const GATE_WAKE_MAP: &str = "CUDA_GATE_WAKE";
+/// One u64, raised by user space each time a launch window's return probes are gone: a call
+/// entered before it may have lost its return, so a thread's call depth from before it is not
+/// trusted after it.
+pub const RET_GEN_MAP: &str = "CUDA_RET_GEN";
 pub const ENTRY_PROG: &str = "cuda_entry";
 pub const RET_PROG: &str = "cuda_ret";
 /// Global: 1 counts calls at entry only (no return probe, no durations), for cost measurement.

@@ -12,7 +12,7 @@ use aya_ebpf::{
         bpf_get_attach_cookie, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
     },
     macros::{map, tracepoint, uprobe, uretprobe},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{tracing::StackIdContext, ProbeContext, RetProbeContext, TracePointContext},
     EbpfContext, Global,
 };
@@ -61,7 +61,8 @@ static CUDA_ZERO: PerCpuArray<ApiVal> = PerCpuArray::with_max_entries(1, 0);
 struct ThreadState {
     /// Probed calls in progress on this thread (runtime -> driver nesting).
     depth: u32,
-    _pad: u32,
+    /// `CUDA_RET_GEN` at the outermost call's entry.
+    gen: u32,
     /// The stack pointer at the outermost call's entry. A call nested in it runs on a lower
     /// stack; a later call at its level or above it means it returned, unseen; a return above
     /// it is its own.
@@ -78,7 +79,7 @@ struct ThreadState {
 
 const FRESH: ThreadState = ThreadState {
     depth: 0,
-    _pad: 0,
+    gen: 0,
     outer_sp: 0,
     ts: 0,
     args: [0; 6],
@@ -91,6 +92,10 @@ const FRESH: ThreadState = ThreadState {
 static CUDA_GATE_AT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map(name = "CUDA_GATE_WAKE")]
 static CUDA_GATE_WAKE: RingBuf = RingBuf::with_byte_size(4096, 0);
+
+/// `tracer_common::cuda::RET_GEN_MAP`.
+#[map(name = "CUDA_RET_GEN")]
+static CUDA_RET_GEN: Array<u64> = Array::with_max_entries(1, 0);
 
 /// `tracer_common::cuda::LAUNCH_RUNS_MAP`.
 #[map(name = "CUDA_LAUNCH_RUNS")]
@@ -164,8 +169,11 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     // return links one after another, and a launch in flight then loses its return). Its
     // depth would otherwise stay up for good: on an H100 a PyTorch loop's copies and syncs
     // went uncounted after the first window closed, 2 of 2,339 counted.
+    // Likewise a call entered after a window's return probes went: the outermost call may
+    // have been in flight then, and a deeper caller's later calls would look nested in it.
     let sp = unsafe { (*ctx.regs).rsp };
-    if st.depth > 0 && sp >= st.outer_sp {
+    let gen = CUDA_RET_GEN.get(0).copied().unwrap_or(0) as u32;
+    if st.depth > 0 && (sp >= st.outer_sp || st.gen != gen) {
         st.depth = 0;
     }
     st.depth += 1;
@@ -180,6 +188,7 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
         return 0;
     }
     st.outer_sp = sp;
+    st.gen = gen;
     let mut i = 0;
     while i < 6 {
         st.args[i] = ctx.arg::<u64>(i).unwrap_or(0);
@@ -318,15 +327,22 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
     if st.depth == 0 {
         return 0;
     }
-    // After its `ret` the stack pointer is above the call's entry one: above the outermost
-    // call's, this is the outermost call returning, whatever nested returns went unseen.
-    // At or below it, a nested call returns; at depth 1 that is one whose entry was not seen
-    // (its return probe on and its entry probe not yet or no longer, as the budget's windows
-    // attach and drop the links one after another), which must not take the outermost call's
-    // count: a runtime launch would read as a driver launch.
+    // After its `ret` the stack pointer is one slot above the call's entry one (x86-64: the
+    // return address popped). One slot above the outermost call's, this is the outermost call
+    // returning, whatever nested returns went unseen. Higher still, the state is a lost
+    // call's (a call made in a shallower frame since): forgotten, and this return, whose
+    // entry was not seen, not counted. At or below it, a nested call returns; at depth 1 that
+    // is one whose entry was not seen (its return probe on and its entry probe not yet or no
+    // longer, as the budget's windows attach and drop the links one after another), which
+    // must not take the outermost call's count: a runtime launch would read as a driver
+    // launch.
     let sp = unsafe { (*ctx.regs).rsp };
-    if sp > st.outer_sp {
+    let outer_ret = st.outer_sp.wrapping_add(8);
+    if sp == outer_ret {
         st.depth = 1;
+    } else if sp > outer_ret {
+        st.depth = 0;
+        return 0;
     } else if st.depth == 1 {
         return 0;
     }

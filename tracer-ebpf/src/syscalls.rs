@@ -199,6 +199,31 @@ fn enter<K: Kernel>(regs: u64, id: i64, p: Prog) {
     st.sys_start_ns = unsafe { bpf_ktime_get_ns() };
 }
 
+/// The process and time of this CPU's last `MappedExec` event.
+#[map(name = "MAPPED_LAST")]
+static MAPPED_LAST: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+
+/// User space looks at a process's maps `hand_mapped`'s 3 ms after the event; a mapping by
+/// the same process on this CPU less than this after the last event is in that look already.
+const MAPPED_QUIET_NS: u64 = 2_000_000;
+
+/// Reports an executable file mapping, at most one per process and CPU every
+/// `MAPPED_QUIET_NS`: a loader's burst, or a JIT that maps code through a file, must not flood
+/// the ring that fork, exec and exit share.
+#[inline(always)]
+fn mapped_exec(tgid: u32, tid: u32, now: u64) {
+    let Some(last) = MAPPED_LAST.get_ptr_mut(0) else {
+        return;
+    };
+    // Per-CPU slot: only this CPU touches it.
+    let last = unsafe { &mut *last };
+    if last[0] == tgid as u64 && now.saturating_sub(last[1]) < MAPPED_QUIET_NS {
+        return;
+    }
+    *last = [tgid as u64, now];
+    crate::proc::mapped_exec(tgid, tid);
+}
+
 /// The `FD_NAMES` slot for the file `fd` of `tgid` just got (under the generation it has:
 /// closes of that fd number so far), and its key; written in place, no map update. None when
 /// that key already named a file (see below).
@@ -401,7 +426,7 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         let fd: u64 = Probe::read(regs, OFF_REGS_ARG4.load());
         // The kernel takes the fd as an int, whatever the upper half of the register holds.
         if prot & PROT_EXEC != 0 && flags & MAP_ANONYMOUS == 0 && (fd as i32) >= 0 {
-            crate::proc::mapped_exec(tgid, tid);
+            mapped_exec(tgid, tid, now);
         }
     }
     if nr == SYS_CLOSE && ret == 0 {

@@ -10,12 +10,12 @@ use std::{
 };
 
 use aya::{
-    maps::{Map, MapData, PerCpuArray, PerCpuValues},
+    maps::{Array, Map, MapData, PerCpuArray, PerCpuValues},
     Ebpf,
 };
 use tracer_common::cuda::{
     ENTRY_PROG, GATE_AT_MAP, GATE_FIRST_MAP, GATE_LAST_MAP, GATE_WAKE_MAP, LAUNCH_RUNS_MAP,
-    RET_PROG,
+    RET_GEN_MAP, RET_PROG,
 };
 
 use super::{scale_cuda, scale_launch_time, stats::own_map, stats_on, worst_cuda_thread, StatsOn};
@@ -301,7 +301,21 @@ fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>, hits: Option<&Hits>) -> Counts
     }
 }
 
-fn watchdog(hits: Hits, mut ring: Option<aya::maps::RingBuf<MapData>>, shared: Arc<Shared>) {
+/// Raises `RET_GEN_MAP` once a window's return probes are gone: a launch in flight then lost
+/// its return, and the threads' call depths from before are not trusted after it.
+fn next_ret_gen(gen: &mut Option<Array<MapData, u64>>) {
+    if let Some(g) = gen.as_mut() {
+        let n = g.get(&0, 0).unwrap_or(0).wrapping_add(1);
+        let _ = g.set(0, n, 0);
+    }
+}
+
+fn watchdog(
+    hits: Hits,
+    mut ring: Option<aya::maps::RingBuf<MapData>>,
+    mut ret_gen: Option<Array<MapData, u64>>,
+    shared: Arc<Shared>,
+) {
     loop {
         {
             let Ok(w) = shared.window.lock() else { return };
@@ -358,6 +372,14 @@ fn watchdog(hits: Hits, mut ring: Option<aya::maps::RingBuf<MapData>>, shared: A
         // average (BENCHMARKS.md, noisy); charging its drop time the same way (8-16 ms per
         // close measured) stands in for that. Not charging it let the gate open 10 windows
         // where it had opened 3-4, and a storm came out 25% slower once in the budget test.
+        //
+        // With uprobe_multi links the return links go only once the entry links' drop has
+        // returned (no entry fires after it) and a launch in flight then has returned: a
+        // launch whose return probe went first lost its return, and with it its thread's
+        // call state (the H100's PyTorch loop, and `copies_between_sampled_launches_…`).
+        // The calls trap on the return breakpoint meanwhile, a few ms more per close, charged
+        // with the rest (`trapping`). Perf links keep the overlap: theirs is ~100 ms a drop.
+        let multi = links.iter().all(|l| matches!(l, Link::Multi(_)));
         let started = Instant::now();
         let entries = std::thread::spawn(move || {
             drop(links);
@@ -367,8 +389,19 @@ fn watchdog(hits: Hits, mut ring: Option<aya::maps::RingBuf<MapData>>, shared: A
         if let Ok(mut w) = shared.window.lock() {
             w.closed_at = Some(ktime_now());
         }
-        drop(rets);
-        let trapping = entries.join().unwrap_or_else(|_| started.elapsed());
+        let trapping = if multi {
+            let _ = entries.join();
+            std::thread::sleep(Duration::from_millis(1));
+            drop(rets);
+            Some(started.elapsed())
+        } else {
+            drop(rets);
+            entries.join().ok()
+        };
+        // A call that lost its return anyway (perf links, or one that ran longer than the
+        // wait) leaves a call state the next entries no longer trust.
+        next_ret_gen(&mut ret_gen);
+        let trapping = trapping.unwrap_or_else(|| started.elapsed());
         if let Ok(mut w) = shared.window.lock() {
             w.closes_ns += trapping.as_nanos() as u64;
         }
@@ -458,6 +491,9 @@ impl LaunchGate {
                 .and_then(|_| own_map(ebpf, GATE_AT_MAP).ok())
                 .and_then(|d| PerCpuArray::try_from(Map::PerCpuArray(d)).ok());
             let ring = ring.filter(|_| wake_at.is_some());
+            let ret_gen = own_map(ebpf, RET_GEN_MAP)
+                .ok()
+                .and_then(|d| Array::try_from(Map::Array(d)).ok());
             let shared = Arc::new(Shared {
                 window: Mutex::new(Window {
                     tokens_ns: self.gate.tokens_ns(),
@@ -475,7 +511,7 @@ impl LaunchGate {
             let s = shared.clone();
             let thread = std::thread::Builder::new()
                 .name("gputrace-budget".into())
-                .spawn(move || watchdog(hits, ring, s))
+                .spawn(move || watchdog(hits, ring, ret_gen, s))
                 .ok()?;
             self.watch = Some(Watch {
                 shared,
