@@ -395,15 +395,24 @@ fn nvml_chart(o: &mut String, r: &Report) {
                 )
             })
             .collect();
+        let since = crate::verdict::util_since_work(r, g)
+            .map(|(u, from)| {
+                format!(
+                    " ({u:.0}% since the job's first GPU allocation at {})",
+                    crate::report::units::dur(from)
+                )
+            })
+            .unwrap_or_default();
         let _ = write!(
             o,
-            "<h3>GPU {} {}: mean utilisation {:.0}%</h3>\
+            "<h3>GPU {} {}: mean utilisation {:.0}%{}</h3>\
              <svg width=800 height=110 viewBox=\"0 -5 800 110\" style=\"background:#fff;border:1px solid #ddd\">\
              <line x1=0 y1=0 x2=800 y2=0 stroke=#eee /><line x1=0 y1=50 x2=800 y2=50 stroke=#eee />\
              <polyline fill=none stroke=#00897b stroke-width=2 points=\"{}\"/></svg>",
             g.index,
             esc(&g.name),
             g.mean_util_percent,
+            esc(&since),
             pts.join(" ")
         );
     }

@@ -593,6 +593,17 @@ fn render_nvml(o: &mut String, r: &Report) {
                 n.interval_ms
             )),
         );
+        // The verdicts judge utilisation from the job's first GPU allocation: both are shown.
+        if let Some((u, from)) = crate::verdict::util_since_work(r, g) {
+            line(
+                o,
+                &format!(
+                    "  {u:.0}% since the job's first GPU allocation at {} (what the verdict \
+                     judges)",
+                    units::dur(from)
+                ),
+            );
+        }
     }
 }
 

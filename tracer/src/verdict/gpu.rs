@@ -76,6 +76,19 @@ fn judged_samples(g: &GpuSeries, from: Option<u64>) -> &[GpuSample] {
     &g.samples
 }
 
+/// GPU `g`'s mean utilisation as the verdicts judge it and from when (ns since the window
+/// start), when that leaves the start-up out; None when every sample counts.
+pub fn util_since_work(r: &Report, g: &GpuSeries) -> Option<(f64, u64)> {
+    let from = gpu_work_from(r)?;
+    let s = judged_samples(g, Some(from));
+    (!s.is_empty() && s.len() < g.samples.len()).then(|| {
+        (
+            s.iter().map(|x| x.util_gpu as f64).sum::<f64>() / s.len() as f64,
+            from,
+        )
+    })
+}
+
 /// Mean utilisation of every GPU since the job's first GPU allocation (`gpu_work_from`).
 pub(crate) fn gpu_util(r: &Report) -> Option<f64> {
     let n = r.nvml.as_ref()?;

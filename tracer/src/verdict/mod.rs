@@ -4,6 +4,7 @@
 //! documented in docs/verdicts.md and live in [`thresholds`].
 
 mod gpu;
+pub use gpu::util_since_work;
 mod host;
 #[cfg(test)]
 mod tests;

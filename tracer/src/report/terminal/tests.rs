@@ -223,3 +223,35 @@ fn python_lines_and_gil_in_the_time_section() {
         "{out}"
     );
 }
+
+/// The GPU section shows the whole window's utilisation and, where the verdicts leave the
+/// start-up out, theirs: one report must not read 21% in one place and 85% in another unsaid.
+#[test]
+fn gpu_section_shows_the_utilisation_the_verdicts_judge() {
+    let mut r = full_report();
+    let nv = r.nvml.as_mut().unwrap();
+    let g = &mut nv.gpus[0];
+    let proto = g.samples[0].clone();
+    g.samples = (0..160u64)
+        .map(|i| crate::report::model::cuda::GpuSample {
+            t_ns: i * 100_000_000,
+            util_gpu: if i < 120 { 0 } else { 85 },
+            ..proto.clone()
+        })
+        .collect();
+    g.mean_util_percent = 21.25;
+    let trainer = r.processes.iter_mut().find(|p| p.cuda.is_some()).unwrap();
+    trainer.cuda.as_mut().unwrap().memory.live_bytes_series = vec![(12_000_000_000, 1 << 30)];
+    let out = render(&r, false);
+    assert!(
+        out.contains("mean utilisation 21%")
+            && out.contains("85% since the job's first GPU allocation at 12.00 s"),
+        "{out}"
+    );
+    // Without an allocation in the window: the one figure.
+    r.processes
+        .iter_mut()
+        .filter_map(|p| p.cuda.as_mut())
+        .for_each(|c| c.memory.live_bytes_series.clear());
+    assert!(!render(&r, false).contains("since the job's first GPU allocation"));
+}
