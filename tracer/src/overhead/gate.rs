@@ -301,6 +301,52 @@ fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>, hits: Option<&Hits>) -> Counts
     }
 }
 
+/// Drops each link on a thread of its own, in order, 100 us apart: a link's drop takes its
+/// consumers off first and then waits out a grace period (~40 ms here), and one after another
+/// on one thread the last link's programs ran through every earlier link's wait (the runtime's
+/// launch entries, through the driver's). Each thread returns how long after `started` its
+/// drop returned.
+fn drop_each(links: Vec<Link>, started: Instant) -> Vec<std::thread::JoinHandle<Duration>> {
+    let mut threads = Vec::new();
+    for (i, l) in links.into_iter().enumerate() {
+        if i > 0 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        match std::thread::Builder::new()
+            .name("gputrace-close".into())
+            .spawn(move || {
+                drop(l);
+                started.elapsed()
+            }) {
+            Ok(t) => threads.push(t),
+            // Without a thread, dropped here (the spawn's error gave the link back dropped).
+            Err(_) => continue,
+        }
+    }
+    threads
+}
+
+/// Waits until the entry programs stop running at launch functions after the window's entry
+/// links began to drop: no new entry run in `QUIET` (polled every 100 us), or their drop has
+/// returned, or `QUIET_MAX` passed.
+fn entries_quiet(hits: &Hits, entries: &[std::thread::JoinHandle<Duration>]) {
+    const QUIET: Duration = Duration::from_micros(300);
+    const QUIET_MAX: Duration = Duration::from_millis(20);
+    let start = Instant::now();
+    let mut last = hits.get(ENTRY_PROG);
+    let mut still = Instant::now();
+    while start.elapsed() < QUIET_MAX && !entries.iter().all(|t| t.is_finished()) {
+        std::thread::sleep(Duration::from_micros(100));
+        let now = hits.get(ENTRY_PROG);
+        if now != last {
+            last = now;
+            still = Instant::now();
+        } else if still.elapsed() >= QUIET {
+            return;
+        }
+    }
+}
+
 /// Raises `RET_GEN_MAP` once a window's return probes are gone: a launch in flight then lost
 /// its return, and the threads' call depths from before are not trusted after it.
 fn next_ret_gen(gen: &mut Option<Array<MapData, u64>>) {
@@ -363,7 +409,7 @@ fn watchdog(
         };
         // Dropping a perf-event uprobe link takes ~100 ms here (a grace period before the
         // kernel removes the breakpoint). The entry links drop on their own thread and the
-        // return links 1 ms later, so that the two grace periods overlap: the calls trap until
+        // return links soon after (below), so that the two grace periods overlap: the calls trap until
         // the entry links' drop returns (see `close_cost`). Dropping the return links first was
         // measured to keep the calls trapping through both. A uprobe_multi link takes its
         // consumer off and removes the breakpoint before its grace period, so its calls trap
@@ -373,34 +419,24 @@ fn watchdog(
         // close measured) stands in for that. Not charging it let the gate open 10 windows
         // where it had opened 3-4, and a storm came out 25% slower once in the budget test.
         //
-        // With uprobe_multi links the return links go only once the entry links' drop has
-        // returned (no entry fires after it) and a launch in flight then has returned: a
-        // launch whose return probe went first lost its return, and with it its thread's
-        // call state (the H100's PyTorch loop, and `copies_between_sampled_launches_…`).
-        // The calls trap on the return breakpoint meanwhile, a few ms more per close, charged
-        // with the rest (`trapping`). Perf links keep the overlap: theirs is ~100 ms a drop.
-        let multi = links.iter().all(|l| matches!(l, Link::Multi(_)));
+        // The return links go once the entry programs have stopped running (their consumers
+        // come off first in the entry links' drop, whose grace period then runs on), and a
+        // launch in flight then has returned: a launch whose return probe went before its
+        // return lost it, and with it its thread's call state (an H100 PyTorch loop counted 2
+        // of 2,339 copies). Waiting for the entry links' whole drop instead kept every launch
+        // trapping on the return breakpoint through that grace period (~40 ms a close here).
         let started = Instant::now();
-        let entries = std::thread::spawn(move || {
-            drop(links);
-            started.elapsed()
-        });
-        std::thread::sleep(Duration::from_millis(1));
+        let entries = drop_each(links, started);
+        entries_quiet(&hits, &entries);
+        std::thread::sleep(Duration::from_micros(500));
         if let Ok(mut w) = shared.window.lock() {
             w.closed_at = Some(ktime_now());
         }
-        let trapping = if multi {
-            let _ = entries.join();
-            std::thread::sleep(Duration::from_millis(1));
-            drop(rets);
-            Some(started.elapsed())
-        } else {
-            drop(rets);
-            entries.join().ok()
-        };
-        // A call that lost its return anyway (perf links, or one that ran longer than the
-        // wait) leaves a call state the next entries no longer trust.
+        drop(rets);
+        // A call that lost its return anyway (a launch longer than the wait, or entry
+        // consumers slow to come off) leaves a call state the next entries no longer trust.
         next_ret_gen(&mut ret_gen);
+        let trapping = entries.into_iter().filter_map(|t| t.join().ok()).max();
         let trapping = trapping.unwrap_or_else(|| started.elapsed());
         if let Ok(mut w) = shared.window.lock() {
             w.closes_ns += trapping.as_nanos() as u64;
