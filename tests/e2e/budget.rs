@@ -93,12 +93,15 @@ fn launch_storm_stays_within_the_default_budget() {
     let (bin, lib) = storm();
     let n = 4_000_000u64;
     let ns = n.to_string();
-    // Interleaved, fastest of three each: noise only adds time. The workload times itself in
+    // Interleaved, fastest of five each: noise only adds time. The workload times itself in
     // CPU time (probe handling is charged to the probed thread), which a loaded machine
-    // disturbs less than wall time.
+    // disturbs less than wall time. Three each failed a fresh-clone CI run at 19.1% (the
+    // bound 19%) while the untraced runs alone moved between 1,082 and 2,606 ns a launch
+    // on this host, the traced ones between 1,127 and 1,640 with the windows at 2.6-3.0% of
+    // the time and the report's estimate at 1.7-2.3%.
     let (mut base, mut best) = (f64::MAX, f64::MAX);
     let mut last = None;
-    for i in 0..3 {
+    for i in 0..5 {
         base = base.min(untraced(&bin, &lib, &ns));
         let (t, report, stdout) = traced(&bin, &lib, &ns, "2%", &format!("budget-{i}"));
         best = best.min(t);
