@@ -383,10 +383,7 @@ async fn pump(
                 let mut guard = guard.context("poll the ring buffer")?;
                 drain(guard.get_inner_mut(), tracker);
                 guard.clear_ready();
-                hand_storms(tracker, ebpf, families);
-                if !tracker.mapped.is_empty() && mapped_due.is_none() {
-                    mapped_due = Some(tokio::time::Instant::now() + MAPPED_SETTLE);
-                }
+                hand_drained(tracker, ebpf, families, &mut mapped_due);
             }
             _ = mapped_sleep => {
                 mapped_due = None;
@@ -395,10 +392,7 @@ async fn pump(
             _ = tick.tick() => {
                 ticks += 1;
                 drain(ring.get_mut(), tracker);
-                hand_storms(tracker, ebpf, families);
-                if !tracker.mapped.is_empty() && mapped_due.is_none() {
-                    mapped_due = Some(tokio::time::Instant::now() + MAPPED_SETTLE);
-                }
+                hand_drained(tracker, ebpf, families, &mut mapped_due);
                 if let Some(pid) = launched {
                     if let Some(code) = target::try_reap(pid) {
                         exit_code = Some(code);
@@ -438,6 +432,20 @@ fn hand_storms(tracker: &mut Tracker, ebpf: &mut Ebpf, families: &mut [Box<dyn P
         if let Err(e) = f.storms(ebpf, &storms) {
             crate::note!("gputrace: {} probes: {e:#}", f.name());
         }
+    }
+}
+
+/// What a drain of the ring brought: storms go to the families at once, and processes that
+/// mapped a library `MAPPED_SETTLE` later (`mapped_due`).
+fn hand_drained(
+    tracker: &mut Tracker,
+    ebpf: &mut Ebpf,
+    families: &mut [Box<dyn ProbeFamily>],
+    mapped_due: &mut Option<tokio::time::Instant>,
+) {
+    hand_storms(tracker, ebpf, families);
+    if !tracker.mapped.is_empty() && mapped_due.is_none() {
+        *mapped_due = Some(tokio::time::Instant::now() + MAPPED_SETTLE);
     }
 }
 

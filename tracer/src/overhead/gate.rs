@@ -49,7 +49,7 @@ pub struct LaunchGate {
     calibrator: Option<super::Calibrator>,
     /// Set by `calibrate`, before the first link is added.
     uprobes: Option<Uprobes>,
-    hits: Option<Hits>,
+    hits: Option<LaunchRuns>,
     /// When the window now open was opened (CLOCK_MONOTONIC ns), if in the current tick.
     opened_at: Option<u64>,
     watch: Option<Watch>,
@@ -71,14 +71,14 @@ const WAKE_STEP_MIN: u64 = 256;
 
 /// The entry and return programs' runs at launch functions (`LAUNCH_RUNS_MAP`): what a window
 /// costs. Their runs at the other functions are paid whether a window is open or not.
-struct Hits {
+struct LaunchRuns {
     map: PerCpuArray<MapData, u64>,
 }
 
-impl Hits {
-    fn open(ebpf: &Ebpf) -> anyhow::Result<Hits> {
+impl LaunchRuns {
+    fn open(ebpf: &Ebpf) -> anyhow::Result<LaunchRuns> {
         let data = own_map(ebpf, LAUNCH_RUNS_MAP)?;
-        Ok(Hits {
+        Ok(LaunchRuns {
             map: PerCpuArray::try_from(Map::PerCpuArray(data))?,
         })
     }
@@ -168,7 +168,7 @@ struct Window {
 /// earliest: any CPU could make all the runs, so each CPU wakes the watchdog after its share of
 /// what is left, counted from its own runs (a CPU that makes more of them wakes it early, and
 /// it arms again). Not while no window is open: the watchdog may have just decided to close.
-fn arm(w: &mut Window, hits: &Hits) {
+fn arm(w: &mut Window, hits: &LaunchRuns) {
     if w.links.is_empty() && w.ret_links.is_empty() {
         return;
     }
@@ -275,7 +275,7 @@ impl Drop for Watch {
 
 #[derive(Clone, Copy, Default)]
 struct Counts {
-    /// The programs' runs at launch functions (`Hits`).
+    /// The programs' runs at launch functions (`LaunchRuns`).
     entry_runs: u64,
     ret_runs: u64,
     /// Runs the kernel timed (while its statistics were on) and their time.
@@ -285,7 +285,7 @@ struct Counts {
     ret_ns: u64,
 }
 
-fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>, hits: Option<&Hits>) -> Counts {
+fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>, hits: Option<&LaunchRuns>) -> Counts {
     let (Some(u), Some(h)) = (uprobes, hits) else {
         return Counts::default();
     };
@@ -329,7 +329,7 @@ fn drop_each(links: Vec<Link>, started: Instant) -> Vec<std::thread::JoinHandle<
 /// Waits until the entry programs stop running at launch functions after the window's entry
 /// links began to drop: no new entry run in `QUIET` (polled every 100 us), or their drop has
 /// returned, or `QUIET_MAX` passed.
-fn entries_quiet(hits: &Hits, entries: &[std::thread::JoinHandle<Duration>]) {
+fn entries_quiet(hits: &LaunchRuns, entries: &[std::thread::JoinHandle<Duration>]) {
     const QUIET: Duration = Duration::from_micros(300);
     const QUIET_MAX: Duration = Duration::from_millis(20);
     let start = Instant::now();
@@ -357,7 +357,7 @@ fn next_ret_gen(gen: &mut Option<Array<MapData, u64>>) {
 }
 
 fn watchdog(
-    hits: Hits,
+    hits: LaunchRuns,
     mut ring: Option<aya::maps::RingBuf<MapData>>,
     mut ret_gen: Option<Array<MapData, u64>>,
     shared: Arc<Shared>,
@@ -474,7 +474,7 @@ impl LaunchGate {
     /// built-in constants, and a warning in the report.
     pub fn calibrate(&mut self, ebpf: &mut Ebpf, uprobes: &Uprobes, verbose: bool) {
         self.uprobes = Some(uprobes.clone());
-        self.hits = Hits::open(ebpf).ok();
+        self.hits = LaunchRuns::open(ebpf).ok();
         if let Ok(c) = super::Calibrator::start(ebpf, uprobes, self.trap.clone()) {
             if verbose {
                 let t = c.current();
@@ -517,7 +517,7 @@ impl LaunchGate {
             // Measured after this gate was made: the first window works with it.
             let t = super::calibrate::current(&self.trap);
             self.cost_per_hit = t.per_call(self.entry_only);
-            let hits = Hits::open(ebpf).ok()?;
+            let hits = LaunchRuns::open(ebpf).ok()?;
             // Both or neither: without the ring the watchdog polls.
             let ring = own_map(ebpf, GATE_WAKE_MAP)
                 .ok()

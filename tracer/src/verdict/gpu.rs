@@ -52,7 +52,6 @@ fn share(r: &Report, p: &ProcessReport, category: &str, api_ns: u64) -> (f64, Op
     }
 }
 
-/// Mean GPU utilisation over all GPUs NVML saw, when it is available.
 /// When the traced job first took GPU memory (ns since the window start), if it did during the
 /// trace and not at its very start: `gputrace -- python train.py` spends seconds importing
 /// before the GPU has any work, and an H100 trace of a GPU-bound loop read 30% utilisation
@@ -76,17 +75,21 @@ fn judged_samples(g: &GpuSeries, from: Option<u64>) -> &[GpuSample] {
     &g.samples
 }
 
+/// The mean of the samples' utilisation; None without samples.
+fn mean_util(samples: &[GpuSample]) -> Option<f64> {
+    (!samples.is_empty())
+        .then(|| samples.iter().map(|s| s.util_gpu as f64).sum::<f64>() / samples.len() as f64)
+}
+
 /// GPU `g`'s mean utilisation as the verdicts judge it and from when (ns since the window
 /// start), when that leaves the start-up out; None when every sample counts.
 pub fn util_since_work(r: &Report, g: &GpuSeries) -> Option<(f64, u64)> {
     let from = gpu_work_from(r)?;
     let s = judged_samples(g, Some(from));
-    (!s.is_empty() && s.len() < g.samples.len()).then(|| {
-        (
-            s.iter().map(|x| x.util_gpu as f64).sum::<f64>() / s.len() as f64,
-            from,
-        )
-    })
+    if s.len() == g.samples.len() {
+        return None;
+    }
+    mean_util(s).map(|u| (u, from))
 }
 
 /// Mean utilisation of every GPU since the job's first GPU allocation (`gpu_work_from`).
@@ -96,36 +99,23 @@ pub(crate) fn gpu_util(r: &Report) -> Option<f64> {
         return None;
     }
     let from = gpu_work_from(r);
-    let mean = |g: &GpuSeries| {
-        let s = judged_samples(g, from);
-        if s.is_empty() {
-            g.mean_util_percent
-        } else {
-            s.iter().map(|x| x.util_gpu as f64).sum::<f64>() / s.len() as f64
-        }
-    };
+    let mean = |g: &GpuSeries| mean_util(judged_samples(g, from)).unwrap_or(g.mean_util_percent);
     Some(n.gpus.iter().map(mean).sum::<f64>() / n.gpus.len() as f64)
 }
 
 /// `" since the first GPU allocation at 9.3 s"` when the utilisation leaves the start-up out.
 fn util_since(r: &Report) -> String {
-    let Some(from) = gpu_work_from(r) else {
-        return String::new();
-    };
-    let n = r.nvml.as_ref();
-    let windowed = n.is_some_and(|n| {
-        n.gpus
-            .iter()
-            .any(|g| judged_samples(g, Some(from)).len() < g.samples.len())
-    });
-    if windowed {
-        format!(
-            " since the job's first GPU allocation at {}",
-            units::dur(from)
-        )
-    } else {
-        String::new()
-    }
+    r.nvml
+        .iter()
+        .flat_map(|n| &n.gpus)
+        .find_map(|g| util_since_work(r, g))
+        .map(|(_, from)| {
+            format!(
+                " since the job's first GPU allocation at {}",
+                units::dur(from)
+            )
+        })
+        .unwrap_or_default()
 }
 
 fn util_line(r: &Report) -> String {
@@ -613,8 +603,7 @@ pub fn gpu_idle(r: &Report) -> Vec<Finding> {
     let mut evidence = Vec::new();
     for g in &nvml.gpus {
         let samples = judged_samples(g, from);
-        let n = samples.len().max(1) as f64;
-        let mean = samples.iter().map(|s| s.util_gpu as f64).sum::<f64>() / n;
+        let mean = mean_util(samples).unwrap_or(0.0);
         let max = samples.iter().map(|s| s.util_gpu).max().unwrap_or(0);
         let none = samples.iter().filter(|s| s.util_gpu == 0).count();
         // NVML's utilisation is the share of its sample period in which a kernel ran: a GPU
