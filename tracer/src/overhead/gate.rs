@@ -154,6 +154,9 @@ struct Window {
     budget: f64,
     /// Set by the watchdog when it decided to close the window (CLOCK_MONOTONIC ns).
     closed_at: Option<u64>,
+    /// Set by the watchdog as it takes the window's links to close them, until the next
+    /// window opens: links of a library probed meanwhile are not the window's (`add`).
+    closing: bool,
     /// How long the calls trapped during the watchdog's closes (ns) since the main thread last
     /// read it.
     closes_ns: u64,
@@ -402,6 +405,7 @@ fn watchdog(
             }
             disarm(&mut w);
             w.stats = None;
+            w.closing = true;
             (
                 std::mem::take(&mut w.links),
                 std::mem::take(&mut w.ret_links),
@@ -588,8 +592,16 @@ impl LaunchGate {
             ));
         }
         if let Some(shared) = self.start_watch(ebpf).cloned() {
+            let mut refused = None;
             if let Ok(mut w) = shared.window.lock() {
-                if w.closed_at.is_none() {
+                // A window being closed takes no more links: the watchdog has taken the ones it
+                // drops, and these would stay on, counted by no window and priced by none (a
+                // runtime's launches, its own probes gone, were counted at the driver's: 90%
+                // of a window's, when the runtime loaded the driver at its first launch and the
+                // window closed before the driver was probed). They go on at the next window.
+                if w.closed_at.is_some() || w.closing {
+                    refused = Some(links);
+                } else {
                     if w.stats.is_none() {
                         w.stats = Some(stats_on());
                     }
@@ -608,6 +620,9 @@ impl LaunchGate {
                 }
             }
             shared.opened.notify_one();
+            if let Some(links) = refused {
+                close_all(links);
+            }
         }
     }
 
@@ -783,6 +798,7 @@ impl LaunchGate {
                 w.base_at = Some(Instant::now());
                 w.cost_per_hit = cost;
                 w.closed_at = None;
+                w.closing = false;
                 if let Some(h) = &self.hits {
                     arm(&mut w, h);
                 }
