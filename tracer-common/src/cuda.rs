@@ -15,13 +15,23 @@ pub const EVENTS_MAP: &str = "CUDA_EVENTS";
 pub const GATE_LAST_MAP: &str = "CUDA_GATE_LAST";
 /// Per CPU: the first traced launch entry since user space zeroed it (a window's start).
 pub const GATE_FIRST_MAP: &str = "CUDA_GATE_FIRST";
-/// Per CPU, two u64s: the runs of the entry (0) and return (1) programs at a launch function on
+/// Per CPU: the runs of the entry (0) and return (1) programs at a launch function on
 /// that CPU, in a traced process or not (every process that maps the library traps). What the
 /// budget's windows cost: the other functions' probes stay on outside them, and a PyTorch
 /// import's ~21,000 `__cudaRegisterFunction` calls counted as a window's launches once shut its
 /// windows and spread them 8 s apart before the job's first launch (an H100 trace of a launch-
 /// bound loop started under gputrace then counted no launch at all).
 pub const LAUNCH_RUNS_MAP: &str = "CUDA_LAUNCH_RUNS";
+/// More u64s of `LAUNCH_RUNS_MAP`, for the budget's estimate: the traced threads' outermost
+/// copies and syncs (never sampled, so counted exactly), their outermost launches (as the
+/// report counts them: once each, in traced processes only), and the copies and syncs made
+/// inside a window (between two counted launches). The estimate fills in the launches between
+/// windows from the copies and syncs made there: a training loop makes as many launches each
+/// step, and the ratio needs no price of a probe hit.
+pub const STEADY_CALLS_SLOT: u32 = 2;
+pub const OUTER_LAUNCH_SLOT: u32 = 3;
+pub const STEADY_ON_SLOT: u32 = 4;
+pub const LAUNCH_RUNS_SLOTS: u32 = 5;
 /// Per CPU, one u64: the entry program's launch runs on that CPU (`LAUNCH_RUNS_MAP`) at which
 /// it wakes the budget's watchdog (0: never). Set by the watchdog to each CPU's count plus its share of
 /// what is left of the window's share of the bucket.

@@ -20,9 +20,11 @@ use tracer_common::{
     cuda::{
         log2_bucket, ApiKey, ApiVal, Cookie, CopyKey, CopyVal, CudaEvent, ErrKey, EventKind,
         LaunchKey, LaunchVal, Shape, API_ENTRIES, COPY_ENTRIES, DIR_NONE, ERRS_ENTRIES,
-        EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCH_ENTRIES, STASH_ENTRIES,
+        EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCH_ENTRIES, LAUNCH_RUNS_SLOTS,
+        OUTER_LAUNCH_SLOT, STASH_ENTRIES, STEADY_CALLS_SLOT, STEADY_ON_SLOT,
     },
     drops::Drop,
+    time::Category,
 };
 
 use crate::{
@@ -75,7 +77,17 @@ struct ThreadState {
     /// The innermost nested call's first three arguments: nested calls matter only for names
     /// (cuModuleGetFunction inside the runtime's lazy loading), which need no more.
     inner: [u64; 3],
+    /// Where the thread is in its steps for the budget's estimate (`count_step`): `LAUNCHED`,
+    /// `COPY_PENDING` or 0.
+    step: u32,
+    _pad: u32,
 }
+
+/// A launch was counted since the thread's last copy or sync.
+const LAUNCHED: u32 = 1;
+/// The thread's last copy or sync came after a counted launch: it is inside a window if the
+/// next launch is counted too.
+const COPY_PENDING: u32 = 2;
 
 const FRESH: ThreadState = ThreadState {
     depth: 0,
@@ -85,6 +97,8 @@ const FRESH: ThreadState = ThreadState {
     args: [0; 6],
     arg7: 0,
     inner: [0; 3],
+    step: 0,
+    _pad: 0,
 };
 
 /// `tracer_common::cuda::GATE_AT_MAP` and `GATE_WAKE_MAP`.
@@ -99,9 +113,10 @@ static CUDA_RET_GEN: Array<u64> = Array::with_max_entries(1, 0);
 
 /// `tracer_common::cuda::LAUNCH_RUNS_MAP`.
 #[map(name = "CUDA_LAUNCH_RUNS")]
-static CUDA_LAUNCH_RUNS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+static CUDA_LAUNCH_RUNS: PerCpuArray<u64> = PerCpuArray::with_max_entries(LAUNCH_RUNS_SLOTS, 0);
 
-/// Counts a run at a launch function in `slot` (0 entry, 1 return); the count so far.
+/// Counts a run at a launch function in `slot` (0 entry, 1 return), or a traced thread's step
+/// (`count_step`); the count so far.
 #[inline(always)]
 fn launch_run(slot: u32) -> u64 {
     match CUDA_LAUNCH_RUNS.get_ptr_mut(slot) {
@@ -189,6 +204,7 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     }
     st.outer_sp = sp;
     st.gen = gen;
+    count_step(&cookie, st);
     let mut i = 0;
     while i < 6 {
         st.args[i] = ctx.arg::<u64>(i).unwrap_or(0);
@@ -274,6 +290,30 @@ pub fn flush_api(tid: u32, st: &mut tracer_common::wall::ThreadState) {
         unsafe { (*v).count += st.held_api_count };
     }
     st.held_api_count = 0;
+}
+
+/// Counts a traced thread's outermost launches and copies and syncs for the budget's estimate,
+/// which fills in the launches between its windows from the copies and syncs made there.
+/// A copy or sync counts as inside a window (`STEADY_ON_SLOT`) when the launches just before
+/// and just after it were both counted (the launch entry runs only while a window's probes
+/// are on): a window then holds as many steps' launches as such copies on average, the
+/// partial step at its start and the one at its end making up one between them, whatever
+/// the time its probes took to go on and off. Counted here, where the launch probes run,
+/// since user space cannot tell when they started and stopped to better than milliseconds.
+#[inline(always)]
+fn count_step(cookie: &Cookie, st: &mut ThreadState) {
+    if is_launch_shape(cookie.shape) {
+        launch_run(OUTER_LAUNCH_SLOT);
+        if st.step == COPY_PENDING {
+            launch_run(STEADY_ON_SLOT);
+        }
+        st.step = LAUNCHED;
+    } else if cookie.category == Category::CudaMemcpy as u8
+        || cookie.category == Category::CudaSync as u8
+    {
+        launch_run(STEADY_CALLS_SLOT);
+        st.step = if st.step == LAUNCHED { COPY_PENDING } else { 0 };
+    }
 }
 
 /// Records a traced launch's time for the budget's gate (first and last of the window).

@@ -94,6 +94,12 @@ pub const FIRST_SHARE: f64 = 0.25;
 /// the rate is steady and the windows may spread out.
 pub const AGREE: f64 = 0.2;
 
+/// The fewest copies and syncs a window must see for its ratio of launches to them to fill
+/// in the stretches beside it: a window cuts the job's steps at both ends, off by up to a
+/// step each, so 8 steps of one copy or sync each leave the ratio within ~25%, and the
+/// windows' disagreement then widens the bound.
+pub const STEADY_MIN: u64 = 8;
+
 /// The longest wait from one window's opening to the next once windows agree, at the default
 /// budget; a budget `k` times the default waits `k` times less.
 pub const MAX_GAP_S: f64 = 8.0;
@@ -111,6 +117,10 @@ pub struct TickObs {
     pub on_ns: u64,
     /// Hits of the sampled probes in the tick.
     pub sampled_hits: u64,
+    /// The launches in the tick as the report counts them (once each, in traced processes
+    /// only), which the estimate scales: a hit is a probe's run, which a runtime's launch
+    /// makes twice (its own and the driver's inside it) and an untraced process makes too.
+    pub launches: u64,
     /// Cost of one sampled hit (ns): BPF run time per hit plus the trap constants.
     pub cost_per_hit_ns: f64,
     /// The traps' part of it (replaced by a better measurement at the end, if one is given).
@@ -119,6 +129,10 @@ pub struct TickObs {
     pub other_cost_ns: f64,
     /// The window closed in this tick (the watchdog emptied the bucket).
     pub closed: bool,
+    /// The traced processes' copies and syncs (never sampled, so counted exactly) made while
+    /// the sampled probes were on in the tick, and while they were off.
+    pub steady_on: u64,
+    pub steady_off: u64,
 }
 
 /// One tick as the gate kept it.
@@ -130,8 +144,12 @@ struct Slot {
     cost_per_hit: f64,
     trap_ns: f64,
     hits: u64,
+    launches: u64,
     /// Time with the probes off.
     off_ns: u64,
+    /// Copies and syncs counted with the probes on and off (`TickObs`).
+    steady_on: u64,
+    steady_off: u64,
 }
 
 impl Slot {
@@ -155,7 +173,13 @@ impl Slot {
         // cannot tell: when the cost ate the whole window, fall back to its wall time.
         let own = self.own_on(c);
         let own = if own > 0.0 { own } else { self.on_ns as f64 };
-        Some(self.hits as f64 / own)
+        Some(self.launches as f64 / own)
+    }
+
+    /// Launches per copy or sync, when this tick had a window that saw enough of them.
+    fn per_call(&self) -> Option<f64> {
+        (self.on_ns > 0 && self.steady_on >= STEADY_MIN)
+            .then(|| self.launches as f64 / self.steady_on as f64)
     }
 }
 
@@ -177,8 +201,10 @@ pub struct Gate {
     opened_ns: u64,
     /// The open window so far: time, hits and their cost.
     window: Slot,
-    /// Launches per ns of own time in the last closed window.
+    /// Launches per ns of own time in the last closed window, and per copy or sync if it saw
+    /// enough of them.
     last_rate: Option<f64>,
+    last_per_call: Option<f64>,
     /// How long to wait from one window's opening to the next (ns), beyond a full bucket, and
     /// how many windows in a row have agreed with the one before.
     gap_ns: u64,
@@ -200,6 +226,9 @@ pub struct Estimate {
     pub windows: usize,
     /// Estimated share of the thread's time spent in probes so far.
     pub overhead: f64,
+    /// The share of the launches filled in between windows that was filled in from the
+    /// copies and syncs counted there (the rest from the time).
+    pub by_calls: f64,
 }
 
 impl Gate {
@@ -217,6 +246,7 @@ impl Gate {
             opened_ns: 0,
             window: Slot::default(),
             last_rate: None,
+            last_per_call: None,
             gap_ns: 0,
             agreed: 0,
             share: FIRST_SHARE,
@@ -270,11 +300,17 @@ impl Gate {
             cost_per_hit: o.cost_per_hit_ns,
             trap_ns: o.trap_ns,
             hits: if on_ns > 0 { o.sampled_hits } else { 0 },
+            launches: if on_ns > 0 { o.launches } else { 0 },
             off_ns: o.dt_ns - on_ns,
+            steady_on: if on_ns > 0 { o.steady_on } else { 0 },
+            steady_off: o.steady_off + if on_ns > 0 { 0 } else { o.steady_on },
         };
         // Runs of whole ticks off merge: an hour-long trace keeps its windows, not its ticks.
         match self.slots.last_mut() {
-            Some(last) if slot.on_ns == 0 && last.on_ns == 0 => last.off_ns += slot.off_ns,
+            Some(last) if slot.on_ns == 0 && last.on_ns == 0 => {
+                last.off_ns += slot.off_ns;
+                last.steady_off += slot.steady_off;
+            }
             _ => self.slots.push(slot),
         }
         if !self.samples() {
@@ -283,8 +319,10 @@ impl Gate {
         if on_ns > 0 {
             self.window.on_ns += on_ns;
             self.window.hits += slot.hits;
+            self.window.launches += slot.launches;
             self.window.cost_per_hit = slot.cost_per_hit;
             self.window.trap_ns = slot.trap_ns;
+            self.window.steady_on += slot.steady_on;
         }
         if o.closed && self.open {
             self.open = false;
@@ -306,10 +344,17 @@ impl Gate {
         let w = std::mem::take(&mut self.window);
         let cost = Cost { trap: None, k: 1.0 };
         let Some(rate) = w.rate(cost) else { return };
-        let agree = self.last_rate.is_some_and(|last| {
-            let mean = (last + rate) / 2.0;
-            mean <= 0.0 || (last - rate).abs() <= AGREE * mean
-        });
+        let agrees = |a: f64, b: f64| {
+            let mean = (a + b) / 2.0;
+            mean <= 0.0 || (a - b).abs() <= AGREE * mean
+        };
+        // Launches per copy or sync when both windows have them: what fills the stretch
+        // between them then, where the time rate moves with the probes' cost.
+        let per_call = w.per_call();
+        let agree = match (self.last_per_call, per_call) {
+            (Some(a), Some(b)) => agrees(a, b),
+            _ => self.last_rate.is_some_and(|last| agrees(last, rate)),
+        };
         // Three windows in a row first: the first often straddles the job's start, and the
         // bound on the stretches filled in between spread windows (and after the last) comes
         // from how much consecutive windows have differed so far.
@@ -328,6 +373,7 @@ impl Gate {
             _ => self.max_gap_ns(),
         };
         self.last_rate = Some(rate);
+        self.last_per_call = per_call;
     }
 
     /// The trap cost per hit as measured over the whole trace (the ticks worked with what
@@ -348,10 +394,11 @@ impl Gate {
                 rel_error: Some(0.0),
                 windows,
                 overhead,
+                by_calls: 0.0,
             };
         }
         let duty = self.on_ns as f64 / total;
-        let seen: u64 = self.slots.iter().map(|s| s.hits).sum();
+        let seen: u64 = self.slots.iter().map(|s| s.launches).sum();
         let cost = Cost {
             trap: self.final_trap,
             k: 1.0,
@@ -365,20 +412,17 @@ impl Gate {
                 rel_error: if windows >= 2 { Some(0.0) } else { None },
                 windows,
                 overhead,
+                by_calls: 0.0,
             };
         }
         let all = seen as f64 + f.estimated;
         // A cost per hit off by COST_UNCERTAINTY moves every window's own time, and so every
-        // filled-in stretch: tried both ways. When the higher cost leaves a window no own time
+        // stretch filled in from the time: tried both ways. When the higher cost leaves a window no own time
         // (the probes cost more than the work they sampled: a launch storm), the rate has no
         // upper bound and the error cannot be told.
         let filled = |k: f64| {
-            let c = Cost { k, ..cost };
-            let possible = self
-                .slots
-                .iter()
-                .all(|s| s.on_ns == 0 || s.hits == 0 || s.own_on(c) > 0.0);
-            possible.then(|| fill(&self.slots, c).estimated)
+            let f = fill(&self.slots, Cost { k, ..cost });
+            (!f.unbounded).then_some(f.estimated)
         };
         let bias = match (
             filled(1.0 - COST_UNCERTAINTY),
@@ -390,12 +434,12 @@ impl Gate {
         Estimate {
             duty,
             scale: all / seen as f64,
-            rel_error: f
-                .spread
-                .zip(bias)
-                .map(|(spread, bias)| (spread * spread + bias * bias).sqrt() / all),
+            rel_error: f.spread.zip(bias).map(|(spread, bias)| {
+                (spread * spread + f.steps_cut * f.steps_cut + bias * bias).sqrt() / all
+            }),
             windows,
             overhead,
+            by_calls: f.by_calls / f.estimated,
         }
     }
 }
@@ -415,52 +459,172 @@ struct Fill {
     /// Absolute uncertainty of `estimated` from the rates' disagreement; None with fewer than
     /// two windows (nothing to compare).
     spread: Option<f64>,
+    /// The part of `estimated` filled in from the copies and syncs counted off the windows.
+    by_calls: f64,
+    /// Absolute uncertainty of that part from where the windows cut the job's steps: a
+    /// window's copies and syncs may be one off its launches' (a step begun before it opened,
+    /// one left unfinished at its close), each window's independently of the others'.
+    steps_cut: f64,
+    /// A stretch was filled in at the rate of a window whose probes, at this cost, took all its
+    /// time: that rate has no upper bound, nor has the stretch.
+    unbounded: bool,
 }
 
-/// Fills in each stretch off at the mean rate of the windows just before and just after it.
-/// Its uncertainty is half their difference (the rate moved between them somehow); a stretch
-/// with a window on one side only (the trace's start or end) takes the typical relative change
-/// between consecutive windows. Summed, not added in quadrature: neighbouring stretches share
-/// their windows, so their errors go together.
+/// The root mean square of the relative changes between consecutive values; None for fewer
+/// than two.
+fn typical_change(pairs: impl Iterator<Item = (f64, f64)>) -> Option<f64> {
+    let changes: Vec<f64> = pairs
+        .filter(|&(a, b)| a + b > 0.0)
+        .map(|(a, b)| (a - b).abs() / ((a + b) / 2.0))
+        .collect();
+    (!changes.is_empty())
+        .then(|| (changes.iter().map(|c| c * c).sum::<f64>() / changes.len() as f64).sqrt())
+}
+
+/// A window as its ratio of launches to copies and syncs sees it: the slots it spans (one a
+/// tick while it stays open) and what they add up to.
+struct Window {
+    first: usize,
+    last: usize,
+    launches: u64,
+    steady_on: u64,
+}
+
+impl Window {
+    /// Launches per copy or sync, when the window saw enough of them.
+    fn per_call(&self) -> Option<f64> {
+        (self.steady_on >= STEADY_MIN).then(|| self.launches as f64 / self.steady_on as f64)
+    }
+}
+
+/// The windows among `slots` that saw launches or copies and syncs: one open before the job
+/// started, or while it waited, says nothing of the ratio. A window open over several ticks is
+/// one: each tick alone may see too few copies and syncs to tell a ratio (its first tick
+/// often does, opened as the job starts).
+fn windows(slots: &[Slot]) -> Vec<Window> {
+    let mut out: Vec<Window> = Vec::new();
+    let mut goes_on = false;
+    for (i, s) in slots.iter().enumerate() {
+        if s.on_ns == 0 {
+            goes_on = false;
+            continue;
+        }
+        match out.last_mut() {
+            Some(w) if goes_on => {
+                w.last = i;
+                w.launches += s.launches;
+                w.steady_on += s.steady_on;
+            }
+            _ => out.push(Window {
+                first: i,
+                last: i,
+                launches: s.launches,
+                steady_on: s.steady_on,
+            }),
+        }
+        goes_on = s.off_ns == 0;
+    }
+    out.retain(|w| w.launches > 0 || w.steady_on > 0);
+    out
+}
+
+/// A stretch's launches from the windows beside it: `x` (the stretch's time, or its copies and
+/// syncs) at the mean of their `before` and `after` rates, with half their difference as its
+/// uncertainty; with a window on one side only (the trace's start or end), at that window's
+/// rate, uncertain by the `typical` relative change between consecutive windows.
+fn between(x: f64, before: Option<f64>, after: Option<f64>, typical: f64) -> Option<(f64, f64)> {
+    match (before, after) {
+        (Some(a), Some(b)) => Some((x * (a + b) / 2.0, x * (a - b).abs() / 2.0)),
+        (Some(r), None) | (None, Some(r)) => Some((x * r, x * r * typical)),
+        (None, None) => None,
+    }
+}
+
+/// Fills in each stretch off from the windows just before and just after it. Where those
+/// windows saw enough copies and syncs ([`STEADY_MIN`]), at their launches per copy or sync
+/// times the stretch's own copies and syncs (counted exactly): a training loop launches about
+/// as many kernels each step, and the ratio needs no price of a probe hit, where a window's
+/// rate in time does (the probes' cost is taken out of it, and in a storm the cost is most of
+/// the window: with a runtime whose launches call the driver's, four traps a launch, 2M
+/// launches in steps with a copy each read 1.9-2.1M from the ratio, 0.65-1.04 times as many
+/// from the time in an earlier build). Elsewhere (a storm with no copy or sync in a window) at
+/// the mean launch rate of those windows in the workload's own time. Summed, not added in
+/// quadrature: neighbouring stretches share their windows, so their errors go together.
 fn fill(slots: &[Slot], cost: Cost) -> Fill {
     let rates: Vec<(usize, f64)> = slots
         .iter()
         .enumerate()
         .filter_map(|(i, s)| s.rate(cost).map(|r| (i, r)))
         .collect();
-    let changes: Vec<f64> = rates
-        .windows(2)
-        .filter_map(|w| {
-            let (a, b) = (w[0].1, w[1].1);
-            (a + b > 0.0).then(|| (a - b).abs() / ((a + b) / 2.0))
-        })
-        .collect();
-    let typical = (!changes.is_empty())
-        .then(|| (changes.iter().map(|c| c * c).sum::<f64>() / changes.len() as f64).sqrt());
-    let (mut estimated, mut spread) = (0.0, 0.0);
+    let typical = typical_change(rates.windows(2).map(|w| (w[0].1, w[1].1)));
+    let runs = windows(slots);
+    let typical_ratio = typical_change(
+        runs.windows(2)
+            .filter_map(|w| w[0].per_call().zip(w[1].per_call())),
+    );
+    let (mut estimated, mut spread, mut by_calls, mut unbounded) = (0.0, 0.0, 0.0, false);
+    // A stretch filled in from one window's ratio with no two windows' ratios to compare.
+    let mut unknown = false;
+    // How many of the filled-in copies and syncs each window's ratio multiplies.
+    let mut weight = vec![0.0; runs.len()];
     for (i, s) in slots.iter().enumerate() {
         if s.off_ns == 0 {
             continue;
         }
         // A tick's own window comes before its off part: the watchdog closes it mid-tick.
-        let before = rates.iter().rev().find(|(j, _)| *j <= i).map(|r| r.1);
-        let after = rates.iter().find(|(j, _)| *j > i).map(|r| r.1);
-        let off = s.off_ns as f64;
-        match (before, after) {
-            (Some(a), Some(b)) => {
-                estimated += off * (a + b) / 2.0;
-                spread += off * (a - b).abs() / 2.0;
+        let before = runs.iter().rposition(|w| w.last <= i);
+        let after = runs.iter().position(|w| w.first > i);
+        let sides: Vec<usize> = [before, after].into_iter().flatten().collect();
+        let by_ratio = sides
+            .iter()
+            .all(|k| runs[*k].per_call().is_some())
+            .then(|| {
+                between(
+                    s.steady_off as f64,
+                    before.and_then(|k| runs[k].per_call()),
+                    after.and_then(|k| runs[k].per_call()),
+                    typical_ratio.unwrap_or(0.0),
+                )
+            });
+        if let Some(Some((e, u))) = by_ratio {
+            estimated += e;
+            spread += u;
+            by_calls += e;
+            unknown |= sides.len() == 1 && typical_ratio.is_none();
+            for k in &sides {
+                weight[*k] += s.steady_off as f64 / sides.len() as f64;
             }
-            (Some(r), None) | (None, Some(r)) => {
-                estimated += off * r;
-                spread += off * r * typical.unwrap_or(0.0);
-            }
-            (None, None) => {}
+            continue;
+        }
+        let before = rates.iter().rev().find(|(j, _)| *j <= i);
+        let after = rates.iter().find(|(j, _)| *j > i);
+        unbounded |= [before, after]
+            .iter()
+            .flatten()
+            .any(|(j, _)| slots[*j].hits > 0 && slots[*j].own_on(cost) <= 0.0);
+        if let Some((e, u)) = between(
+            s.off_ns as f64,
+            before.map(|r| r.1),
+            after.map(|r| r.1),
+            typical.unwrap_or(0.0),
+        ) {
+            estimated += e;
+            spread += u;
         }
     }
+    let steps_cut = runs
+        .iter()
+        .zip(&weight)
+        .filter_map(|(r, w)| r.per_call().map(|q| w * q / r.steady_on as f64))
+        .map(|e| e * e)
+        .sum::<f64>()
+        .sqrt();
     Fill {
         estimated,
-        spread: typical.map(|_| spread),
+        spread: typical.filter(|_| !unknown).map(|_| spread),
+        by_calls,
+        steps_cut,
+        unbounded,
     }
 }
 
@@ -526,10 +690,12 @@ mod tests {
                 dt_ns: TICK,
                 on_ns: on_ns as u64,
                 sampled_hits: hits,
+                launches: hits,
                 cost_per_hit_ns: cost,
                 trap_ns: 0.0,
                 other_cost_ns: 0.0,
                 closed: open && closed,
+                ..TickObs::default()
             });
             open = reopen;
         }
@@ -706,10 +872,12 @@ mod tests {
                 dt_ns: TICK,
                 on_ns: if open { TICK } else { 0 },
                 sampled_hits: if open { 10 } else { 0 },
+                launches: if open { 10 } else { 0 },
                 cost_per_hit_ns: 1000.0,
                 trap_ns: 0.0,
                 other_cost_ns: 0.05 * TICK as f64,
                 closed: open,
+                ..TickObs::default()
             });
         }
         assert!(!open);
@@ -731,7 +899,19 @@ mod tests {
             cost_per_hit: 0.0,
             trap_ns: 0.0,
             hits,
+            launches: hits,
             off_ns,
+            steady_on: 0,
+            steady_off: 0,
+        }
+    }
+
+    /// A slot whose window saw `steady_on` copies and syncs and whose stretch off `steady_off`.
+    fn steady(on_ns: u64, hits: u64, off_ns: u64, steady_on: u64, steady_off: u64) -> Slot {
+        Slot {
+            steady_on,
+            steady_off,
+            ..slot(on_ns, hits, off_ns)
         }
     }
 
@@ -775,10 +955,12 @@ mod tests {
                 dt_ns: TICK,
                 on_ns: on,
                 sampled_hits: on / 1000,
+                launches: on / 1000,
                 cost_per_hit_ns: 0.0,
                 trap_ns: 0.0,
                 other_cost_ns: 0.0,
                 closed: true,
+                ..TickObs::default()
             });
             seen += on / 1000;
             truth += TICK / 1000;
@@ -790,6 +972,110 @@ mod tests {
             "{est} vs {truth}: {e:?}"
         );
         assert!(e.rel_error.unwrap() < 0.01, "{e:?}");
+    }
+
+    #[test]
+    fn stretches_off_take_the_launches_per_copy_of_the_windows_beside_them() {
+        // 100 launches per copy before the gap, 300 after, 50 copies in it: 10,000 +/- 5,000
+        // whatever the time says.
+        let f = fill(
+            &[
+                steady(1000, 1000, 0, 10, 0),
+                steady(0, 0, 1_000_000, 0, 50),
+                steady(1000, 3000, 0, 10, 0),
+            ],
+            EXACT,
+        );
+        assert_eq!(f.estimated, 10_000.0);
+        assert_eq!(f.spread, Some(5_000.0));
+        assert_eq!(f.by_calls, 10_000.0);
+        // Each window's 10 copies may be one off: 10% of its ratio, on the 25 copies of the
+        // stretch each side's ratio multiplies.
+        assert!((f.steps_cut - (250.0f64.powi(2) + 750.0f64.powi(2)).sqrt()).abs() < 1e-6);
+        // A window with too few copies to tell a ratio: the stretches beside it take the time.
+        let f = fill(
+            &[
+                steady(1000, 1000, 0, 3, 0),
+                steady(0, 0, 10_000, 0, 50),
+                steady(1000, 1000, 0, 10, 0),
+            ],
+            EXACT,
+        );
+        assert_eq!(f.estimated, 10_000.0);
+        assert_eq!(f.by_calls, 0.0);
+        // A window before the job started (nothing in it) says nothing of the ratio: the
+        // stretch takes the later window's. Its time rate would read half the launches there.
+        let f = fill(
+            &[
+                steady(1000, 0, 0, 0, 0),
+                steady(0, 0, 10_000, 0, 50),
+                steady(1000, 2000, 0, 20, 0),
+            ],
+            EXACT,
+        );
+        assert_eq!(f.estimated, 5_000.0);
+        assert_eq!(f.by_calls, 5_000.0);
+        // A window open over two ticks is one: 1,000 launches per 10 copies, though neither
+        // tick alone saw enough of them. One window: no second ratio to bound it by.
+        let f = fill(
+            &[steady(1000, 400, 0, 4, 0), steady(1000, 600, 5000, 6, 10)],
+            EXACT,
+        );
+        assert_eq!(f.estimated, 1_000.0);
+        assert_eq!(f.by_calls, 1_000.0);
+        assert_eq!(f.spread, None);
+    }
+
+    #[test]
+    fn a_storm_with_a_copy_every_step_is_estimated_whatever_its_probes_cost() {
+        // Steps of 100 launches of 1 us of work and a copy, probed at 3.8 us a launch, while
+        // the gate prices a hit at 2.5 us (a nested runtime's traps priced as one launch's):
+        // a window's own time reads 2.3x what it is, and its rate in time less than half.
+        let (work, cost, priced) = (1000.0, 3800.0, 2500.0);
+        let mut g = Gate::new(0.02);
+        let (mut seen, mut truth, mut open) = (0u64, 0u64, true);
+        // A copy after every 100th launch of the job: windows cut steps where they fall.
+        let copies = |from: u64, n: u64| (from + n) / 100 - from / 100;
+        for _ in 0..600 {
+            let dt = TICK as f64;
+            let (mut on_ns, mut hits) = (0.0, 0u64);
+            if open {
+                let rate = priced / (work + cost);
+                let t_close = (g.tokens_ns().max(0.0) / (rate - g.budget())).min(dt);
+                on_ns = t_close;
+                hits = (t_close / (work + cost)) as u64;
+            }
+            let off = ((dt - on_ns) / work) as u64;
+            let (steady_on, steady_off) = (copies(truth, hits), copies(truth + hits, off));
+            seen += hits;
+            truth += hits + off;
+            open = g.tick(TickObs {
+                dt_ns: TICK,
+                on_ns: on_ns as u64,
+                sampled_hits: hits,
+                launches: hits,
+                cost_per_hit_ns: priced,
+                trap_ns: 0.0,
+                other_cost_ns: 0.0,
+                closed: open,
+                steady_on,
+                steady_off,
+            });
+        }
+        let e = g.estimate();
+        let estimated = seen as f64 * e.scale;
+        assert!(
+            (estimated - truth as f64).abs() / (truth as f64) < 0.05,
+            "{estimated} vs {truth} ({e:?})"
+        );
+        assert!(e.by_calls > 0.99, "{e:?}");
+        // The cost's uncertainty does not enter: the bound is the windows' disagreement.
+        let err = e.rel_error.unwrap_or_else(|| panic!("no bound: {e:?}"));
+        assert!(err < 0.1, "{e:?}");
+        assert!(
+            (estimated - truth as f64).abs() / (truth as f64) <= err,
+            "{estimated} vs {truth} ({e:?})"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use aya::{
 };
 use tracer_common::cuda::{
     ENTRY_PROG, GATE_AT_MAP, GATE_FIRST_MAP, GATE_LAST_MAP, GATE_WAKE_MAP, LAUNCH_RUNS_MAP,
-    RET_GEN_MAP, RET_PROG,
+    OUTER_LAUNCH_SLOT, RET_GEN_MAP, RET_PROG, STEADY_CALLS_SLOT, STEADY_ON_SLOT,
 };
 
 use super::{scale_cuda, scale_launch_time, stats::own_map, stats_on, worst_cuda_thread, StatsOn};
@@ -95,6 +95,14 @@ impl LaunchRuns {
     /// `prog`'s launch runs on all CPUs so far.
     fn get(&self, prog: &str) -> u64 {
         self.per_cpu(prog).iter().sum()
+    }
+
+    /// What the entry program counted in `slot` on all CPUs so far (`STEADY_CALLS_SLOT`...).
+    fn slot(&self, slot: u32) -> u64 {
+        self.map
+            .get(&slot, 0)
+            .map(|v| v.iter().sum())
+            .unwrap_or_default()
     }
 }
 
@@ -286,6 +294,11 @@ struct Counts {
     entry_ns: u64,
     ret_timed: u64,
     ret_ns: u64,
+    /// The traced threads' outermost launches, copies and syncs, and copies and syncs
+    /// inside windows (`STEADY_CALLS_SLOT`...).
+    launches: u64,
+    steady: u64,
+    steady_on: u64,
 }
 
 fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>, hits: Option<&LaunchRuns>) -> Counts {
@@ -301,6 +314,9 @@ fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>, hits: Option<&LaunchRuns>) -> 
         entry_ns,
         ret_timed,
         ret_ns,
+        launches: h.slot(OUTER_LAUNCH_SLOT),
+        steady: h.slot(STEADY_CALLS_SLOT),
+        steady_on: h.slot(STEADY_ON_SLOT),
     }
 }
 
@@ -705,6 +721,16 @@ impl LaunchGate {
             end.saturating_sub(from)
         };
         let still_open = was_open && closed_at.is_none();
+        // The launches as the report counts them (outermost, traced processes only; with
+        // `--cuda-entry-only` every launch entry, as the report then counts), and the copies
+        // and syncs inside the window's part of the tick and over the rest.
+        let launches = if self.entry_only {
+            hits
+        } else {
+            c.launches.saturating_sub(c0.launches)
+        };
+        let steady = c.steady.saturating_sub(c0.steady);
+        let steady_on = c.steady_on.saturating_sub(c0.steady_on).min(steady);
         if was_open && on > 0 && hits > 0 {
             self.last_rate = hits as f64 / on as f64;
         }
@@ -729,6 +755,9 @@ impl LaunchGate {
                     hits as f64 * self.cost_per_hit
                 },
             closed: closed_at.is_some(),
+            launches,
+            steady_on,
+            steady_off: steady - steady_on,
         });
         self.opened_at = None;
         if open && !still_open {
@@ -863,6 +892,7 @@ impl LaunchGate {
             rel_error: e.rel_error,
             windows: e.windows as u64,
             seen_hits: seen,
+            filled_by_calls: e.by_calls,
         });
     }
 }

@@ -190,6 +190,11 @@ pub struct ProbeSampling {
     pub windows: u64,
     /// Calls the sampled probes saw before scaling.
     pub seen_hits: u64,
+    /// The share of the launches filled in between windows that came from the copies and
+    /// syncs counted there (launches per copy or sync in the windows beside them); the rest
+    /// came from the time (the windows' launch rates, net of the probes' cost).
+    #[serde(default)]
+    pub filled_by_calls: f64,
 }
 
 impl Overhead {
@@ -296,8 +301,16 @@ impl Overhead {
             None if s.windows < 2 => "error unknown (one window)".into(),
             None => "error unknown: the probes cost more than the work they sampled".into(),
         };
+        let by = match s.filled_by_calls {
+            b if b >= 0.995 => "; filled in between windows from the copies and syncs counted there".into(),
+            b if b > 0.005 => format!(
+                "; filled in between windows {:.0}% from the copies and syncs counted there, the rest from the time",
+                b * 100.0
+            ),
+            _ => String::new(),
+        };
         Some(format!(
-            "ESTIMATED: {} probed {:.1}% of the time to stay in budget; {} are scaled x{:.1} ({err})",
+            "ESTIMATED: {} probed {:.1}% of the time to stay in budget; {} are scaled x{:.1} ({err}){by}",
             s.probes,
             s.duty * 100.0,
             s.scaled,
