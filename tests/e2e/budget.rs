@@ -182,7 +182,7 @@ fn runtime_launches_under_the_budget_count_no_driver_launches() {
     }
 }
 
-/// Steps of 100 launches and one copy (made from a deeper frame) under the default budget:
+/// Steps of 100 launches and two copies (one made from a deeper frame) under the default budget:
 /// the windows sample the launches, and a window that closes while a launch is in flight
 /// drops its return probe before the launch returns. The copies, never sampled, must all be
 /// counted: before the thread's call depth was told by its stack pointer and the return
@@ -225,6 +225,7 @@ fn a_loops_copies_are_counted_exactly_and_its_launches_estimated_from_them() {
     let s = &o["sampled"];
     assert!(s["windows"].as_u64() >= Some(2), "{o}");
     assert_eq!(calls(&report, "cudaMemcpy"), steps, "{o}");
+    assert_eq!(calls(&report, "cudaMemcpyAsync"), steps, "{o}");
     let driver: Vec<&Value> = api_rows(&report)
         .filter(|a| a["layer"] == "driver")
         .collect();

@@ -1,6 +1,8 @@
-/* Training-loop steps of 100 cudaLaunchKernel calls (~0.5 us of work each) and one cudaMemcpy
+/* Training-loop steps of 100 cudaLaunchKernel calls (~0.5 us of work each), then a
+ * cudaMemcpyAsync and a cudaMemcpy (the loss read back, as `.item()` does: two calls in a row)
  * into LIB (dlopen'd). The launches are sampled by the budget's windows; the copies never are,
- * so tests/e2e/budget.rs expects every one of them counted.
+ * so tests/e2e/budget.rs expects every one of them counted, and the launches between windows
+ * estimated from them.
  *   launches_and_copies LIB STEPS */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -10,6 +12,7 @@
 typedef struct { unsigned x, y, z; } dim3;
 typedef int (*launch_fn)(const void *, dim3, dim3, void **, size_t, void *);
 typedef int (*memcpy_fn)(void *, const void *, size_t, int);
+typedef int (*memcpy_async_fn)(void *, const void *, size_t, int, void *);
 
 static void kernel_stub(void) {}
 
@@ -30,7 +33,8 @@ int main(int argc, char **argv) {
     if (!h) return 3;
     launch_fn launch = (launch_fn)dlsym(h, "cudaLaunchKernel");
     memcpy_fn copy = (memcpy_fn)dlsym(h, "cudaMemcpy");
-    if (!launch || !copy) return 4;
+    memcpy_async_fn copy_async = (memcpy_async_fn)dlsym(h, "cudaMemcpyAsync");
+    if (!launch || !copy || !copy_async) return 4;
     char dst[8], src[8] = {0};
     /* Lets gputrace find the library (it is probed within milliseconds of its mapping). */
     usleep(300000);
@@ -42,6 +46,7 @@ int main(int argc, char **argv) {
             launch((const void *)kernel_stub, one, one, 0, 0, 0);
             for (int w = 0; w < 3000; w++) work += w;
         }
+        copy_async(dst, src, 8, 2, 0);
         copy_deeper(copy, dst, src);
     }
     printf("steps %ld\n", steps);

@@ -31,7 +31,10 @@ pub const LAUNCH_RUNS_MAP: &str = "CUDA_LAUNCH_RUNS";
 pub const STEADY_CALLS_SLOT: u32 = 2;
 pub const OUTER_LAUNCH_SLOT: u32 = 3;
 pub const STEADY_ON_SLOT: u32 = 4;
-pub const LAUNCH_RUNS_SLOTS: u32 = 5;
+/// The runs of copies and syncs in `STEADY_ON_SLOT` (a step's, between its launches and the
+/// next step's): how many steps a window's ratio was taken over.
+pub const STEADY_STEPS_SLOT: u32 = 5;
+pub const LAUNCH_RUNS_SLOTS: u32 = 6;
 /// Per CPU, one u64: the entry program's launch runs on that CPU (`LAUNCH_RUNS_MAP`) at which
 /// it wakes the budget's watchdog (0: never). Set by the watchdog to each CPU's count plus its share of
 /// what is left of the window's share of the bucket.
@@ -42,6 +45,10 @@ pub const GATE_WAKE_MAP: &str = "CUDA_GATE_WAKE";
 /// entered before it may have lost its return, so a thread's call depth from before it is not
 /// trusted after it.
 pub const RET_GEN_MAP: &str = "CUDA_RET_GEN";
+/// The second u64 of `RET_GEN_MAP`, raised by user space as each launch window opens: the
+/// copies and syncs a thread made after its last launch of one window are not the next
+/// window's (the budget's estimate, `count_step`).
+pub const WINDOW_GEN_SLOT: u32 = 1;
 pub const ENTRY_PROG: &str = "cuda_entry";
 pub const RET_PROG: &str = "cuda_ret";
 /// Global: 1 counts calls at entry only (no return probe, no durations), for cost measurement.

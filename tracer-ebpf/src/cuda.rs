@@ -21,7 +21,8 @@ use tracer_common::{
         log2_bucket, ApiKey, ApiVal, Cookie, CopyKey, CopyVal, CudaEvent, ErrKey, EventKind,
         LaunchKey, LaunchVal, Shape, API_ENTRIES, COPY_ENTRIES, DIR_NONE, ERRS_ENTRIES,
         EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCH_ENTRIES, LAUNCH_RUNS_SLOTS,
-        OUTER_LAUNCH_SLOT, STASH_ENTRIES, STEADY_CALLS_SLOT, STEADY_ON_SLOT,
+        OUTER_LAUNCH_SLOT, STASH_ENTRIES, STEADY_CALLS_SLOT, STEADY_ON_SLOT, STEADY_STEPS_SLOT,
+        WINDOW_GEN_SLOT,
     },
     drops::Drop,
     time::Category,
@@ -77,17 +78,11 @@ struct ThreadState {
     /// The innermost nested call's first three arguments: nested calls matter only for names
     /// (cuModuleGetFunction inside the runtime's lazy loading), which need no more.
     inner: [u64; 3],
-    /// Where the thread is in its steps for the budget's estimate (`count_step`): `LAUNCHED`,
-    /// `COPY_PENDING` or 0.
-    step: u32,
-    _pad: u32,
+    /// For the budget's estimate (`count_step`): the window generation + 1 at the thread's
+    /// last counted launch (0: none yet), and the copies and syncs it made since.
+    launched_gen: u32,
+    pending: u32,
 }
-
-/// A launch was counted since the thread's last copy or sync.
-const LAUNCHED: u32 = 1;
-/// The thread's last copy or sync came after a counted launch: it is inside a window if the
-/// next launch is counted too.
-const COPY_PENDING: u32 = 2;
 
 const FRESH: ThreadState = ThreadState {
     depth: 0,
@@ -97,8 +92,8 @@ const FRESH: ThreadState = ThreadState {
     args: [0; 6],
     arg7: 0,
     inner: [0; 3],
-    step: 0,
-    _pad: 0,
+    launched_gen: 0,
+    pending: 0,
 };
 
 /// `tracer_common::cuda::GATE_AT_MAP` and `GATE_WAKE_MAP`.
@@ -107,9 +102,9 @@ static CUDA_GATE_AT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map(name = "CUDA_GATE_WAKE")]
 static CUDA_GATE_WAKE: RingBuf = RingBuf::with_byte_size(4096, 0);
 
-/// `tracer_common::cuda::RET_GEN_MAP`.
+/// `tracer_common::cuda::RET_GEN_MAP`, and the window generation (`WINDOW_GEN_SLOT`).
 #[map(name = "CUDA_RET_GEN")]
-static CUDA_RET_GEN: Array<u64> = Array::with_max_entries(1, 0);
+static CUDA_RET_GEN: Array<u64> = Array::with_max_entries(2, 0);
 
 /// `tracer_common::cuda::LAUNCH_RUNS_MAP`.
 #[map(name = "CUDA_LAUNCH_RUNS")]
@@ -119,10 +114,15 @@ static CUDA_LAUNCH_RUNS: PerCpuArray<u64> = PerCpuArray::with_max_entries(LAUNCH
 /// (`count_step`); the count so far.
 #[inline(always)]
 fn launch_run(slot: u32) -> u64 {
+    launch_add(slot, 1)
+}
+
+#[inline(always)]
+fn launch_add(slot: u32, n: u64) -> u64 {
     match CUDA_LAUNCH_RUNS.get_ptr_mut(slot) {
         // Per-CPU slot, as `PROG_HITS`.
         Some(p) => unsafe {
-            *p += 1;
+            *p += n;
             *p
         },
         None => 0,
@@ -294,25 +294,33 @@ pub fn flush_api(tid: u32, st: &mut tracer_common::wall::ThreadState) {
 
 /// Counts a traced thread's outermost launches and copies and syncs for the budget's estimate,
 /// which fills in the launches between its windows from the copies and syncs made there.
-/// A copy or sync counts as inside a window (`STEADY_ON_SLOT`) when the launches just before
-/// and just after it were both counted (the launch entry runs only while a window's probes
-/// are on): a window then holds as many steps' launches as such copies on average, the
-/// partial step at its start and the one at its end making up one between them, whatever
-/// the time its probes took to go on and off. Counted here, where the launch probes run,
-/// since user space cannot tell when they started and stopped to better than milliseconds.
+/// The copies and syncs made between two counted launches of one window are the window's
+/// (`STEADY_ON_SLOT`): the launch entry runs only while a window's probes are on, and the
+/// window generation (`WINDOW_GEN_SLOT`) moves on as each window opens, so copies followed
+/// by a launch of the next window are not. A window then holds as many steps' launches as steps'
+/// copies on average, the partial step at its start and the one at its end making up one
+/// between them, whatever the time its probes took to go on and off. Counted here, where the
+/// launch probes run, since user space cannot tell when they started and stopped to better
+/// than milliseconds.
 #[inline(always)]
 fn count_step(cookie: &Cookie, st: &mut ThreadState) {
+    let gen = CUDA_RET_GEN.get(WINDOW_GEN_SLOT).copied().unwrap_or(0) as u32;
+    let this = gen.wrapping_add(1);
     if is_launch_shape(cookie.shape) {
         launch_run(OUTER_LAUNCH_SLOT);
-        if st.step == COPY_PENDING {
-            launch_run(STEADY_ON_SLOT);
+        if st.launched_gen == this && st.pending > 0 {
+            launch_add(STEADY_ON_SLOT, st.pending as u64);
+            launch_run(STEADY_STEPS_SLOT);
         }
-        st.step = LAUNCHED;
+        st.pending = 0;
+        st.launched_gen = this;
     } else if cookie.category == Category::CudaMemcpy as u8
         || cookie.category == Category::CudaSync as u8
     {
         launch_run(STEADY_CALLS_SLOT);
-        st.step = if st.step == LAUNCHED { COPY_PENDING } else { 0 };
+        if st.launched_gen == this {
+            st.pending = st.pending.saturating_add(1);
+        }
     }
 }
 

@@ -6,11 +6,13 @@
 //! do not see it). A budget of 2% keeps that share under 2% by switching the high-rate probes
 //! (CUDA launches) on and off in windows; the syscall tracepoints have their own control
 //! (`accounting::syscall_gate`). What the windows saw is counted exactly; each stretch
-//! with the probes off is filled in at the rate of the windows on either side of it (in the
-//! workload's own time: the probes' cost taken out of a window), with an error bound from how
-//! much those two rates disagree and from the uncertainty of the cost. A rate that changes
-//! (an import phase, then a launch storm) is followed window by window, not averaged over the
-//! whole trace.
+//! with the probes off is filled in from the windows on either side of it: from its copies and
+//! syncs (counted exactly) at those windows' launches per copy or sync, where each saw enough
+//! of them (a training loop), else at their launch rates in the workload's own time (the
+//! probes' cost taken out of a window). The error bound comes from how much the two windows
+//! disagree, and from the uncertainty of the cost or where the windows cut the job's steps.
+//! A rate that changes (an import phase, then a launch storm) is followed window by window,
+//! not averaged over the whole trace.
 //!
 //! The control is a token bucket of probe time: it fills at `budget` per unit of wall time up
 //! to one second's worth ([`BURST_S`]); a window opens at a tick when the bucket is full
@@ -133,6 +135,8 @@ pub struct TickObs {
     /// the sampled probes were on in the tick, and while they were off.
     pub steady_on: u64,
     pub steady_off: u64,
+    /// The runs of copies and syncs in `steady_on`: the steps the window's ratio spans.
+    pub steps_on: u64,
 }
 
 /// One tick as the gate kept it.
@@ -150,6 +154,9 @@ struct Slot {
     /// Copies and syncs counted with the probes on and off (`TickObs`).
     steady_on: u64,
     steady_off: u64,
+    steps_on: u64,
+    /// The window stays open into the next tick.
+    goes_on: bool,
 }
 
 impl Slot {
@@ -211,6 +218,33 @@ pub struct Gate {
     agreed: u32,
     /// The share of the bucket a window may spend ([`FIRST_SHARE`] at first).
     share: f64,
+    /// Copies and syncs of an open window's ticks with no time off, for its last tick's.
+    steady_carried: u64,
+}
+
+/// Why a scaled count has no error bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoBound {
+    /// Fewer than two windows: nothing to compare.
+    OneWindow,
+    /// At the higher cost per hit a window has no time of its own left: its rate has no
+    /// upper bound (a launch storm whose probes cost more than its work).
+    CostExceedsWork,
+    /// Launches filled in from one window's launches per copy or sync, with no second
+    /// window's to compare it with.
+    OneRatio,
+}
+
+impl NoBound {
+    pub fn says(self) -> &'static str {
+        match self {
+            NoBound::OneWindow => "one window",
+            NoBound::CostExceedsWork => "the probes cost more than the work they sampled",
+            NoBound::OneRatio => {
+                "one window saw enough copies and syncs to tell launches per copy or sync"
+            }
+        }
+    }
 }
 
 /// What the windows add up to.
@@ -221,8 +255,9 @@ pub struct Estimate {
     /// Multiply counts seen by the sampled probes by this.
     pub scale: f64,
     /// Relative error bound of a scaled count; 0 when exact; None when it cannot be told
-    /// (fewer than two windows, or probes that cost more than the work they sampled).
+    /// (`no_bound` says why).
     pub rel_error: Option<f64>,
+    pub no_bound: Option<NoBound>,
     pub windows: usize,
     /// Estimated share of the thread's time spent in probes so far.
     pub overhead: f64,
@@ -250,6 +285,7 @@ impl Gate {
             gap_ns: 0,
             agreed: 0,
             share: FIRST_SHARE,
+            steady_carried: 0,
         }
     }
 
@@ -303,8 +339,19 @@ impl Gate {
             launches: if on_ns > 0 { o.launches } else { 0 },
             off_ns: o.dt_ns - on_ns,
             steady_on: if on_ns > 0 { o.steady_on } else { 0 },
+            steps_on: if on_ns > 0 { o.steps_on } else { 0 },
             steady_off: o.steady_off + if on_ns > 0 { 0 } else { o.steady_on },
+            goes_on: on_ns > 0 && self.open && !o.closed,
         };
+        // The copies and syncs of a window's middle ticks that were not between its launches
+        // (a thread that does not launch) go with its last tick's off part, as those of its
+        // first and last ticks do.
+        let mut slot = slot;
+        if slot.on_ns > 0 && slot.off_ns == 0 {
+            self.steady_carried += std::mem::take(&mut slot.steady_off);
+        } else if slot.off_ns > 0 {
+            slot.steady_off += std::mem::take(&mut self.steady_carried);
+        }
         // Runs of whole ticks off merge: an hour-long trace keeps its windows, not its ticks.
         match self.slots.last_mut() {
             Some(last) if slot.on_ns == 0 && last.on_ns == 0 => {
@@ -385,13 +432,14 @@ impl Gate {
     pub fn estimate(&self) -> Estimate {
         let total = self.elapsed_ns.max(1) as f64;
         let overhead = self.spent_ns / total;
-        let windows = self.slots.iter().filter(|s| s.on_ns > 0).count();
+        let windows = windows(&self.slots).len();
         let off: u64 = self.slots.iter().map(|s| s.off_ns).sum();
         if off == 0 {
             return Estimate {
                 duty: 1.0,
                 scale: 1.0,
                 rel_error: Some(0.0),
+                no_bound: None,
                 windows,
                 overhead,
                 by_calls: 0.0,
@@ -409,7 +457,8 @@ impl Gate {
             return Estimate {
                 duty,
                 scale: 1.0,
-                rel_error: if windows >= 2 { Some(0.0) } else { None },
+                rel_error: (windows >= 2).then_some(0.0),
+                no_bound: (windows < 2).then_some(NoBound::OneWindow),
                 windows,
                 overhead,
                 by_calls: 0.0,
@@ -417,9 +466,9 @@ impl Gate {
         }
         let all = seen as f64 + f.estimated;
         // A cost per hit off by COST_UNCERTAINTY moves every window's own time, and so every
-        // stretch filled in from the time: tried both ways. When the higher cost leaves a window no own time
-        // (the probes cost more than the work they sampled: a launch storm), the rate has no
-        // upper bound and the error cannot be told.
+        // stretch filled in from the time: tried both ways. When the higher cost leaves a
+        // window no own time (the probes cost more than the work they sampled: a launch
+        // storm), the rate has no upper bound and the error cannot be told.
         let filled = |k: f64| {
             let f = fill(&self.slots, Cost { k, ..cost });
             (!f.unbounded).then_some(f.estimated)
@@ -431,12 +480,26 @@ impl Gate {
             (Some(lo), Some(hi)) => Some((f.estimated - lo).max(hi - f.estimated)),
             _ => None,
         };
+        let no_bound = if windows < 2 {
+            Some(NoBound::OneWindow)
+        } else if bias.is_none() {
+            Some(NoBound::CostExceedsWork)
+        } else if f.spread.is_none() {
+            Some(if f.one_ratio {
+                NoBound::OneRatio
+            } else {
+                NoBound::OneWindow
+            })
+        } else {
+            None
+        };
         Estimate {
             duty,
             scale: all / seen as f64,
             rel_error: f.spread.zip(bias).map(|(spread, bias)| {
                 (spread * spread + f.steps_cut * f.steps_cut + bias * bias).sqrt() / all
             }),
+            no_bound,
             windows,
             overhead,
             by_calls: f.by_calls / f.estimated,
@@ -457,17 +520,20 @@ struct Cost {
 struct Fill {
     estimated: f64,
     /// Absolute uncertainty of `estimated` from the rates' disagreement; None with fewer than
-    /// two windows (nothing to compare).
+    /// two windows (nothing to compare), or `one_ratio`.
     spread: Option<f64>,
     /// The part of `estimated` filled in from the copies and syncs counted off the windows.
     by_calls: f64,
     /// Absolute uncertainty of that part from where the windows cut the job's steps: a
-    /// window's copies and syncs may be one off its launches' (a step begun before it opened,
-    /// one left unfinished at its close), each window's independently of the others'.
+    /// window's copies and syncs may be one step's off its launches' (a step begun before it
+    /// opened, one left unfinished at its close), each window's independently of the others'.
     steps_cut: f64,
     /// A stretch was filled in at the rate of a window whose probes, at this cost, took all its
     /// time: that rate has no upper bound, nor has the stretch.
     unbounded: bool,
+    /// A stretch was filled in from one window's ratio with no two windows' ratios to compare
+    /// (`spread` is then None).
+    one_ratio: bool,
 }
 
 /// The root mean square of the relative changes between consecutive values; None for fewer
@@ -488,6 +554,7 @@ struct Window {
     last: usize,
     launches: u64,
     steady_on: u64,
+    steps_on: u64,
 }
 
 impl Window {
@@ -495,12 +562,26 @@ impl Window {
     fn per_call(&self) -> Option<f64> {
         (self.steady_on >= STEADY_MIN).then(|| self.launches as f64 / self.steady_on as f64)
     }
+
+    /// Copies and syncs per step: a window's edges cut a step, not a copy.
+    fn per_step(&self) -> f64 {
+        if self.steps_on == 0 {
+            1.0
+        } else {
+            self.steady_on as f64 / self.steps_on as f64
+        }
+    }
+
+    /// Neither launches nor copies and syncs (open before the job started, or while it
+    /// waited): it says nothing of the ratio.
+    fn quiet(&self) -> bool {
+        self.launches == 0 && self.steady_on == 0
+    }
 }
 
-/// The windows among `slots` that saw launches or copies and syncs: one open before the job
-/// started, or while it waited, says nothing of the ratio. A window open over several ticks is
-/// one: each tick alone may see too few copies and syncs to tell a ratio (its first tick
-/// often does, opened as the job starts).
+/// The windows among `slots`. One open over several ticks is one window: each tick alone may
+/// see too few copies and syncs to tell a ratio (its first tick often does, opened as the job
+/// starts or a few ms before the tick ends).
 fn windows(slots: &[Slot]) -> Vec<Window> {
     let mut out: Vec<Window> = Vec::new();
     let mut goes_on = false;
@@ -514,17 +595,18 @@ fn windows(slots: &[Slot]) -> Vec<Window> {
                 w.last = i;
                 w.launches += s.launches;
                 w.steady_on += s.steady_on;
+                w.steps_on += s.steps_on;
             }
             _ => out.push(Window {
                 first: i,
                 last: i,
                 launches: s.launches,
                 steady_on: s.steady_on,
+                steps_on: s.steps_on,
             }),
         }
-        goes_on = s.off_ns == 0;
+        goes_on = s.goes_on;
     }
-    out.retain(|w| w.launches > 0 || w.steady_on > 0);
     out
 }
 
@@ -557,23 +639,31 @@ fn fill(slots: &[Slot], cost: Cost) -> Fill {
         .filter_map(|(i, s)| s.rate(cost).map(|r| (i, r)))
         .collect();
     let typical = typical_change(rates.windows(2).map(|w| (w[0].1, w[1].1)));
-    let runs = windows(slots);
+    let mut runs = windows(slots);
+    runs.retain(|w| !w.quiet());
     let typical_ratio = typical_change(
         runs.windows(2)
             .filter_map(|w| w[0].per_call().zip(w[1].per_call())),
     );
     let (mut estimated, mut spread, mut by_calls, mut unbounded) = (0.0, 0.0, 0.0, false);
     // A stretch filled in from one window's ratio with no two windows' ratios to compare.
-    let mut unknown = false;
+    let mut one_ratio = false;
     // How many of the filled-in copies and syncs each window's ratio multiplies.
     let mut weight = vec![0.0; runs.len()];
     for (i, s) in slots.iter().enumerate() {
         if s.off_ns == 0 {
             continue;
         }
-        // A tick's own window comes before its off part: the watchdog closes it mid-tick.
-        let before = runs.iter().rposition(|w| w.last <= i);
-        let after = runs.iter().position(|w| w.first > i);
+        // A tick's own window comes before its off part (the watchdog closes it mid-tick), but
+        // for the first tick of one that goes on: opened at the tick before, it went on
+        // after the attach.
+        let (before, after) = match runs.iter().position(|w| w.first == i && w.last > i) {
+            Some(k) => (k.checked_sub(1), Some(k)),
+            None => (
+                runs.iter().rposition(|w| w.last <= i),
+                runs.iter().position(|w| w.first > i),
+            ),
+        };
         let sides: Vec<usize> = [before, after].into_iter().flatten().collect();
         let by_ratio = sides
             .iter()
@@ -590,7 +680,7 @@ fn fill(slots: &[Slot], cost: Cost) -> Fill {
             estimated += e;
             spread += u;
             by_calls += e;
-            unknown |= sides.len() == 1 && typical_ratio.is_none();
+            one_ratio |= sides.len() == 1 && typical_ratio.is_none();
             for k in &sides {
                 weight[*k] += s.steady_off as f64 / sides.len() as f64;
             }
@@ -615,16 +705,20 @@ fn fill(slots: &[Slot], cost: Cost) -> Fill {
     let steps_cut = runs
         .iter()
         .zip(&weight)
-        .filter_map(|(r, w)| r.per_call().map(|q| w * q / r.steady_on as f64))
+        .filter_map(|(r, w)| {
+            r.per_call()
+                .map(|q| w * q * r.per_step() / r.steady_on as f64)
+        })
         .map(|e| e * e)
         .sum::<f64>()
         .sqrt();
     Fill {
         estimated,
-        spread: typical.filter(|_| !unknown).map(|_| spread),
+        spread: typical.filter(|_| !one_ratio).map(|_| spread),
         by_calls,
         steps_cut,
         unbounded,
+        one_ratio,
     }
 }
 
@@ -749,6 +843,7 @@ mod tests {
         // 3.8 us of probe per 1 us of own work in a window: a cost 50% higher than measured
         // leaves no own time, so the rate has no upper bound and the report says so.
         assert_eq!(e.rel_error, None, "{e:?}");
+        assert_eq!(e.no_bound, Some(NoBound::CostExceedsWork), "{e:?}");
     }
 
     #[test]
@@ -903,6 +998,8 @@ mod tests {
             off_ns,
             steady_on: 0,
             steady_off: 0,
+            steps_on: 0,
+            goes_on: false,
         }
     }
 
@@ -1016,14 +1113,23 @@ mod tests {
         assert_eq!(f.estimated, 5_000.0);
         assert_eq!(f.by_calls, 5_000.0);
         // A window open over two ticks is one: 1,000 launches per 10 copies, though neither
-        // tick alone saw enough of them. One window: no second ratio to bound it by.
+        // tick alone saw enough of them. Its first tick's time off came before it (the
+        // attach), its last's after it. One window: no second ratio to bound it by.
+        let first = Slot {
+            goes_on: true,
+            ..steady(900, 400, 100, 4, 1)
+        };
+        let f = fill(&[first, steady(1000, 600, 5000, 6, 10)], EXACT);
+        assert_eq!(f.estimated, 1_100.0);
+        assert_eq!(f.by_calls, 1_100.0);
+        assert_eq!(f.spread, None);
+        assert!(f.one_ratio);
+        // Not going on, the two ticks are two windows with too few copies each: the time.
         let f = fill(
-            &[steady(1000, 400, 0, 4, 0), steady(1000, 600, 5000, 6, 10)],
+            &[steady(900, 400, 100, 4, 1), steady(1000, 600, 5000, 6, 10)],
             EXACT,
         );
-        assert_eq!(f.estimated, 1_000.0);
-        assert_eq!(f.by_calls, 1_000.0);
-        assert_eq!(f.spread, None);
+        assert_eq!(f.by_calls, 0.0);
     }
 
     #[test]
@@ -1060,6 +1166,7 @@ mod tests {
                 closed: open,
                 steady_on,
                 steady_off,
+                steps_on: steady_on,
             });
         }
         let e = g.estimate();

@@ -292,6 +292,11 @@ fn attach_library(
                     .map(|&(fid, off)| (off, table::cookie(fid)))
                     .collect()
             };
+            if gated && !gate.attaches_now() {
+                let outer = lib.layer == Layer::Runtime;
+                gate.remember(prog, outer, lib.open_path.clone(), points(&group));
+                continue;
+            }
             let mut made = Vec::new();
             match uprobes.attach(ebpf, prog, &lib.open_path, &points(&group), None) {
                 Ok(l) => made.push((points(&group), l)),

@@ -15,7 +15,8 @@ use aya::{
 };
 use tracer_common::cuda::{
     ENTRY_PROG, GATE_AT_MAP, GATE_FIRST_MAP, GATE_LAST_MAP, GATE_WAKE_MAP, LAUNCH_RUNS_MAP,
-    OUTER_LAUNCH_SLOT, RET_GEN_MAP, RET_PROG, STEADY_CALLS_SLOT, STEADY_ON_SLOT,
+    OUTER_LAUNCH_SLOT, RET_GEN_MAP, RET_PROG, STEADY_CALLS_SLOT, STEADY_ON_SLOT, STEADY_STEPS_SLOT,
+    WINDOW_GEN_SLOT,
 };
 
 use super::{scale_cuda, scale_launch_time, stats::own_map, stats_on, worst_cuda_thread, StatsOn};
@@ -56,6 +57,8 @@ pub struct LaunchGate {
     /// Launches per ns of wall time in the last window, and the cost of window closes so far.
     last_rate: f64,
     close_cost_ns: f64,
+    /// Copies and syncs taken as a window's that were counted in an earlier tick (`tick_until`).
+    steady_owed: u64,
 }
 
 const WATCH_EVERY: Duration = Duration::from_millis(2);
@@ -299,6 +302,7 @@ struct Counts {
     launches: u64,
     steady: u64,
     steady_on: u64,
+    steps_on: u64,
 }
 
 fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>, hits: Option<&LaunchRuns>) -> Counts {
@@ -317,6 +321,7 @@ fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>, hits: Option<&LaunchRuns>) -> 
         launches: h.slot(OUTER_LAUNCH_SLOT),
         steady: h.slot(STEADY_CALLS_SLOT),
         steady_on: h.slot(STEADY_ON_SLOT),
+        steps_on: h.slot(STEADY_STEPS_SLOT),
     }
 }
 
@@ -524,6 +529,7 @@ impl LaunchGate {
             watch: None,
             last_rate: 0.0,
             close_cost_ns: 0.0,
+            steady_owed: 0,
         }
     }
 
@@ -577,6 +583,42 @@ impl LaunchGate {
         self.watch.as_ref().map(|w| &w.shared)
     }
 
+    /// Whether launch probes attached now would join an open window: not while the gate is
+    /// closed or its window is being closed. Attached and dropped at once, they would run alone
+    /// until their drop returns (tens of ms): a driver's probes, with the runtime's gone,
+    /// count the runtime's launches as the driver's.
+    pub fn attaches_now(&self) -> bool {
+        if !self.gate.samples() {
+            return true;
+        }
+        if !self.gate.is_open() {
+            return false;
+        }
+        self.watch.as_ref().is_none_or(|w| {
+            w.shared
+                .window
+                .lock()
+                .is_ok_and(|w| w.closed_at.is_none() && !w.closing)
+        })
+    }
+
+    /// Records launch probes left unattached while no window takes them (`attaches_now`): they
+    /// go on at the next window.
+    pub fn remember(
+        &mut self,
+        prog: &'static str,
+        outer: bool,
+        path: PathBuf,
+        points: Vec<(u64, u64)>,
+    ) {
+        self.links.push(GateLink {
+            prog,
+            outer,
+            path,
+            points,
+        });
+    }
+
     /// Records launch probes just attached and hands their links to the watchdog (or drops
     /// them at once while the gate is closed).
     /// `outer`: the library is a CUDA runtime (its launches call the driver's inside).
@@ -589,12 +631,7 @@ impl LaunchGate {
         points: Vec<(u64, u64)>,
         links: Vec<Link>,
     ) {
-        self.links.push(GateLink {
-            prog,
-            outer,
-            path,
-            points,
-        });
+        self.remember(prog, outer, path, points);
         if !self.gate.is_open() {
             close_all(links);
             return;
@@ -721,16 +758,24 @@ impl LaunchGate {
             end.saturating_sub(from)
         };
         let still_open = was_open && closed_at.is_none();
-        // The launches as the report counts them (outermost, traced processes only; with
-        // `--cuda-entry-only` every launch entry, as the report then counts), and the copies
-        // and syncs inside the window's part of the tick and over the rest.
+        // The launches as the report counts them (outermost, traced processes only). With
+        // `--cuda-entry-only` the entry program keeps no call depth and counts no steps: every
+        // launch entry (an untraced process's too) and no copies, so the time rates alone fill
+        // in between windows. Then the copies and syncs inside the window's part of the tick
+        // and over the rest.
         let launches = if self.entry_only {
             hits
         } else {
             c.launches.saturating_sub(c0.launches)
         };
+        // A copy is counted at its entry and taken as the window's at the next launch: one
+        // that blocks across a tick is the next tick's window's, and the tick it was counted
+        // in has one fewer off (`steady_owed`).
         let steady = c.steady.saturating_sub(c0.steady);
-        let steady_on = c.steady_on.saturating_sub(c0.steady_on).min(steady);
+        let steady_on = c.steady_on.saturating_sub(c0.steady_on);
+        let taken = steady_on + self.steady_owed;
+        self.steady_owed = taken.saturating_sub(steady);
+        let steady_off = steady.saturating_sub(taken);
         if was_open && on > 0 && hits > 0 {
             self.last_rate = hits as f64 / on as f64;
         }
@@ -757,7 +802,8 @@ impl LaunchGate {
             closed: closed_at.is_some(),
             launches,
             steady_on,
-            steady_off: steady - steady_on,
+            steady_off,
+            steps_on: c.steps_on.saturating_sub(c0.steps_on),
         });
         self.opened_at = None;
         if open && !still_open {
@@ -794,6 +840,7 @@ impl LaunchGate {
             c.sample(ebpf);
         }
         reset_gate_first(ebpf);
+        next_window_gen(ebpf);
         let mut entries = Vec::new();
         let mut rets = Vec::new();
         // Return probes first, as at the first attach: a call entered in between would
@@ -893,7 +940,21 @@ impl LaunchGate {
             windows: e.windows as u64,
             seen_hits: seen,
             filled_by_calls: e.by_calls,
+            no_bound: e.no_bound.map(|n| n.says().to_string()),
         });
+    }
+}
+
+/// Raises the window generation (`WINDOW_GEN_SLOT`) before a window's launch probes go on.
+/// The watchdog may still be closing the last window (dropping its return links), so this is
+/// not the return probes' generation, which it raises when done.
+fn next_window_gen(ebpf: &Ebpf) {
+    if let Some(mut g) = own_map(ebpf, RET_GEN_MAP)
+        .ok()
+        .and_then(|d| Array::<_, u64>::try_from(Map::Array(d)).ok())
+    {
+        let n = g.get(&WINDOW_GEN_SLOT, 0).unwrap_or(0).wrapping_add(1);
+        let _ = g.set(WINDOW_GEN_SLOT, n, 0);
     }
 }
 

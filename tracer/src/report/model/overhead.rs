@@ -195,6 +195,9 @@ pub struct ProbeSampling {
     /// came from the time (the windows' launch rates, net of the probes' cost).
     #[serde(default)]
     pub filled_by_calls: f64,
+    /// Why `rel_error` is null.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_bound: Option<String>,
 }
 
 impl Overhead {
@@ -296,10 +299,11 @@ impl Overhead {
 
     pub fn sampling_line(&self) -> Option<String> {
         let s = self.sampled.as_ref()?;
-        let err = match s.rel_error {
-            Some(e) => format!("+/-{:.0}%", e * 100.0),
-            None if s.windows < 2 => "error unknown (one window)".into(),
-            None => "error unknown: the probes cost more than the work they sampled".into(),
+        let err = match (s.rel_error, &s.no_bound) {
+            (Some(e), _) => format!("+/-{:.0}%", e * 100.0),
+            (None, Some(why)) => format!("error unknown: {why}"),
+            (None, None) if s.windows < 2 => "error unknown (one window)".into(),
+            (None, None) => "error unknown: the probes cost more than the work they sampled".into(),
         };
         let by = match s.filled_by_calls {
             b if b >= 0.995 => "; filled in between windows from the copies and syncs counted there".into(),
