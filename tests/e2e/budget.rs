@@ -190,13 +190,12 @@ fn runtime_launches_under_the_budget_count_no_driver_launches() {
 /// copies were counted (on an H100, 2 of a PyTorch loop's 2,339).
 ///
 /// The launches between windows are filled in from those copies: 100 a step, whatever the
-/// probes cost. Filled in from the windows' launch rates in time instead, which a runtime
-/// whose launches call the driver's (four traps a launch) makes mostly the probes' cost,
-/// the 2M launches read 1.41M, 3.13M and 18.8M in three runs; from the copies, 1.93-2.09M
-/// in 22. Those runs also found windows that took a library's links while being closed:
-/// the runtime loads the driver at its first launch, a first window that closed before the
-/// driver was probed left the driver's probes on outside any window, and 90% of that
-/// window's launches (3 runs of 13) were counted as driver launches.
+/// probes cost. Filled in from the windows' launch rates in time (in probe runs, which a
+/// nested launch makes two of), the previous build read the 2M launches as 1.31-2.81M in four
+/// runs; from the copies, 1.94-2.06M in ten. The runs also found windows that took a library's
+/// links while being closed: the runtime loads the driver at its first launch, a first window
+/// that closed before the driver was probed left the driver's probes on outside any window,
+/// and 90% of that window's launches (3 runs of 13) were counted as driver launches.
 #[test]
 fn a_loops_copies_are_counted_exactly_and_its_launches_estimated_from_them() {
     let _g = serial();
@@ -238,8 +237,8 @@ fn a_loops_copies_are_counted_exactly_and_its_launches_estimated_from_them() {
     let off = (launches(&report) as f64 - truth).abs() / truth;
     assert!(off < 0.1, "{} launches of {truth}: {o}", launches(&report));
     // The bound is each window's disagreement with the next and one step either way at
-    // each window's edges (in quadrature: a 3-4 s run has two or three windows, and one
-    // run in ~12 came out up to 1% outside it).
+    // each window's edges, in quadrature: a 3-4 s run has two to four windows, and with one
+    // copy a step (one step taken as one copy) one run in ~12 came out up to 1% outside it.
     if let Some(bound) = s["rel_error"].as_f64() {
         assert!(off <= bound + 0.02, "{off} off, bound {bound}: {o}");
     }

@@ -628,7 +628,7 @@ fn between(x: f64, before: Option<f64>, after: Option<f64>, typical: f64) -> Opt
 /// as many kernels each step, and the ratio needs no price of a probe hit, where a window's
 /// rate in time does (the probes' cost is taken out of it, and in a storm the cost is most of
 /// the window: with a runtime whose launches call the driver's, four traps a launch, 2M
-/// launches in steps with a copy each read 1.9-2.1M from the ratio, 0.65-1.04 times as many
+/// launches in steps with two copies each read 1.94-2.06M from the ratio, 0.65-1.41 times as many
 /// from the time in an earlier build). Elsewhere (a storm with no copy or sync in a window) at
 /// the mean launch rate of those windows in the workload's own time. Summed, not added in
 /// quadrature: neighbouring stretches share their windows, so their errors go together.
