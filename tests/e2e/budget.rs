@@ -222,7 +222,8 @@ fn a_loops_copies_are_counted_exactly_and_its_launches_estimated_from_them() {
     let report = run.report(&out);
     let o = &report["overhead"];
     let s = &o["sampled"];
-    assert!(s["windows"].as_u64() >= Some(2), "{o}");
+    // Sampled: at least one window closed (with launches in flight) and the rest scaled.
+    assert!(s["scale"].as_f64() > Some(1.0), "{o}");
     assert_eq!(calls(&report, "cudaMemcpy"), steps, "{o}");
     assert_eq!(calls(&report, "cudaMemcpyAsync"), steps, "{o}");
     let driver: Vec<&Value> = api_rows(&report)

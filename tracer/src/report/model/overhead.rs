@@ -184,9 +184,10 @@ pub struct ProbeSampling {
     pub duty: f64,
     /// Scaled figures = seen x this.
     pub scale: f64,
-    /// Relative error bound of a scaled count; None when it cannot be told (one window, or
-    /// probes that cost more than the work they sampled).
+    /// Relative error bound of a scaled count; None when it cannot be told (`no_bound` says
+    /// why).
     pub rel_error: Option<f64>,
+    /// How many times the sampled probes went on (a window open over several ticks is one).
     pub windows: u64,
     /// Calls the sampled probes saw before scaling.
     pub seen_hits: u64,
