@@ -314,8 +314,11 @@ fn count_step(cookie: &Cookie, st: &mut ThreadState) {
         }
         st.pending = 0;
         st.launched_gen = this;
-    } else if cookie.category == Category::CudaMemcpy as u8
-        || cookie.category == Category::CudaSync as u8
+    } else if (cookie.category == Category::CudaMemcpy as u8
+        || cookie.category == Category::CudaSync as u8)
+        // Only a thread that has launched: a thread that copies and never launches (a
+        // loader's) would have its copies multiplied by another thread's launches per copy.
+        && st.launched_gen != 0
     {
         launch_run(STEADY_CALLS_SLOT);
         if st.launched_gen == this {

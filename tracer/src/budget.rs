@@ -483,25 +483,22 @@ impl Gate {
             (Some(lo), Some(hi)) => Some((f.estimated - lo).max(hi - f.estimated)),
             _ => None,
         };
-        let no_bound = if windows < 2 {
-            Some(NoBound::OneWindow)
+        let rel_error = f.spread.zip(bias).map(|(spread, bias)| {
+            (spread * spread + f.steps_cut * f.steps_cut + bias * bias).sqrt() / all
+        });
+        let no_bound = if rel_error.is_some() {
+            None
         } else if bias.is_none() {
             Some(NoBound::CostExceedsWork)
-        } else if f.spread.is_none() {
-            Some(if f.one_ratio {
-                NoBound::OneRatio
-            } else {
-                NoBound::OneWindow
-            })
+        } else if f.one_ratio {
+            Some(NoBound::OneRatio)
         } else {
-            None
+            Some(NoBound::OneWindow)
         };
         Estimate {
             duty,
             scale: all / seen as f64,
-            rel_error: f.spread.zip(bias).map(|(spread, bias)| {
-                (spread * spread + f.steps_cut * f.steps_cut + bias * bias).sqrt() / all
-            }),
+            rel_error,
             no_bound,
             windows,
             overhead,
@@ -1136,6 +1133,56 @@ mod tests {
             EXACT,
         );
         assert_eq!(f.by_calls, 0.0);
+    }
+
+    #[test]
+    fn a_windows_edges_cut_a_step_not_a_copy() {
+        // 16 copies in 8 steps (two a step) on each side: each window may be a step, 2 copies,
+        // off; 10 copies between: 5 each side's ratio multiplies, 2 x 1/16 of 100 launches per
+        // copy on each (one copy would be half that).
+        let two_a_step = || Slot {
+            steps_on: 8,
+            ..steady(1000, 1600, 0, 16, 0)
+        };
+        let f = fill(
+            &[two_a_step(), steady(0, 0, 10_000, 0, 10), two_a_step()],
+            EXACT,
+        );
+        assert_eq!(f.estimated, 1_000.0);
+        let each: f64 = 5.0 * 100.0 * 2.0 / 16.0;
+        assert!(
+            (f.steps_cut - (2.0 * each * each).sqrt()).abs() < 1e-6,
+            "{}",
+            f.steps_cut
+        );
+    }
+
+    #[test]
+    fn one_window_over_several_ticks_has_no_second_ratio_to_bound_it() {
+        let mut g = Gate::new(0.02);
+        let tick =
+            |on_ns: u64, launches: u64, steady_on: u64, steady_off: u64, closed: bool| TickObs {
+                dt_ns: TICK,
+                on_ns,
+                sampled_hits: launches,
+                launches,
+                cost_per_hit_ns: 1000.0,
+                closed,
+                steady_on,
+                steady_off,
+                steps_on: steady_on,
+                ..TickObs::default()
+            };
+        g.tick(tick(TICK, 1000, 10, 0, false));
+        g.tick(tick(TICK / 2, 500, 5, 5, true));
+        g.tick(tick(0, 0, 0, 10, false));
+        let e = g.estimate();
+        assert_eq!(e.windows, 1, "{e:?}");
+        // 15 copies off at 100 launches a copy: 1,500 more than the 1,500 seen.
+        assert_eq!(e.scale, 2.0, "{e:?}");
+        assert_eq!(e.by_calls, 1.0, "{e:?}");
+        assert_eq!(e.rel_error, None, "{e:?}");
+        assert_eq!(e.no_bound, Some(NoBound::OneRatio), "{e:?}");
     }
 
     #[test]

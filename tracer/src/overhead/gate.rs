@@ -768,9 +768,10 @@ impl LaunchGate {
         } else {
             c.launches.saturating_sub(c0.launches)
         };
-        // A copy is counted at its entry and taken as the window's at the next launch: one
-        // that blocks across a tick is the next tick's window's, and the tick it was counted
-        // in has one fewer off (`steady_owed`).
+        // A copy is counted at its entry and taken as the window's at the next launch, which
+        // may come in the next tick: that tick then has more of the window's copies than it
+        // counted, and the excess is taken from the next ticks' off ones (`steady_owed`), so
+        // that the trace's total stays the copies counted.
         let steady = c.steady.saturating_sub(c0.steady);
         let steady_on = c.steady_on.saturating_sub(c0.steady_on);
         let taken = steady_on + self.steady_owed;

@@ -303,7 +303,7 @@ impl Overhead {
         let err = match (s.rel_error, &s.no_bound) {
             (Some(e), _) => format!("+/-{:.0}%", e * 100.0),
             (None, Some(why)) => format!("error unknown: {why}"),
-            (None, None) if s.windows < 2 => "error unknown (one window)".into(),
+            (None, None) if s.windows < 2 => "error unknown: one window".into(),
             (None, None) => "error unknown: the probes cost more than the work they sampled".into(),
         };
         let by = match s.filled_by_calls {
