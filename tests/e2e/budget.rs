@@ -75,6 +75,18 @@ fn launches(report: &Value) -> u64 {
     calls(report, "cudaLaunchKernel")
 }
 
+/// Fails if any call was counted at the driver: the workloads here call only the runtime, so
+/// a driver row is a runtime launch whose own probe was off while the driver's was on.
+fn no_driver_launches(report: &Value) {
+    let driver: Vec<&Value> = api_rows(report)
+        .filter(|a| a["layer"] == "driver")
+        .collect();
+    assert!(
+        driver.is_empty(),
+        "runtime launches counted at the driver: {driver:?}"
+    );
+}
+
 /// The fake libcudart, whose launches call the fake libcuda's `cuLaunchKernel` inside as the
 /// real runtime's call the driver's.
 fn nested_runtime() -> String {
@@ -172,13 +184,7 @@ fn runtime_launches_under_the_budget_count_no_driver_launches() {
         let o = &report["overhead"];
         assert!(o["sampled"]["windows"].as_u64() >= Some(1), "{o}");
         assert!(launches(&report) > 0, "{stdout}");
-        let driver: Vec<&Value> = api_rows(&report)
-            .filter(|a| a["layer"] == "driver")
-            .collect();
-        assert!(
-            driver.is_empty(),
-            "runtime launches counted at the driver: {driver:?}"
-        );
+        no_driver_launches(&report);
     }
 }
 
@@ -226,13 +232,7 @@ fn a_loops_copies_are_counted_exactly_and_its_launches_estimated_from_them() {
     assert!(s["scale"].as_f64() > Some(1.0), "{o}");
     assert_eq!(calls(&report, "cudaMemcpy"), steps, "{o}");
     assert_eq!(calls(&report, "cudaMemcpyAsync"), steps, "{o}");
-    let driver: Vec<&Value> = api_rows(&report)
-        .filter(|a| a["layer"] == "driver")
-        .collect();
-    assert!(
-        driver.is_empty(),
-        "runtime launches counted at the driver: {driver:?}"
-    );
+    no_driver_launches(&report);
     assert!(s["filled_by_calls"].as_f64() > Some(0.99), "{o}");
     let truth = (steps * 100) as f64;
     let off = (launches(&report) as f64 - truth).abs() / truth;
