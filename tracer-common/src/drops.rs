@@ -44,16 +44,14 @@ pub enum Drop {
     BlockNoCompletion = 12,
     /// The timeline ring buffer was full: an event of trace.json was lost.
     TimelineFull = 13,
-    /// `SYSCALLS` was full: a thread's syscall row went into its process's (`SYS_FOLDED`).
-    /// The process's table is whole; the thread's own table misses those calls.
-    SyscallRowsFolded = 14,
+    Spare14 = 14,
     Spare15 = 15,
 }
 
 impl Drop {
     pub const COUNT: u32 = 16;
 
-    pub const ALL: [Drop; 15] = [
+    pub const ALL: [Drop; 14] = [
         Drop::CpuCountsFull,
         Drop::StackMapFull,
         Drop::StackCollision,
@@ -63,7 +61,6 @@ impl Drop {
         Drop::ThreadStateFull,
         Drop::TimeMapFull,
         Drop::SyscallMapFull,
-        Drop::SyscallRowsFolded,
         Drop::BlockMapFull,
         Drop::BlockNoCompletion,
         Drop::CudaFull,
@@ -84,9 +81,6 @@ impl Drop {
             Drop::TimeMapFull => "sched_switch, sched_wakeup, sys_exit (time sums)",
             Drop::SyscallMapFull => {
                 "sys_enter, sys_exit (and the switch-out or death that writes out a held row)"
-            }
-            Drop::SyscallRowsFolded => {
-                "sys_exit (and the switch-out or death that writes out a held row)"
             }
             Drop::BlockMapFull => "block_rq_issue, block_rq_complete, block_bio_queue",
             Drop::BlockNoCompletion => "block_rq_issue",
@@ -114,10 +108,6 @@ impl Drop {
             Drop::ThreadStateFull => "threads whose time could not be accounted (thread map full)",
             Drop::TimeMapFull => "time-accounting entries lost (map full)",
             Drop::SyscallMapFull => "syscall statistics lost (map full)",
-            Drop::SyscallRowsFolded => {
-                "syscalls counted in their process's table but not their thread's (syscall map \
-                 full)"
-            }
             Drop::BlockMapFull => "block I/O requests not tracked (map full)",
             Drop::BlockNoCompletion => {
                 "block I/O requests issued but never seen completing (no block_rq_complete run \

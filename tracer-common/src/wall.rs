@@ -23,12 +23,6 @@ pub const LIFE_MAP: &str = "LIFE";
 /// out of the maps when it has moved enough since the last time.
 pub const DEATHS_MAP: &str = "DEATHS";
 pub const SYSCALLS_MAP: &str = "SYSCALLS";
-/// Per (process, syscall), keyed as `SYSCALLS` with tid 0: a thread's row that found
-/// `SYSCALLS` full, summed into its process's (`Drop::SyscallRowsFolded`). A thread storm
-/// fills `SYSCALLS` faster than user space takes dead threads' rows out when the host is busy
-/// (8,000 threads of 5 rows each in under a second, beside a CPU hog): the process's table
-/// stays whole, those threads' own tables miss the rows.
-pub const SYS_FOLDED_MAP: &str = "SYS_FOLDED";
 /// `THREAD_SLOTS` entries of [`SysHeld`], at each thread state's slot.
 pub const SYS_HELD_MAP: &str = "SYS_HELD";
 pub const ERRNOS_MAP: &str = "ERRNOS";
@@ -64,7 +58,6 @@ pub const MAP_F_MMAPABLE: u32 = 1 << 10;
 pub const WALL_ENTRIES: u32 = 65_536;
 pub const LIFE_ENTRIES: u32 = 65_536;
 pub const SYSCALLS_ENTRIES: u32 = 32_768;
-pub const SYS_FOLDED_ENTRIES: u32 = 4_096;
 pub const ERRNOS_ENTRIES: u32 = 8_192;
 pub const FILEIO_ENTRIES: u32 = 16_384;
 /// Slots for opened paths (`FdName`), as many as `FILEIO` has rows: ~4.5 MB of kernel memory.

@@ -23,66 +23,19 @@ use tracer_common::{
     wall::{
         log2_bucket, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, SysHeld, SysKey, SysStat,
         ThreadState, ERRNOS_ENTRIES, FD_NAMES_ENTRIES, FD_NAME_WAYS, FILEIO_ENTRIES, HIST_BUCKETS,
-        NO_SYSCALL, SYSCALLS_ENTRIES, SYS_FOLDED_ENTRIES, SYS_HOLD_RUN, THREAD_SLOTS,
+        NO_SYSCALL, SYSCALLS_ENTRIES, SYS_HOLD_RUN, THREAD_SLOTS,
     },
 };
 
 use crate::{
     account,
     kread::{Direct, Kernel, Probe},
-    maps::{add_to, atomic_add, by_path, count_drop, current_ids, traced},
+    maps::{add_to, by_path, count_drop, current_ids, traced},
 };
 use tracer_common::hits::Prog;
 
 #[map(name = "SYSCALLS")]
 static SYSCALLS: HashMap<SysKey, SysStat> = HashMap::with_max_entries(SYSCALLS_ENTRIES, 0);
-
-/// `tracer_common::wall::SYS_FOLDED_MAP`: a process's rows of the threads that found
-/// `SYSCALLS` full. Shared by its threads: added to atomically.
-#[map(name = "SYS_FOLDED")]
-static SYS_FOLDED: HashMap<SysKey, SysStat> = HashMap::with_max_entries(SYS_FOLDED_ENTRIES, 0);
-
-/// `tgid`'s folded row of syscall `nr`, made if needed.
-#[inline(always)]
-fn folded_row(tgid: u32, nr: i32) -> Option<*mut SysStat> {
-    let key = SysKey {
-        tgid,
-        tid: 0,
-        nr,
-        _pad: 0,
-    };
-    if let Some(p) = SYS_FOLDED.get_ptr_mut(&key) {
-        return Some(p);
-    }
-    let zero = SYS_ZERO.get_ptr(0)?;
-    // BPF_NOEXIST: a row another CPU made meanwhile is kept, not replaced with zeros.
-    let _ = SYS_FOLDED.insert(&key, unsafe { &*zero }, 1);
-    SYS_FOLDED.get_ptr_mut(&key)
-}
-
-/// Adds `o` (a thread's held row) into the folded row `f`. Its minimum and maximum are kept
-/// without atomics: another CPU's at the same moment may win.
-#[inline(always)]
-fn fold_into(f: *mut SysStat, o: &SysStat) {
-    let f = unsafe { &mut *f };
-    atomic_add(&mut f.count, o.count);
-    atomic_add(&mut f.errors, o.errors);
-    atomic_add(&mut f.total_ns, o.total_ns);
-    atomic_add(&mut f.bytes, o.bytes);
-    if f.min_ns == 0 || o.min_ns < f.min_ns {
-        f.min_ns = o.min_ns;
-    }
-    if o.max_ns > f.max_ns {
-        f.max_ns = o.max_ns;
-    }
-    let mut i = 0;
-    while i < HIST_BUCKETS {
-        if o.hist[i] != 0 {
-            atomic_add(&mut f.hist[i], o.hist[i]);
-        }
-        i += 1;
-    }
-}
 
 /// `tracer_common::wall::SYS_HELD_MAP`.
 #[map(name = "SYS_HELD")]
@@ -407,31 +360,26 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         nr,
         _pad: 0,
     };
-    // A row of its own, or its process's folded one (shared: `shared`).
-    let (stat, shared) = match held_row(st, &key) {
-        Some(s) => (s, false),
+    let stat = match held_row(st, &key) {
+        Some(s) => s,
         None => match SYSCALLS.get_ptr_mut(&key) {
-            Some(s) => (s, false),
+            Some(s) => s,
             None => {
                 let Some(zero) = SYS_ZERO.get_ptr(0) else {
                     return;
                 };
-                if SYSCALLS.insert(&key, unsafe { &*zero }, 0).is_ok() {
-                    match SYSCALLS.get_ptr_mut(&key) {
-                        Some(s) => (s, false),
-                        None => return,
-                    }
-                } else if let Some(f) = folded_row(tgid, nr) {
-                    count_drop(Drop::SyscallRowsFolded);
-                    (f, true)
-                } else {
+                if SYSCALLS.insert(&key, unsafe { &*zero }, 0).is_err() {
                     count_drop(Drop::SyscallMapFull);
                     return;
+                }
+                match SYSCALLS.get_ptr_mut(&key) {
+                    Some(s) => s,
+                    None => return,
                 }
             }
         },
     };
-    // Keyed by thread: only this thread updates its own row, so no atomics are needed there.
+    // Keyed by thread: only this thread updates the row, so no atomics are needed.
     let s = unsafe { &mut *stat };
     if s.count == 0 || lat < s.min_ns {
         s.min_ns = lat;
@@ -439,29 +387,14 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
     if lat > s.max_ns {
         s.max_ns = lat;
     }
+    s.count += 1;
+    s.total_ns += lat;
     let b = log2_bucket(lat);
-    if shared {
-        atomic_add(&mut s.count, 1);
-        atomic_add(&mut s.total_ns, lat);
-        if b < HIST_BUCKETS {
-            atomic_add(&mut s.hist[b], 1);
-        }
-        if ret < 0 {
-            atomic_add(&mut s.errors, 1);
-        } else if moves_bytes(nr) {
-            atomic_add(&mut s.bytes, ret as u64);
-        }
-    } else {
-        s.count += 1;
-        s.total_ns += lat;
-        if b < HIST_BUCKETS {
-            s.hist[b] += 1;
-        }
+    if b < HIST_BUCKETS {
+        s.hist[b] += 1;
     }
     if ret < 0 {
-        if !shared {
-            s.errors += 1;
-        }
+        s.errors += 1;
         let ek = ErrnoKey {
             tgid,
             tid,
@@ -470,9 +403,7 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         };
         add_to(&ERRNOS, &ek, 1, Drop::SyscallMapFull);
     } else if moves_bytes(nr) {
-        if !shared {
-            s.bytes += ret as u64;
-        }
+        s.bytes += ret as u64;
     } else if st.sys_path != 0 {
         name_fd(tgid, ret as i32, st.sys_path);
     } else if nr == SYS_PIPE.load() as i32 || nr == SYS_PIPE2.load() as i32 {
@@ -596,13 +527,7 @@ fn write_out_sys(h: &mut SysHeld) {
         None => {
             if SYSCALLS.insert(&key, &h.stat, 0).is_err() {
                 // One per call, as a call whose row could not be made counts.
-                match folded_row(h.tgid, h.nr) {
-                    Some(f) => {
-                        fold_into(f, &h.stat);
-                        crate::maps::count_drops(Drop::SyscallRowsFolded, h.stat.count);
-                    }
-                    None => crate::maps::count_drops(Drop::SyscallMapFull, h.stat.count),
-                }
+                crate::maps::count_drops(Drop::SyscallMapFull, h.stat.count);
             }
         }
     }

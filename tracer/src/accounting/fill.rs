@@ -11,7 +11,7 @@ use tracer_common::{
         BlkKey, BlkStat, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysHeld, SysKey,
         SysStat, ThreadState, WallKey, WallVal, BLOCK_MAP, ERRNOS_MAP, FD_GEN_MAP, FD_NAMES_MAP,
         FD_NAME_WAYS, FILEIO_MAP, GIL_HOLDER_UNKNOWN, KIND_BLOCKED, KSTACK_SEEDED, LIFE_MAP,
-        PHASE_ONCPU, SYSCALLS_MAP, SYS_FOLDED_MAP, SYS_HELD_MAP, WALL_MAP,
+        PHASE_ONCPU, SYSCALLS_MAP, SYS_HELD_MAP, WALL_MAP,
     },
 };
 
@@ -385,9 +385,6 @@ fn fill_syscalls(
 ) -> Result<()> {
     let mut rows: Vec<(SysKey, SysStat)> = crate::batch::read(ebpf, SYSCALLS_MAP)?;
     rows.extend(held_syscalls(ebpf));
-    // Threads' rows folded into their processes' when `SYSCALLS` was full: tid 0 is
-    // `FOLDED_TID`, summed into the process's table and no thread's.
-    rows.extend(crate::batch::read::<SysKey, SysStat>(ebpf, SYS_FOLDED_MAP)?);
     let stats = retired.syscalls_with(rows);
     let errs = retired.errnos_with(crate::batch::read(ebpf, ERRNOS_MAP)?);
     let mut by_call: BTreeMap<(u32, u32, i32), BTreeMap<i32, u64>> = BTreeMap::new();

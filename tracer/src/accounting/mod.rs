@@ -798,15 +798,6 @@ impl ProbeFamily for Accounting {
         for (name, off) in &offsets.globals {
             loader.override_global(name, off, true);
         }
-        // Fewer syscall rows for tests (`GPUTRACE_SYSCALL_ROWS`), so that a thread storm
-        // fills the map and its rows fold into their process's (`SYS_FOLDED`).
-        if let Some(n) = std::env::var("GPUTRACE_SYSCALL_ROWS")
-            .ok()
-            .and_then(|v| v.parse::<u32>().ok())
-            .filter(|n| (1..tracer_common::wall::SYSCALLS_ENTRIES).contains(n))
-        {
-            loader.map_max_entries(tracer_common::wall::SYSCALLS_MAP, n);
-        }
         Ok(())
     }
 
