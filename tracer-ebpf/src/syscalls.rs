@@ -35,7 +35,10 @@ use crate::{
 use tracer_common::hits::Prog;
 
 #[map(name = "SYSCALLS")]
-static SYSCALLS: HashMap<SysKey, SysStat> = HashMap::with_max_entries(SYSCALLS_ENTRIES, 0);
+static SYSCALLS: HashMap<SysKey, SysStat> =
+    HashMap::with_max_entries(SYSCALLS_ENTRIES, BPF_F_NO_PREALLOC);
+
+const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// `tracer_common::wall::SYS_HELD_MAP`.
 #[map(name = "SYS_HELD")]
