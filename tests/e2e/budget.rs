@@ -623,3 +623,91 @@ fn switches_beside_a_busy_untraced_job_are_priced_by_their_path() {
         "traced {t:.0} ns against a mean of {mean:.0}: {sw:#}"
     );
 }
+
+/// A driver library loaded in the middle of a launch storm: mapped while the budget's window is
+/// closed (most of the time), its launch probes wait for the next window, which attaches them.
+/// One of its launch functions starts with a breakpoint, which the kernel will not probe: the
+/// window attaches the others one at a time and the report lists the refused one as not
+/// attached, as a library's first attach does. Before, the window's attach of the library's
+/// launch probes as one group failed at every window without a word, and none of its launches
+/// was counted.
+#[test]
+fn a_late_library_with_a_refused_probe_gets_the_others_at_its_first_window() {
+    let _g = serial();
+    if !require_root("a_late_library_with_a_refused_probe_gets_the_others_at_its_first_window") {
+        return;
+    }
+    let rt = build_c("storm_cudart", &["-shared", "-fPIC"]);
+    let dir = common::tmp_dir().join("late-driver");
+    std::fs::create_dir_all(&dir).unwrap();
+    // A driver by its name (`libcuda-*.so*`), found in the process's maps when it loads it.
+    let drv = dir.join("libcuda-late.so.1");
+    common::build_shared_c(
+        &common::repo_root().join("tests/workloads/late_driver.c"),
+        &drv,
+        &[],
+    );
+    let bin = build_c("late_library", &["-ldl"]);
+    let (rt, drv_s) = (rt.to_str().unwrap(), drv.to_str().unwrap());
+    // The gate's first windows come about a second apart: the storm through the runtime
+    // (~0.5-1 s) loads the driver between two of them, and the driver's storm (~2-3 s) sees
+    // the next.
+    for attempt in 0..3 {
+        let out = common::out_dir(&format!("late-driver-{attempt}"));
+        let run = common::gputrace(&[
+            "-v",
+            "-F",
+            "1",
+            "--libcudart",
+            rt,
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            bin.to_str().unwrap(),
+            rt,
+            "500000",
+            drv_s,
+            "1500000",
+            "2700",
+        ]);
+        assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+        let r = run.report(&out);
+        let p = &r["processes"][0];
+        let lib = p["cuda"]["libraries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["path"] == drv_s)
+            .unwrap_or_else(|| panic!("the late library was not found: {:#}", p["cuda"]));
+        assert_eq!(
+            lib["attached"],
+            serde_json::json!(["cuLaunchKernel"]),
+            "{lib:#}"
+        );
+        let failed: Vec<&str> = lib["failed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f.as_str())
+            .collect();
+        assert!(
+            !failed.is_empty()
+                && failed
+                    .iter()
+                    .all(|f| f.starts_with("cuLaunchKernelEx ") && f.contains("ENOTSUPP")),
+            "{lib:#}"
+        );
+        let blind = r["blind_spots"].to_string();
+        assert!(blind.contains("cuLaunchKernelEx"), "{blind}");
+        assert!(calls(&r, "cuLaunchKernel") > 0, "{:#}", r["overhead"]);
+        let waited = run
+            .stderr
+            .lines()
+            .any(|l| l.contains(drv_s) && l.contains("wait for the budget's next window"));
+        if waited {
+            return;
+        }
+        eprintln!("attempt {attempt}: the late library loaded while a window was open; again");
+    }
+    panic!("in three runs the late library never loaded between two windows");
+}

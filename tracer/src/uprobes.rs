@@ -422,9 +422,24 @@ fn multi_link(
         m.flags = if p.ret { BPF_F_UPROBE_MULTI_RETURN } else { 0 };
         m.pid = pid.unwrap_or(0);
     }
-    let fd = sys_bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr)?;
+    let fd = sys_bpf(bpf_cmd::BPF_LINK_CREATE, &mut attr).map_err(explain_refusal)?;
     // SAFETY: a new descriptor the kernel just gave us.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The kernel's internal ENOTSUPP (524), which strerror does not know: it will not put a
+/// breakpoint on the instruction at an offset (one that is already a breakpoint, or that it
+/// cannot single-step).
+const ENOTSUPP: i32 = 524;
+
+fn explain_refusal(e: std::io::Error) -> anyhow::Error {
+    match e.raw_os_error() {
+        Some(ENOTSUPP) => anyhow::anyhow!(
+            "the kernel will not probe the instruction there (ENOTSUPP: a breakpoint already, \
+             or one it cannot single-step)"
+        ),
+        _ => e.into(),
+    }
 }
 
 /// A kernel may load the programs and still not create the links (before 6.6 the attach type
@@ -447,4 +462,20 @@ fn check_link(m: &HashMap<&'static str, MultiProgram>) -> Result<()> {
 #[inline(never)]
 extern "C" fn check_link_target() -> u64 {
     std::hint::black_box(7)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_instruction_is_said_in_words() {
+        let e = explain_refusal(std::io::Error::from_raw_os_error(ENOTSUPP));
+        assert!(
+            format!("{e:#}").contains("will not probe the instruction"),
+            "{e:#}"
+        );
+        let e = explain_refusal(std::io::Error::from_raw_os_error(libc::ENOENT));
+        assert!(format!("{e:#}").contains("No such file"), "{e:#}");
+    }
 }

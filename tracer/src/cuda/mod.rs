@@ -34,8 +34,9 @@ use aya::{
     Ebpf,
 };
 use tracer_common::cuda::{
-    ApiKey, ApiVal, CopyKey, CopyVal, ErrKey, EventKind, LaunchKey, LaunchVal, API_MAP, COPY_MAP,
-    ENTRY_PROG, ERRS_MAP, EVENTS_MAP, EVENT_HEADER_BYTES, GLOBAL_ENTRY_ONLY, LAUNCH_MAP, RET_PROG,
+    ApiKey, ApiVal, Cookie, CopyKey, CopyVal, ErrKey, EventKind, LaunchKey, LaunchVal, API_MAP,
+    COPY_MAP, ENTRY_PROG, ERRS_MAP, EVENTS_MAP, EVENT_HEADER_BYTES, GLOBAL_ENTRY_ONLY, LAUNCH_MAP,
+    RET_PROG,
 };
 
 use self::{
@@ -117,6 +118,22 @@ struct RawEvents {
 }
 
 impl CudaFamily {
+    /// Launch probes of a library left for the budget's next window that the window could not
+    /// attach: listed as not attached, as a library's first attach lists them.
+    fn note_window_failures(&mut self) {
+        for f in self.gate.take_failures() {
+            let Some(l) = self.libs.iter_mut().find(|l| l.found.open_path == f.path) else {
+                continue;
+            };
+            let Some(func) = FUNCS.get(Cookie::unpack(f.cookie).fid as usize) else {
+                continue;
+            };
+            l.attached.retain(|a| a != func.name);
+            l.failed
+                .push(format!("{} ({}): {}", func.name, f.prog, f.error));
+        }
+    }
+
     pub fn new(args: &TraceArgs, trap: crate::overhead::SharedTrapCost) -> Self {
         let mut overrides = Vec::new();
         if let Some(p) = &args.libcudart {
@@ -158,6 +175,12 @@ impl CudaFamily {
             Some(u) => attach_library(ebpf, u, &found, self.entry_only != 0, &mut self.gate),
             None => (vec![], vec!["uprobe programs not loaded".into()], vec![]),
         };
+        if self.verbose && self.gate.waits_for_window(&found.open_path) {
+            crate::note!(
+                "gputrace: launch probes on {} wait for the budget's next window",
+                found.path
+            );
+        }
         self.libs.push(Lib {
             found,
             attached,
@@ -420,6 +443,7 @@ impl ProbeFamily for CudaFamily {
         data: &mut ReportData,
     ) -> Result<()> {
         self.drain();
+        self.note_window_failures();
         let mut api: Vec<(ApiKey, ApiVal)> = crate::batch::read(ebpf, API_MAP)?;
         // The accounting has stopped by now: what the thread states hold no longer moves.
         let states = crate::accounting::States::open(ebpf)

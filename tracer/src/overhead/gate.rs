@@ -59,6 +59,8 @@ pub struct LaunchGate {
     close_cost_ns: f64,
     /// Copies and syncs taken as a window's that were counted in an earlier tick (`tick_until`).
     steady_owed: u64,
+    /// Probes of libraries left for a window that it could not attach (`take_failures`).
+    failures: Vec<AttachFailure>,
 }
 
 const WATCH_EVERY: Duration = Duration::from_millis(2);
@@ -117,6 +119,17 @@ struct GateLink {
     path: PathBuf,
     /// File offsets and cookies.
     points: Vec<(u64, u64)>,
+    /// Attached at least once. A library left for the next window (`remember`) is not yet.
+    attached: bool,
+}
+
+/// A launch probe that a window could not attach: the library's file, the point's cookie (its
+/// function) and why.
+pub struct AttachFailure {
+    pub path: PathBuf,
+    pub cookie: u64,
+    pub prog: &'static str,
+    pub error: String,
 }
 
 /// The links of `prog` to attach at a window's opening, the runtimes' first. A runtime launch
@@ -125,13 +138,54 @@ struct GateLink {
 /// with the driver's links first, ~20% of a PyTorch loop's launches (all through
 /// cudaLaunchKernel) were counted as cuLaunchKernel calls. The other order leaves such a
 /// launch counted once, at the runtime.
-fn outer_first<'a>(links: &'a [GateLink], prog: &'a str) -> impl Iterator<Item = &'a GateLink> {
-    let of = move |outer: bool| {
+fn outer_first(links: &[GateLink], prog: &str) -> Vec<usize> {
+    let of = |outer: bool| {
         links
             .iter()
-            .filter(move |l| l.prog == prog && l.outer == outer)
+            .enumerate()
+            .filter(move |(_, l)| l.prog == prog && l.outer == outer)
+            .map(|(i, _)| i)
     };
-    of(true).chain(of(false))
+    of(true).chain(of(false)).collect()
+}
+
+/// Attaches a window's link `l`. A library that was probed before and now fails is taken to be
+/// gone (unmapped, its file removed): its counts stay, and the next window tries again. One left
+/// for a window and never probed is tried a point at a time, as a library's first attach is
+/// (`cuda::attach_library`): a point the kernel refuses is dropped and recorded in `failures`,
+/// where a failed group would have left every launch of the library unprobed without a word.
+fn attach_link(
+    ebpf: &mut Ebpf,
+    u: &Uprobes,
+    l: &mut GateLink,
+    failures: &mut Vec<AttachFailure>,
+) -> Vec<Link> {
+    let first = u.attach(ebpf, l.prog, &l.path, &l.points, None);
+    let was = std::mem::replace(&mut l.attached, true);
+    match first {
+        Ok(links) => links,
+        Err(_) if was => Vec::new(),
+        Err(_) => {
+            let mut made = Vec::new();
+            l.points
+                .retain(|&p| match u.attach(ebpf, l.prog, &l.path, &[p], None) {
+                    Ok(links) => {
+                        made.extend(links);
+                        true
+                    }
+                    Err(e) => {
+                        failures.push(AttachFailure {
+                            path: l.path.clone(),
+                            cookie: p.1,
+                            prog: l.prog,
+                            error: format!("{e:#}"),
+                        });
+                        false
+                    }
+                });
+            made
+        }
+    }
 }
 
 /// Orders a window's entry links, attached runtimes first, for its close: a `Vec` drops front
@@ -530,6 +584,7 @@ impl LaunchGate {
             last_rate: 0.0,
             close_cost_ns: 0.0,
             steady_owed: 0,
+            failures: Vec::new(),
         }
     }
 
@@ -616,7 +671,19 @@ impl LaunchGate {
             outer,
             path,
             points,
+            attached: false,
         });
+    }
+
+    /// Whether launch probes on `path` were left for the next window and not yet attached.
+    pub fn waits_for_window(&self, path: &std::path::Path) -> bool {
+        self.links.iter().any(|l| !l.attached && l.path == path)
+    }
+
+    /// The probes of libraries left for a window (`remember`) that the window could not attach,
+    /// taken out of the gate: the library's report lists them as not attached.
+    pub fn take_failures(&mut self) -> Vec<AttachFailure> {
+        std::mem::take(&mut self.failures)
     }
 
     /// Records launch probes just attached and hands their links to the watchdog (or drops
@@ -632,6 +699,9 @@ impl LaunchGate {
         links: Vec<Link>,
     ) {
         self.remember(prog, outer, path, points);
+        if let Some(l) = self.links.last_mut() {
+            l.attached = true;
+        }
         if !self.gate.is_open() {
             close_all(links);
             return;
@@ -847,17 +917,17 @@ impl LaunchGate {
         // Return probes first, as at the first attach: a call entered in between would
         // otherwise raise its thread's depth with no return to lower it.
         for prog in [RET_PROG, ENTRY_PROG] {
-            let Some(u) = &self.uprobes else { break };
-            for l in outer_first(&self.links, prog) {
-                if let Ok(links) = u.attach(ebpf, prog, &l.path, &l.points, None) {
-                    if prog == RET_PROG {
-                        rets.extend(links);
-                    } else {
-                        entries.extend(links);
-                    }
+            let Some(u) = self.uprobes.clone() else { break };
+            for i in outer_first(&self.links, prog) {
+                let made = attach_link(ebpf, &u, &mut self.links[i], &mut self.failures);
+                if prog == RET_PROG {
+                    rets.extend(made);
+                } else {
+                    entries.extend(made);
                 }
             }
         }
+        self.links.retain(|l| !l.points.is_empty());
         // The window starts once the entry probes are attached (the return probes, attached
         // first, fired alone meanwhile: transition cost).
         self.opened_at = Some(ktime_now());
