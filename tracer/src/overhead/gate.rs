@@ -754,6 +754,19 @@ impl LaunchGate {
         self.tick_until(ebpf, ktime_now());
     }
 
+    /// What an entry and a return hit cost, from the programs' run times over the whole trace
+    /// (steady per hit) and the traps as last measured.
+    fn measured_cost(&self, c: &Counts) -> (f64, f64) {
+        let trap = super::calibrate::current(&self.trap);
+        let entry = budget::cost_per_hit(c.entry_ns, c.entry_timed, trap.entry_ns);
+        let ret = if self.entry_only {
+            0.0
+        } else {
+            budget::cost_per_hit(c.ret_ns, c.ret_timed, trap.ret_ns)
+        };
+        (entry, ret)
+    }
+
     /// A tick that ends at `now` (CLOCK_MONOTONIC ns): the last one ends when the target did.
     fn tick_until(&mut self, ebpf: &mut Ebpf, now: u64) {
         if !self.gate.samples() || self.links.is_empty() {
@@ -765,15 +778,9 @@ impl LaunchGate {
         };
         let hits = c.entry_runs.saturating_sub(c0.entry_runs);
         let ret_hits = c.ret_runs.saturating_sub(c0.ret_runs);
-        // Per program over the whole trace: run times per hit are steady.
-        let trap = super::calibrate::current(&self.trap);
-        let entry = budget::cost_per_hit(c.entry_ns, c.entry_timed, trap.entry_ns);
-        let ret = if self.entry_only {
-            0.0
-        } else {
-            budget::cost_per_hit(c.ret_ns, c.ret_timed, trap.ret_ns)
-        };
+        let (entry, ret) = self.measured_cost(&c);
         self.cost_per_hit = entry + ret;
+        let trap = super::calibrate::current(&self.trap);
         // The return probe also fires alone while the links are attached or detached (each
         // takes ms): calls that pay for it without being counted.
         let transition_ns = if self.entry_only {
@@ -965,6 +972,14 @@ impl LaunchGate {
             c.close();
         }
         self.watch = None;
+        // A gate that never samples (`--max-overhead 100%`) never ticks: its cost per hit was
+        // still the built-in constants' (3 us), which put a 1M-launch storm's thread at 117%
+        // of its time where the programs' measured costs gave 49%.
+        if !self.gate.samples() {
+            let c = counts(ebpf, self.uprobes.as_ref(), self.hits.as_ref());
+            let (entry, ret) = self.measured_cost(&c);
+            self.cost_per_hit = entry + ret;
+        }
         // The closes' uncounted traps were paid by the launching thread.
         let worst = worst_cuda_thread(&data.report, self.cost_per_hit, self.close_cost_ns);
         data.report
