@@ -149,6 +149,7 @@ impl Uprobes {
                     path,
                     scope,
                 )
+                .map_err(|e| explain_refusal_in(e.into()))
                 .with_context(|| format!("attach {prog} to {}", path.display()))?;
             links.push(Link::Perf(p.take_link(id)?));
         }
@@ -432,6 +433,19 @@ fn multi_link(
 /// cannot single-step).
 const ENOTSUPP: i32 = 524;
 
+/// `explain_refusal` for an error whose cause is somewhere down its chain (aya's).
+fn explain_refusal_in(e: anyhow::Error) -> anyhow::Error {
+    let refused = e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+            == Some(ENOTSUPP)
+    });
+    match refused {
+        true => explain_refusal(std::io::Error::from_raw_os_error(ENOTSUPP)),
+        false => e,
+    }
+}
+
 fn explain_refusal(e: std::io::Error) -> anyhow::Error {
     match e.raw_os_error() {
         Some(ENOTSUPP) => anyhow::anyhow!(
@@ -477,5 +491,9 @@ mod tests {
         );
         let e = explain_refusal(std::io::Error::from_raw_os_error(libc::ENOENT));
         assert!(format!("{e:#}").contains("No such file"), "{e:#}");
+        let deep = anyhow::Error::from(std::io::Error::from_raw_os_error(ENOTSUPP))
+            .context("perf_event_open");
+        let e = explain_refusal_in(deep);
+        assert!(format!("{e:#}").contains("ENOTSUPP"), "{e:#}");
     }
 }
