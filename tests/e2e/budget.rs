@@ -703,11 +703,12 @@ fn a_late_library_with_a_refused_probe_gets_the_others_at_its_first_window() {
             .iter()
             .filter_map(|f| f.as_str())
             .collect();
+        // Once, for its return probe: an entry probe without one is not attached (a call
+        // entered with no return to match would hide its thread's later calls).
         assert!(
-            !failed.is_empty()
-                && failed
-                    .iter()
-                    .all(|f| f.starts_with("cuLaunchKernelEx ") && f.contains("ENOTSUPP")),
+            failed.len() == 1
+                && failed[0].starts_with("cuLaunchKernelEx (cuda_ret)")
+                && failed[0].contains("ENOTSUPP"),
             "{lib:#}"
         );
         let blind = r["blind_spots"].to_string();

@@ -14,4 +14,12 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
     return 0;
 }
 
-__attribute__((naked)) int cuLaunchKernelEx(void) { __asm__("int3\n\tret"); }
+/* In assembly: a compiler that adds `endbr64` at function entries (-fcf-protection, on by
+ * default in some distributions' gcc) would put a probeable instruction first. */
+__asm__(".text\n"
+        ".globl cuLaunchKernelEx\n"
+        ".type cuLaunchKernelEx, @function\n"
+        "cuLaunchKernelEx:\n"
+        "\tint3\n"
+        "\tret\n"
+        ".size cuLaunchKernelEx, .-cuLaunchKernelEx\n");

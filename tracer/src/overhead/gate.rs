@@ -61,6 +61,9 @@ pub struct LaunchGate {
     steady_owed: u64,
     /// Probes of libraries left for a window that it could not attach (`take_failures`).
     failures: Vec<AttachFailure>,
+    /// In `finish`: its last tick opens no window (attached as the trace ends, its links would
+    /// only be dropped, and what it could not attach would miss the report).
+    finishing: bool,
 }
 
 const WATCH_EVERY: Duration = Duration::from_millis(2);
@@ -125,6 +128,7 @@ struct GateLink {
 
 /// A launch probe that a window could not attach: the library's file, the point's cookie (its
 /// function) and why.
+#[derive(Clone)]
 pub struct AttachFailure {
     pub path: PathBuf,
     pub cookie: u64,
@@ -147,6 +151,20 @@ fn outer_first(links: &[GateLink], prog: &str) -> Vec<usize> {
             .map(|(i, _)| i)
     };
     of(true).chain(of(false)).collect()
+}
+
+/// Takes out of the entry links the points whose return probe this window could not attach, as
+/// a library's first attach leaves them out (`cuda::attach_library`): a call entered with no
+/// return probe would raise its thread's call depth with nothing to lower it, and hide its
+/// later calls. The function is listed as not attached once, for its return probe.
+fn skip_entries_without_returns(links: &mut [GateLink], failed: &[AttachFailure]) {
+    for l in links.iter_mut().filter(|l| l.prog == ENTRY_PROG) {
+        l.points.retain(|p| {
+            !failed
+                .iter()
+                .any(|f| f.prog == RET_PROG && f.path == l.path && f.cookie == p.1)
+        });
+    }
 }
 
 /// Attaches a window's link `l`. A library that was probed before and now fails is taken to be
@@ -585,6 +603,7 @@ impl LaunchGate {
             close_cost_ns: 0.0,
             steady_owed: 0,
             failures: Vec::new(),
+            finishing: false,
         }
     }
 
@@ -884,7 +903,7 @@ impl LaunchGate {
             steps_on: c.steps_on.saturating_sub(c0.steps_on),
         });
         self.opened_at = None;
-        if open && !still_open {
+        if open && !still_open && !self.finishing {
             self.reopen(ebpf, c.entry_runs);
         } else if still_open {
             // Still open: the watchdog measures from this tick with the bucket as it is now.
@@ -923,8 +942,12 @@ impl LaunchGate {
         let mut rets = Vec::new();
         // Return probes first, as at the first attach: a call entered in between would
         // otherwise raise its thread's depth with no return to lower it.
+        let failed_before = self.failures.len();
         for prog in [RET_PROG, ENTRY_PROG] {
             let Some(u) = self.uprobes.clone() else { break };
+            if prog == ENTRY_PROG {
+                skip_entries_without_returns(&mut self.links, &self.failures[failed_before..]);
+            }
             for i in outer_first(&self.links, prog) {
                 let made = attach_link(ebpf, &u, &mut self.links[i], &mut self.failures);
                 if prog == RET_PROG {
@@ -965,6 +988,7 @@ impl LaunchGate {
     /// when the last traced process exited, if all did (the time after it launched nothing).
     pub fn finish(&mut self, ebpf: &mut Ebpf, data: &mut ReportData, ended: Option<u64>) {
         let now = ktime_now();
+        self.finishing = true;
         self.tick_until(ebpf, ended.map_or(now, |e| e.min(now)));
         if let Some(c) = self.calibrator.as_mut() {
             let t = c.in_trace();
@@ -1077,7 +1101,65 @@ fn gate_last(ebpf: &Ebpf) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{close_cost, wake_step, WAKE_STEP_MIN};
+    use std::path::PathBuf;
+
+    use super::{
+        close_cost, outer_first, skip_entries_without_returns, wake_step, AttachFailure, GateLink,
+        WAKE_STEP_MIN,
+    };
+    use tracer_common::cuda::{ENTRY_PROG, RET_PROG};
+
+    fn link(prog: &'static str, outer: bool, path: &str, cookies: &[u64]) -> GateLink {
+        GateLink {
+            prog,
+            outer,
+            path: PathBuf::from(path),
+            points: cookies.iter().map(|&c| (c * 16, c)).collect(),
+            attached: false,
+        }
+    }
+
+    #[test]
+    fn an_entry_whose_return_failed_is_left_out_of_the_window() {
+        let mut links = vec![
+            link(RET_PROG, false, "/lib/libcuda.so.1", &[1, 2]),
+            link(ENTRY_PROG, false, "/lib/libcuda.so.1", &[1, 2]),
+            link(ENTRY_PROG, true, "/lib/libcudart.so.12", &[2]),
+        ];
+        let failed = [AttachFailure {
+            path: PathBuf::from("/lib/libcuda.so.1"),
+            cookie: 2,
+            prog: RET_PROG,
+            error: "refused".into(),
+        }];
+        skip_entries_without_returns(&mut links, &failed);
+        assert_eq!(
+            links[0].points,
+            vec![(16, 1), (32, 2)],
+            "return links untouched"
+        );
+        assert_eq!(links[1].points, vec![(16, 1)]);
+        assert_eq!(links[2].points, vec![(32, 2)], "another library's point");
+        // An entry's own failure takes nothing out.
+        let entry_failed = [AttachFailure {
+            prog: ENTRY_PROG,
+            cookie: 1,
+            ..failed[0].clone()
+        }];
+        skip_entries_without_returns(&mut links, &entry_failed);
+        assert_eq!(links[1].points, vec![(16, 1)]);
+    }
+
+    #[test]
+    fn windows_attach_the_runtimes_first() {
+        let links = vec![
+            link(ENTRY_PROG, false, "/lib/libcuda.so.1", &[1]),
+            link(RET_PROG, true, "/lib/libcudart.so.12", &[2]),
+            link(ENTRY_PROG, true, "/lib/libcudart.so.12", &[2]),
+        ];
+        assert_eq!(outer_first(&links, ENTRY_PROG), vec![2, 0]);
+        assert_eq!(outer_first(&links, RET_PROG), vec![1]);
+    }
 
     #[test]
     fn each_cpu_wakes_the_watchdog_after_its_share_of_the_bucket() {
