@@ -34,7 +34,10 @@ pub const STEADY_ON_SLOT: u32 = 4;
 /// The runs of copies and syncs in `STEADY_ON_SLOT` (a step's, between its launches and the
 /// next step's): how many steps a window's ratio was taken over.
 pub const STEADY_STEPS_SLOT: u32 = 5;
-pub const LAUNCH_RUNS_SLOTS: u32 = 6;
+/// The pid_tgid of the traced thread that made the last outermost launch on the CPU: the
+/// budget fills its bucket at the pace of that thread's CPU time where it waits for one.
+pub const LAUNCHER_SLOT: u32 = 6;
+pub const LAUNCH_RUNS_SLOTS: u32 = 7;
 /// Per CPU, one u64: the entry program's launch runs on that CPU (`LAUNCH_RUNS_MAP`) at which
 /// it wakes the budget's watchdog (0: never). Set by the watchdog to each CPU's count plus its share of
 /// what is left of the window's share of the bucket.

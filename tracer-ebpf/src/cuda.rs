@@ -20,9 +20,9 @@ use tracer_common::{
     cuda::{
         log2_bucket, ApiKey, ApiVal, Cookie, CopyKey, CopyVal, CudaEvent, ErrKey, EventKind,
         LaunchKey, LaunchVal, Shape, API_ENTRIES, COPY_ENTRIES, DIR_NONE, ERRS_ENTRIES,
-        EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCH_ENTRIES, LAUNCH_RUNS_SLOTS,
-        OUTER_LAUNCH_SLOT, STASH_ENTRIES, STEADY_CALLS_SLOT, STEADY_ON_SLOT, STEADY_STEPS_SLOT,
-        WINDOW_GEN_SLOT,
+        EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCHER_SLOT, LAUNCH_ENTRIES,
+        LAUNCH_RUNS_SLOTS, OUTER_LAUNCH_SLOT, STASH_ENTRIES, STEADY_CALLS_SLOT, STEADY_ON_SLOT,
+        STEADY_STEPS_SLOT, WINDOW_GEN_SLOT,
     },
     drops::Drop,
     time::Category,
@@ -204,7 +204,7 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     }
     st.outer_sp = sp;
     st.gen = gen;
-    count_step(&cookie, st);
+    count_step(&cookie, st, pid_tgid);
     let mut i = 0;
     while i < 6 {
         st.args[i] = ctx.arg::<u64>(i).unwrap_or(0);
@@ -303,11 +303,15 @@ pub fn flush_api(tid: u32, st: &mut tracer_common::wall::ThreadState) {
 /// launch probes run, since user space cannot tell when they started and stopped to better
 /// than milliseconds.
 #[inline(always)]
-fn count_step(cookie: &Cookie, st: &mut ThreadState) {
+fn count_step(cookie: &Cookie, st: &mut ThreadState, pid_tgid: u64) {
     let gen = CUDA_RET_GEN.get(WINDOW_GEN_SLOT).copied().unwrap_or(0) as u32;
     let this = gen.wrapping_add(1);
     if is_launch_shape(cookie.shape) {
         launch_run(OUTER_LAUNCH_SLOT);
+        if let Some(p) = CUDA_LAUNCH_RUNS.get_ptr_mut(LAUNCHER_SLOT) {
+            // Per-CPU slot: only this CPU writes it.
+            unsafe { *p = pid_tgid };
+        }
         if st.launched_gen == this && st.pending > 0 {
             launch_add(STEADY_ON_SLOT, st.pending as u64);
             launch_run(STEADY_STEPS_SLOT);

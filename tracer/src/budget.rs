@@ -140,6 +140,9 @@ pub struct TickObs {
     pub steady_off: u64,
     /// The runs of copies and syncs in `steady_on`: the steps the window's ratio spans.
     pub steps_on: u64,
+    /// How much wall time a ns of CPU cost the launching threads in the tick ([`stretch`]; 1
+    /// or less: none): the bucket fills that much slower.
+    pub stretch: f64,
 }
 
 /// One tick as the gate kept it.
@@ -327,9 +330,12 @@ impl Gate {
         self.elapsed_ns += o.dt_ns;
         let sampled_cost = o.sampled_hits as f64 * o.cost_per_hit_ns;
         self.spent_ns += sampled_cost + o.other_cost_ns;
-        self.tokens_ns = (self.tokens_ns + self.budget * o.dt_ns as f64).min(self.capacity())
-            - sampled_cost
-            - o.other_cost_ns;
+        // The probes take CPU time from the launching thread, and where it waits for a CPU in
+        // proportion to what it uses, each ns of it costs the thread `stretch` ns: the budget
+        // is of its time, so it fills with the thread's pace, not the clock's.
+        let fill = self.budget * o.dt_ns as f64 / o.stretch.max(1.0);
+        self.tokens_ns =
+            (self.tokens_ns + fill).min(self.capacity()) - sampled_cost - o.other_cost_ns;
         let on_ns = o.on_ns.min(o.dt_ns);
         if on_ns > 0 {
             self.on_ns += on_ns;
@@ -730,6 +736,19 @@ pub fn must_close(tokens_ns: f64, budget: f64, since_ns: u64, spent_since_ns: f6
 }
 
 /// Cost of one hit of a program: its measured BPF run time per run plus the trap constant.
+/// Past this a thread's CPU time is too small a base to multiply.
+pub const STRETCH_MAX: f64 = 10.0;
+
+/// What a ns of CPU cost a thread in wall time over an interval in which it ran `exec_ns` and
+/// waited `delay_ns` runnable for a CPU (the kernel's schedstat): 1 on a machine with a CPU to
+/// spare. Waits after wake-ups are in the delay too, which errs towards a smaller budget.
+pub fn stretch(exec_ns: u64, delay_ns: u64) -> f64 {
+    if exec_ns == 0 {
+        return 1.0;
+    }
+    (1.0 + delay_ns as f64 / exec_ns as f64).min(STRETCH_MAX)
+}
+
 pub fn cost_per_hit(run_time_ns: u64, run_count: u64, trap_ns: f64) -> f64 {
     if run_count == 0 {
         return trap_ns;
@@ -980,6 +999,39 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_kept_waiting_for_a_cpu_stretches_each_ns_of_it() {
+        assert_eq!(stretch(4_000, 0), 1.0);
+        assert_eq!(stretch(4_000, 6_000), 2.5);
+        assert_eq!(stretch(1, 1_000_000), STRETCH_MAX);
+        assert_eq!(stretch(0, 1_000), 1.0);
+    }
+
+    #[test]
+    fn the_bucket_fills_at_the_launching_threads_pace() {
+        // Overdrawn by a probe that cannot be switched off, then a tick with none: what it put
+        // back.
+        let after = |stretch: f64| {
+            let mut g = Gate::new(0.02);
+            g.tick(TickObs {
+                dt_ns: TICK,
+                other_cost_ns: 1e12,
+                ..TickObs::default()
+            });
+            let before = g.tokens_ns();
+            g.tick(TickObs {
+                dt_ns: TICK,
+                stretch,
+                ..TickObs::default()
+            });
+            g.tokens_ns() - before
+        };
+        let idle = after(1.0);
+        assert!((idle - 0.02 * TICK as f64).abs() < 1.0, "{idle}");
+        assert_eq!(after(0.0), idle, "no measure: the clock's pace");
+        assert!((after(2.5) - idle / 2.5).abs() < 1.0);
+    }
+
+    #[test]
     fn the_watchdog_closes_an_empty_bucket() {
         assert!(!must_close(1e6, 0.02, 0, 0.5e6));
         assert!(must_close(1e6, 0.02, 0, 1.5e6));
@@ -1220,6 +1272,7 @@ mod tests {
                 steady_on,
                 steady_off,
                 steps_on: steady_on,
+                stretch: 1.0,
             });
         }
         let e = g.estimate();

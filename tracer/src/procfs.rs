@@ -84,6 +84,17 @@ fn parse_exec_sizes(status: &str) -> Option<(u64, u64)> {
     Some((kb("VmExe:")?, kb("VmLib:")?))
 }
 
+/// A thread's time on a CPU and waiting runnable for one, ns (`/proc/PID/task/TID/schedstat`).
+pub fn schedstat(pid: u32, tid: u32) -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat")).ok()?;
+    parse_schedstat(&s)
+}
+
+fn parse_schedstat(s: &str) -> Option<(u64, u64)> {
+    let mut f = s.split_whitespace().map(|v| v.parse::<u64>().ok());
+    Some((f.next()??, f.next()??))
+}
+
 pub fn comm(pid: u32) -> Option<String> {
     fs::read_to_string(format!("/proc/{pid}/comm"))
         .ok()
@@ -269,6 +280,18 @@ pub fn own_code(addr: u64) -> anyhow::Result<(PathBuf, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedstat_is_run_time_and_run_delay() {
+        assert_eq!(
+            parse_schedstat("5853112345 8771000123 4021\n"),
+            Some((5_853_112_345, 8_771_000_123))
+        );
+        assert_eq!(parse_schedstat("12\n"), None);
+        assert_eq!(parse_schedstat(""), None);
+        let me = std::process::id();
+        assert!(schedstat(me, me).is_some_and(|(run, _)| run > 0));
+    }
 
     #[test]
     fn kernel_stacks_are_function_names_innermost_first() {

@@ -3,6 +3,7 @@
 //! within milliseconds when the bucket runs dry.
 
 use std::{
+    collections::HashMap,
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
     path::PathBuf,
     sync::{Arc, Condvar, Mutex},
@@ -14,9 +15,9 @@ use aya::{
     Ebpf,
 };
 use tracer_common::cuda::{
-    ENTRY_PROG, GATE_AT_MAP, GATE_FIRST_MAP, GATE_LAST_MAP, GATE_WAKE_MAP, LAUNCH_RUNS_MAP,
-    OUTER_LAUNCH_SLOT, RET_GEN_MAP, RET_PROG, STEADY_CALLS_SLOT, STEADY_ON_SLOT, STEADY_STEPS_SLOT,
-    WINDOW_GEN_SLOT,
+    ENTRY_PROG, GATE_AT_MAP, GATE_FIRST_MAP, GATE_LAST_MAP, GATE_WAKE_MAP, LAUNCHER_SLOT,
+    LAUNCH_RUNS_MAP, OUTER_LAUNCH_SLOT, RET_GEN_MAP, RET_PROG, STEADY_CALLS_SLOT, STEADY_ON_SLOT,
+    STEADY_STEPS_SLOT, WINDOW_GEN_SLOT,
 };
 
 use super::{scale_cuda, scale_launch_time, stats::own_map, stats_on, worst_cuda_thread, StatsOn};
@@ -24,6 +25,7 @@ use crate::{
     budget::{self, Gate, TickObs},
     cuda::table::FUNCS,
     probes::ktime_now,
+    procfs,
     report::{
         model::overhead::{Overhead, ProbeSampling},
         ReportData,
@@ -61,6 +63,8 @@ pub struct LaunchGate {
     steady_owed: u64,
     /// Probes of libraries left for a window that it could not attach (`take_failures`).
     failures: Vec<AttachFailure>,
+    /// The launching threads' pace, read at each tick.
+    launchers: Launchers,
     /// In `finish`: its last tick opens no window (attached as the trace ends, its links would
     /// only be dropped, and what it could not attach would miss the report).
     finishing: bool,
@@ -105,12 +109,54 @@ impl LaunchRuns {
         self.per_cpu(prog).iter().sum()
     }
 
+    /// The traced threads that made the last launch on each CPU (pid_tgid), each once.
+    fn launchers(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self
+            .map
+            .get(&LAUNCHER_SLOT, 0)
+            .map(|v| v.iter().copied().filter(|&id| id != 0).collect())
+            .unwrap_or_default();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
     /// What the entry program counted in `slot` on all CPUs so far (`STEADY_CALLS_SLOT`...).
     fn slot(&self, slot: u32) -> u64 {
         self.map
             .get(&slot, 0)
             .map(|v| v.iter().sum())
             .unwrap_or_default()
+    }
+}
+
+/// The launching threads' run time and run delay at the last tick, for the bucket's pace.
+#[derive(Default)]
+struct Launchers {
+    last: HashMap<u64, (u64, u64)>,
+}
+
+impl Launchers {
+    /// What a ns of CPU cost the launching threads `ids` (pid_tgid) since the last tick of
+    /// `dt_ns`: the most any of them paid among those that ran a tenth of it or more (one that
+    /// hardly ran says nothing of the pace), 1 where none did.
+    fn stretch(&mut self, ids: &[u64], dt_ns: u64) -> f64 {
+        let mut worst: f64 = 1.0;
+        let mut next = HashMap::with_capacity(ids.len());
+        for &id in ids {
+            let Some(now) = procfs::schedstat((id >> 32) as u32, id as u32) else {
+                continue;
+            };
+            if let Some(&(run0, delay0)) = self.last.get(&id) {
+                let run = now.0.saturating_sub(run0);
+                if run.saturating_mul(10) >= dt_ns {
+                    worst = worst.max(budget::stretch(run, now.1.saturating_sub(delay0)));
+                }
+            }
+            next.insert(id, now);
+        }
+        self.last = next;
+        worst
     }
 }
 
@@ -604,6 +650,7 @@ impl LaunchGate {
             steady_owed: 0,
             failures: Vec::new(),
             finishing: false,
+            launchers: Launchers::default(),
         }
     }
 
@@ -883,6 +930,10 @@ impl LaunchGate {
             trap.per_call(self.entry_only),
         );
         self.close_cost_ns += close_ns;
+        let stretch = match &self.hits {
+            Some(h) => self.launchers.stretch(&h.launchers(), dt),
+            None => 1.0,
+        };
         let open = self.gate.tick(TickObs {
             dt_ns: dt,
             on_ns: if was_open { on } else { 0 },
@@ -901,6 +952,7 @@ impl LaunchGate {
             steady_on,
             steady_off,
             steps_on: c.steps_on.saturating_sub(c0.steps_on),
+            stretch,
         });
         self.opened_at = None;
         if open && !still_open && !self.finishing {

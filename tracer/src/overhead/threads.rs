@@ -55,6 +55,39 @@ fn switches(t: &TimeBreakdown) -> (u64, u64) {
     (blocked + preempted, blocked)
 }
 
+/// Below this the contention is not worth a word (nor its noise a figure).
+const CONTENTION_SHOWN: f64 = 1.05;
+/// A thread that ran a tenth of the time it waited preempted is taken at this: past it, its
+/// CPU time is too small a base to multiply.
+const CONTENTION_MAX: f64 = 10.0;
+
+/// How much wall time a ns of CPU costs the thread: 1 plus its preempted waits for a CPU per
+/// ns it ran. The probes run on the thread's CPU time, and where runnable threads outnumber
+/// the CPUs the scheduler makes it wait in proportion: two CPU hogs beside a launch storm
+/// left its probes at 1.8% of its alive time but 4.5% of its CPU time, which is what it was
+/// slowed by. Waits after a wake-up (`woken, waiting for a CPU`) are per wake-up, not per ns
+/// of CPU, and are left out; time inside CUDA calls counts as CPU time, bar synchronisation.
+fn contention(t: &TimeBreakdown) -> f64 {
+    let on_cpu: u64 = t
+        .categories
+        .iter()
+        .filter(|c| {
+            c.category == "cpu" || (c.category.starts_with("cuda_") && c.category != "cuda_sync")
+        })
+        .map(|c| c.ns)
+        .sum();
+    let preempted: u64 = t
+        .reasons
+        .iter()
+        .filter(|r| r.category == "runqueue" && r.reason == "preempted")
+        .map(|r| r.ns)
+        .sum();
+    if on_cpu == 0 {
+        return 1.0;
+    }
+    (1.0 + preempted as f64 / on_cpu as f64).min(CONTENTION_MAX)
+}
+
 /// CUDA calls the probes saw on a thread: launches were scaled up by `scale` when the gate
 /// sampled them, and cost only what was seen.
 fn cuda_calls_seen(r: &Report, pid: u32, tid: u32, launches: &[&str], scale: f64) -> f64 {
@@ -169,7 +202,8 @@ pub fn costliest_thread(r: &Report, launches: &[&str], min_alive_ns: u64) -> Opt
             };
             let parts = thread_parts(r, o, p.pid, t, mine, launches);
             let ns: u64 = parts.iter().map(|p| p.ns).sum();
-            let share = ns as f64 / alive as f64;
+            let stretch = t.time.as_ref().map_or(1.0, contention);
+            let share = ns as f64 * stretch / alive as f64;
             if best.as_ref().is_none_or(|b| share > b.estimated) {
                 best = Some(ThreadCost {
                     pid: p.pid,
@@ -177,6 +211,7 @@ pub fn costliest_thread(r: &Report, launches: &[&str], min_alive_ns: u64) -> Opt
                     comm: t.comm.clone(),
                     estimated: share,
                     parts,
+                    contention: (stretch >= CONTENTION_SHOWN).then_some(stretch),
                 });
             }
         }
@@ -236,6 +271,69 @@ mod tests {
             }],
             python_sites: vec![],
         }
+    }
+
+    /// A thread's breakdown with `cpu_s` on CPU, `launch_s` in launches, `preempted_s` waiting
+    /// preempted and `woken_s` waiting after wake-ups.
+    fn breakdown(cpu_s: f64, launch_s: f64, preempted_s: f64, woken_s: f64) -> TimeBreakdown {
+        let ns = |s: f64| (s * 1e9) as u64;
+        let cat = |c: &str, s: f64| crate::report::model::time::CategoryTime {
+            category: c.into(),
+            ns: ns(s),
+            percent: 0.0,
+        };
+        let reason = |r: &str, s: f64| ReasonTime {
+            category: "runqueue".into(),
+            reason: r.into(),
+            ns: ns(s),
+            count: 1,
+        };
+        TimeBreakdown {
+            alive_ns: ns(cpu_s + launch_s + preempted_s + woken_s + 1.0),
+            categories: vec![
+                cat("cpu", cpu_s),
+                cat("cuda_launch", launch_s),
+                cat("runqueue", preempted_s + woken_s),
+                cat("cuda_sync", 1.0),
+            ],
+            reasons: vec![
+                reason("preempted", preempted_s),
+                reason("woken, waiting for a CPU", woken_s),
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn contention_is_the_preempted_wait_per_ns_on_cpu() {
+        // An idle machine: a ns of CPU is a ns.
+        assert_eq!(contention(&breakdown(4.0, 1.0, 0.0, 0.3)), 1.0);
+        // Two hogs beside a storm: 5 s on CPU (launches included), 7.5 s preempted.
+        assert_eq!(contention(&breakdown(4.0, 1.0, 7.5, 0.3)), 2.5);
+        // Next to no CPU: capped.
+        assert_eq!(contention(&breakdown(0.01, 0.0, 5.0, 0.0)), CONTENTION_MAX);
+        assert_eq!(contention(&TimeBreakdown::default()), 1.0);
+    }
+
+    #[test]
+    fn a_thread_kept_waiting_for_a_cpu_pays_its_probes_stretched() {
+        let mut t = thread(1, 10.0, 1_000, 0, 0);
+        // 4 s on CPU, 6 s preempted: each ns of probes cost it 2.5 ns.
+        t.time = Some(breakdown(4.0, 0.0, 6.0, 0.0));
+        let alive = t.time.as_ref().unwrap().alive_ns as f64;
+        let r = report(vec![t]);
+        let c = costliest_thread(&r, &[], 1).unwrap();
+        let ns: u64 = c.parts.iter().map(|p| p.ns).sum();
+        assert_eq!(c.contention, Some(2.5));
+        assert!(
+            (c.estimated - ns as f64 * 2.5 / alive).abs() < 1e-12,
+            "{c:?}"
+        );
+        // Without the wait: no figure, no stretch.
+        let mut t = thread(1, 10.0, 1_000, 0, 0);
+        t.time = Some(breakdown(4.0, 0.0, 0.1, 6.0));
+        let c = costliest_thread(&report(vec![t]), &[], 1).unwrap();
+        assert_eq!(c.contention, None);
     }
 
     fn report(threads: Vec<ThreadReport>) -> Report {

@@ -91,10 +91,14 @@ pub struct ThreadCost {
     pub pid: u32,
     pub tid: u32,
     pub comm: String,
-    /// Share of the thread's alive time.
+    /// Share of the thread's alive time: what the probes took of its CPU, times `contention`.
     pub estimated: f64,
     /// What the cost came from, largest first.
     pub parts: Vec<ThreadCostPart>,
+    /// On a machine with more runnable threads than CPUs, each ns of CPU a thread needs costs
+    /// it more than a ns: 1 + its preempted waits for a CPU per ns on one. Absent at under 1.05.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contention: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -250,10 +254,14 @@ impl Overhead {
                 )
             })
             .collect();
+        let waited = c
+            .contention
+            .map(|x| format!("; x{x:.1} for the CPU it waited for, preempted"))
+            .unwrap_or_default();
         Some(format!(
-            "over budget: thread {} ({}) paid ~{:.1}% of its time for probes ({}), over the {}% \
-             budget; the budget switches only the CUDA launch probes and, for a thread whose \
-             syscalls alone cost more than the budget, the syscall tracepoints on and off",
+            "over budget: thread {} ({}) paid ~{:.1}% of its time for probes ({}{waited}), over \
+             the {}% budget; the budget switches only the CUDA launch probes and, for a thread \
+             whose syscalls alone cost more than the budget, the syscall tracepoints on and off",
             c.tid,
             c.comm,
             c.estimated * 100.0,
@@ -407,6 +415,7 @@ mod tests {
                         ns: 100,
                     },
                 ],
+                contention: None,
             }),
             ..Default::default()
         }
@@ -424,6 +433,18 @@ mod tests {
              more than the budget, the syscall tracepoints on and off"
         );
         assert_eq!(costly(0.019).over_budget_line(), None);
+        let mut o = costly(0.045);
+        if let Some(c) = o.costliest_thread.as_mut() {
+            c.contention = Some(2.5);
+        }
+        let line = o.over_budget_line().unwrap();
+        assert!(
+            line.contains(
+                "~4.5% of its time for probes (syscall tracepoints 3.4%, scheduler tracepoints \
+                 1.1%; x2.5 for the CPU it waited for, preempted), over the 2% budget"
+            ),
+            "{line}"
+        );
     }
 
     #[test]
