@@ -26,6 +26,12 @@ pub struct Tracked {
     pub exec_sizes: Option<(u64, u64)>,
     /// Called exec while traced: its maps are its own, not its parent's.
     pub execed: bool,
+    /// Its start time (`/proc/PID/stat`, clock ticks since boot) at the first read of its
+    /// /proc, which later reads must find again: after it exits (before its exit is seen) its
+    /// pid can be another process's.
+    pub start: Option<u64>,
+    /// Its /proc was never its own when looked at (gone, or its pid already taken): never read.
+    pub foreign: bool,
 }
 
 /// Processes known by name and parent; beyond this new ones are counted, not stored.
@@ -97,6 +103,9 @@ impl Tracker {
         t.info.pid = pid;
         if !read_proc {
             t.info.ppid = ppid;
+            if t.start.is_none() {
+                t.foreign = true;
+            }
             return;
         }
         if t.info.ppid.is_none() {
@@ -106,7 +115,33 @@ impl Tracker {
         Self::refresh_names(pid, t);
     }
 
+    /// Whether /proc/PID is still the process first read there. A CI run named a fork storm's
+    /// child, gone within a millisecond, after the process that took its pid next (`spin 2`),
+    /// read before the child's exit was seen.
+    fn is_same(pid: u32, t: &mut Tracked) -> bool {
+        if t.foreign {
+            return false;
+        }
+        let Some(st) = procfs::stat(pid) else {
+            // Gone before its first read: whatever has its pid later is not it.
+            if t.start.is_none() {
+                t.foreign = true;
+            }
+            return false;
+        };
+        match t.start {
+            Some(s) => s == st.starttime,
+            None => {
+                t.start = Some(st.starttime);
+                true
+            }
+        }
+    }
+
     fn refresh_names(pid: u32, t: &mut Tracked) {
+        if !Self::is_same(pid, t) {
+            return;
+        }
         if let Some(c) = procfs::comm(pid) {
             t.info.comm = c;
         }
@@ -267,8 +302,13 @@ impl Tracker {
             self.all_refreshes += 1;
             self.all_refreshes.is_multiple_of(FULL_MAPS_EVERY)
         };
+        let mut gone = Vec::new();
         for (pid, t) in self.procs.iter_mut() {
             if t.info.exited || !(all || t.maps_stale) {
+                continue;
+            }
+            if !Self::is_same(*pid, t) {
+                gone.push(*pid);
                 continue;
             }
             let sizes = procfs::exec_sizes(*pid);
@@ -290,6 +330,10 @@ impl Tracker {
                 }
                 _ => {}
             }
+        }
+        // Exited (their pid free, or another process's): their exit event is late or lost.
+        for pid in gone {
+            self.mark_exited(pid);
         }
     }
 
@@ -338,6 +382,36 @@ mod tests {
         assert!(child.info.cmdline.is_empty());
         assert!(!child.maps_stale, "its maps would be another process's");
         assert_eq!(child.info.ppid, Some(BASE));
+    }
+
+    /// The same pid later: /proc shows this test process, and the tracked one started at
+    /// another time (it exited, its exit not yet seen): its names are not read, its maps not
+    /// taken, and it is taken to have exited.
+    #[test]
+    fn a_pid_taken_after_the_first_read_is_not_read_again() {
+        let me = std::process::id();
+        let mut t = Tracker::new(&[BASE]);
+        t.add(me, None);
+        let started = t.procs[&me].start;
+        assert!(started.is_some(), "the first read keeps its start time");
+        let p = t.procs.get_mut(&me).unwrap();
+        p.info.comm = "child".into();
+        p.info.cmdline = vec!["./child".into()];
+        p.start = started.map(|s| s + 1);
+        p.maps_stale = true;
+        t.refresh_maps(true);
+        let p = &t.procs[&me];
+        assert_eq!(p.info.comm, "child");
+        assert_eq!(p.info.cmdline, vec!["./child".to_string()]);
+        assert!(p.maps.is_empty(), "another process's maps");
+        assert!(p.info.exited);
+        // Its own start time: read as before.
+        let mut t = Tracker::new(&[BASE]);
+        t.add(me, None);
+        t.procs.get_mut(&me).unwrap().info.comm.clear();
+        t.refresh_maps(true);
+        assert!(!t.procs[&me].info.comm.is_empty());
+        assert!(!t.procs[&me].info.exited);
     }
 
     fn ev(kind: ProcEventKind, pid: u32, ppid: u32) -> ProcEvent {
