@@ -28,6 +28,10 @@ pub struct Frame {
     /// File name of the object the frame is in (`[kernel]` for kernel frames).
     pub module: Option<String>,
     pub kernel: bool,
+    /// Put in by the Python walk: a line of Python code, whose module is its source file.
+    /// Known from where the frame came, not its file's name: a console script (`torchrun`)
+    /// has no `.py`.
+    pub python: bool,
 }
 
 impl Frame {
@@ -36,6 +40,33 @@ impl Frame {
             name: "[unknown]".into(),
             module,
             kernel,
+            python: false,
+        }
+    }
+
+    /// A function of an object file (or one named by the tracer, `module` `None`).
+    pub fn native(name: impl Into<String>, module: Option<String>) -> Frame {
+        Frame {
+            name: name.into(),
+            module,
+            kernel: false,
+            python: false,
+        }
+    }
+
+    /// A kernel function; `module` is `[kernel]` when it was symbolised from an address.
+    pub fn kernel(name: impl Into<String>, module: Option<String>) -> Frame {
+        Frame {
+            kernel: true,
+            ..Frame::native(name, module)
+        }
+    }
+
+    /// A Python frame: `qualname (file.py:line)` in the source file `file`.
+    pub fn python(name: impl Into<String>, file: impl Into<String>) -> Frame {
+        Frame {
+            python: true,
+            ..Frame::native(name, Some(file.into()))
         }
     }
 }
@@ -104,11 +135,9 @@ impl Symbolizer {
                 .unwrap_or_default();
             for (i, ip) in missing.iter().enumerate() {
                 let frame = match syms.get(i) {
-                    Some(Symbolized::Sym(s)) => Frame {
-                        name: s.name.to_string(),
-                        module: Some("[kernel]".into()),
-                        kernel: true,
-                    },
+                    Some(Symbolized::Sym(s)) => {
+                        Frame::kernel(s.name.to_string(), Some("[kernel]".into()))
+                    }
                     _ => {
                         self.stats.unknown += 1;
                         Frame::unknown(Some("[kernel]".into()), true)
@@ -172,18 +201,13 @@ impl Symbolizer {
             let syms = self.resolve_file(&key, &offsets);
             for ((i, off), sym) in items.into_iter().zip(syms) {
                 let frame = match sym {
-                    Some(name) => Frame {
-                        name,
-                        module: module.clone(),
-                        kernel: false,
-                    },
+                    Some(name) => Frame::native(name, module.clone()),
                     None => {
                         self.stats.unknown += 1;
-                        Frame {
-                            name: format!("[{}+{:#x}]", module.as_deref().unwrap_or("?"), off),
-                            module: module.clone(),
-                            kernel: false,
-                        }
+                        Frame::native(
+                            format!("[{}+{:#x}]", module.as_deref().unwrap_or("?"), off),
+                            module.clone(),
+                        )
                     }
                 };
                 self.user_cache.insert((key.clone(), off), frame.clone());

@@ -34,11 +34,7 @@ pub(super) fn kernel_frames(
     if k.kstack == KSTACK_SEEDED {
         let names = seeded.get(&k.tid).into_iter().flatten();
         return names
-            .map(|name| Frame {
-                name: name.clone(),
-                module: None,
-                kernel: true,
-            })
+            .map(|name| Frame::kernel(name.clone(), None))
             .collect();
     }
     stacks
@@ -139,11 +135,7 @@ fn user_frames(
     let mut frames = ctx.python.merge(k.tgid, k.pystack, frames);
     if let Some(name) = cuda_call(k, cat) {
         if frames.last().map(|l| l.name.as_str()) != Some(name) {
-            frames.push(Frame {
-                name: name.into(),
-                module: None,
-                kernel: false,
-            });
+            frames.push(Frame::native(name, None));
         }
     }
     frames

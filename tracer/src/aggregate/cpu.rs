@@ -108,13 +108,10 @@ pub fn top_python(samples: &[&StackSample], n: usize) -> Vec<FnStat> {
     })
 }
 
-/// A frame the Python walk put in: its module is the source file (`train.py`, or
-/// `<frozen importlib._bootstrap>` for a frozen module), not an object file.
+/// A frame the Python walk put in: its module is the source file (`train.py`, a console
+/// script such as `torchrun`, or `<frozen importlib._bootstrap>`), not an object file.
 pub fn is_python(f: &Frame) -> bool {
-    !f.kernel
-        && f.module
-            .as_deref()
-            .is_some_and(|m| m.ends_with(".py") || (m.starts_with('<') && m.ends_with('>')))
+    f.python && !f.kernel
 }
 
 /// Functions ranked by total samples (anywhere on the stack, counted once per stack).
@@ -170,11 +167,7 @@ pub(crate) mod tests {
     use super::*;
 
     pub fn f(name: &str) -> Frame {
-        Frame {
-            name: name.into(),
-            module: Some("app".into()),
-            kernel: false,
-        }
+        Frame::native(name, Some("app".into()))
     }
 
     pub fn s(pid: u32, tid: u32, frames: &[&str], count: u64) -> StackSample {
@@ -225,16 +218,8 @@ pub(crate) mod tests {
     /// Each sample goes to its innermost Python frame, whatever native code ran under it.
     #[test]
     fn python_lines_own_the_native_code_under_them() {
-        let py = |name: &str, file: &str| Frame {
-            name: name.into(),
-            module: Some(file.into()),
-            kernel: false,
-        };
-        let native = |name: &str| Frame {
-            name: name.into(),
-            module: Some("python3.12".into()),
-            kernel: false,
-        };
+        let py = |name: &str, file: &str| Frame::python(name, file);
+        let native = |name: &str| Frame::native(name, Some("python3.12".into()));
         let sample = |frames: Vec<Frame>, count: u64| StackSample {
             pid: 1,
             tid: 1,
@@ -249,6 +234,8 @@ pub(crate) mod tests {
             "_find_and_load (<frozen importlib._bootstrap>:1360)",
             "<frozen importlib._bootstrap>",
         );
+        // A console script's source has no `.py`.
+        let script = py("<module> (torchrun:8)", "/usr/local/bin/torchrun");
         let samples = [
             sample(
                 vec![
@@ -269,6 +256,7 @@ pub(crate) mod tests {
                 1,
             ),
             sample(vec![native("Py_RunMain"), boot.clone(), native("read")], 1),
+            sample(vec![native("Py_RunMain"), script, native("select")], 5),
             // A thread with no Python frames (a CUDA helper thread): no line.
             sample(vec![native("start_thread"), native("poll")], 10),
         ];
@@ -282,17 +270,20 @@ pub(crate) mod tests {
             got,
             vec![
                 ("prep_batch (train.py:15)", 8),
+                ("<module> (torchrun:8)", 5),
                 ("<module> (train.py:30)", 1),
                 ("_find_and_load (<frozen importlib._bootstrap>:1360)", 1),
             ]
         );
         // A share of all the samples considered, as top_self's.
-        assert!((lines[0].percent - 40.0).abs() < 1e-9);
+        assert!((lines[0].percent - 32.0).abs() < 1e-9);
         assert!(!is_python(&Frame {
             kernel: true,
             ..prep
         }));
         assert!(!is_python(&native("PyObject_Malloc")));
+        // An object file named like a source file is still native code.
+        assert!(!is_python(&Frame::native("f", Some("/opt/odd.py".into()))));
     }
 
     #[test]

@@ -79,19 +79,11 @@ mod tests {
     use super::*;
 
     fn n(name: &str) -> Frame {
-        Frame {
-            name: name.into(),
-            module: Some("python3.11".into()),
-            kernel: false,
-        }
+        Frame::native(name, Some("python3.11".into()))
     }
     fn p(name: &str, entry: bool) -> PyFrameSym {
         PyFrameSym {
-            frame: Frame {
-                name: name.into(),
-                module: Some("x.py".into()),
-                kernel: false,
-            },
+            frame: Frame::python(name, "x.py"),
             entry,
         }
     }

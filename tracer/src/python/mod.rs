@@ -555,11 +555,7 @@ pub fn py_frame(info: &CodeInfo, addr: Option<u32>) -> Frame {
         Some(l) => format!("{} ({file}:{l})", info.qualname),
         None => format!("{} ({file})", info.qualname),
     };
-    Frame {
-        name,
-        module: Some(info.filename.clone()),
-        kernel: false,
-    }
+    Frame::python(name, info.filename.clone())
 }
 
 /// The shared state, and `PY_ENABLED` for the loader.
@@ -664,6 +660,14 @@ mod tests {
         assert_eq!(name(182), "Worker.run (worker.py:1)");
         // Beyond the table: no line rather than a wrong one.
         assert_eq!(name(184 + 10_000), "Worker.run (worker.py)");
+        // A console script's source has no suffix; its frames are Python all the same.
+        let script = CodeInfo {
+            filename: "/usr/local/bin/torchrun".into(),
+            ..info
+        };
+        let f = py_frame(&script, PY311.instr_addr(184 + 30));
+        assert_eq!(f.name, "Worker.run (torchrun:4)");
+        assert!(crate::aggregate::cpu::is_python(&f));
     }
 
     /// 3.10 frames as the kernel records them (2 * f_lasti), with the 3.10 fixture, whose bytes

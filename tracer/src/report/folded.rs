@@ -46,11 +46,8 @@ mod tests {
     #[test]
     fn folds() {
         let mut k = s(7, 8, &["main", "read"], 2);
-        k.frames.push(Frame {
-            name: "vfs_read".into(),
-            module: Some("[kernel]".into()),
-            kernel: true,
-        });
+        k.frames
+            .push(Frame::kernel("vfs_read", Some("[kernel]".into())));
         let p = CpuProfile::from_samples(vec![s(7, 7, &["main", "spin;x"], 5), k]);
         assert_eq!(
             lines(&p),

@@ -558,11 +558,7 @@ mod tests {
     };
 
     fn frame(n: &str) -> Frame {
-        Frame {
-            name: n.into(),
-            module: None,
-            kernel: false,
-        }
+        Frame::native(n, None)
     }
 
     #[test]
