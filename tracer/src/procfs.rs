@@ -57,8 +57,48 @@ pub fn parse_stat(stat: &str) -> Option<Stat> {
     })
 }
 
+/// The earliest CLOCK_MONOTONIC ns (the clock `bpf_ktime_get_ns` reads) at which a task whose
+/// `starttime` is this may have started: the kernel rounds its boot-time start down to a clock
+/// tick (10 ms), so it started within a tick after. `None` where the tick is unknown.
+pub fn start_floor_ktime(starttime: u64) -> Option<u64> {
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz <= 0 {
+        return None;
+    }
+    let now = |clock| {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        unsafe { libc::clock_gettime(clock, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    // The boot-time clock goes on through a suspend, the monotonic one does not.
+    let suspended = now(libc::CLOCK_BOOTTIME).saturating_sub(now(libc::CLOCK_MONOTONIC));
+    let boot_ns = starttime.checked_mul(1_000_000_000 / hz as u64)?;
+    Some(boot_ns.saturating_sub(suspended))
+}
+
 pub fn stat(pid: u32) -> Option<Stat> {
-    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+    stat_if_any(pid).ok().flatten()
+}
+
+/// `Ok(None)`: there is no such process now; `Err`: /proc did not say (a read that failed
+/// otherwise, a line that does not parse).
+pub fn stat_if_any(pid: u32) -> std::io::Result<Option<Stat>> {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => parse_stat(&s).map(Some).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidData, "unparsable stat line")
+        }),
+        // ESRCH: it exited between the open and the read.
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(libc::ESRCH) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The sizes of a process's executable mappings (`VmExe`, `VmLib` of /proc/PID/status, kB):
@@ -291,6 +331,28 @@ mod tests {
         assert_eq!(parse_schedstat(""), None);
         let me = std::process::id();
         assert!(schedstat(me, me).is_some_and(|(run, _)| run > 0));
+    }
+
+    /// A child started between two readings of the clock `bpf_ktime_get_ns` reads: its start
+    /// time's floor lies within a tick before the first.
+    #[test]
+    fn a_start_time_is_on_the_probes_clock() {
+        let tick = 1_000_000_000 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        let before = crate::probes::ktime_now();
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let after = crate::probes::ktime_now();
+        let st = stat(child.id());
+        child.kill().ok();
+        child.wait().ok();
+        let floor = start_floor_ktime(st.expect("the child's stat").starttime).unwrap();
+        assert!(
+            floor + tick + 1_000_000 >= before && floor <= after,
+            "start floor {floor}, spawned in {before}..{after}, tick {tick}"
+        );
+        assert_eq!(stat_if_any(u32::MAX).ok(), Some(None), "no such process");
     }
 
     #[test]

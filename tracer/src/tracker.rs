@@ -115,31 +115,62 @@ impl Tracker {
         Self::refresh_names(pid, t);
     }
 
+    /// Whether /proc/PID is no longer the child a fork event names. The event is read up to
+    /// 100 ms late: a short-lived child may be gone and its pid taken by another process.
+    /// Its name and maps then come from its parent only. The other process started after the
+    /// fork, or (within the same clock tick) has another parent while the child's is still
+    /// there: a child whose parent exited has been given to init or a subreaper, and is
+    /// still the child.
+    fn pid_reused_since(&self, fork: &ProcEvent) -> bool {
+        let Some(st) = procfs::stat(fork.pid) else {
+            return false;
+        };
+        // A tick's rounding is taken care of by the floor; this is for the clocks' reading.
+        const SLACK_NS: u64 = 1_000_000;
+        if procfs::start_floor_ktime(st.starttime).is_some_and(|s| s > fork.ts_ns + SLACK_NS) {
+            return true;
+        }
+        if st.ppid == fork.ppid {
+            return false;
+        }
+        let parent_start = self.procs.get(&fork.ppid).and_then(|p| p.start);
+        // A zombie parent has given its children away already.
+        procfs::stat(fork.ppid).is_some_and(|p| {
+            !matches!(p.state, 'Z' | 'X') && parent_start.is_none_or(|s| s == p.starttime)
+        })
+    }
+
     /// Whether /proc/PID is still the process first read there. A CI run named a fork storm's
     /// child, gone within a millisecond, after the process that took its pid next (`spin 2`),
     /// read before the child's exit was seen.
-    fn is_same(pid: u32, t: &mut Tracked) -> bool {
+    /// `None`: /proc could not tell (a read that failed for another reason than the process
+    /// being gone, such as too many open files).
+    fn is_same(pid: u32, t: &mut Tracked) -> Option<bool> {
         if t.foreign {
-            return false;
+            return Some(false);
         }
-        let Some(st) = procfs::stat(pid) else {
-            // Gone before its first read: whatever has its pid later is not it.
-            if t.start.is_none() {
-                t.foreign = true;
+        let st = match procfs::stat_if_any(pid) {
+            Ok(Some(st)) => st,
+            Ok(None) => {
+                // Gone before its first read: whatever has its pid later is not it.
+                if t.start.is_none() {
+                    t.foreign = true;
+                }
+                return Some(false);
             }
-            return false;
+            Err(_) => return None,
         };
-        match t.start {
+        Some(match t.start {
             Some(s) => s == st.starttime,
             None => {
                 t.start = Some(st.starttime);
                 true
             }
-        }
+        })
     }
 
     fn refresh_names(pid: u32, t: &mut Tracked) {
-        if !Self::is_same(pid, t) {
+        if Self::is_same(pid, t) != Some(true) {
             return;
         }
         if let Some(c) = procfs::comm(pid) {
@@ -169,10 +200,7 @@ impl Tracker {
         }
         match ProcEventKind::from_u32(ev.kind) {
             Some(ProcEventKind::Fork) => {
-                // Read up to 100 ms later: a short-lived child may be gone and its pid taken by
-                // another process, whose /proc says another parent. Its name and maps then come
-                // from the parent only.
-                let reused = procfs::stat(ev.pid).is_some_and(|st| st.ppid != ev.ppid);
+                let reused = self.pid_reused_since(ev);
                 self.add_with(ev.pid, Some(ev.ppid), !reused);
                 // Until it execs the child runs its parent's code: start from the parent's maps
                 // and name (a short-lived child is gone before /proc can be read).
@@ -307,9 +335,13 @@ impl Tracker {
             if t.info.exited || !(all || t.maps_stale) {
                 continue;
             }
-            if !Self::is_same(*pid, t) {
-                gone.push(*pid);
-                continue;
+            match Self::is_same(*pid, t) {
+                Some(true) => {}
+                Some(false) => {
+                    gone.push(*pid);
+                    continue;
+                }
+                None => continue,
             }
             let sizes = procfs::exec_sizes(*pid);
             if !full && !t.maps_stale && sizes.is_some() && sizes == t.exec_sizes {
@@ -365,8 +397,8 @@ mod tests {
     // Above the kernel's pid_max (4194304), so /proc never has them.
     const BASE: u32 = 5_000_000;
 
-    /// A fork event for a pid that /proc shows with another parent (this test process, whose
-    /// parent is not BASE): the pid was reused, and its /proc names are not the child's.
+    /// A fork event older than the process /proc shows under its pid (this test process, at a
+    /// fork at boot): the pid was reused, and its /proc names are not the child's.
     #[test]
     fn a_reused_pid_is_not_named_from_proc() {
         let me = std::process::id();
@@ -412,6 +444,42 @@ mod tests {
         t.refresh_maps(true);
         assert!(!t.procs[&me].info.comm.is_empty());
         assert!(!t.procs[&me].info.exited);
+    }
+
+    /// A fork seen now whose child /proc shows with another parent: given to init or a
+    /// subreaper when its parent (BASE, which /proc never has) exited, it is still the child.
+    /// Another parent that is alive means another process took the pid within the tick.
+    #[test]
+    fn a_child_whose_parent_exited_is_still_the_child() {
+        let me = std::process::id();
+        let mut t = Tracker::new(&[BASE]);
+        t.add(BASE, None);
+        t.procs.get_mut(&BASE).unwrap().info.comm = "storm".into();
+        let fork = ProcEvent {
+            ts_ns: crate::probes::ktime_now(),
+            ..ev(ProcEventKind::Fork, me, BASE)
+        };
+        t.on_event(&fork);
+        let child = &t.procs[&me];
+        assert_eq!(
+            child.info.comm,
+            procfs::comm(me).unwrap(),
+            "read from /proc"
+        );
+        assert!(child.maps_stale, "its own maps are read");
+        t.refresh_maps(true);
+        assert!(!t.procs[&me].info.exited);
+        assert!(!t.procs[&me].maps.is_empty());
+
+        // Forked by init (alive) by the event, by someone else by /proc: not the child.
+        assert_ne!(procfs::stat(me).unwrap().ppid, 1);
+        let mut t = Tracker::new(&[1]);
+        t.on_event(&ProcEvent {
+            ts_ns: crate::probes::ktime_now(),
+            ..ev(ProcEventKind::Fork, me, 1)
+        });
+        assert!(t.procs[&me].foreign);
+        assert_eq!(t.procs[&me].info.comm, "");
     }
 
     fn ev(kind: ProcEventKind, pid: u32, ppid: u32) -> ProcEvent {
