@@ -282,6 +282,66 @@ fn python_frames_via_pid() {
     check_python(&dir, &run, "3.11.7");
 }
 
+/// A process whose main thread left (`pthread_exit`) while another runs: its leader is a
+/// zombie, and /proc shows its memory only under the live thread's id. It is traced by `-p`,
+/// not refused as gone nor marked exited, and its Python lines and native symbols are read.
+#[test]
+fn a_process_whose_main_thread_left_is_traced() {
+    let _g = serial();
+    let test = "a_process_whose_main_thread_left_is_traced";
+    if !require_root(test) || !interpreter(PYENV_311, test) {
+        return;
+    }
+    let script = repo_root().join("tests/workloads/py_leader_left.py");
+    let mut child = Command::new(PYENV_311)
+        .args([script.to_str().unwrap(), "8"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready.trim(), "ready");
+    let pid = child.id();
+    let left = (0..200).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+    });
+    let dir = out_dir("py-leader-left");
+    let run = gputrace(&[
+        "-p",
+        &pid.to_string(),
+        "-d",
+        "3s",
+        "-o",
+        dir.to_str().unwrap(),
+    ]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(left, "the main thread did not leave");
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let report = run.report(&dir);
+    let p = &report["processes"][0];
+    assert_eq!(p["exited"], false, "{p:#}");
+    let lines = p["top_python"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no top_python: {p:#}"));
+    assert!(
+        lines[0]["function"]
+            .as_str()
+            .unwrap()
+            .starts_with("spin (py_leader_left.py:"),
+        "{lines:#?}"
+    );
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).expect("cpu.folded");
+    assert!(
+        folded.contains("_PyEval_EvalFrameDefault"),
+        "libpython not symbolised:\n{folded}"
+    );
+}
+
 #[test]
 fn python_312_frames_via_command() {
     traced_by_command(

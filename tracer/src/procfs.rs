@@ -4,9 +4,35 @@ use std::{fs, path::PathBuf};
 
 /// True while `pid` exists and is not a zombie.
 pub fn is_alive(pid: u32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => parse_stat(&stat).is_some_and(|s| s.state != 'Z' && s.state != 'X'),
-        Err(_) => false,
+    match stat(pid) {
+        Some(s) if !s.is_dead() => true,
+        Some(_) => live_thread(pid).is_some(),
+        None => false,
+    }
+}
+
+/// Another thread of `pid` that still runs. A leader that left with `pthread_exit` is a zombie
+/// while its other threads run on, and its /proc entry has no memory (maps, map_files, reads):
+/// /proc/TID has, for any thread.
+fn live_thread(pid: u32) -> Option<u32> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&tid| tid != pid)
+        .find(|tid| {
+            fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+                .ok()
+                .and_then(|s| parse_stat(&s))
+                .is_some_and(|s| !s.is_dead())
+        })
+}
+
+/// The id under which /proc shows `pid`'s memory: its own, or a live thread's when its leader
+/// has left (see [`live_thread`]).
+pub fn mm_pid(pid: u32) -> u32 {
+    match stat(pid) {
+        Some(s) if s.is_dead() => live_thread(pid).unwrap_or(pid),
+        _ => pid,
     }
 }
 
@@ -18,6 +44,12 @@ pub struct Stat {
     /// When it started, in clock ticks after boot (0 when the line is cut short): with the
     /// pid, tells one thread or process from a later one under the same id.
     pub starttime: u64,
+}
+
+impl Stat {
+    fn is_dead(&self) -> bool {
+        matches!(self.state, 'Z' | 'X')
+    }
 }
 
 /// A task's kernel stack as function names, innermost first (`/proc/PID/task/TID/stack`: root
@@ -267,9 +299,16 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
 }
 
 pub fn read_maps(pid: u32) -> Option<Vec<Mapping>> {
-    fs::read_to_string(format!("/proc/{pid}/maps"))
-        .ok()
-        .map(|t| parse_maps(&t))
+    let read = |id: u32| fs::read_to_string(format!("/proc/{id}/maps")).ok();
+    let text = read(pid)?;
+    if !text.is_empty() {
+        return Some(parse_maps(&text));
+    }
+    // Empty for a leader that left while its threads run.
+    match mm_pid(pid) {
+        id if id != pid => read(id).map(|t| parse_maps(&t)),
+        _ => Some(Vec::new()),
+    }
 }
 
 /// Unloaded libraries' mappings kept per process (`with_unloaded`): a bound for a process that
@@ -302,7 +341,16 @@ pub fn with_unloaded(old: &[Mapping], mut fresh: Vec<Mapping>) -> Vec<Mapping> {
 
 /// A path through which a mapped file can be opened even from another mount namespace.
 pub fn map_file_path(pid: u32, m: &Mapping) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+    let at = |id: u32| PathBuf::from(format!("/proc/{id}/map_files/{:x}-{:x}", m.start, m.end));
+    let p = at(pid);
+    if p.symlink_metadata().is_ok() {
+        return p;
+    }
+    // A leader that left while its threads run shows no mappings.
+    match mm_pid(pid) {
+        id if id != pid => at(id),
+        _ => p,
+    }
 }
 
 /// The file and file offset of `addr` in gputrace's own code, to put a uprobe there.
@@ -353,6 +401,49 @@ mod tests {
             "start floor {floor}, spawned in {before}..{after}, tick {tick}"
         );
         assert_eq!(stat_if_any(u32::MAX).ok(), Some(None), "no such process");
+    }
+
+    /// A process whose main thread called `pthread_exit` runs on in its other threads.
+    #[test]
+    fn a_process_whose_leader_left_is_alive() {
+        let py = "import threading, time, ctypes\n\
+                  threading.Thread(target=time.sleep, args=(5,)).start()\n\
+                  ctypes.CDLL(None).pthread_exit(None)\n";
+        let Ok(mut child) = std::process::Command::new("python3")
+            .args(["-c", py])
+            .spawn()
+        else {
+            eprintln!("!!! no python3: a_process_whose_leader_left_is_alive not run");
+            assert!(std::env::var_os("CI").is_none(), "python3 is needed");
+            return;
+        };
+        let pid = child.id();
+        let zombie = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            stat(pid).is_some_and(|s| s.state == 'Z')
+        });
+        let alive = is_alive(pid);
+        let mm = mm_pid(pid);
+        let maps = read_maps(pid);
+        let exe_link = maps.as_ref().and_then(|ms| {
+            let m = ms.iter().find(|m| m.is_file() && m.is_exec())?;
+            fs::read_link(map_file_path(pid, m)).ok()
+        });
+        child.kill().ok();
+        child.wait().ok();
+        assert!(zombie, "the leader never left");
+        assert!(alive, "its other thread still runs");
+        assert_ne!(mm, pid, "its memory is seen through a live thread");
+        let maps = maps.expect("maps");
+        let exe = maps
+            .iter()
+            .find(|m| m.is_file() && m.is_exec())
+            .expect("code mapped");
+        assert!(
+            exe_link.is_some_and(|l| l == std::path::Path::new(&exe.path)),
+            "{exe:?}"
+        );
+        assert!(!is_alive(pid), "reaped");
     }
 
     #[test]

@@ -36,8 +36,20 @@ impl Memory for ProcessMemory {
             iov_base: addr as *mut libc::c_void,
             iov_len: buf.len(),
         };
-        // SAFETY: `local` covers exactly `buf`, which we own mutably; the remote side is only read.
-        let n = unsafe { libc::process_vm_readv(self.0 as libc::pid_t, &local, 1, &remote, 1, 0) };
+        let read = |pid: u32| {
+            // SAFETY: `local` covers exactly `buf`, which we own mutably; the remote side is only
+            // read.
+            unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) }
+        };
+        let mut n = read(self.0);
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            // A leader that left while its threads run has no memory of its own.
+            match crate::procfs::mm_pid(self.0) {
+                id if err.raw_os_error() == Some(libc::ESRCH) && id != self.0 => n = read(id),
+                _ => return Err(err),
+            }
+        }
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
