@@ -475,11 +475,14 @@ fn a_syscall_storm_takes_the_syscall_tracepoints_off() {
     );
     // What it paid for them: about a block (the budget's worth of a second, ~20 ms) at the
     // storm and one in the window, where with the tracepoints on throughout its 16,000,000
-    // syscalls would cost it ~8 s.
+    // syscalls would cost it ~8 s (~60% of its time). As a share of its time: the price of
+    // a hit is read from the kernel's statistics now and then, and moved from 207 to 364 ns
+    // between runs on this host (40-75 ms for the same ~145,000 hits).
     let c = &r["overhead"]["costliest_thread"];
     assert_eq!(c["tid"].as_u64(), Some(pid), "{c:#}");
     let paid = common::field_of(&c["parts"], "what", "syscall tracepoints", "ns");
-    assert!(paid > 1_000_000 && paid < 60_000_000, "{c:#}");
+    assert!(paid > 1_000_000, "{c:#}");
+    assert!(c["estimated"].as_f64().unwrap() < 0.05, "{c:#}");
     // And the programs themselves ran for those blocks of its syscalls (they count
     // every syscall of the machine while attached, before they look for a traced thread).
     let exits = common::field_of(&r["overhead"]["programs"], "program", "sys_exit", "hits");

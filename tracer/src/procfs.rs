@@ -105,8 +105,10 @@ pub fn start_floor_ktime(starttime: u64) -> Option<u64> {
         unsafe { libc::clock_gettime(clock, &mut ts) };
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
     };
-    // The boot-time clock goes on through a suspend, the monotonic one does not.
-    let suspended = now(libc::CLOCK_BOOTTIME).saturating_sub(now(libc::CLOCK_MONOTONIC));
+    // The boot-time clock goes on through a suspend, the monotonic one does not. Read second,
+    // a delay between the two can only lower the floor (a reuse missed, never a child lost).
+    let mono = now(libc::CLOCK_MONOTONIC);
+    let suspended = now(libc::CLOCK_BOOTTIME).saturating_sub(mono);
     let boot_ns = starttime.checked_mul(1_000_000_000 / hz as u64)?;
     Some(boot_ns.saturating_sub(suspended))
 }
@@ -139,7 +141,12 @@ pub fn stat_if_any(pid: u32) -> std::io::Result<Option<Stat>> {
 /// at /proc/PID/maps (a line per mapping: 20,000 for a process of 10,000 threads, each with
 /// its stack and guard page) can wait.
 pub fn exec_sizes(pid: u32) -> Option<(u64, u64)> {
-    parse_exec_sizes(&fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+    let read = |id: u32| parse_exec_sizes(&fs::read_to_string(format!("/proc/{id}/status")).ok()?);
+    // A leader that left while its threads run has no sizes of its own.
+    read(pid).or_else(|| match mm_pid(pid) {
+        id if id != pid => read(id),
+        _ => None,
+    })
 }
 
 fn parse_exec_sizes(status: &str) -> Option<(u64, u64)> {
@@ -340,17 +347,9 @@ pub fn with_unloaded(old: &[Mapping], mut fresh: Vec<Mapping>) -> Vec<Mapping> {
 }
 
 /// A path through which a mapped file can be opened even from another mount namespace.
+/// `pid` as [`mm_pid`] gives it: a leader that left while its threads run shows no mappings.
 pub fn map_file_path(pid: u32, m: &Mapping) -> PathBuf {
-    let at = |id: u32| PathBuf::from(format!("/proc/{id}/map_files/{:x}-{:x}", m.start, m.end));
-    let p = at(pid);
-    if p.symlink_metadata().is_ok() {
-        return p;
-    }
-    // A leader that left while its threads run shows no mappings.
-    match mm_pid(pid) {
-        id if id != pid => at(id),
-        _ => p,
-    }
+    PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
 }
 
 /// The file and file offset of `addr` in gputrace's own code, to put a uprobe there.
@@ -427,7 +426,7 @@ mod tests {
         let maps = read_maps(pid);
         let exe_link = maps.as_ref().and_then(|ms| {
             let m = ms.iter().find(|m| m.is_file() && m.is_exec())?;
-            fs::read_link(map_file_path(pid, m)).ok()
+            fs::read_link(map_file_path(mm, m)).ok()
         });
         child.kill().ok();
         child.wait().ok();

@@ -173,7 +173,7 @@ impl Symbolizer {
                     } else {
                         if !self.open_paths.contains_key(&key) {
                             let p = if alive {
-                                procfs::map_file_path(pid, m)
+                                procfs::map_file_path(procfs::mm_pid(pid), m)
                             } else {
                                 PathBuf::from(&m.path)
                             };

@@ -53,6 +53,7 @@ pub fn scan(
     mut embedded: impl FnMut(u64, &str, &Path) -> bool,
 ) -> Vec<Found> {
     let mut out: Vec<Found> = Vec::new();
+    let pid = procfs::mm_pid(pid);
     for m in maps.iter().filter(|m| m.is_file()) {
         let (layer, is_embedded) = match classify(&m.path) {
             Some(l) => (l, false),

@@ -130,7 +130,7 @@ fn lookup(
     m: &Mapping,
     names: &[&str],
 ) -> Option<Vec<Option<u64>>> {
-    let open: PathBuf = procfs::map_file_path(pid, m);
+    let open: PathBuf = procfs::map_file_path(procfs::mm_pid(pid), m);
     let mut elf = Elf::new(open);
     // The symbols needed are in the ELF symbol tables; parsing DWARF (pyenv builds carry it)
     // would take seconds.

@@ -45,8 +45,11 @@ impl Memory for ProcessMemory {
         if n < 0 {
             let err = io::Error::last_os_error();
             // A leader that left while its threads run has no memory of its own.
+            if err.raw_os_error() != Some(libc::ESRCH) {
+                return Err(err);
+            }
             match crate::procfs::mm_pid(self.0) {
-                id if err.raw_os_error() == Some(libc::ESRCH) && id != self.0 => n = read(id),
+                id if id != self.0 => n = read(id),
                 _ => return Err(err),
             }
         }
