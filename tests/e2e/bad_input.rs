@@ -163,7 +163,8 @@ fn pid_exits_during_the_trace() {
         return;
     }
     let spin = build_c("spin", &[]);
-    let target = Bg::spawn(Command::new(&spin).arg("3"));
+    // Long enough to outlast the attach (2.2-2.3 s here in a debug build, as CI's).
+    let target = Bg::spawn(Command::new(&spin).arg("6"));
     let pid = target.pid();
     let dir = out_dir("pid-exits");
     let started = Instant::now();

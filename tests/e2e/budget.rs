@@ -446,8 +446,9 @@ fn a_syscall_storm_takes_the_syscall_tracepoints_off() {
         "if=/dev/zero",
         "of=/dev/null",
         "bs=1",
-        // ~3 s: through the first window (2 s after the storm is seen), which sees it again.
-        "count=8000000",
+        // ~4.4 s here (~3 s on a host half as fast again): through the first window (2 s
+        // after the storm is seen), which sees it again, and not to the second (4 s later).
+        "count=12000000",
     ]);
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
     let r = run.report(&out);
@@ -461,7 +462,7 @@ fn a_syscall_storm_takes_the_syscall_tracepoints_off() {
     // Off within the first blocks of syscalls, and off for most of the run.
     assert!(off["first_off_s"].as_f64().unwrap() < 1.0, "{off:#}");
     assert!(off["on_share"].as_f64().unwrap() < 0.5, "{off:#}");
-    // What the tracepoints saw while on: some of the 8,000,000 reads, not all.
+    // What the tracepoints saw while on: some of the 12,000,000 reads, not all.
     let p = &r["processes"][0];
     let reads = common::field_of(&p["syscalls"], "name", "read", "count");
     assert!(reads > 0 && reads < 200_000, "{reads} reads");
@@ -474,8 +475,8 @@ fn a_syscall_storm_takes_the_syscall_tracepoints_off() {
         p["files"]
     );
     // What it paid for them: about a block (the budget's worth of a second, ~20 ms) at the
-    // storm and one in the window, where with the tracepoints on throughout its 16,000,000
-    // syscalls would cost it ~8 s (~60% of its time). As a share of its time: the price of
+    // storm and one in the window, where with the tracepoints on throughout its 24,000,000
+    // syscalls would cost it ~12 s (~60% of its time). As a share of its time: the price of
     // a hit is read from the kernel's statistics now and then, and moved from 207 to 364 ns
     // between runs on this host (40-75 ms for the same ~145,000 hits).
     let c = &r["overhead"]["costliest_thread"];
@@ -486,7 +487,9 @@ fn a_syscall_storm_takes_the_syscall_tracepoints_off() {
     // And the programs themselves ran for those blocks of its syscalls (they count
     // every syscall of the machine while attached, before they look for a traced thread).
     let exits = common::field_of(&r["overhead"]["programs"], "program", "sys_exit", "hits");
-    assert!(exits > 10_000 && exits < 200_000, "{exits} sys_exit runs");
+    // ~145,000 in a run (the machine's other syscalls while attached included), against the
+    // storm's 24,000,000.
+    assert!(exits > 10_000 && exits < 300_000, "{exits} sys_exit runs");
     let shown = run.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
         shown.contains("PARTIAL: over the 2% budget, the syscall tracepoints took thread")

@@ -108,10 +108,11 @@ fn hot_functions_via_pid() {
         return;
     }
     let bin = build_c("hot_threads", &[]);
-    // The workload waits 1.5 s before burning: gputrace attaches in well under that, and with
-    // no --duration it traces until the target exits, so both budgets fall in the window.
+    // The workload waits 3.5 s before burning: gputrace attaches before that (in 2.2-2.3 s
+    // here, a debug build, as CI's), and with no --duration it traces until the target exits,
+    // so both budgets fall in the window.
     let mut child = Command::new(&bin)
-        .args(["3", "1500"])
+        .args(["3", "3500"])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
