@@ -76,6 +76,13 @@ fn check_as_root_passes() {
         run.stdout
     );
     assert!(run.stdout.contains("gputrace can trace on this machine"));
+    // How far the verifier walked the largest program, read from the kernel.
+    assert!(
+        line_of(&run.stdout, "ebpf object")
+            .is_some_and(|l| l.contains("of the verifier's limit (")),
+        "{}",
+        run.stdout
+    );
 }
 
 /// A copy of the binary that an unprivileged user can execute wherever the tree lives.

@@ -408,8 +408,11 @@ fn ebpf_object(can_load: bool) -> Check {
     // raw tracepoints when tracing, so a refusal is a warning, not a failure.
     let btf = aya::Btf::from_sys_fs().ok();
     let mut refused: Vec<String> = Vec::new();
+    // How far the verifier walked each program, and how long its load took.
+    let mut walked: Vec<(String, u64, std::time::Duration)> = Vec::new();
     for (name, prog) in ebpf.programs_mut() {
         use aya::programs::Program;
+        let started = std::time::Instant::now();
         let res = match prog {
             Program::TracePoint(p) => p.load(),
             Program::PerfEvent(p) => p.load(),
@@ -437,15 +440,45 @@ fn ebpf_object(can_load: bool) -> Check {
             .fix("report it with `uname -r` and this line");
         }
         verified += 1;
+        let took = started.elapsed();
+        if let Some(n) = crate::collect::verified_insns(prog) {
+            walked.push((name.to_string(), n, took));
+        }
     }
+    let names: Vec<&str> = ebpf.programs().map(|(n, _)| n).collect();
     let extra = if skipped > 0 {
         format!(" ({skipped} load when attached)")
     } else {
         String::new()
     };
-    let summary = format!("{maps} maps created, {verified} programs passed the verifier{extra}");
+    let mut summary =
+        format!("{maps} maps created, {verified} programs passed the verifier{extra}");
+    let limit = crate::collect::VERIFIER_LIMIT;
+    let share = |n: u64| 100.0 * n as f64 / limit as f64;
+    if let Some((name, n, took)) = walked.iter().max_by_key(|w| w.1) {
+        let _ = write!(
+            summary,
+            "; the largest, {name}, took {:.0}% of the verifier's limit ({n} instructions, \
+             {:.0} ms)",
+            share(*n),
+            took.as_secs_f64() * 1e3
+        );
+    }
+    // Near the limit with nothing to fall back on: a kernel whose verifier walks it further
+    // cannot trace at all.
+    let at_risk = walked
+        .iter()
+        .filter(|w| near_limit(w.1) && !has_fallback(&w.0, &names))
+        .max_by_key(|w| w.1);
     match refused.first() {
-        None => Check::new(Status::Ok, "ebpf object", summary),
+        None => match at_risk {
+            Some((name, n, _)) => Check::new(Status::Warn, "ebpf object", summary).fix(format!(
+                "{name} takes {:.0}% of the verifier's limit and has no other version: report \
+                 it with `uname -r`",
+                share(*n)
+            )),
+            None => Check::new(Status::Ok, "ebpf object", summary),
+        },
         Some(first) => Check::new(
             Status::Warn,
             "ebpf object",
@@ -456,6 +489,18 @@ fn ebpf_object(can_load: bool) -> Check {
             ),
         ),
     }
+}
+
+/// A program the verifier accepted within a fifth of its limit: a kernel whose verifier prunes
+/// fewer of its paths may not.
+fn near_limit(verified_insns: u64) -> bool {
+    verified_insns * 5 >= crate::collect::VERIFIER_LIMIT * 4
+}
+
+/// Whether a trace has another version of the program where the kernel refuses it: a BTF
+/// tracepoint program its raw one, a raw one its classic one (`<name>_tp`).
+fn has_fallback(prog: &str, programs: &[&str]) -> bool {
+    prog.ends_with("_btf") || programs.contains(&format!("{prog}_tp").as_str())
 }
 
 /// Whether the CUDA probes get uprobe_multi links (what the launch gate's windows cost).
@@ -606,6 +651,23 @@ fn cuda_processes(privileged: bool) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_program_near_the_verifiers_limit_is_warned_of() {
+        assert!(!near_limit(593_997));
+        assert!(!near_limit(799_999));
+        assert!(near_limit(800_000));
+        let progs = [
+            "sched_switch",
+            "sched_switch_tp",
+            "sched_switch_btf",
+            "sys_exit",
+        ];
+        assert!(has_fallback("sched_switch_btf", &progs));
+        assert!(has_fallback("sched_switch", &progs));
+        assert!(!has_fallback("sched_switch_tp", &progs));
+        assert!(!has_fallback("sys_exit", &progs));
+    }
 
     #[test]
     fn kernel_versions() {

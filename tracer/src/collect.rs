@@ -102,9 +102,26 @@ pub fn kernel_skips(ebpf: &Ebpf) -> Vec<(String, u64)> {
 }
 
 fn recursion_misses(fdinfo: &str) -> Option<u64> {
+    fdinfo_u64(fdinfo, "recursion_misses:")
+}
+
+/// Instructions the verifier walked to accept a loaded program (`verified_insns`, Linux 5.16):
+/// a program's distance from the verifier's limit ([`VERIFIER_LIMIT`]), which another kernel's
+/// verifier may walk differently.
+pub fn verified_insns(prog: &aya::programs::Program) -> Option<u64> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let raw = prog.fd().ok()?.as_fd().as_raw_fd();
+    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}")).ok()?;
+    fdinfo_u64(&text, "verified_insns:")
+}
+
+/// `BPF_COMPLEXITY_LIMIT_INSNS`: a program whose verification walks more is refused.
+pub const VERIFIER_LIMIT: u64 = 1_000_000;
+
+fn fdinfo_u64(fdinfo: &str, key: &str) -> Option<u64> {
     fdinfo
         .lines()
-        .find_map(|l| l.strip_prefix("recursion_misses:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().parse().ok())
 }
 
@@ -118,5 +135,6 @@ mod tests {
                     recursion_misses:\t7\nverified_insns:\t120\n";
         assert_eq!(recursion_misses(text), Some(7));
         assert_eq!(recursion_misses("prog_type:\t5\n"), None);
+        assert_eq!(fdinfo_u64(text, "verified_insns:"), Some(120));
     }
 }

@@ -582,24 +582,62 @@ impl Accounting {
         Ok(())
     }
 
-    /// `set` on BTF tracepoints, else `raw` on raw ones (said under --verbose).
-    fn attach_btf_or_raw(
+    /// A set of programs on raw tracepoints, all or none.
+    fn attach_raw_set(&mut self, ebpf: &mut Ebpf, set: &[(&'static str, &str)]) -> Result<()> {
+        let mut done = Vec::new();
+        for &(prog, tp) in set {
+            if let Err(e) = bpf::attach_raw_tracepoint(ebpf, prog, tp) {
+                for p in done {
+                    if let Some(Program::RawTracePoint(p)) = ebpf.program_mut(p) {
+                        let _ = p.unload();
+                    }
+                }
+                return Err(e);
+            }
+            done.push(prog);
+        }
+        self.attached.extend(done);
+        Ok(())
+    }
+
+    /// `set` on BTF tracepoints, else `raw` on raw ones, else `classic` on classic ones (each
+    /// said under --verbose). A raw program the verifier refuses (the raw `sched_switch`
+    /// walks 87% of its limit on this kernel, where another kernel's verifier may walk more)
+    /// leaves the classic one, which reads the same fields from the tracepoint's record.
+    #[allow(clippy::too_many_arguments)]
+    fn attach_btf_raw_or_classic(
         &mut self,
         ebpf: &mut Ebpf,
         btf: &Result<aya::Btf>,
         set: &[(&'static str, &str)],
         raw: &[(&'static str, &str)],
+        classic: &[(&'static str, &str, &str)],
         what: &str,
         verbose: bool,
     ) -> Result<()> {
-        if let Err(e) = self.attach_btf_set(ebpf, btf, set) {
-            if verbose {
-                crate::note!("gputrace: {what} programs on raw tracepoints: {e:#}");
-            }
-            for &(prog, name) in raw {
-                bpf::attach_raw_tracepoint(ebpf, prog, name)?;
-                self.attached.push(prog);
-            }
+        let Err(e) = self.attach_btf_set(ebpf, btf, set) else {
+            return Ok(());
+        };
+        if verbose {
+            crate::note!("gputrace: {what} programs on raw tracepoints: {e:#}");
+        }
+        let Err(e) = self.attach_raw_set(ebpf, raw) else {
+            return Ok(());
+        };
+        if verbose {
+            crate::note!("gputrace: {what} programs on classic tracepoints: {e:#}");
+        }
+        self.attach_classic_set(ebpf, classic)
+    }
+
+    fn attach_classic_set(
+        &mut self,
+        ebpf: &mut Ebpf,
+        set: &[(&'static str, &str, &str)],
+    ) -> Result<()> {
+        for &(prog, cat, name) in set {
+            bpf::attach_tracepoint(ebpf, prog, cat, name)?;
+            self.attached.push(prog);
         }
         Ok(())
     }
@@ -828,12 +866,17 @@ impl ProbeFamily for Accounting {
                 .into_iter()
                 .filter(|(prog, _)| wakeup_needed.is_some() || *prog != "sched_wakeup_btf")
                 .collect();
-            self.attach_btf_or_raw(ebpf, &btf, &btf_set, &raw, "scheduler", verbose)?;
+            self.attach_btf_raw_or_classic(
+                ebpf,
+                &btf,
+                &btf_set,
+                &raw,
+                &SCHED_TP_PROGRAMS,
+                "scheduler",
+                verbose,
+            )?;
         } else {
-            for (prog, cat, name) in SCHED_TP_PROGRAMS {
-                bpf::attach_tracepoint(ebpf, prog, cat, name)?;
-                self.attached.push(prog);
-            }
+            self.attach_classic_set(ebpf, &SCHED_TP_PROGRAMS)?;
         }
         for (prog, cat, name) in TASK_PROGRAMS {
             bpf::attach_tracepoint(ebpf, prog, cat, name)?;
@@ -890,11 +933,12 @@ impl ProbeFamily for Accounting {
             match block_classic {
                 None => {
                     let raw = BLOCK_RAW_PROGRAMS.map(|(prog, name, _)| (prog, name));
-                    self.attach_btf_or_raw(
+                    self.attach_btf_raw_or_classic(
                         ebpf,
                         &btf,
                         &BLOCK_BTF_PROGRAMS,
                         &raw,
+                        &BLOCK_TP_PROGRAMS,
                         "block",
                         verbose,
                     )?;
@@ -903,10 +947,7 @@ impl ProbeFamily for Accounting {
                     if verbose {
                         crate::note!("gputrace: block programs on classic tracepoints: {why}");
                     }
-                    for (prog, cat, name) in BLOCK_TP_PROGRAMS {
-                        bpf::attach_tracepoint(ebpf, prog, cat, name)?;
-                        self.attached.push(prog);
-                    }
+                    self.attach_classic_set(ebpf, &BLOCK_TP_PROGRAMS)?;
                 }
             }
         }
