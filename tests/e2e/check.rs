@@ -3,7 +3,6 @@
 //! dlopens a library named libcudart.so.12 is listed with the library.
 
 use std::{
-    io::{BufRead, BufReader},
     os::unix::fs::PermissionsExt,
     path::PathBuf,
     process::{Command, Stdio},
@@ -159,17 +158,7 @@ fn check_lists_a_process_with_libcudart() {
         .expect("run gcc");
     assert!(status.success(), "gcc failed");
     let holder = build_c("dlopen_hold", &["-ldl"]);
-    let mut child = Command::new(&holder)
-        .arg(&lib)
-        .arg("30")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
-    assert_eq!(ready.trim(), "ready");
+    let mut child = spawn_ready(Command::new(&holder).arg(&lib).arg("30"));
     let pid = child.id();
 
     let run = gputrace(&["check"]);

@@ -3,8 +3,9 @@
 #![allow(dead_code)]
 
 use std::{
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    process::{Child, Command, Output, Stdio},
     sync::{Mutex, MutexGuard},
 };
 
@@ -193,4 +194,16 @@ pub fn descendants_named(pid: u32, comm: &str) -> Vec<u32> {
         out.extend(descendants_named(c, comm));
     }
     out
+}
+
+/// Starts `cmd` with its stdout piped and waits for its first line, `ready`: a workload that
+/// says so once it is set up to be traced.
+pub fn spawn_ready(cmd: &mut Command) -> Child {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready.trim(), "ready");
+    child
 }

@@ -2,11 +2,7 @@
 //! CPU time 70/30 between hot_a and hot_b by construction; the Python frames must name them with
 //! their file:line, above the native and kernel frames they ran, and the split must hold.
 
-use std::{
-    io::{BufRead, BufReader},
-    path::Path,
-    process::{Command, Stdio},
-};
+use std::{path::Path, process::Command};
 
 use crate::common::*;
 
@@ -255,16 +251,7 @@ fn python_frames_via_pid() {
     if !require_root("python_frames_via_pid") || !interpreter(PYENV_311, "python_frames_via_pid") {
         return;
     }
-    let mut child = Command::new(PYENV_311)
-        .args([&workload(), "8"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
-    assert_eq!(ready.trim(), "ready");
+    let mut child = spawn_ready(Command::new(PYENV_311).args([&workload(), "8"]));
     let dir = out_dir("py-pid");
     let pid = child.id().to_string();
     let run = gputrace(&[
@@ -293,16 +280,7 @@ fn a_process_whose_main_thread_left_is_traced() {
         return;
     }
     let script = repo_root().join("tests/workloads/py_leader_left.py");
-    let mut child = Command::new(PYENV_311)
-        .args([script.to_str().unwrap(), "8"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut ready = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut ready)
-        .unwrap();
-    assert_eq!(ready.trim(), "ready");
+    let mut child = spawn_ready(Command::new(PYENV_311).args([script.to_str().unwrap(), "8"]));
     let pid = child.id();
     let left = (0..200).any(|_| {
         std::thread::sleep(std::time::Duration::from_millis(10));
