@@ -81,14 +81,18 @@ fn ground_truth_time_split_on_classic_tracepoints() {
 
 /// A kernel that refuses the BTF programs and then the raw ones (the raw `sched_switch` takes
 /// 87% of the verifier's limit here; another kernel's verifier may walk it past) gets the
-/// classic ones, which keep the same books, where the trace failed before.
+/// classic ones, which keep the same books, where the trace failed before. The last program
+/// of each raw set is refused, so the ones loaded before it must go.
 #[test]
 fn ground_truth_time_split_when_the_raw_programs_are_refused() {
     ground_truth(
         "ground_truth_time_split_when_the_raw_programs_are_refused",
         &[
             ("GPUTRACE_BTF_TRACEPOINTS", "0"),
-            ("GPUTRACE_REFUSE_PROGRAMS", "sched_switch,block_rq_issue"),
+            (
+                "GPUTRACE_REFUSE_PROGRAMS",
+                "sched_wakeup_new,block_rq_complete",
+            ),
         ],
     );
 }
@@ -209,10 +213,8 @@ fn ground_truth(name: &str, env: &[(&str, &str)]) {
         .stderr
         .contains("scheduler programs on classic tracepoints");
     // Asked for, or left as the raw programs' loads fail.
-    let asked_classic = env.contains(&("GPUTRACE_RAW_TRACEPOINTS", "0"))
-        || env
-            .iter()
-            .any(|(k, v)| *k == "GPUTRACE_REFUSE_PROGRAMS" && v.contains("sched_switch"));
+    let refused_raw = env.iter().any(|(k, _)| *k == "GPUTRACE_REFUSE_PROGRAMS");
+    let asked_classic = env.contains(&("GPUTRACE_RAW_TRACEPOINTS", "0")) || refused_raw;
     let asked_wakeup = env.contains(&("GPUTRACE_SCHED_WAKEUP", "1"));
     // A kernel whose BTF lacks the scheduler's delay accounting keeps the wake-up program.
     let told_by_wakeup = told_by_wakeup(&run.stderr);
@@ -361,13 +363,15 @@ fn ground_truth(name: &str, env: &[(&str, &str)]) {
             ));
         }
     }
-    // A set is all or none: the raw block programs loaded before the refused one are gone.
-    if env.iter().any(|(k, _)| *k == "GPUTRACE_REFUSE_PROGRAMS") {
+    // A set is all or none: the raw programs loaded before the refused one (the last of
+    // each set) are gone.
+    if refused_raw {
         for raw in [
             "sched_switch",
             "sched_wakeup",
             "block_bio_queue",
             "block_split",
+            "block_rq_issue",
         ] {
             if programs.contains(&raw) {
                 failures.push(format!("{raw} ran beside the classic set: {programs:?}"));

@@ -479,15 +479,25 @@ fn ebpf_object(can_load: bool) -> Check {
             )),
             None => Check::new(Status::Ok, "ebpf object", summary),
         },
-        Some(first) => Check::new(
-            Status::Warn,
-            "ebpf object",
-            format!(
-                "{summary}; {} BTF tracepoint programs refused, their raw or classic versions \
-                 are used (slower: a helper call per field read). First: {first}",
-                refused.len()
-            ),
-        ),
+        Some(first) => {
+            let mut c = Check::new(
+                Status::Warn,
+                "ebpf object",
+                format!(
+                    "{summary}; {} BTF tracepoint programs refused, their raw or classic \
+                     versions are used (slower: a helper call per field read). First: {first}",
+                    refused.len()
+                ),
+            );
+            if let Some((name, n, _)) = at_risk {
+                c = c.fix(format!(
+                    "{name} takes {:.0}% of the verifier's limit and has no other version: \
+                     report it with `uname -r`",
+                    share(*n)
+                ));
+            }
+            c
+        }
     }
 }
 

@@ -188,6 +188,12 @@ impl ProbeFamily for OverheadFamily {
     fn tick(&mut self, ebpf: &mut Ebpf, _tracker: &crate::tracker::Tracker) -> Result<()> {
         self.ticks += 1;
         let runs = PROGRAMS.iter().map(|name| {
+            // A program given up for another version of its set (unloaded at the attach)
+            // runs no more, and the hits it had can never be timed: they must not keep the
+            // statistics on.
+            if ebpf.program(name).is_none_or(|p| p.fd().is_err()) {
+                return (0, 0);
+            }
             let hits = self.hits.as_ref().map_or(0, |h| h.get(name));
             // Only programs that ran need a look at the kernel's count.
             let timed = match &self.uprobes {

@@ -129,8 +129,9 @@ pub struct ProgramCost {
     /// For a program that returns early for what is not traced and counts its paths
     /// (`tracer_common::hits::SPLIT`): the hits that did the traced work. The rest were the
     /// machine's other tasks, requests and samples. None for the other programs (the CUDA
-    /// probes, whose every hit is a traced call; the classic block tracepoints of old
-    /// kernels, which do not count them), and when the counts could not be read.
+    /// probes, whose every hit is a traced call; the classic block tracepoints, which do not
+    /// count them: a kernel whose BTF lacks the raw ones' fields, or whose verifier refused a
+    /// raw one), and when the counts could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traced_hits: Option<u64>,
     /// `bpf_ns_per_hit` split by path (`paths::split`): a traced hit's and an early return's.
