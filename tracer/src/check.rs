@@ -470,34 +470,26 @@ fn ebpf_object(can_load: bool) -> Check {
         .iter()
         .filter(|w| near_limit(w.1) && !has_fallback(&w.0, &names))
         .max_by_key(|w| w.1);
-    match refused.first() {
-        None => match at_risk {
-            Some((name, n, _)) => Check::new(Status::Warn, "ebpf object", summary).fix(format!(
-                "{name} takes {:.0}% of the verifier's limit and has no other version: report \
-                 it with `uname -r`",
-                share(*n)
-            )),
-            None => Check::new(Status::Ok, "ebpf object", summary),
-        },
-        Some(first) => {
-            let mut c = Check::new(
-                Status::Warn,
-                "ebpf object",
-                format!(
-                    "{summary}; {} BTF tracepoint programs refused, their raw or classic \
-                     versions are used (slower: a helper call per field read). First: {first}",
-                    refused.len()
-                ),
-            );
-            if let Some((name, n, _)) = at_risk {
-                c = c.fix(format!(
-                    "{name} takes {:.0}% of the verifier's limit and has no other version: \
-                     report it with `uname -r`",
-                    share(*n)
-                ));
-            }
-            c
-        }
+    let check = match refused.first() {
+        None if at_risk.is_none() => return Check::new(Status::Ok, "ebpf object", summary),
+        None => Check::new(Status::Warn, "ebpf object", summary),
+        Some(first) => Check::new(
+            Status::Warn,
+            "ebpf object",
+            format!(
+                "{summary}; {} BTF tracepoint programs refused, their raw or classic versions \
+                 are used (slower: a helper call per field read). First: {first}",
+                refused.len()
+            ),
+        ),
+    };
+    match at_risk {
+        Some((name, n, _)) => check.fix(format!(
+            "{name} takes {:.0}% of the verifier's limit and has no other version: report it \
+             with `uname -r`",
+            share(*n)
+        )),
+        None => check,
     }
 }
 

@@ -85,14 +85,9 @@ pub fn drops(ebpf: &Ebpf) -> Result<Vec<(Drop, u64, Vec<u64>)>> {
 /// an interrupt that lands on a running program), a raw tracepoint program while itself runs
 /// there. Nothing else says that those events are missing.
 pub fn kernel_skips(ebpf: &Ebpf) -> Vec<(String, u64)> {
-    use std::os::fd::{AsFd, AsRawFd};
     let mut out = Vec::new();
     for (name, prog) in ebpf.programs() {
-        let Ok(fd) = prog.fd() else { continue };
-        let raw = fd.as_fd().as_raw_fd();
-        let Ok(text) = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}")) else {
-            continue;
-        };
+        let Some(text) = fdinfo(prog) else { continue };
         if let Some(n) = recursion_misses(&text).filter(|&n| n > 0) {
             out.push((name.to_string(), n));
         }
@@ -109,10 +104,14 @@ fn recursion_misses(fdinfo: &str) -> Option<u64> {
 /// a program's distance from the verifier's limit ([`VERIFIER_LIMIT`]), which another kernel's
 /// verifier may walk differently.
 pub fn verified_insns(prog: &aya::programs::Program) -> Option<u64> {
+    fdinfo_u64(&fdinfo(prog)?, "verified_insns:")
+}
+
+/// A loaded program's `/proc/self/fdinfo` (what aya's `ProgramInfo` does not carry).
+fn fdinfo(prog: &aya::programs::Program) -> Option<String> {
     use std::os::fd::{AsFd, AsRawFd};
     let raw = prog.fd().ok()?.as_fd().as_raw_fd();
-    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}")).ok()?;
-    fdinfo_u64(&text, "verified_insns:")
+    std::fs::read_to_string(format!("/proc/self/fdinfo/{raw}")).ok()
 }
 
 /// `BPF_COMPLEXITY_LIMIT_INSNS`: a program whose verification walks more is refused.

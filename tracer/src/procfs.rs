@@ -19,12 +19,7 @@ fn live_thread(pid: u32) -> Option<u32> {
         .ok()?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&tid| tid != pid)
-        .find(|tid| {
-            fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
-                .ok()
-                .and_then(|s| parse_stat(&s))
-                .is_some_and(|s| !s.is_dead())
-        })
+        .find(|&tid| task_stat(pid, tid).is_some_and(|s| !s.is_dead()))
 }
 
 /// The id under which /proc shows `pid`'s memory: its own, or a live thread's when its leader
@@ -47,7 +42,8 @@ pub struct Stat {
 }
 
 impl Stat {
-    fn is_dead(&self) -> bool {
+    /// A zombie (or dead) task: it ran its last.
+    pub fn is_dead(&self) -> bool {
         matches!(self.state, 'Z' | 'X')
     }
 }
@@ -97,24 +93,21 @@ pub fn start_floor_ktime(starttime: u64) -> Option<u64> {
     if hz <= 0 {
         return None;
     }
-    let now = |clock| {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        unsafe { libc::clock_gettime(clock, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    };
     // The boot-time clock goes on through a suspend, the monotonic one does not. Read second,
     // a delay between the two can only lower the floor (a reuse missed, never a child lost).
-    let mono = now(libc::CLOCK_MONOTONIC);
-    let suspended = now(libc::CLOCK_BOOTTIME).saturating_sub(mono);
+    let mono = crate::probes::ktime_now();
+    let suspended = crate::probes::clock_ns(libc::CLOCK_BOOTTIME).saturating_sub(mono);
     let boot_ns = starttime.checked_mul(1_000_000_000 / hz as u64)?;
     Some(boot_ns.saturating_sub(suspended))
 }
 
 pub fn stat(pid: u32) -> Option<Stat> {
     stat_if_any(pid).ok().flatten()
+}
+
+/// One thread's stat (`/proc/PID/task/TID/stat`).
+pub fn task_stat(pid: u32, tid: u32) -> Option<Stat> {
+    parse_stat(&fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?)
 }
 
 /// `Ok(None)`: there is no such process now; `Err`: /proc did not say (a read that failed

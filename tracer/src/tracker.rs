@@ -135,9 +135,8 @@ impl Tracker {
         }
         let parent_start = self.procs.get(&fork.ppid).and_then(|p| p.start);
         // A zombie parent has given its children away already.
-        procfs::stat(fork.ppid).is_some_and(|p| {
-            !matches!(p.state, 'Z' | 'X') && parent_start.is_none_or(|s| s == p.starttime)
-        })
+        procfs::stat(fork.ppid)
+            .is_some_and(|p| !p.is_dead() && parent_start.is_none_or(|s| s == p.starttime))
     }
 
     /// Whether /proc/PID is still the process first read there. A CI run named a fork storm's
@@ -402,9 +401,7 @@ mod tests {
     #[test]
     fn a_reused_pid_is_not_named_from_proc() {
         let me = std::process::id();
-        let mut t = Tracker::new(&[BASE]);
-        t.add(BASE, None);
-        t.procs.get_mut(&BASE).unwrap().info.comm = "storm".into();
+        let mut t = storm_parent();
         t.on_event(&ev(ProcEventKind::Fork, me, BASE));
         let child = &t.procs[&me];
         assert_eq!(
@@ -452,9 +449,7 @@ mod tests {
     #[test]
     fn a_child_whose_parent_exited_is_still_the_child() {
         let me = std::process::id();
-        let mut t = Tracker::new(&[BASE]);
-        t.add(BASE, None);
-        t.procs.get_mut(&BASE).unwrap().info.comm = "storm".into();
+        let mut t = storm_parent();
         let fork = ProcEvent {
             ts_ns: crate::probes::ktime_now(),
             ..ev(ProcEventKind::Fork, me, BASE)
@@ -480,6 +475,14 @@ mod tests {
         });
         assert!(t.procs[&me].foreign);
         assert_eq!(t.procs[&me].info.comm, "");
+    }
+
+    /// A tracker of BASE, named `storm` (a pid /proc never has: gone before it was read).
+    fn storm_parent() -> Tracker {
+        let mut t = Tracker::new(&[BASE]);
+        t.add(BASE, None);
+        t.procs.get_mut(&BASE).unwrap().info.comm = "storm".into();
+        t
     }
 
     fn ev(kind: ProcEventKind, pid: u32, ppid: u32) -> ProcEvent {

@@ -164,8 +164,7 @@ fn secs(ns: u64) -> String {
 }
 
 fn started(pid: u32, tid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
-    crate::procfs::parse_stat(&stat).map(|s| s.starttime)
+    crate::procfs::task_stat(pid, tid).map(|s| s.starttime)
 }
 
 /// The thread's run time so far (ns), the first field of its schedstat.

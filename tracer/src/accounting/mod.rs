@@ -531,8 +531,7 @@ fn seed_threads(
 /// Reads /proc for what a thread is doing now: (phase, prev_state-like bits, syscall nr,
 /// its start time).
 fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
-    let st = procfs::parse_stat(&stat)?;
+    let st = procfs::task_stat(pid, tid)?;
     let sys =
         std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).unwrap_or_default();
     let nr: i32 = sys
@@ -566,31 +565,33 @@ impl Accounting {
         set: &[(&'static str, &str)],
     ) -> Result<()> {
         let btf = btf.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-        let mut done = Vec::new();
-        for &(prog, tp) in set {
-            if let Err(e) = bpf::attach_btf_tracepoint(ebpf, btf, prog, tp) {
-                for p in done {
-                    if let Some(Program::BtfTracePoint(p)) = ebpf.program_mut(p) {
-                        let _ = p.unload();
-                    }
-                }
-                return Err(e);
-            }
-            done.push(prog);
-        }
-        self.attached.extend(done);
-        Ok(())
+        self.attach_set(ebpf, set, |ebpf, prog, tp| {
+            bpf::attach_btf_tracepoint(ebpf, btf, prog, tp)
+        })
     }
 
     /// A set of programs on raw tracepoints, all or none.
     fn attach_raw_set(&mut self, ebpf: &mut Ebpf, set: &[(&'static str, &str)]) -> Result<()> {
+        self.attach_set(ebpf, set, bpf::attach_raw_tracepoint)
+    }
+
+    /// Each of `set` by `attach`, all or none: where one fails, those attached before it are
+    /// unloaded, which detaches their links.
+    fn attach_set(
+        &mut self,
+        ebpf: &mut Ebpf,
+        set: &[(&'static str, &str)],
+        attach: impl Fn(&mut Ebpf, &str, &str) -> Result<bpf::TpLink>,
+    ) -> Result<()> {
         let mut done = Vec::new();
         for &(prog, tp) in set {
-            if let Err(e) = bpf::attach_raw_tracepoint(ebpf, prog, tp) {
+            if let Err(e) = attach(ebpf, prog, tp) {
                 for p in done {
-                    if let Some(Program::RawTracePoint(p)) = ebpf.program_mut(p) {
-                        let _ = p.unload();
-                    }
+                    let _ = match ebpf.program_mut(p) {
+                        Some(Program::BtfTracePoint(p)) => p.unload(),
+                        Some(Program::RawTracePoint(p)) => p.unload(),
+                        _ => Ok(()),
+                    };
                 }
                 return Err(e);
             }
