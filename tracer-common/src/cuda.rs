@@ -37,7 +37,10 @@ pub const STEADY_STEPS_SLOT: u32 = 5;
 /// The pid_tgid of the traced thread that made the last outermost launch on the CPU: the
 /// budget fills its bucket at the pace of that thread's CPU time where it waits for one.
 pub const LAUNCHER_SLOT: u32 = 6;
-pub const LAUNCH_RUNS_SLOTS: u32 = 7;
+/// The entry program's runs at launch functions while launches are off (`LAUNCHES_OFF_SLOT`):
+/// paid by the calls, but not a window's.
+pub const CLOSING_RUNS_SLOT: u32 = 7;
+pub const LAUNCH_RUNS_SLOTS: u32 = 8;
 /// Per CPU, one u64: the entry program's launch runs on that CPU (`LAUNCH_RUNS_MAP`) at which
 /// it wakes the budget's watchdog (0: never). Set by the watchdog to each CPU's count plus its share of
 /// what is left of the window's share of the bucket.
@@ -52,6 +55,14 @@ pub const RET_GEN_MAP: &str = "CUDA_RET_GEN";
 /// copies and syncs a thread made after its last launch of one window are not the next
 /// window's (the budget's estimate, `count_step`).
 pub const WINDOW_GEN_SLOT: u32 = 1;
+/// The third u64 of `RET_GEN_MAP`: 1 from the budget's watchdog deciding to close a window
+/// until the next window's launch probes are all on, and the entry program then counts no
+/// launch. The window's links drop one by one, each on a thread of its own, and a runtime
+/// launch made while the driver's probe was still on and the runtime's already off counted as
+/// a direct driver launch (2,067 of 3M in a CI run): the window ends here, for every library
+/// at once, whatever order the kernel takes the probes off in.
+pub const LAUNCHES_OFF_SLOT: u32 = 2;
+pub const RET_GEN_SLOTS: u32 = 3;
 pub const ENTRY_PROG: &str = "cuda_entry";
 pub const RET_PROG: &str = "cuda_ret";
 /// Global: 1 counts calls at entry only (no return probe, no durations), for cost measurement.

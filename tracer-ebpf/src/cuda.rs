@@ -19,10 +19,10 @@ use aya_ebpf::{
 use tracer_common::{
     cuda::{
         log2_bucket, ApiKey, ApiVal, Cookie, CopyKey, CopyVal, CudaEvent, ErrKey, EventKind,
-        LaunchKey, LaunchVal, Shape, API_ENTRIES, COPY_ENTRIES, DIR_NONE, ERRS_ENTRIES,
-        EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCHER_SLOT, LAUNCH_ENTRIES,
-        LAUNCH_RUNS_SLOTS, OUTER_LAUNCH_SLOT, STASH_ENTRIES, STEADY_CALLS_SLOT, STEADY_ON_SLOT,
-        STEADY_STEPS_SLOT, WINDOW_GEN_SLOT,
+        LaunchKey, LaunchVal, Shape, API_ENTRIES, CLOSING_RUNS_SLOT, COPY_ENTRIES, DIR_NONE,
+        ERRS_ENTRIES, EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCHER_SLOT,
+        LAUNCHES_OFF_SLOT, LAUNCH_ENTRIES, LAUNCH_RUNS_SLOTS, OUTER_LAUNCH_SLOT, RET_GEN_SLOTS,
+        STASH_ENTRIES, STEADY_CALLS_SLOT, STEADY_ON_SLOT, STEADY_STEPS_SLOT, WINDOW_GEN_SLOT,
     },
     drops::Drop,
     time::Category,
@@ -82,6 +82,11 @@ struct ThreadState {
     /// last counted launch (0: none yet), and the copies and syncs it made since.
     launched_gen: u32,
     pending: u32,
+    /// The outermost call is a launch entered while launches were off (`LAUNCHES_OFF_SLOT`):
+    /// tracked, so that the calls inside it are taken as nested (a runtime launch's driver
+    /// launch, made once launches are on again), but not counted.
+    uncounted: u32,
+    _pad: u32,
 }
 
 const FRESH: ThreadState = ThreadState {
@@ -94,6 +99,8 @@ const FRESH: ThreadState = ThreadState {
     inner: [0; 3],
     launched_gen: 0,
     pending: 0,
+    uncounted: 0,
+    _pad: 0,
 };
 
 /// `tracer_common::cuda::GATE_AT_MAP` and `GATE_WAKE_MAP`.
@@ -102,9 +109,10 @@ static CUDA_GATE_AT: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map(name = "CUDA_GATE_WAKE")]
 static CUDA_GATE_WAKE: RingBuf = RingBuf::with_byte_size(4096, 0);
 
-/// `tracer_common::cuda::RET_GEN_MAP`, and the window generation (`WINDOW_GEN_SLOT`).
+/// `tracer_common::cuda::RET_GEN_MAP`, the window generation (`WINDOW_GEN_SLOT`) and whether
+/// launches are off (`LAUNCHES_OFF_SLOT`).
 #[map(name = "CUDA_RET_GEN")]
-static CUDA_RET_GEN: Array<u64> = Array::with_max_entries(2, 0);
+static CUDA_RET_GEN: Array<u64> = Array::with_max_entries(RET_GEN_SLOTS, 0);
 
 /// `tracer_common::cuda::LAUNCH_RUNS_MAP`.
 #[map(name = "CUDA_LAUNCH_RUNS")]
@@ -133,6 +141,7 @@ fn launch_add(slot: u32, n: u64) -> u64 {
 pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::CudaEntry);
     let cookie = Cookie::unpack(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
+    let mut off = false;
     if is_launch_shape(cookie.shape) {
         let runs = launch_run(0);
         // The budget's watchdog sleeps until this CPU's launch runs reach the count where the
@@ -143,6 +152,12 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
         if at != 0 && runs == at {
             let _ = CUDA_GATE_WAKE.output::<u64>(&runs, 0);
         }
+        // The window is being closed (or its probes are still going on): no outermost launch
+        // starts (below). Its runs are not the window's.
+        off = CUDA_RET_GEN.get(LAUNCHES_OFF_SLOT).copied().unwrap_or(0) != 0;
+        if off {
+            launch_run(CLOSING_RUNS_SLOT);
+        }
     }
     let (tgid, tid) = current_ids();
     // Processes that are surely not traced stop at an array read (the library's probes fire
@@ -151,6 +166,10 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
         return 0;
     }
     if CUDA_ENTRY_ONLY.load() != 0 {
+        // No call depth here: every launch entry counts, so none while launches are off.
+        if off {
+            return 0;
+        }
         return count_entry(tgid, tid, &cookie);
     }
     let pid_tgid = ((tgid as u64) << 32) | tid as u64;
@@ -163,7 +182,9 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     // One clock read for the gate, the time accounting and the call's start. The gate sees
     // every traced launch, even one a full map leaves uncounted.
     let now = unsafe { bpf_ktime_get_ns() };
-    gate_seen(cookie.shape, now);
+    if !off {
+        gate_seen(cookie.shape, now);
+    }
     let st = match found {
         Some(p) => p,
         None => {
@@ -190,6 +211,19 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     let gen = CUDA_RET_GEN.get(0).copied().unwrap_or(0) as u32;
     if st.depth > 0 && (sp >= st.outer_sp || st.gen != gen) {
         st.depth = 0;
+    }
+    // A launch inside one that started before launches went off is nested as usual (its
+    // return must find the depth it raised). A new one is the outermost call, uncounted: the
+    // launches inside it are its own even once launches are on again (a window opens while
+    // the runtime's launch is in flight, before its driver launch).
+    if st.depth == 0 {
+        st.uncounted = u32::from(off);
+        if off {
+            st.depth = 1;
+            st.outer_sp = sp;
+            st.gen = gen;
+            return 0;
+        }
     }
     st.depth += 1;
     if st.depth > 1 {
@@ -442,7 +476,7 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
             );
         }
     }
-    if depth != 1 {
+    if depth != 1 || st.uncounted != 0 {
         return 0;
     }
     account::exit_override(tid, now);

@@ -15,9 +15,9 @@ use aya::{
     Ebpf,
 };
 use tracer_common::cuda::{
-    ENTRY_PROG, GATE_AT_MAP, GATE_FIRST_MAP, GATE_LAST_MAP, GATE_WAKE_MAP, LAUNCHER_SLOT,
-    LAUNCH_RUNS_MAP, OUTER_LAUNCH_SLOT, RET_GEN_MAP, RET_PROG, STEADY_CALLS_SLOT, STEADY_ON_SLOT,
-    STEADY_STEPS_SLOT, WINDOW_GEN_SLOT,
+    CLOSING_RUNS_SLOT, ENTRY_PROG, GATE_AT_MAP, GATE_FIRST_MAP, GATE_LAST_MAP, GATE_WAKE_MAP,
+    LAUNCHER_SLOT, LAUNCHES_OFF_SLOT, LAUNCH_RUNS_MAP, OUTER_LAUNCH_SLOT, RET_GEN_MAP, RET_PROG,
+    STEADY_CALLS_SLOT, STEADY_ON_SLOT, STEADY_STEPS_SLOT, WINDOW_GEN_SLOT,
 };
 
 use super::{scale_cuda, scale_launch_time, stats::own_map, stats_on, worst_cuda_thread, StatsOn};
@@ -253,10 +253,24 @@ fn attach_link(
 }
 
 /// Orders a window's entry links, attached runtimes first, for its close: a `Vec` drops front
-/// to back, and the driver's probe must go first (see `outer_first`). `entries` holds the
-/// runtimes' links and then the driver's, each in attach order.
+/// to back, the driver's first (see `outer_first`). Each drops on a thread of its own, so the
+/// kernel may take them off in another order: no launch is counted from the watchdog's
+/// decision on (`LAUNCHES_OFF_SLOT`), which is what keeps a runtime launch from being counted
+/// at the driver then. `entries` holds the runtimes' links and then the driver's, each in
+/// attach order.
 fn outer_last(entries: &mut [Link]) {
-    entries.reverse();
+    if !close_runtime_first() {
+        entries.reverse();
+    }
+}
+
+/// GPUTRACE_CLOSE_RUNTIME_FIRST=1: windows drop the runtimes' launch links before the
+/// driver's, the order the kernel may take them off in anyway, so that a test can show it
+/// does not matter (without `LAUNCHES_OFF_SLOT` a storm then counted 18,537 and 56,894 of its
+/// runtime launches at the driver in two runs).
+fn close_runtime_first() -> bool {
+    static SET: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SET.get_or_init(|| std::env::var_os("GPUTRACE_CLOSE_RUNTIME_FIRST").is_some())
 }
 
 /// What the main thread and the watchdog share.
@@ -415,6 +429,8 @@ struct Counts {
     entry_ns: u64,
     ret_timed: u64,
     ret_ns: u64,
+    /// The entry program's launch runs while launches were off (`CLOSING_RUNS_SLOT`).
+    closing_runs: u64,
     /// The traced threads' outermost launches, copies and syncs, and copies and syncs
     /// inside windows (`STEADY_CALLS_SLOT`...).
     launches: u64,
@@ -436,6 +452,7 @@ fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>, hits: Option<&LaunchRuns>) -> 
         entry_ns,
         ret_timed,
         ret_ns,
+        closing_runs: h.slot(CLOSING_RUNS_SLOT),
         launches: h.slot(OUTER_LAUNCH_SLOT),
         steady: h.slot(STEADY_CALLS_SLOT),
         steady_on: h.slot(STEADY_ON_SLOT),
@@ -486,6 +503,22 @@ fn entries_quiet(hits: &LaunchRuns, entries: &[std::thread::JoinHandle<Duration>
         } else if still.elapsed() >= QUIET {
             return;
         }
+    }
+}
+
+/// Switches the counting of new launches off (a window is being closed) or on (its probes are
+/// all on): `LAUNCHES_OFF_SLOT`.
+fn set_launches_off(gen: &mut Array<MapData, u64>, off: bool) {
+    let _ = gen.set(LAUNCHES_OFF_SLOT, u64::from(off), 0);
+}
+
+/// [`set_launches_off`] on the loaded object's map.
+fn launches_off(ebpf: &Ebpf, off: bool) {
+    if let Some(mut g) = own_map(ebpf, RET_GEN_MAP)
+        .ok()
+        .and_then(|d| Array::<_, u64>::try_from(Map::Array(d)).ok())
+    {
+        set_launches_off(&mut g, off);
     }
 }
 
@@ -545,6 +578,11 @@ fn watchdog(
             disarm(&mut w);
             w.stats = None;
             w.closing = true;
+            // The window ends here for every library at once: its links come off one by one,
+            // in an order the kernel does not promise (`LAUNCHES_OFF_SLOT`).
+            if let Some(g) = ret_gen.as_mut() {
+                set_launches_off(g, true);
+            }
             (
                 std::mem::take(&mut w.links),
                 std::mem::take(&mut w.ret_links),
@@ -844,6 +882,10 @@ impl LaunchGate {
         };
         let hits = c.entry_runs.saturating_sub(c0.entry_runs);
         let ret_hits = c.ret_runs.saturating_sub(c0.ret_runs);
+        // The window's runs: those made while launches were off (its close under way, or the
+        // next window's probes going on) are paid, but counted no launch.
+        let closing = c.closing_runs.saturating_sub(c0.closing_runs).min(hits);
+        let win_hits = hits - closing;
         let (entry, ret) = self.measured_cost(&c);
         self.cost_per_hit = entry + ret;
         let trap = super::calibrate::current(&self.trap);
@@ -877,8 +919,10 @@ impl LaunchGate {
             // at the last tick starts at its first launch if that came first.
             if self.opened_at.is_some() {
                 if let (Some(first), Some(last)) = (gate_first(ebpf), gate_last(ebpf)) {
-                    if first < from && hits > 1 && last > first {
-                        from = first.saturating_sub((last - first) / (hits - 1)).max(t0);
+                    if first < from && win_hits > 1 && last > first {
+                        from = first
+                            .saturating_sub((last - first) / (win_hits - 1))
+                            .max(t0);
                     }
                 }
             }
@@ -891,7 +935,7 @@ impl LaunchGate {
             // nested runtime's storm of 2M launches was estimated at 0.23-0.34M).
             let end = match closed_at {
                 Some(decided) => match gate_last(ebpf) {
-                    Some(last) if last > from && hits > 0 => (last + (last - from) / hits)
+                    Some(last) if last > from && win_hits > 0 => (last + (last - from) / win_hits)
                         .min(now)
                         .min(decided + CLOSE_GRACE_NS),
                     _ => decided,
@@ -907,7 +951,7 @@ impl LaunchGate {
         // in between windows. Then the copies and syncs inside the window's part of the tick
         // and over the rest.
         let launches = if self.entry_only {
-            hits
+            win_hits
         } else {
             c.launches.saturating_sub(c0.launches)
         };
@@ -920,8 +964,8 @@ impl LaunchGate {
         let taken = steady_on + self.steady_owed;
         self.steady_owed = taken.saturating_sub(steady);
         let steady_off = steady.saturating_sub(taken);
-        if was_open && on > 0 && hits > 0 {
-            self.last_rate = hits as f64 / on as f64;
+        if was_open && on > 0 && win_hits > 0 {
+            self.last_rate = win_hits as f64 / on as f64;
         }
         let close_ns = close_cost(
             closes_ns,
@@ -937,13 +981,13 @@ impl LaunchGate {
         let open = self.gate.tick(TickObs {
             dt_ns: dt,
             on_ns: if was_open { on } else { 0 },
-            sampled_hits: if was_open { hits } else { 0 },
+            sampled_hits: if was_open { win_hits } else { 0 },
             cost_per_hit_ns: self.cost_per_hit,
             trap_ns: trap.per_call(self.entry_only),
             other_cost_ns: transition_ns
                 + close_ns
                 + if was_open {
-                    0.0
+                    closing as f64 * self.cost_per_hit
                 } else {
                     hits as f64 * self.cost_per_hit
                 },
@@ -965,7 +1009,7 @@ impl LaunchGate {
                     // no CUDA call comes (a window opened at the attach of a job that has not
                     // started, or never calls); on again for calls while none was ever timed.
                     let timed = c.entry_timed > 0 && (self.entry_only || c.ret_timed > 0);
-                    if timed || hits == 0 {
+                    if timed || win_hits == 0 {
                         w.stats = None;
                     } else if w.stats.is_none() {
                         w.stats = Some(stats_on());
@@ -1010,8 +1054,9 @@ impl LaunchGate {
             }
         }
         self.links.retain(|l| !l.points.is_empty());
-        // The window starts once the entry probes are attached (the return probes, attached
-        // first, fired alone meanwhile: transition cost).
+        // The window starts once the entry probes are all attached (the return probes, attached
+        // first, fired alone meanwhile: transition cost), and with it the launches' counting.
+        launches_off(ebpf, false);
         self.opened_at = Some(ktime_now());
         outer_last(&mut entries);
 
@@ -1046,6 +1091,9 @@ impl LaunchGate {
             let t = c.in_trace();
             self.gate.set_final_trap(t.per_call(self.entry_only));
             c.close();
+        }
+        if self.watch.is_some() {
+            launches_off(ebpf, true);
         }
         self.watch = None;
         // A gate that never samples (`--max-overhead 100%`) never ticks: its cost per hit was
