@@ -192,7 +192,11 @@ fn runtime_launches_under_the_budget_count_no_driver_launches() {
         let (_, report, stdout) =
             traced_env(&bin, &lib, "3000000", "2%", &format!("nested-{i}"), env);
         let o = &report["overhead"];
-        assert!(o["sampled"]["windows"].as_u64() >= Some(1), "{o}");
+        // The hook orders the closes of windows reopened by the gate, the second on: the
+        // first window's links go on as the libraries load.
+        let windows = o["sampled"]["windows"].as_u64().unwrap_or(0);
+        eprintln!("nested-{i}: {windows} windows");
+        assert!(windows > i as u64, "{o}");
         assert!(launches(&report) > 0, "{stdout}");
         no_driver_launches(&report);
     }

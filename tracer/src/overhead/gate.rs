@@ -295,8 +295,14 @@ struct Window {
     base_at: Option<Instant>,
     cost_per_hit: f64,
     budget: f64,
-    /// Set by the watchdog when it decided to close the window (CLOCK_MONOTONIC ns).
+    /// Set by the watchdog once the window's entry probes have stopped running
+    /// (CLOCK_MONOTONIC ns).
     closed_at: Option<u64>,
+    /// Set by the watchdog as it decides to close the window and switches launches off
+    /// (`LAUNCHES_OFF_SLOT`), until the next window opens: no launch is counted after it, so
+    /// the window's time ends there at the latest, even for a tick that comes before
+    /// `closed_at`.
+    decided_at: Option<u64>,
     /// Set by the watchdog as it takes the window's links to close them, until the next
     /// window opens: links of a library probed meanwhile are not the window's (`add`).
     closing: bool,
@@ -514,10 +520,7 @@ fn set_launches_off(gen: &mut Array<MapData, u64>, off: bool) {
 
 /// [`set_launches_off`] on the loaded object's map.
 fn launches_off(ebpf: &Ebpf, off: bool) {
-    if let Some(mut g) = own_map(ebpf, RET_GEN_MAP)
-        .ok()
-        .and_then(|d| Array::<_, u64>::try_from(Map::Array(d)).ok())
-    {
+    if let Some(mut g) = gen_map(ebpf) {
         set_launches_off(&mut g, off);
     }
 }
@@ -583,6 +586,7 @@ fn watchdog(
             if let Some(g) = ret_gen.as_mut() {
                 set_launches_off(g, true);
             }
+            w.decided_at = Some(ktime_now());
             (
                 std::mem::take(&mut w.links),
                 std::mem::take(&mut w.ret_links),
@@ -616,7 +620,15 @@ fn watchdog(
         drop(rets);
         // A call that lost its return anyway (a launch longer than the wait, or entry
         // consumers slow to come off) leaves a call state the next entries no longer trust.
-        next_ret_gen(&mut ret_gen);
+        // Not once the next window has opened (the return links' drop can take longer than
+        // the bucket's refill): raised then, it would cut a launch in flight there from the
+        // driver launch inside it, which would count as a direct one. `reopen` raised it
+        // before attaching instead.
+        if let Ok(w) = shared.window.lock() {
+            if w.closing {
+                next_ret_gen(&mut ret_gen);
+            }
+        }
         let trapping = entries.into_iter().filter_map(|t| t.join().ok()).max();
         let trapping = trapping.unwrap_or_else(|| started.elapsed());
         if let Ok(mut w) = shared.window.lock() {
@@ -898,17 +910,19 @@ impl LaunchGate {
         };
         let now = now.max(t0);
         let dt = now - t0;
-        let (closed_at, closes_ns) = self
+        let (closed_at, decided_at, closes_ns) = self
             .watch
             .as_ref()
             .and_then(|w| {
-                w.shared
-                    .window
-                    .lock()
-                    .ok()
-                    .map(|mut w| (w.closed_at.take(), std::mem::take(&mut w.closes_ns)))
+                w.shared.window.lock().ok().map(|mut w| {
+                    (
+                        w.closed_at.take(),
+                        w.decided_at,
+                        std::mem::take(&mut w.closes_ns),
+                    )
+                })
             })
-            .unwrap_or((None, 0));
+            .unwrap_or((None, None, 0));
         // Open during this tick (the watchdog may have closed it since).
         let was_open = self.gate.is_open();
         let on = if !was_open {
@@ -926,23 +940,24 @@ impl LaunchGate {
                     }
                 }
             }
-            // A closed window ends with its last launch (plus one gap between launches): the
-            // breakpoints go a few ms after the watchdog's decision, later when this 2-CPU
-            // machine is busy, and the launches go on until then. At most `CLOSE_GRACE_NS`
-            // after the decision: dropping the links stalls the target (the breakpoints'
-            // removal), for ~100 ms here at times, and a launch made after the stall would put
-            // the stall in the window, which then reads a rate a fraction of the true one (a
-            // nested runtime's storm of 2M launches was estimated at 0.23-0.34M).
+            // A closed window ends with its last counted launch (plus one gap between
+            // launches), and at the watchdog's decision at the latest: no launch is counted
+            // from there on (`LAUNCHES_OFF_SLOT`), though the breakpoints go ms later, so a
+            // tick between the decision and the close (`closed_at`) ends the window there too.
+            // At most `CLOSE_GRACE_NS` after the close: dropping the links stalls the target
+            // (the breakpoints' removal), for ~100 ms here at times, and a window that took the
+            // stall in would read a rate a fraction of the true one (a nested runtime's storm
+            // of 2M launches was estimated at 0.23-0.34M).
             let end = match closed_at {
-                Some(decided) => match gate_last(ebpf) {
+                Some(closed) => match gate_last(ebpf) {
                     Some(last) if last > from && win_hits > 0 => (last + (last - from) / win_hits)
                         .min(now)
-                        .min(decided + CLOSE_GRACE_NS),
-                    _ => decided,
+                        .min(closed + CLOSE_GRACE_NS),
+                    _ => closed,
                 },
                 None => now,
             };
-            end.saturating_sub(from)
+            decided_at.map_or(end, |d| end.min(d)).saturating_sub(from)
         };
         let still_open = was_open && closed_at.is_none();
         // The launches as the report counts them (outermost, traced processes only). With
@@ -1034,6 +1049,9 @@ impl LaunchGate {
         }
         reset_gate_first(ebpf);
         next_window_gen(ebpf);
+        // The call states from before this window are not trusted in it (the last close's
+        // watchdog may still be dropping its return links, and then leaves the generation).
+        raise_ret_gen(ebpf);
         let mut entries = Vec::new();
         let mut rets = Vec::new();
         // Return probes first, as at the first attach: a call entered in between would
@@ -1055,8 +1073,9 @@ impl LaunchGate {
         }
         self.links.retain(|l| !l.points.is_empty());
         // The window starts once the entry probes are all attached (the return probes, attached
-        // first, fired alone meanwhile: transition cost), and with it the launches' counting.
-        launches_off(ebpf, false);
+        // first, fired alone meanwhile: transition cost), and with it the launches' counting
+        // (under the window's lock below, where the watchdog decides whether the last close
+        // still raises the return generation).
         self.opened_at = Some(ktime_now());
         outer_last(&mut entries);
 
@@ -1072,7 +1091,9 @@ impl LaunchGate {
                 w.base_at = Some(Instant::now());
                 w.cost_per_hit = cost;
                 w.closed_at = None;
+                w.decided_at = None;
                 w.closing = false;
+                launches_off(ebpf, false);
                 if let Some(h) = &self.hits {
                     arm(&mut w, h);
                 }
@@ -1155,17 +1176,30 @@ impl LaunchGate {
     }
 }
 
-/// Raises the window generation (`WINDOW_GEN_SLOT`) before a window's launch probes go on.
-/// The watchdog may still be closing the last window (dropping its return links), so this is
-/// not the return probes' generation, which it raises when done.
-fn next_window_gen(ebpf: &Ebpf) {
-    if let Some(mut g) = own_map(ebpf, RET_GEN_MAP)
+/// `RET_GEN_MAP` of the loaded object.
+fn gen_map(ebpf: &Ebpf) -> Option<Array<MapData, u64>> {
+    own_map(ebpf, RET_GEN_MAP)
         .ok()
-        .and_then(|d| Array::<_, u64>::try_from(Map::Array(d)).ok())
-    {
-        let n = g.get(&WINDOW_GEN_SLOT, 0).unwrap_or(0).wrapping_add(1);
-        let _ = g.set(WINDOW_GEN_SLOT, n, 0);
+        .and_then(|d| Array::try_from(Map::Array(d)).ok())
+}
+
+/// Raises `slot` of `RET_GEN_MAP`.
+fn raise_gen(ebpf: &Ebpf, slot: u32) {
+    if let Some(mut g) = gen_map(ebpf) {
+        let n = g.get(&slot, 0).unwrap_or(0).wrapping_add(1);
+        let _ = g.set(slot, n, 0);
     }
+}
+
+/// Raises the window generation (`WINDOW_GEN_SLOT`) before a window's launch probes go on.
+fn next_window_gen(ebpf: &Ebpf) {
+    raise_gen(ebpf, WINDOW_GEN_SLOT);
+}
+
+/// Raises the return probes' generation (the first u64 of `RET_GEN_MAP`) before a window's
+/// probes go on.
+fn raise_ret_gen(ebpf: &Ebpf) {
+    raise_gen(ebpf, 0);
 }
 
 /// The per-CPU launch timestamps of `map` that are set (CLOCK_MONOTONIC ns).
