@@ -518,19 +518,19 @@ fn set_launches_off(gen: &mut Array<MapData, u64>, off: bool) {
     let _ = gen.set(LAUNCHES_OFF_SLOT, u64::from(off), 0);
 }
 
-/// [`set_launches_off`] on the loaded object's map.
-fn launches_off(ebpf: &Ebpf, off: bool) {
-    if let Some(mut g) = gen_map(ebpf) {
-        set_launches_off(&mut g, off);
-    }
+/// Raises `slot` of `RET_GEN_MAP`: the return probes' generation (0) or the window's
+/// (`WINDOW_GEN_SLOT`).
+fn raise_gen(gen: &mut Array<MapData, u64>, slot: u32) {
+    let n = gen.get(&slot, 0).unwrap_or(0).wrapping_add(1);
+    let _ = gen.set(slot, n, 0);
 }
 
-/// Raises `RET_GEN_MAP` once a window's return probes are gone: a launch in flight then lost
-/// its return, and the threads' call depths from before are not trusted after it.
+/// Raises the return probes' generation once a window's return probes are gone: a launch in
+/// flight then lost its return, and the threads' call depths from before are not trusted
+/// after it.
 fn next_ret_gen(gen: &mut Option<Array<MapData, u64>>) {
     if let Some(g) = gen.as_mut() {
-        let n = g.get(&0, 0).unwrap_or(0).wrapping_add(1);
-        let _ = g.set(0, n, 0);
+        raise_gen(g, 0);
     }
 }
 
@@ -724,9 +724,7 @@ impl LaunchGate {
                 .and_then(|_| own_map(ebpf, GATE_AT_MAP).ok())
                 .and_then(|d| PerCpuArray::try_from(Map::PerCpuArray(d)).ok());
             let ring = ring.filter(|_| wake_at.is_some());
-            let ret_gen = own_map(ebpf, RET_GEN_MAP)
-                .ok()
-                .and_then(|d| Array::try_from(Map::Array(d)).ok());
+            let ret_gen = gen_map(ebpf);
             let shared = Arc::new(Shared {
                 window: Mutex::new(Window {
                     tokens_ns: self.gate.tokens_ns(),
@@ -1048,10 +1046,14 @@ impl LaunchGate {
             c.sample(ebpf);
         }
         reset_gate_first(ebpf);
-        next_window_gen(ebpf);
-        // The call states from before this window are not trusted in it (the last close's
-        // watchdog may still be dropping its return links, and then leaves the generation).
-        raise_ret_gen(ebpf);
+        let mut gen = gen_map(ebpf);
+        if let Some(g) = gen.as_mut() {
+            // The window generation, before the window's launch probes go on; and the call
+            // states from before this window are not trusted in it (the last close's watchdog
+            // may still be dropping its return links, and then leaves that generation).
+            raise_gen(g, WINDOW_GEN_SLOT);
+            raise_gen(g, 0);
+        }
         let mut entries = Vec::new();
         let mut rets = Vec::new();
         // Return probes first, as at the first attach: a call entered in between would
@@ -1093,7 +1095,9 @@ impl LaunchGate {
                 w.closed_at = None;
                 w.decided_at = None;
                 w.closing = false;
-                launches_off(ebpf, false);
+                if let Some(g) = gen.as_mut() {
+                    set_launches_off(g, false);
+                }
                 if let Some(h) = &self.hits {
                     arm(&mut w, h);
                 }
@@ -1113,8 +1117,8 @@ impl LaunchGate {
             self.gate.set_final_trap(t.per_call(self.entry_only));
             c.close();
         }
-        if self.watch.is_some() {
-            launches_off(ebpf, true);
+        if let Some(mut g) = self.watch.as_ref().and_then(|_| gen_map(ebpf)) {
+            set_launches_off(&mut g, true);
         }
         self.watch = None;
         // A gate that never samples (`--max-overhead 100%`) never ticks: its cost per hit was
@@ -1181,25 +1185,6 @@ fn gen_map(ebpf: &Ebpf) -> Option<Array<MapData, u64>> {
     own_map(ebpf, RET_GEN_MAP)
         .ok()
         .and_then(|d| Array::try_from(Map::Array(d)).ok())
-}
-
-/// Raises `slot` of `RET_GEN_MAP`.
-fn raise_gen(ebpf: &Ebpf, slot: u32) {
-    if let Some(mut g) = gen_map(ebpf) {
-        let n = g.get(&slot, 0).unwrap_or(0).wrapping_add(1);
-        let _ = g.set(slot, n, 0);
-    }
-}
-
-/// Raises the window generation (`WINDOW_GEN_SLOT`) before a window's launch probes go on.
-fn next_window_gen(ebpf: &Ebpf) {
-    raise_gen(ebpf, WINDOW_GEN_SLOT);
-}
-
-/// Raises the return probes' generation (the first u64 of `RET_GEN_MAP`) before a window's
-/// probes go on.
-fn raise_ret_gen(ebpf: &Ebpf) {
-    raise_gen(ebpf, 0);
 }
 
 /// The per-CPU launch timestamps of `map` that are set (CLOCK_MONOTONIC ns).
