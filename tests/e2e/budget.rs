@@ -459,25 +459,61 @@ fn a_syscall_storm_is_estimated_at_what_it_pays() {
 /// each paying two tracepoint hits and the kernel's slow path) gets the syscall tracepoints
 /// taken off within milliseconds: its cost stays near the budget instead of ~60% of its time,
 /// the report names it and says the syscall figures are partial.
+///
+/// The second run takes them off 400 ms late (a test hook), as a loaded host may: the programs
+/// stop themselves at the storm, and what the storm pays must not wait on user space. A CI
+/// run paid 431 ms (8.5% of dd's time) where this VM pays 40-55 ms; before the programs
+/// stopped themselves, the hooked run paid 596 ms (11.6%) and traced 820,300 reads.
 #[test]
 fn a_syscall_storm_takes_the_syscall_tracepoints_off() {
     let _g = serial();
     if !require_root("a_syscall_storm_takes_the_syscall_tracepoints_off") {
         return;
     }
-    let out = common::out_dir("syscall-storm-budget");
-    let run = common::gputrace(&[
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        "dd",
-        "if=/dev/zero",
-        "of=/dev/null",
-        "bs=1",
-        // ~4.4 s here (~3 s on a host half as fast again): through the first window (2 s
-        // after the storm is seen), which sees it again, and not to the second (4 s later).
-        "count=12000000",
-    ]);
+    for (i, env) in [&[][..], &[("GPUTRACE_SLOW_TAKE_OFF_MS", "400")][..]]
+        .into_iter()
+        .enumerate()
+    {
+        dd_storm(&format!("syscall-storm-budget-{i}"), env);
+    }
+
+    // A thread that only sleeps pays next to nothing and is not warned about.
+    let out = common::out_dir("sleep-budget");
+    let run = common::gputrace(&["-o", out.to_str().unwrap(), "--", "sleep", "0.5"]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let r = run.report(&out);
+    let c = &r["overhead"]["costliest_thread"];
+    assert!(c["estimated"].as_f64().unwrap() < 0.001, "{c:#}");
+    assert!(
+        !r["warnings"].to_string().contains("over budget"),
+        "{:#}",
+        r["warnings"]
+    );
+    assert!(
+        r["overhead"]["syscalls_off"].is_null(),
+        "{:#}",
+        r["overhead"]
+    );
+}
+
+/// One traced `dd bs=1` storm and what the report must say of it (`env`: test hooks).
+fn dd_storm(name: &str, env: &[(&str, &str)]) {
+    let out = common::out_dir(name);
+    let run = common::gputrace_env(
+        &[
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            "dd",
+            "if=/dev/zero",
+            "of=/dev/null",
+            "bs=1",
+            // ~4.4 s here (~3 s on a host half as fast again): through the first window (2 s
+            // after the storm is seen), which sees it again, and not to the second (4 s later).
+            "count=12000000",
+        ],
+        env,
+    );
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
     let r = run.report(&out);
     let pid = r["target"]["pids"][0].as_u64().unwrap();
@@ -506,18 +542,28 @@ fn a_syscall_storm_takes_the_syscall_tracepoints_off() {
     // storm and one in the window, where with the tracepoints on throughout its 24,000,000
     // syscalls would cost it ~12 s (~60% of its time). As a share of its time: the price of
     // a hit is read from the kernel's statistics now and then, and moved from 207 to 364 ns
-    // between runs on this host (40-75 ms for the same ~145,000 hits).
+    // between runs on this host (40-75 ms for the same ~145,000 hits); a run the CPU was
+    // taken from put it at 6.2 us once, before such runs were taken out of the mean
+    // (`overhead::paths::without_stalls`).
     let c = &r["overhead"]["costliest_thread"];
     assert_eq!(c["tid"].as_u64(), Some(pid), "{c:#}");
     let paid = common::field_of(&c["parts"], "what", "syscall tracepoints", "ns");
     assert!(paid > 1_000_000, "{c:#}");
     assert!(c["estimated"].as_f64().unwrap() < 0.05, "{c:#}");
-    // And the programs themselves ran for those blocks of its syscalls (they count
-    // every syscall of the machine while attached, before they look for a traced thread).
-    let exits = common::field_of(&r["overhead"]["programs"], "program", "sys_exit", "hits");
-    // ~145,000 in a run (the machine's other syscalls while attached included), against the
-    // storm's 24,000,000.
-    assert!(exits > 10_000 && exits < 300_000, "{exits} sys_exit runs");
+    // And the programs themselves did their work for those blocks of its syscalls: ~145,000
+    // runs in all (they count every syscall of the machine while attached, before they look
+    // for a traced thread), against the storm's 24,000,000. Taken off late, they ran for
+    // 2.2M more of dd's, each returning at once.
+    let programs = &r["overhead"]["programs"];
+    let exits = common::field_of(programs, "program", "sys_exit", "hits");
+    let traced = common::field_of(programs, "program", "sys_exit", "traced_hits");
+    assert!(
+        traced > 10_000 && traced < 300_000,
+        "{traced} traced sys_exit runs"
+    );
+    if env.is_empty() {
+        assert!(exits < 300_000, "{exits} sys_exit runs");
+    }
     let shown = run.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
         shown.contains("PARTIAL: over the 2% budget, the syscall tracepoints took thread")
@@ -526,24 +572,6 @@ fn a_syscall_storm_takes_the_syscall_tracepoints_off() {
             && shown.contains("syscalls: PARTIAL: tracepoints on"),
         "{}",
         run.stdout
-    );
-
-    // A thread that only sleeps pays next to nothing and is not warned about.
-    let out = common::out_dir("sleep-budget");
-    let run = common::gputrace(&["-o", out.to_str().unwrap(), "--", "sleep", "0.5"]);
-    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
-    let r = run.report(&out);
-    let c = &r["overhead"]["costliest_thread"];
-    assert!(c["estimated"].as_f64().unwrap() < 0.001, "{c:#}");
-    assert!(
-        !r["warnings"].to_string().contains("over budget"),
-        "{:#}",
-        r["warnings"]
-    );
-    assert!(
-        r["overhead"]["syscalls_off"].is_null(),
-        "{:#}",
-        r["overhead"]
     );
 }
 

@@ -72,6 +72,11 @@ pub const PATHS_ON_MAP: &str = "PATHS_ON";
 /// averaged, in the runs that pay ~45 ns for the statistics anyway).
 pub const PATH_SAMPLE_EVERY: u64 = 8;
 
+/// A self-timed run longer than this (ns) is left out of its path's sums: the CPU was taken
+/// from the program (an interrupt, the hypervisor), and one such run among a few dozen would
+/// be most of its path's mean. Our costliest run, a CPU sample's two stack walks, takes ~10 µs.
+pub const PATH_RUN_MAX_NS: u64 = 100_000;
+
 /// A program's runs by path, on one CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -41,6 +41,13 @@ pub const STOPPED_MAP: &str = "ACCOUNT_STOPPED";
 /// (0: never). A syscall a thread entered before it is one whose exit may have gone unseen:
 /// its number is not trusted ([`ThreadState::sys_nr`]).
 pub const SYS_OFF_AT_MAP: &str = "SYS_OFF_AT";
+/// One `u64`: `bpf_ktime_get_ns` when a traced thread's block of syscalls came in under the
+/// storm window, 0 while the syscall programs work. The exit program sets it (and
+/// `SYS_OFF_AT_MAP` with it) as it sees the storm, and from then on both programs return at
+/// once, as if taken off: user space's detach takes milliseconds, hundreds on a loaded host,
+/// and a storming thread paid the programs' full run for every syscall of that time. Cleared
+/// by user space as it puts them back on.
+pub const SYS_HALT_MAP: &str = "SYS_HALT";
 /// One u64: the syscalls in a block a traced thread's syscalls are timed in, 0 for none
 /// (written by user space once it has measured what a syscall costs).
 pub const SYS_STORM_CALLS_MAP: &str = "SYS_STORM_CALLS";

@@ -125,6 +125,9 @@ fn end(p: hits::Prog) {
     }
     let ns = unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() }.saturating_sub(s.start_ns);
     s.start_ns = 0;
+    if ns > hits::PATH_RUN_MAX_NS {
+        return;
+    }
     if was_traced {
         s.traced_timed += 1;
         s.traced_ns += ns;

@@ -77,10 +77,25 @@ static SYS_OFF_AT: Array<u64> = Array::with_max_entries(1, 0);
 #[map(name = "SYS_STORM_CALLS")]
 static SYS_STORM_CALLS: Array<u64> = Array::with_max_entries(1, 0);
 
+/// `tracer_common::wall::SYS_HALT_MAP`.
+#[map(name = "SYS_HALT")]
+static SYS_HALT: Array<u64> = Array::with_max_entries(1, 0);
+
 /// When the syscall programs last came off (0: never).
 #[inline(always)]
 pub fn off_at() -> u64 {
     crate::maps::counter(&SYS_OFF_AT)
+}
+
+/// The programs stop at `now`, as though user space had taken them off then: a syscall
+/// entered before it is not trusted ([`nr_since`]).
+#[inline(always)]
+fn halt(now: u64) {
+    for m in [&SYS_HALT, &SYS_OFF_AT] {
+        if let Some(v) = m.get_ptr_mut(0) {
+            unsafe { core::ptr::write_volatile(v, now) };
+        }
+    }
 }
 
 /// `tracer_common::wall::seen_since` for `st`.
@@ -154,7 +169,7 @@ static SYS_DUP3: Global<u32> = Global::new(292);
 #[inline(always)]
 fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
     let (tgid, tid) = current_ids();
-    if !crate::maps::maybe_traced(tid) {
+    if !crate::maps::maybe_traced(tid) || crate::maps::counter(&SYS_HALT) != 0 {
         return None;
     }
     let st = unsafe { &mut *account::state(tid)? };
@@ -349,6 +364,7 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         if st.sys_calls as u64 >= block {
             let took = now.saturating_sub(st.sys_block_ns);
             if took < SYS_STORM_WINDOW_NS {
+                halt(now);
                 crate::proc::syscall_storm(tgid, tid, took);
             }
             st.sys_calls = 0;

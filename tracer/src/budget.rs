@@ -102,7 +102,9 @@ pub const AGREE: f64 = 0.2;
 /// so 8 steps leave the ratio within 12.5%, and the bound says how far. With fewer, the time
 /// rate is the better guess: the demo's launch mode (2,000 launches and four copies and
 /// syncs a step, two to five steps a window) read 0.87-1.07 of its launches from the ratio
-/// and 0.97-1.03 from the time, whose probes there cost less than half the work.
+/// and 0.97-1.03 from the time, whose probes there cost less than half the work. A short
+/// window beside one that tells a ratio, and whose launches fit that ratio, leaves the
+/// stretches beside it to that ratio all the same (`Window::fits`).
 pub const STEPS_MIN: u64 = 8;
 
 /// The longest wait from one window's opening to the next once windows agree, at the default
@@ -579,6 +581,17 @@ impl Window {
         }
     }
 
+    /// Whether this window, too short to tell a ratio of its own, agrees with `r`'s: its
+    /// launches are what `r`'s ratio makes of its copies and syncs, give or take a step at each
+    /// edge. A window cut short by the job's end, or closed within a few steps on a slow host,
+    /// does; one that saw launches with no copies (a storm between the steps) does not.
+    fn fits(&self, r: &Window) -> bool {
+        let Some(q) = r.per_call() else {
+            return false;
+        };
+        (self.launches as f64 - q * self.steady_on as f64).abs() <= 2.0 * q * r.per_step()
+    }
+
     /// Neither launches nor copies and syncs (open before the job started, or while it
     /// waited): it says nothing of the ratio.
     fn quiet(&self) -> bool {
@@ -657,6 +670,22 @@ fn fill(slots: &[Slot], cost: Cost) -> Fill {
     let mut one_ratio = false;
     // How many of the filled-in copies and syncs each window's ratio multiplies.
     let mut weight = vec![0.0; runs.len()];
+    // The window whose ratio a window's side of a stretch is filled at: its own, or where it
+    // saw too few steps to tell one, the nearest window's that does when it fits that ratio.
+    // A CI host's run had one window of five under STEPS_MIN (closed within a few steps),
+    // and the stretches beside it, a quarter of the launches, were filled from the time.
+    let told: Vec<usize> = (0..runs.len())
+        .filter(|k| runs[*k].per_call().is_some())
+        .collect();
+    let stands_for: Vec<Option<usize>> = (0..runs.len())
+        .map(|k| {
+            if runs[k].per_call().is_some() {
+                return Some(k);
+            }
+            let near = told.iter().copied().min_by_key(|j| j.abs_diff(k))?;
+            runs[k].fits(&runs[near]).then_some(near)
+        })
+        .collect();
     for (i, s) in slots.iter().enumerate() {
         if s.off_ns == 0 {
             continue;
@@ -671,25 +700,29 @@ fn fill(slots: &[Slot], cost: Cost) -> Fill {
                 runs.iter().position(|w| w.first > i),
             ),
         };
-        let sides: Vec<usize> = [before, after].into_iter().flatten().collect();
-        let by_ratio = sides
-            .iter()
-            .all(|k| runs[*k].per_call().is_some())
-            .then(|| {
-                between(
-                    s.steady_off as f64,
-                    before.and_then(|k| runs[k].per_call()),
-                    after.and_then(|k| runs[k].per_call()),
-                    typical_ratio.unwrap_or(0.0),
-                )
-            });
+        // A side stands in by its own ratio, or by the nearest that tells one when it fits it.
+        let (b, a) = (before.map(|k| stands_for[k]), after.map(|k| stands_for[k]));
+        let ratio_fills = (b.is_some() || a.is_some()) && b != Some(None) && a != Some(None);
+        let (b, a) = (b.flatten(), a.flatten());
+        // Both sides standing in by the same window: one ratio, as at the trace's ends.
+        let a = a.filter(|a| Some(*a) != b);
+        let by: Vec<usize> = [b, a].into_iter().flatten().collect();
+        let ratio = |k: Option<usize>| k.and_then(|k| runs[k].per_call());
+        let by_ratio = ratio_fills.then(|| {
+            between(
+                s.steady_off as f64,
+                ratio(b),
+                ratio(a),
+                typical_ratio.unwrap_or(0.0),
+            )
+        });
         if let Some(Some((e, u))) = by_ratio {
             estimated += e;
             spread += u;
             by_calls += e;
-            one_ratio |= sides.len() == 1 && typical_ratio.is_none();
-            for k in &sides {
-                weight[*k] += s.steady_off as f64 / sides.len() as f64;
+            one_ratio |= by.len() == 1 && typical_ratio.is_none();
+            for k in &by {
+                weight[*k] += s.steady_off as f64 / by.len() as f64;
             }
             continue;
         }
@@ -1185,6 +1218,54 @@ mod tests {
             EXACT,
         );
         assert_eq!(f.by_calls, 0.0);
+    }
+
+    #[test]
+    fn a_window_too_short_for_a_ratio_takes_its_neighbours_when_it_fits_it() {
+        // Steps of 100 launches and a copy. The last window, cut short after 5 steps, fits the
+        // ratio of the window before it: the stretches on both its sides are filled from their
+        // copies at that ratio (one ratio: no second to bound it by).
+        let f = fill(
+            &[
+                steady(1000, 1000, 0, 10, 0),
+                steady(0, 0, 10_000, 0, 50),
+                steady(500, 480, 0, 5, 0),
+                steady(0, 0, 10_000, 0, 30),
+            ],
+            EXACT,
+        );
+        assert_eq!(f.estimated, 8_000.0);
+        assert_eq!(f.by_calls, 8_000.0);
+        assert!(f.one_ratio);
+        // Between two windows that tell ratios, a short one that fits: each stretch by the
+        // nearer of the two (on a tie, the earlier).
+        let f = fill(
+            &[
+                steady(1000, 1000, 0, 10, 0),
+                steady(0, 0, 10_000, 0, 10),
+                steady(500, 650, 0, 5, 0),
+                steady(0, 0, 10_000, 0, 10),
+                steady(1000, 2000, 0, 10, 0),
+                steady(0, 0, 10_000, 0, 10),
+            ],
+            EXACT,
+        );
+        assert_eq!(f.by_calls, f.estimated);
+        // Before it: at 100 a copy; after it: 100 and 200 a copy, 1,500 +/- 500; at the end 200.
+        assert_eq!(f.estimated, 1_000.0 + 1_500.0 + 2_000.0);
+        // Launches with no copies (a storm between the steps): it does not fit, and the
+        // stretches beside it are filled from the time.
+        let f = fill(
+            &[
+                steady(1000, 1000, 0, 10, 0),
+                steady(0, 0, 10_000, 0, 50),
+                steady(1000, 5000, 0, 0, 0),
+                steady(0, 0, 10_000, 0, 30),
+            ],
+            EXACT,
+        );
+        assert_eq!(f.by_calls, 0.0);
+        assert_eq!(f.estimated, 30_000.0 + 50_000.0);
     }
 
     #[test]

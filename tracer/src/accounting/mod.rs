@@ -644,6 +644,18 @@ impl Accounting {
     }
 }
 
+/// GPUTRACE_SLOW_TAKE_OFF_MS=n: the syscall programs come off n ms after a storm, as on a
+/// loaded host (a CI run's dd storm paid 431 ms for them where this VM's pay 40-55 ms), so
+/// that a test can show the storm's cost does not wait on it.
+fn slow_take_off_ms() -> Option<u64> {
+    static SET: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *SET.get_or_init(|| {
+        std::env::var("GPUTRACE_SLOW_TAKE_OFF_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    })
+}
+
 /// Sets a one-entry `u64` array map.
 fn set_counter(ebpf: &mut Ebpf, map: &str, v: u64) -> Result<()> {
     let mut a: aya::maps::Array<_, u64> = aya::maps::Array::try_from(
@@ -696,6 +708,11 @@ impl Accounting {
     /// Takes the syscall programs off: entry first, so that no syscall starts unseen whose
     /// exit is then counted.
     fn take_off_syscalls(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+        // The exit program stopped both at the storm (`SYS_HALT_MAP`): what this takes now
+        // costs the storming thread the tracepoints' dispatch only.
+        if let Some(ms) = slow_take_off_ms() {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
         // While every close so far was seen: /proc names the rows' files right.
         self.name_open_fds(ebpf);
         for (prog, _, link) in self.sys_links.iter_mut() {
@@ -720,6 +737,7 @@ impl Accounting {
         }
         // Every entry stamped so far is from before the programs came off: none is trusted.
         set_counter(ebpf, tracer_common::wall::SYS_OFF_AT_MAP, ktime_now())?;
+        set_counter(ebpf, tracer_common::wall::SYS_HALT_MAP, 0)?;
         for (prog, tp, link) in self.sys_links.iter_mut().rev() {
             if link.is_none() {
                 *link = Some(bpf::reattach_tracepoint(ebpf, prog, tp)?);
@@ -984,7 +1002,8 @@ impl ProbeFamily for Accounting {
             self.storm_comms
                 .entry(s.tid)
                 .or_insert_with(|| crate::session::comm_str(&s.comm));
-            off |= g.storm(now, s.pid, s.tid, u64::from(s.arg) * 1000)
+            // Stopped as the event was sent, not as it is read.
+            off |= g.storm(s.ts_ns.min(now), s.pid, s.tid, u64::from(s.arg) * 1000)
                 == syscall_gate::Action::TakeOff;
         }
         if off {
@@ -1007,6 +1026,23 @@ impl ProbeFamily for Accounting {
 
     fn tick(&mut self, ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
         self.ticks += 1;
+        // Stopped by a storm whose event went missing: off all the same.
+        let halted = match self.sys_gate.as_mut() {
+            Some(g) if self.sys_gate_failed.is_none() && g.is_on() => {
+                match retire::counter(ebpf, tracer_common::wall::SYS_HALT_MAP) {
+                    Ok(at) if at != 0 => {
+                        g.halted(at.min(ktime_now())) == syscall_gate::Action::TakeOff
+                    }
+                    _ => false,
+                }
+            }
+            _ => false,
+        };
+        if halted {
+            if let Err(e) = self.take_off_syscalls(ebpf) {
+                self.sys_gate_failed = Some(format!("{e:#}"));
+            }
+        }
         let put_on = self.sys_gate_failed.is_none()
             && self
                 .sys_gate

@@ -155,10 +155,17 @@ impl SyscallGate {
         self.state = state;
     }
 
-    /// Thread `tid` of `pid` made a block of syscalls in `took_ns`.
+    /// Thread `tid` of `pid` made a block of syscalls in `took_ns`; the programs stopped at
+    /// `now` (the exit program stops them as it sees the block, `SYS_HALT_MAP`).
     pub fn storm(&mut self, now: u64, pid: u32, tid: u32, took_ns: u64) -> Action {
         let s = self.storms.entry(tid).or_insert(Storm { pid, took_ns });
         s.took_ns = s.took_ns.min(took_ns);
+        self.halted(now)
+    }
+
+    /// The programs stopped themselves at `now`: off, as for a storm, also where its event
+    /// was lost (the process-event ring was full).
+    pub fn halted(&mut self, now: u64) -> Action {
         match self.state {
             // Sent before the programs came off.
             State::Off { .. } => Action::None,

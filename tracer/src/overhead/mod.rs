@@ -235,6 +235,10 @@ impl ProbeFamily for OverheadFamily {
             let mean = timed.ns as f64 / timed.timed.max(1) as f64;
             // Counted, and split by the same runs the mean is of.
             let split = splits(&w.name);
+            let mean = match timed.paths.filter(|_| split) {
+                Some(p) => paths::without_stalls(mean, &p),
+                None => mean,
+            };
             let counted = w.paths.filter(|_| split);
             let by_path = timed
                 .paths
