@@ -42,12 +42,20 @@ pub const STOPPED_MAP: &str = "ACCOUNT_STOPPED";
 /// its number is not trusted ([`ThreadState::sys_nr`]).
 pub const SYS_OFF_AT_MAP: &str = "SYS_OFF_AT";
 /// One `u64`: `bpf_ktime_get_ns` when a traced thread's block of syscalls came in under the
-/// storm window, 0 while the syscall programs work. The exit program sets it (and
-/// `SYS_OFF_AT_MAP` with it) as it sees the storm, and from then on both programs return at
-/// once, as if taken off: user space's detach takes milliseconds, hundreds on a loaded host,
-/// and a storming thread paid the programs' full run for every syscall of that time. Cleared
-/// by user space as it puts them back on.
+/// storm window, 0 while the syscall programs work. The exit program sets it as it sees the
+/// storm, and from then on both programs return at once, as if taken off (no syscall entered
+/// before is trusted): user space's detach takes a while, more on a loaded host, and a
+/// storming thread paid the programs' full run for every syscall of that time. Cleared by
+/// user space as it puts them back on.
 pub const SYS_HALT_MAP: &str = "SYS_HALT";
+/// One `u64`: 1 when a thread that may be traced entered a close, a dup onto an fd or an exec
+/// while the programs were stopped (`SYS_HALT_MAP`): /proc may then name an fd's row after
+/// a file opened since under its number. Cleared with `SYS_HALT_MAP`.
+pub const SYS_HALT_FDS_MAP: &str = "SYS_HALT_FDS";
+/// Per-CPU `u64`: traced threads' syscalls made while the programs were stopped
+/// (`SYS_HALT_MAP`) and still attached. Each still paid the tracepoints' dispatch and two
+/// early returns: the report charges them to the thread that stormed.
+pub const SYS_HALTED_MAP: &str = "SYS_HALTED";
 /// One u64: the syscalls in a block a traced thread's syscalls are timed in, 0 for none
 /// (written by user space once it has measured what a syscall costs).
 pub const SYS_STORM_CALLS_MAP: &str = "SYS_STORM_CALLS";

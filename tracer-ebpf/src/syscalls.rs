@@ -63,8 +63,6 @@ static FD_NAMES: Array<FdName> = Array::with_max_entries(FD_NAMES_ENTRIES, 0);
 #[map(name = "FD_EPOCH")]
 static FD_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 
-const SYS_CLOSE: i32 = 3;
-
 /// `tracer_common::wall::SYS_OFF_AT_MAP`.
 #[map(name = "SYS_OFF_AT")]
 static SYS_OFF_AT: Array<u64> = Array::with_max_entries(1, 0);
@@ -81,20 +79,30 @@ static SYS_STORM_CALLS: Array<u64> = Array::with_max_entries(1, 0);
 #[map(name = "SYS_HALT")]
 static SYS_HALT: Array<u64> = Array::with_max_entries(1, 0);
 
-/// When the syscall programs last came off (0: never).
+/// `tracer_common::wall::SYS_HALT_FDS_MAP`.
+#[map(name = "SYS_HALT_FDS")]
+static SYS_HALT_FDS: Array<u64> = Array::with_max_entries(1, 0);
+
+/// `tracer_common::wall::SYS_HALTED_MAP`.
+#[map(name = "SYS_HALTED")]
+static SYS_HALTED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// When the syscall programs last came off (0: never); while they are stopped at a storm
+/// (`SYS_HALT`), now: no syscall a thread entered so far is trusted, not even one whose entry
+/// raced the stop on another CPU (its exit is not seen).
 #[inline(always)]
 pub fn off_at() -> u64 {
+    if crate::maps::counter(&SYS_HALT) != 0 {
+        return unsafe { bpf_ktime_get_ns() } + 1;
+    }
     crate::maps::counter(&SYS_OFF_AT)
 }
 
-/// The programs stop at `now`, as though user space had taken them off then: a syscall
-/// entered before it is not trusted ([`nr_since`]).
+/// The programs stop at `now`, as though user space had taken them off then ([`off_at`]).
 #[inline(always)]
 fn halt(now: u64) {
-    for m in [&SYS_HALT, &SYS_OFF_AT] {
-        if let Some(v) = m.get_ptr_mut(0) {
-            unsafe { core::ptr::write_volatile(v, now) };
-        }
+    if let Some(v) = SYS_HALT.get_ptr_mut(0) {
+        unsafe { core::ptr::write_volatile(v, now) };
     }
 }
 
@@ -164,21 +172,80 @@ static SYS_ACCEPT4: Global<u32> = Global::new(288);
 static SYS_DUP2: Global<u32> = Global::new(33);
 #[no_mangle]
 static SYS_DUP3: Global<u32> = Global::new(292);
+/// close and the others that can put another file under an fd in use (set by user space per
+/// architecture).
+#[no_mangle]
+static SYS_CLOSE: Global<u32> = Global::new(3);
+#[no_mangle]
+static SYS_CLOSE_RANGE: Global<u32> = Global::new(436);
+#[no_mangle]
+static SYS_EXECVE: Global<u32> = Global::new(59);
+#[no_mangle]
+static SYS_EXECVEAT: Global<u32> = Global::new(322);
 
 /// The caller's (tgid, tid) and its thread state, when the thread is traced.
 #[inline(always)]
 fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
     let (tgid, tid) = current_ids();
-    if !crate::maps::maybe_traced(tid) || crate::maps::counter(&SYS_HALT) != 0 {
+    if !crate::maps::maybe_traced(tid) {
         return None;
     }
     let st = unsafe { &mut *account::state(tid)? };
     (st.tgid == tgid).then_some((tgid, tid, st))
 }
 
+/// Whether the programs stopped themselves at a storm (`SYS_HALT`): a run then counts as a
+/// hit and returns before anything else, the cheapest a run can be while attached. At the
+/// exit (`count`), a syscall of a thread that may be traced is counted in `SYS_HALTED`, for
+/// the report to charge to the storm.
+#[inline(always)]
+fn stopped(p: Prog, count: bool) -> bool {
+    if crate::maps::counter(&SYS_HALT) == 0 {
+        return false;
+    }
+    crate::maps::hit(p);
+    if count && crate::maps::maybe_traced(current_ids().1) {
+        if let Some(n) = SYS_HALTED.get_ptr_mut(0) {
+            // Per-CPU slot, as `crate::maps::hit`.
+            unsafe { *n += 1 };
+        }
+    }
+    true
+}
+
+/// [`stopped`] at an entry: syscall `id` of a thread that may be traced that can put another
+/// file under an fd it has (a close, a dup onto it, an exec's close-on-exec) is marked in
+/// `SYS_HALT_FDS`, before it runs, so that user space knows whether /proc still names the
+/// fds' rows right.
+#[inline(always)]
+fn stopped_enter(p: Prog, id: i64) -> bool {
+    if !stopped(p, false) {
+        return false;
+    }
+    let moves = [
+        SYS_CLOSE.load(),
+        SYS_CLOSE_RANGE.load(),
+        SYS_DUP2.load(),
+        SYS_DUP3.load(),
+        SYS_EXECVE.load(),
+        SYS_EXECVEAT.load(),
+    ]
+    .iter()
+    .any(|n| *n as i64 == id);
+    if moves && crate::maps::maybe_traced(current_ids().1) {
+        if let Some(v) = SYS_HALT_FDS.get_ptr_mut(0) {
+            unsafe { core::ptr::write_volatile(v, 1) };
+        }
+    }
+    true
+}
+
 // TP_PROTO(struct pt_regs *regs, long id)
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
+    if stopped_enter(Prog::SysEnter, ctx.arg(1)) {
+        return 0;
+    }
     by_path(Prog::SysEnter, |p| {
         enter::<Probe>(ctx.arg(0), ctx.arg(1), p)
     });
@@ -188,6 +255,9 @@ pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
 /// The same on a BTF tracepoint: the registers are a typed pointer, read with plain loads.
 #[btf_tracepoint(function = "sys_enter")]
 pub fn sys_enter_btf(ctx: BtfTracePointContext) -> i32 {
+    if stopped_enter(Prog::SysEnterBtf, ctx.arg(1)) {
+        return 0;
+    }
     by_path(Prog::SysEnterBtf, |p| {
         enter::<Direct>(ctx.arg(0), ctx.arg(1), p)
     });
@@ -330,6 +400,9 @@ fn next_gen(tgid: u32, fd: i32) {
 // uretprobe's return left none, so it is skipped here too.
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
+    if stopped(Prog::SysExit, true) {
+        return 0;
+    }
     by_path(Prog::SysExit, |p| exit(&ctx, p));
     0
 }
@@ -448,7 +521,7 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
             mapped_exec(tgid, tid, now);
         }
     }
-    if nr == SYS_CLOSE && ret == 0 {
+    if nr == SYS_CLOSE.load() as i32 && ret == 0 {
         next_gen(tgid, st.sys_arg0 as i32);
     } else if (nr == SYS_DUP2.load() as i32 || nr == SYS_DUP3.load() as i32)
         && ret >= 0

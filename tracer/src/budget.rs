@@ -581,15 +581,21 @@ impl Window {
         }
     }
 
-    /// Whether this window, too short to tell a ratio of its own, agrees with `r`'s: its
-    /// launches are what `r`'s ratio makes of its copies and syncs, give or take a step at each
-    /// edge. A window cut short by the job's end, or closed within a few steps on a slow host,
-    /// does; one that saw launches with no copies (a storm between the steps) does not.
+    /// Whether this window, too short to tell a ratio of its own, agrees with `r`'s: it saw
+    /// both launches and copies or syncs, and its launches are what `r`'s ratio makes of its
+    /// copies and syncs, give or take a step at each edge and at most half. A window cut short
+    /// by the job's end, or closed within a few steps on a slow host, does; one that saw
+    /// launches with no copies (a storm between the steps), or copies with no launches (an
+    /// evaluation pass), does not.
     fn fits(&self, r: &Window) -> bool {
         let Some(q) = r.per_call() else {
             return false;
         };
-        (self.launches as f64 - q * self.steady_on as f64).abs() <= 2.0 * q * r.per_step()
+        if self.launches == 0 || self.steady_on == 0 {
+            return false;
+        }
+        let expected = q * self.steady_on as f64;
+        (self.launches as f64 - expected).abs() <= (2.0 * q * r.per_step()).min(expected / 2.0)
     }
 
     /// Neither launches nor copies and syncs (open before the job started, or while it
@@ -661,9 +667,14 @@ fn fill(slots: &[Slot], cost: Cost) -> Fill {
     let typical = typical_change(rates.windows(2).map(|w| (w[0].1, w[1].1)));
     let mut runs = windows(slots);
     runs.retain(|w| !w.quiet());
+    // Between consecutive windows that tell a ratio: a short one between two does not keep
+    // them from being compared.
+    let told: Vec<usize> = (0..runs.len())
+        .filter(|k| runs[*k].per_call().is_some())
+        .collect();
     let typical_ratio = typical_change(
-        runs.windows(2)
-            .filter_map(|w| w[0].per_call().zip(w[1].per_call())),
+        told.windows(2)
+            .filter_map(|w| runs[w[0]].per_call().zip(runs[w[1]].per_call())),
     );
     let (mut estimated, mut spread, mut by_calls, mut unbounded) = (0.0, 0.0, 0.0, false);
     // A stretch filled in from one window's ratio with no two windows' ratios to compare.
@@ -674,9 +685,6 @@ fn fill(slots: &[Slot], cost: Cost) -> Fill {
     // saw too few steps to tell one, the nearest window's that does when it fits that ratio.
     // A CI host's run had one window of five under STEPS_MIN (closed within a few steps),
     // and the stretches beside it, a quarter of the launches, were filled from the time.
-    let told: Vec<usize> = (0..runs.len())
-        .filter(|k| runs[*k].per_call().is_some())
-        .collect();
     let stands_for: Vec<Option<usize>> = (0..runs.len())
         .map(|k| {
             if runs[k].per_call().is_some() {
@@ -1253,6 +1261,8 @@ mod tests {
         assert_eq!(f.by_calls, f.estimated);
         // Before it: at 100 a copy; after it: 100 and 200 a copy, 1,500 +/- 500; at the end 200.
         assert_eq!(f.estimated, 1_000.0 + 1_500.0 + 2_000.0);
+        // The two ratios are compared across it: the bound stands.
+        assert!(!f.one_ratio && f.spread.is_some(), "{:?}", f.spread);
         // Launches with no copies (a storm between the steps): it does not fit, and the
         // stretches beside it are filled from the time.
         let f = fill(
@@ -1266,6 +1276,28 @@ mod tests {
         );
         assert_eq!(f.by_calls, 0.0);
         assert_eq!(f.estimated, 30_000.0 + 50_000.0);
+        // Fewer launches than two steps' worth, but still none of the copies: no fit (the
+        // ratio would fill the copy-less stretch before it with nothing).
+        let f = fill(
+            &[
+                steady(1000, 1000, 0, 10, 0),
+                steady(0, 0, 10_000, 0, 0),
+                steady(100, 150, 0, 0, 0),
+            ],
+            EXACT,
+        );
+        assert_eq!(f.by_calls, 0.0);
+        assert_eq!(f.estimated, 10_000.0 * (1.0 + 1.5) / 2.0);
+        // Copies with no launches (an evaluation pass): no fit either.
+        let f = fill(
+            &[
+                steady(1000, 1000, 0, 10, 0),
+                steady(0, 0, 10_000, 0, 40),
+                steady(1000, 0, 0, 2, 0),
+            ],
+            EXACT,
+        );
+        assert_eq!(f.by_calls, 0.0);
     }
 
     #[test]

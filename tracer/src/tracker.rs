@@ -32,7 +32,15 @@ pub struct Tracked {
     pub start: Option<u64>,
     /// Its /proc was never its own when looked at (gone, or its pid already taken): never read.
     pub foreign: bool,
+    /// When it was forked (CLOCK_MONOTONIC ns), for a process seen fork: a first read of its
+    /// /proc after a failed one must find a process started no later.
+    pub forked_ns: Option<u64>,
 }
+
+/// A process start read from /proc (rounded down to its clock tick) later than a fork by more
+/// than this was not that fork's child: a tick's rounding is taken care of by the floor, this
+/// is for the clocks' reading.
+const SLACK_NS: u64 = 1_000_000;
 
 /// Processes known by name and parent; beyond this new ones are counted, not stored.
 pub const MAX_TRACKED: usize = 16_384;
@@ -125,8 +133,6 @@ impl Tracker {
         let Some(st) = procfs::stat(fork.pid) else {
             return false;
         };
-        // A tick's rounding is taken care of by the floor; this is for the clocks' reading.
-        const SLACK_NS: u64 = 1_000_000;
         if procfs::start_floor_ktime(st.starttime).is_some_and(|s| s > fork.ts_ns + SLACK_NS) {
             return true;
         }
@@ -159,9 +165,24 @@ impl Tracker {
             }
             Err(_) => return None,
         };
+        // The start time counts in clock ticks (10 ms), and the next CI run's `spin` took the
+        // pid within the tick the child was born in: another parent, while the one the process
+        // had is alive (a live parent keeps its children), tells them apart too.
+        let parent_kept = t
+            .info
+            .ppid
+            .filter(|&pp| pp != st.ppid)
+            .is_none_or(|pp| procfs::stat(pp).is_none_or(|p| p.is_dead()));
         Some(match t.start {
-            Some(s) => s == st.starttime,
+            Some(s) => s == st.starttime && parent_kept,
             None => {
+                let started_after_fork = t.forked_ns.is_some_and(|f| {
+                    procfs::start_floor_ktime(st.starttime).is_some_and(|s| s > f + SLACK_NS)
+                });
+                if started_after_fork || !parent_kept {
+                    t.foreign = true;
+                    return Some(false);
+                }
                 t.start = Some(st.starttime);
                 true
             }
@@ -201,6 +222,10 @@ impl Tracker {
             Some(ProcEventKind::Fork) => {
                 let reused = self.pid_reused_since(ev);
                 self.add_with(ev.pid, Some(ev.ppid), !reused);
+                // For a first read put off (its /proc could not be read just now).
+                if let Some(t) = self.procs.get_mut(&ev.pid).filter(|t| t.start.is_none()) {
+                    t.forked_ns = Some(ev.ts_ns);
+                }
                 // Until it execs the child runs its parent's code: start from the parent's maps
                 // and name (a short-lived child is gone before /proc can be read).
                 let parent = self
@@ -416,6 +441,31 @@ mod tests {
     /// The same pid later: /proc shows this test process, and the tracked one started at
     /// another time (it exited, its exit not yet seen): its names are not read, its maps not
     /// taken, and it is taken to have exited.
+    #[test]
+    fn a_pid_taken_within_the_childs_clock_tick_is_told_by_its_parent() {
+        let me = std::process::id();
+        let mut t = Tracker::new(&[BASE]);
+        t.add(me, None);
+        // Recorded as init's child (alive), where /proc shows another parent: the same start
+        // tick, but another process under the pid.
+        let p = t.procs.get_mut(&me).unwrap();
+        assert_ne!(p.info.ppid, Some(1));
+        p.info.ppid = Some(1);
+        p.info.comm = "child".into();
+        t.refresh_maps(true);
+        assert_eq!(t.procs[&me].info.comm, "child");
+        assert!(t.procs[&me].info.exited);
+        // A first read put off after a fork at boot: this process started later, so is not
+        // that child.
+        let mut t = Tracker::new(&[BASE]);
+        let p = t.procs.entry(me).or_default();
+        p.forked_ns = Some(0);
+        p.maps_stale = true;
+        t.refresh_maps(true);
+        assert!(t.procs[&me].foreign);
+        assert!(t.procs[&me].info.comm.is_empty());
+    }
+
     #[test]
     fn a_pid_taken_after_the_first_read_is_not_read_again() {
         let me = std::process::id();

@@ -243,6 +243,7 @@ impl Offsets {
         let arm = cfg!(target_arch = "aarch64");
         let (sys_open, sys_creat, sys_openat) = if arm { (NONE, NONE, 56) } else { (2, 85, 257) };
         let (sys_dup2, sys_dup3) = if arm { (NONE, 24) } else { (33, 292) };
+        let (sys_close, sys_execve, sys_execveat) = if arm { (57, 221, 281) } else { (3, 59, 322) };
         let (sys_pipe, sys_pipe2) = if arm { (NONE, 59) } else { (22, 293) };
         let (sys_socket, sys_accept, sys_accept4) =
             if arm { (198, 202, 242) } else { (41, 43, 288) };
@@ -280,6 +281,10 @@ impl Offsets {
             ("SYS_OPENAT2", 437),
             ("SYS_DUP2", sys_dup2),
             ("SYS_DUP3", sys_dup3),
+            ("SYS_CLOSE", sys_close),
+            ("SYS_CLOSE_RANGE", 436),
+            ("SYS_EXECVE", sys_execve),
+            ("SYS_EXECVEAT", sys_execveat),
             ("SYS_PIPE", sys_pipe),
             ("SYS_PIPE2", sys_pipe2),
             ("SYS_SOCKET", sys_socket),
@@ -424,6 +429,16 @@ impl Accounting {
                 if !all && self.named.get(&tid) == Some(&st.born_ns) {
                     continue;
                 }
+                // Not a later thread under its id (its state outlives it until retired): one
+                // started after it was born is another's.
+                let Some(now) = procfs::task_stat(st.tgid, tid) else {
+                    continue;
+                };
+                if procfs::start_floor_ktime(now.starttime)
+                    .is_some_and(|s| s > st.born_ns + THREAD_START_SLACK_NS)
+                {
+                    continue;
+                }
                 if let Some(c) = procfs::thread_comm(st.tgid, tid) {
                     self.comms.insert(tid, (st.tgid, c));
                     self.named.insert(tid, st.born_ns);
@@ -437,26 +452,41 @@ impl Accounting {
             self.reread_names = moved;
         }
         // While the syscall programs are off, closes go unseen: the file /proc shows under an
-        // fd may not be the one its row counted. They are named just before the programs
-        // come off and again as they come back (with new generations,
-        // `retire::next_fd_generations`).
-        if self.sys_gate.as_ref().is_some_and(|g| !g.is_on()) {
+        // fd may not be the one its row counted. They are named as they come back (with new
+        // generations, `retire::next_fd_generations`). Stopped by a storm (`SYS_HALT_MAP`),
+        // they are off already, before the gate hears of it.
+        if self.sys_gate.as_ref().is_some_and(|g| !g.is_on()) || syscalls_halted(ebpf) {
             return;
         }
         self.name_open_fds(ebpf);
     }
 
-    /// Names the files of the rows of open fds (their generation current) from /proc.
+    /// Names the files of the rows of open fds (their generation current) from /proc, unless
+    /// the programs stopped while /proc was read (its names may then be of files opened after
+    /// a close they did not see).
     fn name_open_fds(&mut self, ebpf: &Ebpf) {
-        for k in fill::open_fds(ebpf) {
-            if let std::collections::btree_map::Entry::Vacant(e) = self.fds.entry(k) {
-                if let Ok(p) = std::fs::read_link(format!("/proc/{}/fd/{}", k.tgid, k.fd)) {
-                    e.insert(p.display().to_string());
-                }
-            }
+        let read = self.read_open_fd_names(ebpf);
+        if !syscalls_halted(ebpf) {
+            self.fds.extend(read);
         }
     }
+
+    /// What /proc shows under the fds of the rows of open fds not named yet.
+    fn read_open_fd_names(&self, ebpf: &Ebpf) -> Vec<(tracer_common::wall::FdKey, String)> {
+        fill::open_fds(ebpf)
+            .into_iter()
+            .filter(|k| !self.fds.contains_key(k))
+            .filter_map(|k| {
+                let p = std::fs::read_link(format!("/proc/{}/fd/{}", k.tgid, k.fd)).ok()?;
+                Some((k, p.display().to_string()))
+            })
+            .collect()
+    }
 }
+
+/// A thread /proc shows as started (rounded down to its clock tick) later than this after
+/// the thread state's birth is another thread under the same id.
+const THREAD_START_SLACK_NS: u64 = 1_000_000;
 
 /// Ticks (100 ms) between passes that take dead threads' rows out of the maps (`retire`): 2 s,
 /// or sooner after `retire::DEATHS_PER_PASS` deaths. A pass reads the maps' keys, so it does
@@ -656,6 +686,12 @@ fn slow_take_off_ms() -> Option<u64> {
     })
 }
 
+/// Whether the syscall programs stopped themselves at a storm and have not been put back on
+/// (`SYS_HALT_MAP`); false when it cannot be read.
+fn syscalls_halted(ebpf: &Ebpf) -> bool {
+    retire::counter(ebpf, tracer_common::wall::SYS_HALT_MAP).is_ok_and(|at| at != 0)
+}
+
 /// Sets a one-entry `u64` array map.
 fn set_counter(ebpf: &mut Ebpf, map: &str, v: u64) -> Result<()> {
     let mut a: aya::maps::Array<_, u64> = aya::maps::Array::try_from(
@@ -705,6 +741,23 @@ impl Accounting {
         Ok(())
     }
 
+    /// A storm whose event went missing (a full ring), or has not been read yet at the end:
+    /// the programs stopped themselves all the same (`SYS_HALT_MAP`), and the gate takes them
+    /// as off from then. Whether they must now be taken off.
+    fn poll_halt(&mut self, ebpf: &Ebpf) -> bool {
+        match self.sys_gate.as_mut() {
+            Some(g) if self.sys_gate_failed.is_none() && g.is_on() => {
+                match retire::counter(ebpf, tracer_common::wall::SYS_HALT_MAP) {
+                    Ok(at) if at != 0 => {
+                        g.halted(at.min(ktime_now())) == syscall_gate::Action::TakeOff
+                    }
+                    _ => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
     /// Takes the syscall programs off: entry first, so that no syscall starts unseen whose
     /// exit is then counted.
     fn take_off_syscalls(&mut self, ebpf: &mut Ebpf) -> Result<()> {
@@ -713,8 +766,14 @@ impl Accounting {
         if let Some(ms) = slow_take_off_ms() {
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
-        // While every close so far was seen: /proc names the rows' files right.
-        self.name_open_fds(ebpf);
+        // Named from /proc while the programs, stopped at the storm, are still attached: they
+        // mark any close, dup onto an fd or exec since (`SYS_HALT_FDS_MAP`), after which a
+        // row could take the name of a file opened under its fd. dd's input is a dup of
+        // /dev/zero onto fd 0, which no open names.
+        let read = self.read_open_fd_names(ebpf);
+        if retire::counter(ebpf, tracer_common::wall::SYS_HALT_FDS_MAP).is_ok_and(|n| n == 0) {
+            self.fds.extend(read);
+        }
         for (prog, _, link) in self.sys_links.iter_mut() {
             if let Some(l) = link.take() {
                 bpf::detach_tracepoint(ebpf, prog, l)?;
@@ -737,6 +796,7 @@ impl Accounting {
         }
         // Every entry stamped so far is from before the programs came off: none is trusted.
         set_counter(ebpf, tracer_common::wall::SYS_OFF_AT_MAP, ktime_now())?;
+        set_counter(ebpf, tracer_common::wall::SYS_HALT_FDS_MAP, 0)?;
         set_counter(ebpf, tracer_common::wall::SYS_HALT_MAP, 0)?;
         for (prog, tp, link) in self.sys_links.iter_mut().rev() {
             if link.is_none() {
@@ -772,7 +832,7 @@ impl Accounting {
     }
 
     /// What the budget did to the syscall programs, in the report.
-    fn report_syscalls_off(&mut self, ctx: &FinishCtx<'_>, data: &mut ReportData) {
+    fn report_syscalls_off(&mut self, ebpf: &Ebpf, ctx: &FinishCtx<'_>, data: &mut ReportData) {
         if let Some(e) = self.sys_gate_failed.take() {
             data.report.warnings.push(format!(
                 "the overhead budget's control of the syscall tracepoints failed ({e}): from \
@@ -838,8 +898,18 @@ impl Accounting {
             first_off_s: g.first_off.saturating_sub(ctx.window_start_ktime) as f64 / 1e9,
             windows: g.windows,
             threads,
+            halted_calls: halted_calls(ebpf),
         });
     }
+}
+
+/// Traced threads' syscalls made while the programs were stopped and still attached
+/// (`SYS_HALTED_MAP`); 0 when it cannot be read.
+fn halted_calls(ebpf: &Ebpf) -> u64 {
+    ebpf.map(tracer_common::wall::SYS_HALTED_MAP)
+        .and_then(|m| aya::maps::PerCpuArray::<_, u64>::try_from(m).ok())
+        .and_then(|m| m.get(&0, 0).ok())
+        .map_or(0, |v| v.iter().sum())
 }
 
 impl ProbeFamily for Accounting {
@@ -1026,19 +1096,7 @@ impl ProbeFamily for Accounting {
 
     fn tick(&mut self, ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
         self.ticks += 1;
-        // Stopped by a storm whose event went missing: off all the same.
-        let halted = match self.sys_gate.as_mut() {
-            Some(g) if self.sys_gate_failed.is_none() && g.is_on() => {
-                match retire::counter(ebpf, tracer_common::wall::SYS_HALT_MAP) {
-                    Ok(at) if at != 0 => {
-                        g.halted(at.min(ktime_now())) == syscall_gate::Action::TakeOff
-                    }
-                    _ => false,
-                }
-            }
-            _ => false,
-        };
-        if halted {
+        if self.poll_halt(ebpf) {
             if let Err(e) = self.take_off_syscalls(ebpf) {
                 self.sys_gate_failed = Some(format!("{e:#}"));
             }
@@ -1086,7 +1144,9 @@ impl ProbeFamily for Accounting {
         data: &mut ReportData,
     ) -> Result<()> {
         self.learn(ebpf);
-        self.report_syscalls_off(ctx, data);
+        // Detached with everything else at the end: only the gate needs to know.
+        self.poll_halt(ebpf);
+        self.report_syscalls_off(ebpf, ctx, data);
         if self.stats.is_some() {
             for prog in &self.attached {
                 let (runs, ns) = ctx.uprobes.runs(ebpf, prog);

@@ -167,6 +167,8 @@ impl SyscallGate {
     /// was lost (the process-event ring was full).
     pub fn halted(&mut self, now: u64) -> Action {
         match self.state {
+            // From before the window opened: read late, it says nothing of the window.
+            State::Window { opened } if now < opened => Action::None,
             // Sent before the programs came off.
             State::Off { .. } => Action::None,
             State::On => {
@@ -290,6 +292,22 @@ mod tests {
         assert!((half - 0.5).abs() < 0.01, "{half}");
         assert_eq!(s.storms[&12].took_ns, 80 * MS);
         assert_eq!(share(1000, 1000.0, 10), 1.0);
+    }
+
+    #[test]
+    fn a_halt_read_late_takes_them_off_from_when_it_was() {
+        let mut g = SyscallGate::new(1000, 0);
+        // Found by a tick 80 ms after the programs stopped (its event lost): off from then.
+        assert_eq!(g.halted(20 * MS), Action::TakeOff);
+        assert_eq!(g.tick(2020 * MS), Action::PutOn);
+        // An event stamped before the window opened says nothing of it.
+        assert_eq!(g.storm(2021 * MS, 1, 1, MS), Action::TakeOff);
+        assert_eq!(g.tick(6021 * MS), Action::PutOn);
+        assert_eq!(g.halted(6000 * MS), Action::None);
+        assert!(g.is_on());
+        let s = g.finish(6100 * MS).unwrap();
+        assert_eq!(s.off_ns, 6000 * MS);
+        assert!(s.storms.contains_key(&1));
     }
 
     #[test]

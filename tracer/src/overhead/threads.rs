@@ -20,6 +20,19 @@ use crate::report::model::{
 };
 
 /// Mean cost of one traced hit of `name` (its raw or classic tracepoint variant alike), in ns.
+/// What an early return of program `name` (any of its versions) cost, at the dearest of them.
+fn early_per_hit(o: &Overhead, name: &str) -> f64 {
+    o.programs
+        .iter()
+        .filter(|p| {
+            p.program == name
+                || p.program.strip_suffix("_tp") == Some(name)
+                || p.program.strip_suffix("_btf") == Some(name)
+        })
+        .map(|p| p.early_ns_per_hit())
+        .fold(0.0, f64::max)
+}
+
 fn per_hit(o: &Overhead, name: &str) -> f64 {
     let (mut hits, mut ns) = (0u64, 0.0);
     for p in o.programs.iter().filter(|p| {
@@ -124,6 +137,16 @@ fn io_waits(t: &ThreadReport) -> u64 {
     })
 }
 
+/// The syscalls thread `tid` made while the syscall programs had stopped themselves at a
+/// storm and were still attached: all of them for the costliest storming thread, which made
+/// most of them (the kernel counts them for every traced thread together), none for the rest.
+fn stopped_syscalls(o: &Overhead, tid: u32) -> u64 {
+    o.syscalls_off
+        .as_ref()
+        .filter(|s| s.threads.first().is_some_and(|t| t.tid == tid))
+        .map_or(0, |s| s.halted_calls)
+}
+
 /// One thread's cost by what caused it (ns), largest first; parts with no cost are left out.
 /// `requests`: the block requests charged to it (submitted in its context, bar the completion).
 fn thread_parts(
@@ -169,6 +192,11 @@ fn thread_parts(
                 .sum::<f64>(),
         ),
         ("CUDA probes", cuda),
+        (
+            "syscall tracepoints, stopped",
+            stopped_syscalls(o, t.tid) as f64
+                * (early_per_hit(o, "sys_enter") + early_per_hit(o, "sys_exit")),
+        ),
     ]
     .into_iter()
     .filter(|(_, ns)| *ns >= 1.0)
@@ -224,7 +252,7 @@ mod tests {
     use super::*;
     use crate::report::model::{
         cuda::{ApiStat, ProcessCuda, ThreadCuda},
-        overhead::{ProbeSampling, ProgramCost, ThreadOverhead},
+        overhead::{ProbeSampling, ProgramCost, StormThread, SyscallsOff, ThreadOverhead},
         time::{ReasonTime, SyscallStat},
     };
 
@@ -353,6 +381,50 @@ mod tests {
             ..Default::default()
         });
         r
+    }
+
+    #[test]
+    fn syscalls_made_while_the_programs_had_stopped_are_charged_to_the_storm() {
+        let mut r = report(vec![
+            thread(1, 10.0, 100, 50, 0),
+            thread(2, 10.0, 100, 50, 0),
+        ]);
+        let o = r.overhead.as_mut().unwrap();
+        // Early returns at 40 and 60 ns, a trap of 25 ns each.
+        for (p, early) in o.programs.iter_mut().zip([40.0, 60.0]) {
+            p.early_bpf_ns_per_hit = Some(early);
+            p.trap_ns_per_hit = 25.0;
+        }
+        o.syscalls_off = Some(SyscallsOff {
+            threads: vec![StormThread {
+                pid: 10,
+                tid: 2,
+                comm: "dd".into(),
+                share: 0.5,
+            }],
+            halted_calls: 1_000_000,
+            ..Default::default()
+        });
+        let c = costliest_thread(&r, &[], 0).unwrap();
+        assert_eq!(c.tid, 2);
+        let stopped = c
+            .parts
+            .iter()
+            .find(|p| p.what == "syscall tracepoints, stopped")
+            .unwrap();
+        assert_eq!(stopped.ns, 1_000_000 * (65 + 85));
+        // Not charged again to the thread that did not storm.
+        let quiet = thread_parts(
+            &r,
+            r.overhead.as_ref().unwrap(),
+            10,
+            &r.processes[0].threads[0],
+            0.0,
+            &[],
+        );
+        assert!(quiet
+            .iter()
+            .all(|p| p.what != "syscall tracepoints, stopped"));
     }
 
     #[test]

@@ -68,6 +68,12 @@ pub struct SyscallsOff {
     pub windows: u32,
     /// The threads that paid more than the budget for them, costliest first.
     pub threads: Vec<StormThread>,
+    /// Traced threads' syscalls made while the programs had stopped themselves at a storm
+    /// and were not yet detached: each paid the tracepoints' dispatch and two early returns,
+    /// charged to the costliest storming thread (`ThreadCost`, "syscall tracepoints,
+    /// stopped").
+    #[serde(default)]
+    pub halted_calls: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -103,7 +109,8 @@ pub struct ThreadCost {
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ThreadCostPart {
-    /// "syscall tracepoints", "scheduler tracepoints", "CPU sampler" or "CUDA probes".
+    /// "syscall tracepoints", "syscall tracepoints, stopped" (`SyscallsOff::halted_calls`),
+    /// "scheduler tracepoints", "CPU sampler" or "CUDA probes".
     pub what: String,
     pub ns: u64,
 }
@@ -153,6 +160,12 @@ impl ProgramCost {
     /// A hit whose program ran `bpf_ns`, with what it cost outside the run; never below 0.
     fn priced(&self, bpf_ns: f64) -> f64 {
         (bpf_ns + self.trap_ns_per_hit + self.stats_ns_per_hit).max(0.0)
+    }
+
+    /// What one early return cost: the split's price for it where the mean was split, else
+    /// the mean.
+    pub fn early_ns_per_hit(&self) -> f64 {
+        self.priced(self.early_bpf_ns_per_hit.unwrap_or(self.bpf_ns_per_hit))
     }
 
     /// What one traced hit cost the traced thread that made it (or waited on it): more than
@@ -464,6 +477,7 @@ mod tests {
             first_off_s: 0.2,
             windows: 3,
             threads: vec![t(8, 0.71), t(9, 0.5), t(10, 0.3), t(11, 0.2)],
+            halted_calls: 0,
         });
         assert_eq!(
             o.syscalls_off_line().unwrap(),
