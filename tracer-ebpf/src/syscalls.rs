@@ -87,22 +87,25 @@ static SYS_HALT_FDS: Array<u64> = Array::with_max_entries(1, 0);
 #[map(name = "SYS_HALTED")]
 static SYS_HALTED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// When the syscall programs last came off (0: never); while they are stopped at a storm
-/// (`SYS_HALT`), now: no syscall a thread entered so far is trusted, not even one whose entry
-/// raced the stop on another CPU (its exit is not seen).
+/// When the syscall programs last came off (0: never).
 #[inline(always)]
 pub fn off_at() -> u64 {
-    if crate::maps::counter(&SYS_HALT) != 0 {
-        return unsafe { bpf_ktime_get_ns() } + 1;
-    }
     crate::maps::counter(&SYS_OFF_AT)
 }
+
+/// `SYS_OFF_AT` while the programs are stopped: far enough ahead that no syscall a thread
+/// entered is trusted, not even one whose entry raced the stop on another CPU (its exit is
+/// not seen), and near enough for `seen_since`'s wrapping compare. User space writes the
+/// time of the detach over it.
+const STOPPED_OFF_AT: u64 = 1 << 62;
 
 /// The programs stop at `now`, as though user space had taken them off then ([`off_at`]).
 #[inline(always)]
 fn halt(now: u64) {
-    if let Some(v) = SYS_HALT.get_ptr_mut(0) {
-        unsafe { core::ptr::write_volatile(v, now) };
+    for (m, v) in [(&SYS_HALT, now), (&SYS_OFF_AT, now + STOPPED_OFF_AT)] {
+        if let Some(p) = m.get_ptr_mut(0) {
+            unsafe { core::ptr::write_volatile(p, v) };
+        }
     }
 }
 
@@ -194,16 +197,16 @@ fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
     (st.tgid == tgid).then_some((tgid, tid, st))
 }
 
-/// Whether the programs stopped themselves at a storm (`SYS_HALT`): a run then counts as a
-/// hit and returns before anything else, the cheapest a run can be while attached. At the
-/// exit (`count`), a syscall of a thread that may be traced is counted in `SYS_HALTED`, for
-/// the report to charge to the storm.
+/// Whether the programs stopped themselves at a storm (`SYS_HALT`): a run then returns before
+/// anything else, an early return as far as its paths' timing goes (the kernel's statistics
+/// time it too, and the split of their mean must see the same runs). At the exit (`count`),
+/// a syscall of a thread that may be traced is counted in `SYS_HALTED`, for the report to
+/// charge to the storm.
 #[inline(always)]
-fn stopped(p: Prog, count: bool) -> bool {
+fn stopped(count: bool) -> bool {
     if crate::maps::counter(&SYS_HALT) == 0 {
         return false;
     }
-    crate::maps::hit(p);
     if count && crate::maps::maybe_traced(current_ids().1) {
         if let Some(n) = SYS_HALTED.get_ptr_mut(0) {
             // Per-CPU slot, as `crate::maps::hit`.
@@ -218,8 +221,8 @@ fn stopped(p: Prog, count: bool) -> bool {
 /// `SYS_HALT_FDS`, before it runs, so that user space knows whether /proc still names the
 /// fds' rows right.
 #[inline(always)]
-fn stopped_enter(p: Prog, id: i64) -> bool {
-    if !stopped(p, false) {
+fn stopped_enter(id: i64) -> bool {
+    if !stopped(false) {
         return false;
     }
     let moves = [
@@ -243,11 +246,10 @@ fn stopped_enter(p: Prog, id: i64) -> bool {
 // TP_PROTO(struct pt_regs *regs, long id)
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
-    if stopped_enter(Prog::SysEnter, ctx.arg(1)) {
-        return 0;
-    }
     by_path(Prog::SysEnter, |p| {
-        enter::<Probe>(ctx.arg(0), ctx.arg(1), p)
+        if !stopped_enter(ctx.arg(1)) {
+            enter::<Probe>(ctx.arg(0), ctx.arg(1), p)
+        }
     });
     0
 }
@@ -255,11 +257,10 @@ pub fn sys_enter(ctx: RawTracePointContext) -> u32 {
 /// The same on a BTF tracepoint: the registers are a typed pointer, read with plain loads.
 #[btf_tracepoint(function = "sys_enter")]
 pub fn sys_enter_btf(ctx: BtfTracePointContext) -> i32 {
-    if stopped_enter(Prog::SysEnterBtf, ctx.arg(1)) {
-        return 0;
-    }
     by_path(Prog::SysEnterBtf, |p| {
-        enter::<Direct>(ctx.arg(0), ctx.arg(1), p)
+        if !stopped_enter(ctx.arg(1)) {
+            enter::<Direct>(ctx.arg(0), ctx.arg(1), p)
+        }
     });
     0
 }
@@ -400,10 +401,11 @@ fn next_gen(tgid: u32, fd: i32) {
 // uretprobe's return left none, so it is skipped here too.
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn sys_exit(ctx: RawTracePointContext) -> u32 {
-    if stopped(Prog::SysExit, true) {
-        return 0;
-    }
-    by_path(Prog::SysExit, |p| exit(&ctx, p));
+    by_path(Prog::SysExit, |p| {
+        if !stopped(true) {
+            exit(&ctx, p)
+        }
+    });
     0
 }
 

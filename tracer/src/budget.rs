@@ -1288,6 +1288,18 @@ mod tests {
         );
         assert_eq!(f.by_calls, 0.0);
         assert_eq!(f.estimated, 10_000.0 * (1.0 + 1.5) / 2.0);
+        // Two steps' copies, and launches a step and a third off what they make: within two
+        // steps, but a third more than half of them (a window of a few steps cut at both edges
+        // says too little to stand in).
+        let f = fill(
+            &[
+                steady(1000, 1000, 0, 10, 0),
+                steady(0, 0, 10_000, 0, 40),
+                steady(100, 330, 0, 2, 0),
+            ],
+            EXACT,
+        );
+        assert_eq!(f.by_calls, 0.0);
         // Copies with no launches (an evaluation pass): no fit either.
         let f = fill(
             &[

@@ -173,12 +173,6 @@ pub fn comm(pid: u32) -> Option<String> {
         .map(|s| s.trim_end().to_string())
 }
 
-pub fn thread_comm(pid: u32, tid: u32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-        .ok()
-        .map(|s| s.trim_end().to_string())
-}
-
 pub fn cmdline(pid: u32) -> Option<Vec<String>> {
     let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     Some(

@@ -35,6 +35,9 @@ pub struct Tracked {
     /// When it was forked (CLOCK_MONOTONIC ns), for a process seen fork: a first read of its
     /// /proc after a failed one must find a process started no later.
     pub forked_ns: Option<u64>,
+    /// Its parent's start time at the first read, to tell the parent from a later process
+    /// under the parent's pid.
+    pub parent_start: Option<u64>,
 }
 
 /// A process start read from /proc (rounded down to its clock tick) later than a fork by more
@@ -165,25 +168,32 @@ impl Tracker {
             }
             Err(_) => return None,
         };
-        // The start time counts in clock ticks (10 ms), and the next CI run's `spin` took the
-        // pid within the tick the child was born in: another parent, while the one the process
-        // had is alive (a live parent keeps its children), tells them apart too.
-        let parent_kept = t
-            .info
-            .ppid
-            .filter(|&pp| pp != st.ppid)
-            .is_none_or(|pp| procfs::stat(pp).is_none_or(|p| p.is_dead()));
+        // The start time counts in clock ticks (10 ms), and a CI run's `spin` took the pid
+        // within the tick the child was born in: another parent, while the one the process
+        // had is alive (a live parent keeps its children), tells them apart too. Once read, the
+        // parent is told by its own start time: a parent that exited may have left its pid to
+        // another process, and the child, reparented, is still the child.
+        let other_parent = t.info.ppid.filter(|&pp| pp != st.ppid);
+        let parent_alive = |pp: u32, start: Option<u64>| {
+            procfs::stat(pp).is_some_and(|p| !p.is_dead() && start.is_none_or(|s| s == p.starttime))
+        };
         Some(match t.start {
-            Some(s) => s == st.starttime && parent_kept,
+            Some(s) => {
+                s == st.starttime
+                    && !other_parent.is_some_and(|pp| {
+                        t.parent_start.is_some() && parent_alive(pp, t.parent_start)
+                    })
+            }
             None => {
                 let started_after_fork = t.forked_ns.is_some_and(|f| {
                     procfs::start_floor_ktime(st.starttime).is_some_and(|s| s > f + SLACK_NS)
                 });
-                if started_after_fork || !parent_kept {
+                if started_after_fork || other_parent.is_some_and(|pp| parent_alive(pp, None)) {
                     t.foreign = true;
                     return Some(false);
                 }
                 t.start = Some(st.starttime);
+                t.parent_start = procfs::stat(st.ppid).map(|p| p.starttime);
                 true
             }
         })
@@ -438,23 +448,32 @@ mod tests {
         assert_eq!(child.info.ppid, Some(BASE));
     }
 
-    /// The same pid later: /proc shows this test process, and the tracked one started at
-    /// another time (it exited, its exit not yet seen): its names are not read, its maps not
-    /// taken, and it is taken to have exited.
+    /// Another process under the pid in the same clock tick, told by its parent.
     #[test]
     fn a_pid_taken_within_the_childs_clock_tick_is_told_by_its_parent() {
         let me = std::process::id();
         let mut t = Tracker::new(&[BASE]);
         t.add(me, None);
-        // Recorded as init's child (alive), where /proc shows another parent: the same start
-        // tick, but another process under the pid.
+        // Recorded as its own child (a live process, with its start time), where /proc shows
+        // another parent: the same start tick, but another process under the pid.
         let p = t.procs.get_mut(&me).unwrap();
-        assert_ne!(p.info.ppid, Some(1));
-        p.info.ppid = Some(1);
+        p.info.ppid = Some(me);
+        p.parent_start = p.start;
         p.info.comm = "child".into();
         t.refresh_maps(true);
         assert_eq!(t.procs[&me].info.comm, "child");
         assert!(t.procs[&me].info.exited);
+        // A parent that exited, its pid now another process's (another start time): still
+        // the child, reparented.
+        let mut t = Tracker::new(&[BASE]);
+        t.add(me, None);
+        let p = t.procs.get_mut(&me).unwrap();
+        p.info.ppid = Some(me);
+        p.parent_start = p.start.map(|s| s + 1);
+        p.info.comm.clear();
+        t.refresh_maps(true);
+        assert!(!t.procs[&me].info.comm.is_empty());
+        assert!(!t.procs[&me].info.exited);
         // A first read put off after a fork at boot: this process started later, so is not
         // that child.
         let mut t = Tracker::new(&[BASE]);
@@ -466,6 +485,9 @@ mod tests {
         assert!(t.procs[&me].info.comm.is_empty());
     }
 
+    /// The same pid later: /proc shows this test process, and the tracked one started at
+    /// another time (it exited, its exit not yet seen): its names are not read, its maps not
+    /// taken, and it is taken to have exited.
     #[test]
     fn a_pid_taken_after_the_first_read_is_not_read_again() {
         let me = std::process::id();

@@ -243,7 +243,7 @@ impl Offsets {
         let arm = cfg!(target_arch = "aarch64");
         let (sys_open, sys_creat, sys_openat) = if arm { (NONE, NONE, 56) } else { (2, 85, 257) };
         let (sys_dup2, sys_dup3) = if arm { (NONE, 24) } else { (33, 292) };
-        let (sys_close, sys_execve, sys_execveat) = if arm { (57, 221, 281) } else { (3, 59, 322) };
+        let [sys_close, _, _, _, sys_execve, sys_execveat] = FD_MOVING_SYSCALLS;
         let (sys_pipe, sys_pipe2) = if arm { (NONE, 59) } else { (22, 293) };
         let (sys_socket, sys_accept, sys_accept4) =
             if arm { (198, 202, 242) } else { (41, 43, 288) };
@@ -439,10 +439,8 @@ impl Accounting {
                 {
                     continue;
                 }
-                if let Some(c) = procfs::thread_comm(st.tgid, tid) {
-                    self.comms.insert(tid, (st.tgid, c));
-                    self.named.insert(tid, st.born_ns);
-                }
+                self.comms.insert(tid, (st.tgid, now.comm));
+                self.named.insert(tid, st.born_ns);
             }
             // Only once the names were read: a look that could not read the states leaves
             // the renames for the next one.
@@ -453,9 +451,9 @@ impl Accounting {
         }
         // While the syscall programs are off, closes go unseen: the file /proc shows under an
         // fd may not be the one its row counted. They are named as they come back (with new
-        // generations, `retire::next_fd_generations`). Stopped by a storm (`SYS_HALT_MAP`),
-        // they are off already, before the gate hears of it.
-        if self.sys_gate.as_ref().is_some_and(|g| !g.is_on()) || syscalls_halted(ebpf) {
+        // generations, `retire::next_fd_generations`). Stopped by a storm (`SYS_HALT_MAP`)
+        // before the gate hears of it, only while no fd moved since (`name_open_fds`).
+        if self.sys_gate.as_ref().is_some_and(|g| !g.is_on()) {
             return;
         }
         self.name_open_fds(ebpf);
@@ -466,7 +464,13 @@ impl Accounting {
     /// a close they did not see).
     fn name_open_fds(&mut self, ebpf: &Ebpf) {
         let read = self.read_open_fd_names(ebpf);
-        if !syscalls_halted(ebpf) {
+        // Looked at after the read: a move under way at the stop stays under way (its exit is
+        // stopped), and one entered since is marked before it runs. The thread states are
+        // read last, and only when there is something to name.
+        if !read.is_empty()
+            && (!syscalls_halted(ebpf)
+                || (fds_unmoved_since_halt(ebpf) && !fd_move_in_flight(ebpf)))
+        {
             self.fds.extend(read);
         }
     }
@@ -686,10 +690,37 @@ fn slow_take_off_ms() -> Option<u64> {
     })
 }
 
+/// close, close_range, dup2, dup3, execve and execveat on this architecture (`u32::MAX - 1`
+/// where one does not exist): the syscalls that can put another file under an fd in use.
+const FD_MOVING_SYSCALLS: [u32; 6] = if cfg!(target_arch = "aarch64") {
+    [57, 436, u32::MAX - 1, 24, 221, 281]
+} else {
+    [3, 436, 33, 292, 59, 322]
+};
+
+/// Whether a traced thread's syscall that can put another file under one of its fds was under
+/// way (entered, its exit not seen) when the programs stopped: its exit, stopped, moves no
+/// generation on and marks nothing (`SYS_HALT_FDS_MAP`). Also true when the states cannot be
+/// read.
+fn fd_move_in_flight(ebpf: &Ebpf) -> bool {
+    let Ok(threads) = States::open(ebpf).and_then(|s| s.all(ebpf)) else {
+        return true;
+    };
+    threads
+        .iter()
+        .any(|(_, st)| FD_MOVING_SYSCALLS.iter().any(|&n| st.sys_nr == n as i32))
+}
+
 /// Whether the syscall programs stopped themselves at a storm and have not been put back on
 /// (`SYS_HALT_MAP`); false when it cannot be read.
 fn syscalls_halted(ebpf: &Ebpf) -> bool {
     retire::counter(ebpf, tracer_common::wall::SYS_HALT_MAP).is_ok_and(|at| at != 0)
+}
+
+/// Whether no traced thread entered a syscall that can put another file under an fd since
+/// the programs stopped (`SYS_HALT_FDS_MAP`); false when it cannot be read.
+fn fds_unmoved_since_halt(ebpf: &Ebpf) -> bool {
+    retire::counter(ebpf, tracer_common::wall::SYS_HALT_FDS_MAP).is_ok_and(|n| n == 0)
 }
 
 /// Sets a one-entry `u64` array map.
@@ -768,12 +799,9 @@ impl Accounting {
         }
         // Named from /proc while the programs, stopped at the storm, are still attached: they
         // mark any close, dup onto an fd or exec since (`SYS_HALT_FDS_MAP`), after which a
-        // row could take the name of a file opened under its fd. dd's input is a dup of
-        // /dev/zero onto fd 0, which no open names.
-        let read = self.read_open_fd_names(ebpf);
-        if retire::counter(ebpf, tracer_common::wall::SYS_HALT_FDS_MAP).is_ok_and(|n| n == 0) {
-            self.fds.extend(read);
-        }
+        // row could take the name of a file opened under its fd (`name_open_fds`). dd's
+        // input is a dup of /dev/zero onto fd 0, which no open names.
+        self.name_open_fds(ebpf);
         for (prog, _, link) in self.sys_links.iter_mut() {
             if let Some(l) = link.take() {
                 bpf::detach_tracepoint(ebpf, prog, l)?;

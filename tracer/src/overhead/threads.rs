@@ -19,7 +19,6 @@ use crate::report::model::{
     Report, ThreadReport,
 };
 
-/// Mean cost of one traced hit of `name` (its raw or classic tracepoint variant alike), in ns.
 /// What an early return of program `name` (any of its versions) cost, at the dearest of them.
 fn early_per_hit(o: &Overhead, name: &str) -> f64 {
     o.programs
@@ -33,6 +32,7 @@ fn early_per_hit(o: &Overhead, name: &str) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// Mean cost of one traced hit of `name` (its raw or classic tracepoint variant alike), in ns.
 fn per_hit(o: &Overhead, name: &str) -> f64 {
     let (mut hits, mut ns) = (0u64, 0.0);
     for p in o.programs.iter().filter(|p| {
