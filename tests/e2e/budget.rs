@@ -574,7 +574,9 @@ fn dd_storm(name: &str, env: &[(&str, &str)]) {
     // (5.4-8.7% of its time, which the budget cannot help: user space is late).
     // What the budget holds is the rest: the blocks (as a share of dd's time, the stop's
     // part taken out, which grows with how long the host takes to detach), under 5% either
-    // way. The stopped syscalls are priced at a plausible early return each.
+    // way. The stopped syscalls are priced at the programs' early returns (57-187 ns a
+    // syscall in four runs here: the split of the kernel's mean puts an early return of
+    // `sys_exit` at 17-116 ns, its trap below 0), never more than a full one.
     let halted = off["halted_calls"].as_u64().unwrap() as f64;
     let stopped = common::field_of(&c["parts"], "what", "syscall tracepoints, stopped", "ns");
     let parts: u64 = c["parts"]
@@ -586,14 +588,11 @@ fn dd_storm(name: &str, env: &[(&str, &str)]) {
     let share = c["estimated"].as_f64().unwrap() * (parts - stopped) as f64 / parts as f64;
     assert!(share < 0.05, "{share}: {c:#}");
     if late {
-        assert!(halted > 200_000.0, "{off:#}");
+        assert!(halted > 200_000.0 && stopped > 0, "{off:#} {c:#}");
     }
     if halted > 0.0 {
         let each = stopped as f64 / halted;
-        assert!(
-            each > 20.0 && each < 1000.0,
-            "{each} ns a stopped syscall: {c:#}"
-        );
+        assert!(each < 1000.0, "{each} ns a stopped syscall: {c:#}");
     }
     // And the programs themselves did their work for those blocks of its syscalls only:
     // ~140,000 traced runs, against the storm's 24,000,000. (Their runs in all also count

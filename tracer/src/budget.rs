@@ -1276,40 +1276,26 @@ mod tests {
         );
         assert_eq!(f.by_calls, 0.0);
         assert_eq!(f.estimated, 30_000.0 + 50_000.0);
-        // Fewer launches than two steps' worth, but still none of the copies: no fit (the
-        // ratio would fill the copy-less stretch before it with nothing).
-        let f = fill(
-            &[
-                steady(1000, 1000, 0, 10, 0),
-                steady(0, 0, 10_000, 0, 0),
-                steady(100, 150, 0, 0, 0),
-            ],
-            EXACT,
-        );
-        assert_eq!(f.by_calls, 0.0);
-        assert_eq!(f.estimated, 10_000.0 * (1.0 + 1.5) / 2.0);
-        // Two steps' copies, and launches a step and a third off what they make: within two
-        // steps, but a third more than half of them (a window of a few steps cut at both edges
-        // says too little to stand in).
-        let f = fill(
-            &[
-                steady(1000, 1000, 0, 10, 0),
-                steady(0, 0, 10_000, 0, 40),
-                steady(100, 330, 0, 2, 0),
-            ],
-            EXACT,
-        );
-        assert_eq!(f.by_calls, 0.0);
-        // Copies with no launches (an evaluation pass): no fit either.
-        let f = fill(
-            &[
-                steady(1000, 1000, 0, 10, 0),
-                steady(0, 0, 10_000, 0, 40),
-                steady(1000, 0, 0, 2, 0),
-            ],
-            EXACT,
-        );
-        assert_eq!(f.by_calls, 0.0);
+        // Nor do these, beside the same window: fewer launches than two steps' worth but still
+        // no copies (the ratio would fill the copy-less stretch before it with nothing); two
+        // steps' copies and launches a step and a third off what they make (within two steps,
+        // but more than half: a window of a few steps cut at both edges says too little);
+        // copies with no launches (an evaluation pass).
+        for (short, copies_off) in [
+            (steady(100, 150, 0, 0, 0), 0),
+            (steady(100, 330, 0, 2, 0), 40),
+            (steady(1000, 0, 0, 2, 0), 40),
+        ] {
+            let f = fill(
+                &[
+                    steady(1000, 1000, 0, 10, 0),
+                    steady(0, 0, 10_000, 0, copies_off),
+                    short,
+                ],
+                EXACT,
+            );
+            assert_eq!(f.by_calls, 0.0, "{short:?}");
+        }
     }
 
     #[test]
