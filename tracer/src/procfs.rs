@@ -101,6 +101,17 @@ pub fn start_floor_ktime(starttime: u64) -> Option<u64> {
     Some(boot_ns.saturating_sub(suspended))
 }
 
+/// Beyond a tick's rounding (the floor's), what the two clocks' reading may put between a
+/// task's start and an event of its own.
+const START_SLACK_NS: u64 = 1_000_000;
+
+/// Whether a task whose `starttime` is this surely started after `ns` (CLOCK_MONOTONIC): then
+/// it is not the task an event of then was about, but a later one under its id. False where
+/// the tick is unknown.
+pub fn started_after(starttime: u64, ns: u64) -> bool {
+    start_floor_ktime(starttime).is_some_and(|s| s > ns + START_SLACK_NS)
+}
+
 pub fn stat(pid: u32) -> Option<Stat> {
     stat_if_any(pid).ok().flatten()
 }

@@ -40,11 +40,6 @@ pub struct Tracked {
     pub parent_start: Option<u64>,
 }
 
-/// A process start read from /proc (rounded down to its clock tick) later than a fork by more
-/// than this was not that fork's child: a tick's rounding is taken care of by the floor, this
-/// is for the clocks' reading.
-const SLACK_NS: u64 = 1_000_000;
-
 /// Processes known by name and parent; beyond this new ones are counted, not stored.
 pub const MAX_TRACKED: usize = 16_384;
 /// Exited processes whose maps snapshot is kept for symbolisation (the oldest are evicted).
@@ -136,7 +131,7 @@ impl Tracker {
         let Some(st) = procfs::stat(fork.pid) else {
             return false;
         };
-        if procfs::start_floor_ktime(st.starttime).is_some_and(|s| s > fork.ts_ns + SLACK_NS) {
+        if procfs::started_after(st.starttime, fork.ts_ns) {
             return true;
         }
         if st.ppid == fork.ppid {
@@ -185,9 +180,9 @@ impl Tracker {
                     })
             }
             None => {
-                let started_after_fork = t.forked_ns.is_some_and(|f| {
-                    procfs::start_floor_ktime(st.starttime).is_some_and(|s| s > f + SLACK_NS)
-                });
+                let started_after_fork = t
+                    .forked_ns
+                    .is_some_and(|f| procfs::started_after(st.starttime, f));
                 if started_after_fork || other_parent.is_some_and(|pp| parent_alive(pp, None)) {
                     t.foreign = true;
                     return Some(false);

@@ -242,8 +242,8 @@ impl Offsets {
         const NONE: u32 = u32::MAX - 1;
         let arm = cfg!(target_arch = "aarch64");
         let (sys_open, sys_creat, sys_openat) = if arm { (NONE, NONE, 56) } else { (2, 85, 257) };
-        let (sys_dup2, sys_dup3) = if arm { (NONE, 24) } else { (33, 292) };
-        let [sys_close, _, _, _, sys_execve, sys_execveat] = FD_MOVING_SYSCALLS;
+        let [sys_close, sys_close_range, sys_dup2, sys_dup3, sys_execve, sys_execveat] =
+            FD_MOVING_SYSCALLS;
         let (sys_pipe, sys_pipe2) = if arm { (NONE, 59) } else { (22, 293) };
         let (sys_socket, sys_accept, sys_accept4) =
             if arm { (198, 202, 242) } else { (41, 43, 288) };
@@ -282,7 +282,7 @@ impl Offsets {
             ("SYS_DUP2", sys_dup2),
             ("SYS_DUP3", sys_dup3),
             ("SYS_CLOSE", sys_close),
-            ("SYS_CLOSE_RANGE", 436),
+            ("SYS_CLOSE_RANGE", sys_close_range),
             ("SYS_EXECVE", sys_execve),
             ("SYS_EXECVEAT", sys_execveat),
             ("SYS_PIPE", sys_pipe),
@@ -434,9 +434,7 @@ impl Accounting {
                 let Some(now) = procfs::task_stat(st.tgid, tid) else {
                     continue;
                 };
-                if procfs::start_floor_ktime(now.starttime)
-                    .is_some_and(|s| s > st.born_ns + THREAD_START_SLACK_NS)
-                {
+                if procfs::started_after(now.starttime, st.born_ns) {
                     continue;
                 }
                 self.comms.insert(tid, (st.tgid, now.comm));
@@ -468,7 +466,7 @@ impl Accounting {
         // stopped), and one entered since is marked before it runs. The thread states are
         // read last, and only when there is something to name.
         if !read.is_empty()
-            && (!syscalls_halted(ebpf)
+            && (halted_at(ebpf).is_none()
                 || (fds_unmoved_since_halt(ebpf) && !fd_move_in_flight(ebpf)))
         {
             self.fds.extend(read);
@@ -487,10 +485,6 @@ impl Accounting {
             .collect()
     }
 }
-
-/// A thread /proc shows as started (rounded down to its clock tick) later than this after
-/// the thread state's birth is another thread under the same id.
-const THREAD_START_SLACK_NS: u64 = 1_000_000;
 
 /// Ticks (100 ms) between passes that take dead threads' rows out of the maps (`retire`): 2 s,
 /// or sooner after `retire::DEATHS_PER_PASS` deaths. A pass reads the maps' keys, so it does
@@ -711,10 +705,12 @@ fn fd_move_in_flight(ebpf: &Ebpf) -> bool {
         .any(|(_, st)| FD_MOVING_SYSCALLS.iter().any(|&n| st.sys_nr == n as i32))
 }
 
-/// Whether the syscall programs stopped themselves at a storm and have not been put back on
-/// (`SYS_HALT_MAP`); false when it cannot be read.
-fn syscalls_halted(ebpf: &Ebpf) -> bool {
-    retire::counter(ebpf, tracer_common::wall::SYS_HALT_MAP).is_ok_and(|at| at != 0)
+/// When the syscall programs stopped themselves at a storm, if they have not been put back on
+/// since (`SYS_HALT_MAP`); None too when it cannot be read.
+fn halted_at(ebpf: &Ebpf) -> Option<u64> {
+    retire::counter(ebpf, tracer_common::wall::SYS_HALT_MAP)
+        .ok()
+        .filter(|&at| at != 0)
 }
 
 /// Whether no traced thread entered a syscall that can put another file under an fd since
@@ -777,14 +773,8 @@ impl Accounting {
     /// as off from then. Whether they must now be taken off.
     fn poll_halt(&mut self, ebpf: &Ebpf) -> bool {
         match self.sys_gate.as_mut() {
-            Some(g) if self.sys_gate_failed.is_none() && g.is_on() => {
-                match retire::counter(ebpf, tracer_common::wall::SYS_HALT_MAP) {
-                    Ok(at) if at != 0 => {
-                        g.halted(at.min(ktime_now())) == syscall_gate::Action::TakeOff
-                    }
-                    _ => false,
-                }
-            }
+            Some(g) if self.sys_gate_failed.is_none() && g.is_on() => halted_at(ebpf)
+                .is_some_and(|at| g.halted(at.min(ktime_now())) == syscall_gate::Action::TakeOff),
             _ => false,
         }
     }

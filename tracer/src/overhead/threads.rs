@@ -14,20 +14,23 @@
 //! thread's switches low on a busy machine; the figure is marked as an estimate.
 
 use crate::report::model::{
-    overhead::{Overhead, ThreadCost, ThreadCostPart},
+    overhead::{Overhead, ProgramCost, ThreadCost, ThreadCostPart},
     time::TimeBreakdown,
     Report, ThreadReport,
 };
 
+/// The costs of program `name`'s versions: itself, and its raw or classic tracepoint variant.
+fn versions<'a>(o: &'a Overhead, name: &'a str) -> impl Iterator<Item = &'a ProgramCost> {
+    o.programs.iter().filter(move |p| {
+        p.program == name
+            || p.program.strip_suffix("_tp") == Some(name)
+            || p.program.strip_suffix("_btf") == Some(name)
+    })
+}
+
 /// What an early return of program `name` (any of its versions) cost, at the dearest of them.
 fn early_per_hit(o: &Overhead, name: &str) -> f64 {
-    o.programs
-        .iter()
-        .filter(|p| {
-            p.program == name
-                || p.program.strip_suffix("_tp") == Some(name)
-                || p.program.strip_suffix("_btf") == Some(name)
-        })
+    versions(o, name)
         .map(|p| p.early_ns_per_hit())
         .fold(0.0, f64::max)
 }
@@ -35,11 +38,7 @@ fn early_per_hit(o: &Overhead, name: &str) -> f64 {
 /// Mean cost of one traced hit of `name` (its raw or classic tracepoint variant alike), in ns.
 fn per_hit(o: &Overhead, name: &str) -> f64 {
     let (mut hits, mut ns) = (0u64, 0.0);
-    for p in o.programs.iter().filter(|p| {
-        p.program == name
-            || p.program.strip_suffix("_tp") == Some(name)
-            || p.program.strip_suffix("_btf") == Some(name)
-    }) {
+    for p in versions(o, name) {
         hits += p.traced_hits();
         ns += p.traced_hits() as f64 * p.traced_ns_per_hit();
     }
