@@ -178,10 +178,23 @@ pub fn close(tid: u32, st: &mut ThreadState, now: u64) {
     st.held_cuda.count += 1;
 }
 
-/// Writes out the time `st` holds: at a thread's first switch-out, at death (user space adds
-/// what live threads hold at the end), and before a stale state is replaced.
+/// Writes out the time `tid`'s state holds: at a thread's first switch-out, at death (user
+/// space adds what live threads hold at the end), and before a stale state is replaced.
+///
+/// This, [`born`] and [`died`] are BPF global functions (see `crate`'s docs): the verifier
+/// walks each once, where inlined it walked their map updates again on every path of the
+/// scheduler program that reaches them.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn gputrace_flush(tid: u32) -> u32 {
+    if let Some(st) = state(tid) {
+        flush(tid, unsafe { &mut *st });
+    }
+    0
+}
+
 #[inline(always)]
-pub fn flush(tid: u32, st: &mut ThreadState) {
+fn flush(tid: u32, st: &mut ThreadState) {
     let key = st.cpu_key(tid);
     write_out(&key, &mut st.held_cpu);
     flush_cuda(tid, st);
@@ -233,9 +246,19 @@ fn add_row(key: &WallKey, ns: u64, count: u64) {
 #[map(name = "DEATHS")]
 static DEATHS: Array<u64> = Array::with_max_entries(1, 0);
 
-/// Records that a thread died at `now` (its last switch-out) and forgets its state.
+/// Records that thread `tid` died at `now` (its last switch-out) and forgets its state.
 #[inline(always)]
-pub fn died(tid: u32, st: &mut ThreadState, now: u64) {
+pub fn died(tid: u32, now: u64) {
+    gputrace_died(tid, now);
+}
+
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn gputrace_died(tid: u32, now: u64) -> u32 {
+    let Some(st) = state(tid) else {
+        return 0;
+    };
+    let st = unsafe { &mut *st };
     flush(tid, st);
     let key = LifeKey {
         born_ns: st.born_ns,
@@ -253,16 +276,23 @@ pub fn died(tid: u32, st: &mut ThreadState, now: u64) {
         counter_add(&DEATHS, 1);
     }
     forget(tid);
+    0
 }
 
 /// Starts accounting a thread created at `now`; it is runnable until it first runs.
 #[inline(always)]
 pub fn born(tid: u32, tgid: u32, now: u64) {
+    gputrace_born(tid, tgid, now);
+}
+
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64) -> u32 {
     if tid == 0 {
-        return;
+        return 0;
     }
     let Some(slot) = SLOTS.get_ptr_mut(thread_slot(tid)) else {
-        return;
+        return 0;
     };
     // A state left by a thread whose death went unseen keeps the time it held.
     if let Some(old) = state(tid) {
@@ -277,11 +307,11 @@ pub fn born(tid: u32, tgid: u32, now: u64) {
         // Two CPUs may fill one free slot at once (plain stores) only for two threads born
         // together whose ids differ by a multiple of THREAD_SLOTS.
         unsafe { *slot = ThreadState::new(now, tid, tgid, PHASE_RUNNABLE) };
-        return;
+        return 0;
     }
     // Built in a per-CPU slot: a state is too big for the programs' 512-byte stack.
     let Some(st) = NEW_STATE.get_ptr_mut(0) else {
-        return;
+        return 0;
     };
     unsafe { *st = ThreadState::new(now, tid, tgid, PHASE_RUNNABLE) };
     if THREADS.insert(&tid, unsafe { &*st }, 0).is_ok() {
@@ -289,6 +319,7 @@ pub fn born(tid: u32, tgid: u32, now: u64) {
     } else {
         count_drop(Drop::ThreadStateFull);
     }
+    0
 }
 
 /// From now on, charge `tid`'s time to `category` until [`exit_override`], under the call's

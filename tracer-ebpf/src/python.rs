@@ -102,6 +102,13 @@ pub fn python_stack(tgid: u32, tid: u32) -> u64 {
     if unsafe { PY_NOT.get(&tgid) }.is_some() {
         return 0;
     }
+    gputrace_python_walk(tgid, tid)
+}
+
+/// [`python_stack`] of a process that may be Python (a global function: `crate`'s docs).
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn gputrace_python_walk(tgid: u32, tid: u32) -> u64 {
     let off = match unsafe { PY_PROCS.get(&tgid) } {
         Some(o) => *o,
         // Not classified yet (just started or just exec'd).

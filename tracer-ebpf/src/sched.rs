@@ -28,7 +28,7 @@ use tracer_common::wall::{
 };
 
 use crate::{
-    account::{born, close, died, flush, state},
+    account::{born, close, died, gputrace_flush, state},
     kread::{Direct, Kernel, Probe},
     maps::{by_path, current_ids, is_traced, maybe_traced, stack_id, traced},
 };
@@ -250,7 +250,7 @@ fn switch_out<C: StackIdContext, K: Kernel>(
     close(tid, st, now);
     if prev_state & 0xff & EXIT_BITS != 0 {
         // died() writes out what the thread holds.
-        died(tid, st, now);
+        died(tid, now);
         return;
     }
     // On-CPU time stays held across switches once its row exists (written at the first
@@ -260,7 +260,7 @@ fn switch_out<C: StackIdContext, K: Kernel>(
     // site stays held the same way until the site changes (the CUDA probes leave the states
     // alone once user space stops the accounting to read it: `account::stopped`).
     if st.cpu_row == 0 {
-        flush(tid, st);
+        gputrace_flush(tid);
         st.cpu_row = 1;
     }
     // The syscall it is in, if its entry was seen since the syscall programs last came on

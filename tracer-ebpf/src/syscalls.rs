@@ -349,32 +349,49 @@ fn name_slot(tgid: u32, fd: i32) -> Option<(&'static mut FdName, FdKey)> {
 /// Records the path `path` (user address) that opened `fd`.
 #[inline(always)]
 fn name_fd(tgid: u32, fd: i32, path: u64) {
-    let Some((slot, key)) = name_slot(tgid, fd) else {
-        return;
-    };
-    if unsafe { bpf_probe_read_user_str_bytes(path as *const u8, &mut slot.path) }.is_ok() {
-        slot.key = key;
-    } else {
-        // Another file's name may be half overwritten: the slot names nothing now.
-        slot.key.tgid = 0;
-    }
+    gputrace_name_fd(tgid, fd, path, 0);
 }
 
 /// Names `fd` by what made it (`<pipe>`, `<socket>`): no path, but not an unknown file.
 #[inline(always)]
-fn label_fd(tgid: u32, fd: i32, label: &[u8; 9]) {
-    if let Some((slot, key)) = name_slot(tgid, fd) {
-        let mut i = 0;
-        while i < label.len() {
-            slot.path[i] = label[i];
-            i += 1;
-        }
-        slot.key = key;
-    }
+fn label_fd(tgid: u32, fd: i32, label: u32) {
+    gputrace_name_fd(tgid, fd, 0, label);
 }
 
-const PIPE_LABEL: &[u8; 9] = b"<pipe>\0\0\0";
-const SOCKET_LABEL: &[u8; 9] = b"<socket>\0";
+const PIPE_LABEL: u32 = 1;
+const SOCKET_LABEL: u32 = 2;
+
+/// Names `fd` of `tgid` by the path at user address `path`, or when that is 0 by `label`
+/// (`PIPE_LABEL`, `SOCKET_LABEL`). A global function (see `crate`'s docs): the set's search
+/// was walked again for each of the four places `sys_exit` names an fd.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn gputrace_name_fd(tgid: u32, fd: i32, path: u64, label: u32) -> u32 {
+    let Some((slot, key)) = name_slot(tgid, fd) else {
+        return 0;
+    };
+    if path != 0 {
+        if unsafe { bpf_probe_read_user_str_bytes(path as *const u8, &mut slot.path) }.is_ok() {
+            slot.key = key;
+        } else {
+            // Another file's name may be half overwritten: the slot names nothing now.
+            slot.key.tgid = 0;
+        }
+        return 0;
+    }
+    let text: &[u8; 9] = if label == PIPE_LABEL {
+        b"<pipe>\0\0\0"
+    } else {
+        b"<socket>\0"
+    };
+    let mut i = 0;
+    while i < text.len() {
+        slot.path[i] = text[i];
+        i += 1;
+    }
+    slot.key = key;
+    0
+}
 
 /// The open generation of `fd` of `tgid`: closes of that fd number so far.
 #[inline(always)]

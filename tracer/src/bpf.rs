@@ -273,6 +273,31 @@ mod tests {
         assert!(!msg.contains("func#0"), "only the tail: {msg}");
     }
 
+    /// The scheduler program's walk rests on these staying BPF global functions (see
+    /// tracer-ebpf/src/main.rs): a static one is walked again on every path that calls it.
+    #[test]
+    fn the_objects_global_functions_stay_global() {
+        use object::{Object, ObjectSymbol, SymbolKind};
+        let elf = object::File::parse(OBJECT).expect("parse the embedded eBPF object");
+        let globals: Vec<String> = elf
+            .symbols()
+            .filter(|s| s.kind() == SymbolKind::Text && s.is_global())
+            .filter_map(|s| s.name().ok().map(str::to_string))
+            .collect();
+        for f in [
+            "gputrace_python_walk",
+            "gputrace_flush",
+            "gputrace_born",
+            "gputrace_died",
+            "gputrace_name_fd",
+        ] {
+            assert!(
+                globals.iter().any(|g| g == f),
+                "{f} not global in {globals:?}"
+            );
+        }
+    }
+
     #[test]
     fn verifier_rejection_without_a_log() {
         let e = std::io::Error::from_raw_os_error(libc::EINVAL);
