@@ -181,9 +181,11 @@ pub fn close(tid: u32, st: &mut ThreadState, now: u64) {
 /// Writes out the time `tid`'s state holds: at a thread's first switch-out, at death (user
 /// space adds what live threads hold at the end), and before a stale state is replaced.
 ///
-/// This, [`born`] and [`died`] are BPF global functions (see `crate`'s docs): the verifier
-/// walks each once, where inlined it walked their map updates again on every path of the
-/// scheduler program that reaches them.
+/// This, [`gputrace_born`] and [`gputrace_died`] are BPF global functions (see `crate`'s
+/// docs): the verifier walks each once, where inlined it walked their map updates again on
+/// every path of the scheduler program that reaches them. [`born`] and [`died`] call this
+/// first and then theirs, one after the other: a global function's frame adds to its
+/// caller's, so none calls another.
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn gputrace_flush(tid: u32) -> u32 {
@@ -246,12 +248,15 @@ fn add_row(key: &WallKey, ns: u64, count: u64) {
 #[map(name = "DEATHS")]
 static DEATHS: Array<u64> = Array::with_max_entries(1, 0);
 
-/// Records that thread `tid` died at `now` (its last switch-out) and forgets its state.
+/// Records that thread `tid` died at `now` (its last switch-out) and forgets its state,
+/// after writing out what it held.
 #[inline(always)]
 pub fn died(tid: u32, now: u64) {
+    gputrace_flush(tid);
     gputrace_died(tid, now);
 }
 
+/// [`died`] once the state was flushed.
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn gputrace_died(tid: u32, now: u64) -> u32 {
@@ -259,7 +264,6 @@ pub extern "C" fn gputrace_died(tid: u32, now: u64) -> u32 {
         return 0;
     };
     let st = unsafe { &mut *st };
-    flush(tid, st);
     let key = LifeKey {
         born_ns: st.born_ns,
         tid,
@@ -279,12 +283,17 @@ pub extern "C" fn gputrace_died(tid: u32, now: u64) -> u32 {
     0
 }
 
-/// Starts accounting a thread created at `now`; it is runnable until it first runs.
+/// Starts accounting a thread created at `now`; it is runnable until it first runs. A state
+/// left by a thread whose death went unseen keeps the time it held: written out first.
 #[inline(always)]
 pub fn born(tid: u32, tgid: u32, now: u64) {
+    if state(tid).is_some() {
+        gputrace_flush(tid);
+    }
     gputrace_born(tid, tgid, now);
 }
 
+/// [`born`] once a state left under `tid` was flushed.
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64) -> u32 {
@@ -294,26 +303,25 @@ pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64) -> u32 {
     let Some(slot) = SLOTS.get_ptr_mut(thread_slot(tid)) else {
         return 0;
     };
-    // A state left by a thread whose death went unseen keeps the time it held.
     if let Some(old) = state(tid) {
-        flush(tid, unsafe { &mut *old });
         if old != slot {
             forget_spilled(tid);
         }
     }
     crate::maps::mark_maybe(tid);
-    let owner = unsafe { (*slot).tid };
-    if owner == 0 || owner == tid {
-        // Two CPUs may fill one free slot at once (plain stores) only for two threads born
-        // together whose ids differ by a multiple of THREAD_SLOTS.
-        unsafe { *slot = ThreadState::new(now, tid, tgid, PHASE_RUNNABLE) };
-        return 0;
-    }
-    // Built in a per-CPU slot: a state is too big for the programs' 512-byte stack.
+    // Built once in a per-CPU slot and copied from there: a state built by value goes
+    // through the stack, and this function's frame adds to its caller's (`crate`'s docs).
     let Some(st) = NEW_STATE.get_ptr_mut(0) else {
         return 0;
     };
     unsafe { *st = ThreadState::new(now, tid, tgid, PHASE_RUNNABLE) };
+    let owner = unsafe { (*slot).tid };
+    if owner == 0 || owner == tid {
+        // Two CPUs may fill one free slot at once (plain stores) only for two threads born
+        // together whose ids differ by a multiple of THREAD_SLOTS.
+        unsafe { *slot = *st };
+        return 0;
+    }
     if THREADS.insert(&tid, unsafe { &*st }, 0).is_ok() {
         counter_add(&SPILLED, 1);
     } else {

@@ -246,8 +246,7 @@ fn switch_out<C: StackIdContext, K: Kernel>(
         }
     };
     traced(p);
-    let st: &mut ThreadState = unsafe { &mut *st };
-    close(tid, st, now);
+    close(tid, unsafe { &mut *st }, now);
     if prev_state & 0xff & EXIT_BITS != 0 {
         // died() writes out what the thread holds.
         died(tid, now);
@@ -259,10 +258,13 @@ fn switch_out<C: StackIdContext, K: Kernel>(
     // out, so a WALL lookup per switch-out (~0.2 µs here) buys nothing. Time in one CUDA call
     // site stays held the same way until the site changes (the CUDA probes leave the states
     // alone once user space stops the accounting to read it: `account::stopped`).
-    if st.cpu_row == 0 {
+    if unsafe { (*st).cpu_row } == 0 {
         gputrace_flush(tid);
-        st.cpu_row = 1;
+        unsafe { (*st).cpu_row = 1 };
     }
+    // Referenced only now: the global functions above write the state through pointers of
+    // their own.
+    let st: &mut ThreadState = unsafe { &mut *st };
     // The syscall it is in, if its entry was seen since the syscall programs last came on
     // (else `SYSCALL_UNSEEN`, and the wait is told by nothing but its stacks: they are
     // walked, not reused from another wait, as all of a thread's waits look alike then).

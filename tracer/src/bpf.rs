@@ -117,8 +117,9 @@ pub fn attach_raw_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<
 }
 
 /// GPUTRACE_REFUSE_PROGRAMS=a,b: the raw tracepoint programs named fail to load, as on a
-/// kernel whose verifier refuses them (`sched_switch` walks 87% of the verifier's limit
-/// here), so that the fallback to the classic ones is tested.
+/// kernel whose verifier refuses them (`sched_switch` walked 87% of the verifier's limit
+/// here before its rare paths became global functions), so that the fallback to the classic
+/// ones is tested.
 fn refused_by_request(prog: &str) -> bool {
     std::env::var("GPUTRACE_REFUSE_PROGRAMS").is_ok_and(|v| v.split(',').any(|p| p == prog))
 }
@@ -273,10 +274,151 @@ mod tests {
         assert!(!msg.contains("func#0"), "only the tail: {msg}");
     }
 
-    /// The scheduler program's walk rests on these staying BPF global functions (see
-    /// tracer-ebpf/src/main.rs): a static one is walked again on every path that calls it.
+    /// The embedded object's functions and programs as the kernel's verifier sees their
+    /// stacks: each one's frame (the deepest slot below r10 it touches) and the functions it
+    /// calls (`call` or a callback's address, through relocations).
+    struct Frames {
+        /// `section:name` -> its frame.
+        funcs: std::collections::BTreeMap<String, Func>,
+    }
+
+    struct Func {
+        /// Bytes of stack below r10.
+        frame: u32,
+        callees: Vec<String>,
+    }
+
+    impl Frames {
+        fn parse() -> Frames {
+            use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget, SymbolKind};
+            let elf = object::File::parse(OBJECT).expect("parse the embedded eBPF object");
+            let mut funcs = std::collections::BTreeMap::new();
+            for sec in elf
+                .sections()
+                .filter(|s| s.kind() == object::SectionKind::Text)
+            {
+                let code = sec.data().expect("section data");
+                let syms: Vec<_> = elf
+                    .symbols()
+                    .filter(|s| s.section_index() == Some(sec.index()))
+                    .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0)
+                    .collect();
+                // Which function of `.text` holds a byte offset.
+                let text_fn = |off: u64| -> String {
+                    let text = elf.section_by_name(".text").expect(".text");
+                    elf.symbols()
+                        .filter(|s| s.section_index() == Some(text.index()))
+                        .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0)
+                        .find(|s| (s.address()..s.address() + s.size()).contains(&off))
+                        .and_then(|s| s.name().ok().map(str::to_string))
+                        .unwrap_or_else(|| panic!("no function at .text+{off}"))
+                };
+                let relocs: Vec<(u64, object::Relocation)> = sec.relocations().collect();
+                for f in &syms {
+                    let (lo, hi) = (f.address(), f.address() + f.size());
+                    let insn = |at: u64| &code[at as usize..at as usize + 8];
+                    let mut frame = 0u32;
+                    let mut fp_off: [Option<i64>; 11] = [None; 11];
+                    let mut at = lo;
+                    while at < hi {
+                        let b = insn(at);
+                        let (op, dst, src) = (b[0], (b[1] & 0xf) as usize, (b[1] >> 4) as usize);
+                        let off = i16::from_le_bytes([b[2], b[3]]) as i64;
+                        let imm = i32::from_le_bytes([b[4], b[5], b[6], b[7]]) as i64;
+                        let mut deep = |d: i64| frame = frame.max((-d).max(0) as u32);
+                        match op & 7 {
+                            // LDX from the stack, or through a pointer into it.
+                            1 if src == 10 => deep(off),
+                            1 if src < 11 && fp_off[src].is_some() => {
+                                deep(fp_off[src].unwrap() + off)
+                            }
+                            2 | 3 if dst == 10 => deep(off),
+                            2 | 3 if fp_off[dst].is_some() => deep(fp_off[dst].unwrap() + off),
+                            _ => {}
+                        }
+                        if op == 0xbf && src == 10 {
+                            fp_off[dst] = Some(0);
+                        } else if op == 0x07 && dst < 11 && fp_off[dst].is_some() {
+                            let o = fp_off[dst].unwrap() + imm;
+                            fp_off[dst] = Some(o);
+                            deep(o);
+                        } else if op == 0x85 {
+                            fp_off[..6].fill(None);
+                        } else if matches!(op & 7, 0 | 1 | 4 | 7) && dst < 11 {
+                            fp_off[dst] = None;
+                        }
+                        at += if op == 0x18 { 16 } else { 8 };
+                    }
+                    let mut callees = Vec::new();
+                    for (roff, r) in relocs.iter().filter(|(o, _)| (lo..hi).contains(o)) {
+                        let RelocationTarget::Symbol(i) = r.target() else {
+                            continue;
+                        };
+                        let target = elf.symbol_by_index(i).expect("relocation symbol");
+                        let b = insn(*roff);
+                        let imm = i32::from_le_bytes([b[4], b[5], b[6], b[7]]) as i64;
+                        let in_text = target
+                            .section_index()
+                            .and_then(|i| elf.section_by_index(i).ok())
+                            .is_some_and(|s| s.name().ok() == Some(".text"));
+                        let callee = match (b[0], target.kind()) {
+                            (0x85, SymbolKind::Text) => target.name().expect("name").to_string(),
+                            // A static function's call: `.text` plus (imm + 1) instructions.
+                            (0x85, SymbolKind::Section) if in_text => {
+                                text_fn(target.address() + (imm as u64 + 1) * 8)
+                            }
+                            // A callback's address (`bpf_loop`): `.text` plus its offset.
+                            (0x18, SymbolKind::Section) if in_text => {
+                                text_fn(target.address() + imm as u64)
+                            }
+                            (0x85, kind) => panic!(
+                                "a call at {}+{roff} to {:?} ({kind:?}) this test cannot follow",
+                                sec.name().unwrap_or("?"),
+                                target.name()
+                            ),
+                            _ => continue,
+                        };
+                        callees.push(callee);
+                    }
+                    callees.sort();
+                    callees.dedup();
+                    let name = f.name().expect("function name").to_string();
+                    let section = sec.name().expect("section name");
+                    funcs.insert(format!("{section}:{name}"), Func { frame, callees });
+                }
+            }
+            Frames { funcs }
+        }
+
+        fn key_of(&self, name: &str) -> Option<&String> {
+            self.funcs.keys().find(|k| k.ends_with(&format!(":{name}")))
+        }
+
+        /// The deepest stack a call chain from `key` reaches, counted as a kernel before 6.13
+        /// counts it (frames rounded up to 32 bytes and summed along the chain), and the chain.
+        fn chain(&self, key: &str, depth: usize) -> (u32, Vec<String>) {
+            let Func { frame, callees } = &self.funcs[key];
+            let own = frame.max(&1).div_ceil(32) * 32;
+            assert!(depth < 8, "calls nested past 8 at {key}");
+            let deepest = callees
+                .iter()
+                .map(|c| {
+                    let k = self.key_of(c).unwrap_or_else(|| panic!("{c} not found"));
+                    self.chain(k, depth + 1)
+                })
+                .max_by_key(|(d, _)| *d)
+                .unwrap_or_default();
+            let mut names = vec![format!("{key} ({own})")];
+            names.extend(deepest.1);
+            (own + deepest.0, names)
+        }
+    }
+
+    /// The scheduler program's walk rests on these staying BPF global functions that its
+    /// programs call (see tracer-ebpf/src/main.rs): inlined again, or made static, each would
+    /// be walked again on every path that reaches it.
     #[test]
-    fn the_objects_global_functions_stay_global() {
+    fn the_objects_global_functions_stay_global_and_called() {
         use object::{Object, ObjectSymbol, SymbolKind};
         let elf = object::File::parse(OBJECT).expect("parse the embedded eBPF object");
         let globals: Vec<String> = elf
@@ -284,18 +426,45 @@ mod tests {
             .filter(|s| s.kind() == SymbolKind::Text && s.is_global())
             .filter_map(|s| s.name().ok().map(str::to_string))
             .collect();
-        for f in [
-            "gputrace_python_walk",
-            "gputrace_flush",
-            "gputrace_born",
-            "gputrace_died",
-            "gputrace_name_fd",
+        let frames = Frames::parse();
+        let called_by = |f: &str, section: &str| {
+            frames
+                .funcs
+                .iter()
+                .any(|(k, func)| k.starts_with(section) && func.callees.iter().any(|c| c == f))
+        };
+        for (f, caller) in [
+            ("gputrace_python_walk", "tp_btf/sched_switch"),
+            ("gputrace_flush", "tp_btf/sched_switch"),
+            ("gputrace_born", "tp_btf/sched_switch"),
+            ("gputrace_died", "tp_btf/sched_switch"),
+            ("gputrace_name_fd", "raw_tp/sys_exit"),
         ] {
             assert!(
                 globals.iter().any(|g| g == f),
                 "{f} not global in {globals:?}"
             );
+            assert!(called_by(f, caller), "{caller} does not call {f}");
         }
+    }
+
+    /// A kernel before 6.13 sums the frames along each call chain of a program and refuses it
+    /// past 512 bytes (`combined stack size ... Too large`); 6.13 gave these program types a
+    /// stack per function, so a kernel that loads them here proves nothing for the older ones.
+    #[test]
+    fn every_call_chain_fits_the_older_kernels_stack() {
+        let frames = Frames::parse();
+        let mut programs = 0;
+        for key in frames.funcs.keys().filter(|k| !k.starts_with(".text:")) {
+            programs += 1;
+            let (depth, chain) = frames.chain(key, 0);
+            assert!(
+                depth <= 512,
+                "{depth} bytes of stack: {}",
+                chain.join(" -> ")
+            );
+        }
+        assert!(programs > 20, "only {programs} programs found");
     }
 
     #[test]
