@@ -80,7 +80,7 @@ fn ground_truth_time_split_on_classic_tracepoints() {
 }
 
 /// A kernel that refuses the BTF programs and then the raw ones (the raw `sched_switch` took
-/// 87% of the verifier's limit here before its rare paths became global functions, 11% now;
+/// 87% of the verifier's limit here before its rare paths became global functions, 9% now;
 /// another kernel's verifier may still refuse it) gets the
 /// classic ones, which keep the same books, where the trace failed before. The last program
 /// of each raw set is refused, so the ones loaded before it must go.
