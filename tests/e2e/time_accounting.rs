@@ -978,9 +978,13 @@ fn woken_threads_runqueue_waits_match_the_kernels() {
             };
             let (all, woken) = (runqueue(None), runqueue(Some("woken, waiting for a CPU")));
             // Measured here: within 0.5 ms of the kernel's ~180 ms without the program,
-            // ~3 ms over it with.
+            // ~3 ms over it with. With the program, a busier host moves it more: beside one
+            // CPU hog, 2.6-3.6 ms over in most runs but 9-16 ms in some (the builds before
+            // and after the global functions alike), and a full CI run failed at 13 ms of
+            // 183. The program times from the wake-up's tracepoint, not the enqueue.
+            let slack = if wakeup == "1" { 0.10 } else { 0.05 };
             assert!(
-                (all - kernel).abs() <= 0.05 * kernel + 2e6,
+                (all - kernel).abs() <= slack * kernel + 2e6,
                 "GPUTRACE_SCHED_WAKEUP={wakeup}: sleeper {tid} waited {all} ns on a runqueue, \
                  the kernel says {kernel}: {:#}",
                 t["time"]
