@@ -579,12 +579,7 @@ fn dd_storm(name: &str, env: &[(&str, &str)]) {
     // `sys_exit` at 17-116 ns, its trap below 0), never more than a full one.
     let halted = off["halted_calls"].as_u64().unwrap() as f64;
     let stopped = common::field_of(&c["parts"], "what", "syscall tracepoints, stopped", "ns");
-    let parts: u64 = c["parts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["ns"].as_u64().unwrap())
-        .sum();
+    let parts = common::sum_of(&c["parts"], "ns");
     let share = c["estimated"].as_f64().unwrap() * (parts - stopped) as f64 / parts as f64;
     assert!(share < 0.05, "{share}: {c:#}");
     if late {

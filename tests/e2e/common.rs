@@ -162,6 +162,15 @@ pub fn field_of(rows: &serde_json::Value, key: &str, is: &str, field: &str) -> u
         .unwrap_or(0)
 }
 
+/// The sum of `field` over the JSON array `rows` (every row must have it).
+pub fn sum_of(rows: &serde_json::Value, field: &str) -> u64 {
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[field].as_u64().unwrap())
+        .sum()
+}
+
 /// Names of the BPF programs loaded in the kernel right now.
 pub fn loaded_program_names() -> Vec<String> {
     aya::programs::loaded_programs()

@@ -375,19 +375,10 @@ fn counted_exactly_after(name: &str, env: &[(&str, &str)], delay_ms: u32) -> Run
     // One thread made every call.
     let threads = c["threads"].as_array().unwrap();
     assert_eq!(threads.len(), 1, "{threads:#?}");
-    let calls: u64 = threads[0]["api"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["count"].as_u64().unwrap())
-        .sum();
-    let all: u64 = c["api"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["count"].as_u64().unwrap())
-        .sum();
-    assert_eq!(calls, all);
+    assert_eq!(
+        common::sum_of(&threads[0]["api"], "count"),
+        common::sum_of(&c["api"], "count")
+    );
 
     assert!(run.stdout.contains("CUDA calls"), "{}", run.stdout);
     assert!(run.stdout.contains("vectorAdd"), "{}", run.stdout);
