@@ -287,9 +287,7 @@ pub extern "C" fn gputrace_died(tid: u32, now: u64) -> u32 {
 /// left by a thread whose death went unseen keeps the time it held: written out first.
 #[inline(always)]
 pub fn born(tid: u32, tgid: u32, now: u64) {
-    if state(tid).is_some() {
-        gputrace_flush(tid);
-    }
+    gputrace_flush(tid);
     gputrace_born(tid, tgid, now);
 }
 
