@@ -293,6 +293,21 @@ mod tests {
             use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget, SymbolKind};
             let elf = object::File::parse(OBJECT).expect("parse the embedded eBPF object");
             let mut funcs = std::collections::BTreeMap::new();
+            // Which function of `.text` holds a byte offset.
+            let text = elf.section_by_name(".text").expect(".text").index();
+            let text_funcs: Vec<_> = elf
+                .symbols()
+                .filter(|s| s.section_index() == Some(text))
+                .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0)
+                .map(|s| (s.address()..s.address() + s.size(), s.name().unwrap_or("?")))
+                .collect();
+            let text_fn = |off: u64| -> String {
+                let (_, name) = text_funcs
+                    .iter()
+                    .find(|(r, _)| r.contains(&off))
+                    .unwrap_or_else(|| panic!("no function at .text+{off}"));
+                name.to_string()
+            };
             for sec in elf
                 .sections()
                 .filter(|s| s.kind() == object::SectionKind::Text)
@@ -303,16 +318,6 @@ mod tests {
                     .filter(|s| s.section_index() == Some(sec.index()))
                     .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0)
                     .collect();
-                // Which function of `.text` holds a byte offset.
-                let text_fn = |off: u64| -> String {
-                    let text = elf.section_by_name(".text").expect(".text");
-                    elf.symbols()
-                        .filter(|s| s.section_index() == Some(text.index()))
-                        .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0)
-                        .find(|s| (s.address()..s.address() + s.size()).contains(&off))
-                        .and_then(|s| s.name().ok().map(str::to_string))
-                        .unwrap_or_else(|| panic!("no function at .text+{off}"))
-                };
                 let relocs: Vec<(u64, object::Relocation)> = sec.relocations().collect();
                 for f in &syms {
                     let (lo, hi) = (f.address(), f.address() + f.size());
@@ -357,10 +362,7 @@ mod tests {
                         let target = elf.symbol_by_index(i).expect("relocation symbol");
                         let b = insn(*roff);
                         let imm = i32::from_le_bytes([b[4], b[5], b[6], b[7]]) as i64;
-                        let in_text = target
-                            .section_index()
-                            .and_then(|i| elf.section_by_index(i).ok())
-                            .is_some_and(|s| s.name().ok() == Some(".text"));
+                        let in_text = target.section_index() == Some(text);
                         let callee = match (b[0], target.kind()) {
                             (0x85, SymbolKind::Text) => target.name().expect("name").to_string(),
                             // A static function's call: `.text` plus (imm + 1) instructions.
