@@ -468,6 +468,73 @@ fn running_process_is_traced_by_pid() {
     assert_eq!(c["memory"]["allocs"], 4);
 }
 
+/// A runtime launch entered before its entry probe went on, and held inside the runtime until
+/// the driver's launch probe was on (a launch preempted there while a budget window opens, or
+/// while gputrace attaches): its driver launch is nested in it, not a direct driver launch. It
+/// counted as one `cuLaunchKernel` before the entry program looked at where the driver's
+/// launch was called from (a CI run under CPU load failed on it).
+#[test]
+fn a_runtime_launch_entered_before_its_probe_is_no_driver_launch() {
+    let _g = serial();
+    if !require_root("a_runtime_launch_entered_before_its_probe_is_no_driver_launch") {
+        return;
+    }
+    let dir = fake_cuda();
+    let hold = tmp_dir().join("cudart-hold");
+    std::fs::write(&hold, b"").unwrap();
+    let mut child = Command::new(dir.join("workload"))
+        .args(["--held", "40"])
+        .env("FAKE_CUDART_HOLD", &hold)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the workload");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "held");
+    let pid = child.id().to_string();
+    let out = common::out_dir("cuda-held");
+    let mut live = crate::faults::Live::start(&[
+        "-v",
+        "--max-overhead",
+        "100%",
+        "-o",
+        out.to_str().unwrap(),
+        "--pid",
+        &pid,
+    ]);
+    live.wait_attached();
+    std::fs::remove_file(&hold).unwrap();
+    let status = crate::faults::wait_child(&mut child, std::time::Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "the workload failed");
+    let code = live.wait_for(std::time::Duration::from_secs(30));
+    assert_eq!(
+        code.and_then(|c| c.code()),
+        Some(0),
+        "stderr:\n{}",
+        live.stderr()
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let c = cuda_of(&report, "workload");
+    // The held launch's runtime call was not seen, so it is not counted at all; the 40 after
+    // it are, each once.
+    assert_eq!(count(&c, "cudaLaunchKernel"), 40);
+    assert_eq!(count(&c, "cuLaunchKernel"), 0, "{c:#}");
+    // The held launch did reach the driver's probe: 40 runtime launches with their driver
+    // launches inside, and the held driver launch.
+    let entries = common::field_of(
+        &report["overhead"]["programs"],
+        "program",
+        "cuda_entry",
+        "hits",
+    );
+    assert_eq!(entries, 81, "{:#}", report["overhead"]["programs"]);
+}
+
 /// A library whose path no longer leads to the mapped file (replaced on disk after loading; the
 /// same happens for a file in another mount namespace) is probed through /proc/PID/map_files.
 #[test]

@@ -63,6 +63,16 @@ pub const WINDOW_GEN_SLOT: u32 = 1;
 /// at once, whatever order the kernel takes the probes off in.
 pub const LAUNCHES_OFF_SLOT: u32 = 2;
 pub const RET_GEN_SLOTS: u32 = 3;
+/// tgid -> [`RtText`]: where the shared CUDA runtimes (libcudart) a traced process maps have
+/// their code. A driver launch entered at no call depth but called from there is nested in a
+/// runtime launch whose entry was not seen (entered just before a window's runtime probe went
+/// on, or before the attach, and held inside until the driver's probe was on): not counted
+/// as a direct driver launch.
+pub const RT_TEXT_MAP: &str = "CUDA_RT_TEXT";
+pub const RT_TEXT_ENTRIES: u32 = 4_096;
+/// Executable mappings kept per process: a libcudart maps one; more come from two runtimes
+/// (a wheel's and a vendored copy).
+pub const RT_TEXT_RANGES: usize = 4;
 pub const ENTRY_PROG: &str = "cuda_entry";
 pub const RET_PROG: &str = "cuda_ret";
 /// Global: 1 counts calls at entry only (no return probe, no durations), for cost measurement.
@@ -313,7 +323,30 @@ pub fn log2_bucket(ns: u64) -> usize {
     }
 }
 
-crate::user_pod!(ApiKey, ApiVal, ErrKey, LaunchKey, LaunchVal, CopyKey, CopyVal, CudaEvent);
+/// Up to [`RT_TEXT_RANGES`] address ranges `[start, end)`; unused ones are `[0, 0)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RtText {
+    pub start: [u64; RT_TEXT_RANGES],
+    pub end: [u64; RT_TEXT_RANGES],
+}
+
+impl RtText {
+    /// Whether `addr` lies in one of the ranges.
+    #[inline(always)]
+    pub fn holds(&self, addr: u64) -> bool {
+        let mut i = 0;
+        while i < RT_TEXT_RANGES {
+            if addr >= self.start[i] && addr < self.end[i] {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
+}
+
+crate::user_pod!(ApiKey, ApiVal, ErrKey, LaunchKey, LaunchVal, CopyKey, CopyVal, CudaEvent, RtText);
 
 #[cfg(test)]
 mod tests {

@@ -19,10 +19,11 @@ use aya_ebpf::{
 use tracer_common::{
     cuda::{
         log2_bucket, ApiKey, ApiVal, Cookie, CopyKey, CopyVal, CudaEvent, ErrKey, EventKind,
-        LaunchKey, LaunchVal, Shape, API_ENTRIES, CLOSING_RUNS_SLOT, COPY_ENTRIES, DIR_NONE,
-        ERRS_ENTRIES, EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS, LAUNCHER_SLOT,
-        LAUNCHES_OFF_SLOT, LAUNCH_ENTRIES, LAUNCH_RUNS_SLOTS, OUTER_LAUNCH_SLOT, RET_GEN_SLOTS,
-        STASH_ENTRIES, STEADY_CALLS_SLOT, STEADY_ON_SLOT, STEADY_STEPS_SLOT, WINDOW_GEN_SLOT,
+        LaunchKey, LaunchVal, RtText, Shape, API_ENTRIES, CLOSING_RUNS_SLOT, COPY_ENTRIES,
+        DIR_NONE, ERRS_ENTRIES, EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS,
+        LAUNCHER_SLOT, LAUNCHES_OFF_SLOT, LAUNCH_ENTRIES, LAUNCH_RUNS_SLOTS, OUTER_LAUNCH_SLOT,
+        RET_GEN_SLOTS, RT_TEXT_ENTRIES, STASH_ENTRIES, STEADY_CALLS_SLOT, STEADY_ON_SLOT,
+        STEADY_STEPS_SLOT, WINDOW_GEN_SLOT,
     },
     drops::Drop,
     time::Category,
@@ -55,6 +56,9 @@ static CUDA_EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
 /// `cuda_thread_exit`), so a call costs lookups and stores, never a map insert or delete.
 #[map(name = "CUDA_THREAD")]
 static CUDA_THREAD: HashMap<u64, ThreadState> = HashMap::with_max_entries(STASH_ENTRIES, 0);
+/// `tracer_common::cuda::RT_TEXT_MAP`, written by user space where it finds the libraries.
+#[map(name = "CUDA_RT_TEXT")]
+static CUDA_RT_TEXT: HashMap<u32, RtText> = HashMap::with_max_entries(RT_TEXT_ENTRIES, 0);
 /// A zeroed ApiVal to insert from (too big for comfort on the 512-byte stack).
 #[map(name = "CUDA_ZERO")]
 static CUDA_ZERO: PerCpuArray<ApiVal> = PerCpuArray::with_max_entries(1, 0);
@@ -215,10 +219,11 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     // A launch inside one that started before launches went off is nested as usual (its
     // return must find the depth it raised). A new one is the outermost call, uncounted: the
     // launches inside it are its own even once launches are on again (a window opens while
-    // the runtime's launch is in flight, before its driver launch).
+    // the runtime's launch is in flight, before its driver launch). So is a driver launch
+    // called from a runtime whose launch entry went unseen: not a direct driver launch.
     if st.depth == 0 {
-        st.uncounted = u32::from(off);
-        if off {
+        st.uncounted = u32::from(off || unseen_runtime_call(tgid, sp, cookie.shape));
+        if st.uncounted != 0 {
             st.depth = 1;
             st.outer_sp = sp;
             st.gen = gen;
@@ -270,6 +275,25 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     );
     st.ts = now;
     0
+}
+
+/// Whether a driver launch entered at no call depth was called from a shared runtime's code:
+/// the runtime launch around it was entered before its entry probe was on. Only direct driver
+/// launches (Triton's, a jiterator's) pay the read and the lookup; everything a runtime
+/// launches arrives nested.
+#[inline(always)]
+fn unseen_runtime_call(tgid: u32, sp: u64, shape: u8) -> bool {
+    if shape != Shape::LaunchDrv as u8 && shape != Shape::LaunchDrvEx as u8 {
+        return false;
+    }
+    let Some(text) = (unsafe { CUDA_RT_TEXT.get(&tgid) }) else {
+        return false;
+    };
+    // At a function's first instruction the stack pointer points at the return address.
+    match unsafe { bpf_probe_read_user(sp as *const u64) } {
+        Ok(ret) => text.holds(ret),
+        Err(_) => false,
+    }
 }
 
 /// `--cuda-entry-only`: counts the call in its (process, thread, function) row. A thread with

@@ -51,10 +51,27 @@ void __cudaRegisterFunction(void **fatCubinHandle, const char *hostFun, char *de
     (void)fatCubinHandle;
 }
 
+/* Tests: a launch on this stream stops between the runtime's entry and its driver call, as a
+ * launch preempted there would, while the file FAKE_CUDART_HOLD names exists. It says "held"
+ * on stdout once inside. */
+#define HOLD_STREAM ((cudaStream_t)0x401d)
+
+static void hold(void) {
+    const char *path = getenv("FAKE_CUDART_HOLD");
+    if (!path) return;
+    static const char held[] = "held\n";
+    if (write(1, held, sizeof held - 1) < 0) abort();
+    while (access(path, F_OK) == 0) usleep(1000);
+}
+
 cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args,
                              size_t shmem, cudaStream_t stream) {
     if (!func) return cudaErrorInvalidDeviceFunction;
     load_driver();
+    if (stream == HOLD_STREAM) {
+        hold();
+        stream = 0;
+    }
     int r = drv_launch((void *)func, grid.x, grid.y, grid.z, block.x, block.y, block.z,
                        (unsigned)shmem, stream, args, 0);
     return r ? cudaErrorInvalidDeviceFunction : cudaSuccess;

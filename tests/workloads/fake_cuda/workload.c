@@ -3,6 +3,7 @@
  *
  *   workload [start_delay_ms]      the delay lets gputrace find the libraries first
  *   workload --bench N             N launches as fast as possible, then exit (benchmarks)
+ *   workload --held N              one launch held inside the runtime, then N launches
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -81,8 +82,21 @@ static int bench(long n) {
     return 0;
 }
 
+/* One launch held inside the runtime before its driver call (FAKE_CUDART_HOLD, see
+ * cudart.c), then n launches. */
+static int held(long n) {
+    dim3 g = {1, 1, 1}, b = {32, 1, 1};
+    check(cudaLaunchKernel((void *)_Z9vectorAddPKfS0_Pfi, g, b, 0, 0, (void *)0x401d), 0,
+          "held cudaLaunchKernel");
+    for (long i = 0; i < n; i++)
+        check(cudaLaunchKernel((void *)_Z9vectorAddPKfS0_Pfi, g, b, 0, 0, 0), 0,
+              "cudaLaunchKernel");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[1], "--bench") == 0) return bench(atol(argv[2]));
+    if (argc > 2 && strcmp(argv[1], "--held") == 0) return held(atol(argv[2]));
     /* The real runtime loads the driver when it initialises, before the first call. */
     void *drv = dlopen("libcuda.so.1", RTLD_NOW);
     if (!drv) { fprintf(stderr, "workload: %s\n", dlerror()); return 1; }

@@ -11,6 +11,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use object::{Object, ObjectSection, ObjectSymbol};
+use tracer_common::cuda::{RtText, RT_TEXT_RANGES};
 
 use super::table::Layer;
 use crate::procfs::{self, Mapping};
@@ -83,6 +84,33 @@ pub fn scan(
         });
     }
     out
+}
+
+/// Where the shared runtimes among `runtimes` have their code in a process with maps `maps`,
+/// for the entry program (`tracer_common::cuda::RT_TEXT_MAP`): the executable mappings of each
+/// one that is a libcudart of its own. A runtime linked into a bigger object (libtorch_cuda,
+/// NCCL) is left out: that object's other code may call the driver's launch directly, and
+/// such a launch must still count. The first `RT_TEXT_RANGES` ranges are kept.
+pub fn runtime_text<'a>(maps: &[Mapping], runtimes: impl IntoIterator<Item = &'a Found>) -> RtText {
+    let mut text = RtText::default();
+    let mut n = 0;
+    for f in runtimes
+        .into_iter()
+        .filter(|f| f.layer == Layer::Runtime && !f.embedded)
+    {
+        for m in maps
+            .iter()
+            .filter(|m| m.is_exec() && m.inode == f.inode && m.path == f.path)
+        {
+            if n == RT_TEXT_RANGES {
+                return text;
+            }
+            text.start[n] = m.start;
+            text.end[n] = m.end;
+            n += 1;
+        }
+    }
+    text
 }
 
 /// A library named on the command line (`--libcudart`, `--libcuda`).
@@ -227,5 +255,58 @@ mod tests {
             && m.is_exec()
             && m.offset <= off
             && off < m.offset + (m.end - m.start)));
+    }
+
+    #[test]
+    fn runtime_text_is_the_shared_runtimes_code_only() {
+        let maps = parse_test_maps(
+            "7f0000000000-7f0000010000 r--p 00000000 08:01 11 /w/libcudart.so.12\n\
+             7f0000010000-7f0000080000 r-xp 00010000 08:01 11 /w/libcudart.so.12\n\
+             7f0000080000-7f0000090000 r--p 00080000 08:01 11 /w/libcudart.so.12\n\
+             7f1000000000-7f1000100000 r-xp 00000000 08:01 12 /w/libcuda.so.1\n\
+             7f2000000000-7f2000100000 r-xp 00000000 08:01 13 /w/libtorch_cuda.so\n\
+             7f3000000000-7f3000001000 r-xp 00000000 08:01 14 /w/old/libcudart.so.12\n",
+        );
+        let lib = |layer, inode, path: &str, embedded| Found {
+            layer,
+            path: path.into(),
+            inode,
+            open_path: path.into(),
+            embedded,
+        };
+        let found = [
+            lib(Layer::Runtime, 11, "/w/libcudart.so.12", false),
+            lib(Layer::Driver, 12, "/w/libcuda.so.1", false),
+            lib(Layer::Runtime, 13, "/w/libtorch_cuda.so", true),
+        ];
+        let text = runtime_text(&maps, &found);
+        // The runtime's executable mapping only: not its data, not the driver, not the object
+        // with a runtime inside, not another file at another path.
+        assert_eq!(text.start, [0x7f00_0001_0000, 0, 0, 0]);
+        assert_eq!(text.end, [0x7f00_0008_0000, 0, 0, 0]);
+        assert!(text.holds(0x7f00_0001_0000));
+        assert!(text.holds(0x7f00_0007_ffff));
+        assert!(!text.holds(0x7f00_0008_0000));
+        assert!(!text.holds(0x7f00_0000_ffff));
+        assert!(!text.holds(0x7f10_0000_0010));
+        assert!(!text.holds(0));
+        assert_eq!(runtime_text(&maps, &found[1..]), RtText::default());
+        // More ranges than fit: the first ones are kept.
+        let many: String = (0..6)
+            .map(|i| {
+                format!(
+                    "{:x}-{:x} r-xp 00000000 08:01 11 /w/libcudart.so.12\n",
+                    0x1000 * (2 * i + 1),
+                    0x1000 * (2 * i + 2)
+                )
+            })
+            .collect();
+        let text = runtime_text(&parse_test_maps(&many), &found[..1]);
+        assert_eq!(text.start, [0x1000, 0x3000, 0x5000, 0x7000]);
+        assert_eq!(text.end[3], 0x8000);
+    }
+
+    fn parse_test_maps(text: &str) -> Vec<Mapping> {
+        procfs::parse_maps(text)
     }
 }

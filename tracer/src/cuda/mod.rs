@@ -34,9 +34,9 @@ use aya::{
     Ebpf,
 };
 use tracer_common::cuda::{
-    ApiKey, ApiVal, Cookie, CopyKey, CopyVal, ErrKey, EventKind, LaunchKey, LaunchVal, API_MAP,
-    COPY_MAP, ENTRY_PROG, ERRS_MAP, EVENTS_MAP, EVENT_HEADER_BYTES, GLOBAL_ENTRY_ONLY, LAUNCH_MAP,
-    RET_PROG,
+    ApiKey, ApiVal, Cookie, CopyKey, CopyVal, ErrKey, EventKind, LaunchKey, LaunchVal, RtText,
+    API_MAP, COPY_MAP, ENTRY_PROG, ERRS_MAP, EVENTS_MAP, EVENT_HEADER_BYTES, GLOBAL_ENTRY_ONLY,
+    LAUNCH_MAP, RET_PROG, RT_TEXT_MAP,
 };
 
 use self::{
@@ -84,6 +84,10 @@ pub struct CudaFamily {
     uprobes: Option<Uprobes>,
     /// `-v`: say how soon a library mapped during the trace was probed.
     verbose: bool,
+    /// What `RT_TEXT_MAP` holds for each process.
+    rt_text: HashMap<u32, RtText>,
+    /// A failure to write it was put in the warnings (said once).
+    rt_text_warned: bool,
 }
 
 impl Drop for CudaFamily {
@@ -159,6 +163,8 @@ impl CudaFamily {
             gate: crate::overhead::LaunchGate::new(args.max_overhead, args.cuda_entry_only, trap),
             verbose: args.verbose,
             uprobes: None,
+            rt_text: HashMap::new(),
+            rt_text_warned: false,
         }
     }
 
@@ -195,6 +201,7 @@ impl CudaFamily {
     fn scan(&mut self, ebpf: &mut Ebpf, pids: &[u32], all: bool) {
         // Forgets processes that are gone: a reused pid is looked at afresh.
         self.exec_sizes.retain(|pid, _| pids.contains(pid));
+        self.forget_runtime_text(ebpf, pids);
         self.scan_only(ebpf, pids, all);
     }
 
@@ -221,10 +228,88 @@ impl CudaFamily {
             // made while only the driver's launch probe is on counts as a direct driver
             // launch (see `LaunchGate`'s `outer_first`).
             found_libs.sort_by_key(|f| f.layer != Layer::Runtime);
+            let mut text_set = false;
             for found in found_libs {
+                // The runtimes' code is known before the driver's probes go on.
+                if found.layer == Layer::Driver && !text_set {
+                    self.set_runtime_text(ebpf, pid, &maps);
+                    text_set = true;
+                }
                 let i = self.ensure(ebpf, found);
                 self.users.entry(pid).or_default().insert(i);
             }
+            if !text_set {
+                self.set_runtime_text(ebpf, pid, &maps);
+            }
+        }
+    }
+
+    /// Tells the entry program where the shared runtimes that process `pid` maps have their
+    /// code (`RT_TEXT_MAP`), from its maps `maps`: a driver launch called from there is
+    /// nested in a runtime launch. Only runtimes whose launch probes are attached count: with
+    /// none, the driver's launch is the only one seen.
+    fn set_runtime_text(&mut self, ebpf: &mut Ebpf, pid: u32, maps: &[procfs::Mapping]) {
+        let runtimes = self.users.get(&pid).into_iter().flatten().filter_map(|&i| {
+            let l = &self.libs[i];
+            let launches = l.attached.iter().any(|name| {
+                FUNCS
+                    .iter()
+                    .any(|f| f.name == name && f.layer == Layer::Runtime && f.is_launch())
+            });
+            launches.then_some(&l.found)
+        });
+        let text = discover::runtime_text(maps, runtimes);
+        let known = self.rt_text.get(&pid).copied().unwrap_or_default();
+        if text == known {
+            return;
+        }
+        let Some(map) = ebpf.map_mut(RT_TEXT_MAP) else {
+            return;
+        };
+        let Ok(mut map) = aya::maps::HashMap::<_, u32, RtText>::try_from(map) else {
+            return;
+        };
+        let written = if text == RtText::default() {
+            map.remove(&pid)
+        } else {
+            map.insert(pid, text, 0)
+        };
+        match written {
+            Ok(()) => {
+                self.rt_text.insert(pid, text);
+            }
+            Err(e) if !self.rt_text_warned => {
+                self.rt_text_warned = true;
+                self.warnings.push(format!(
+                    "the CUDA runtime's code in pid {pid} was not recorded ({e}): a runtime \
+                     launch entered just before its probe went on may count as a direct driver \
+                     launch"
+                ));
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Forgets the runtimes' code of processes not in `live`.
+    fn forget_runtime_text(&mut self, ebpf: &mut Ebpf, live: &[u32]) {
+        let gone: Vec<u32> = self
+            .rt_text
+            .keys()
+            .filter(|pid| !live.contains(pid))
+            .copied()
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let Some(Ok(mut map)) = ebpf
+            .map_mut(RT_TEXT_MAP)
+            .map(aya::maps::HashMap::<_, u32, RtText>::try_from)
+        else {
+            return;
+        };
+        for pid in gone {
+            let _ = map.remove(&pid);
+            self.rt_text.remove(&pid);
         }
     }
 
