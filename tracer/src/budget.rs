@@ -83,6 +83,12 @@ pub const COST_UNCERTAINTY: f64 = 0.5;
 /// costing 80% of the thread, whole-bucket windows last ~25 ms and come every ~1 s.
 pub const BURST_S: f64 = 1.0;
 
+/// Seconds of budget the bucket may owe at most. Probes that are never switched off (copies
+/// and syncs) can cost more than the budget fills: while they do no window opens, and once they
+/// stop (the job's phase changes) the launch probes are back within this many seconds,
+/// not after as long as the debt took to run up.
+pub const DEBT_S: f64 = 10.0;
+
 /// The share of the bucket a window may spend at first. A window's cost is mostly its
 /// own traps, plus its attach and close (a fixed ~10 ms of the launching thread's time here);
 /// a quarter of the bucket (5 ms of probes at the default budget, ~2,000 launches of a
@@ -337,7 +343,8 @@ impl Gate {
         // is of its time, so it fills with the thread's pace, not the clock's.
         let fill = self.budget * o.dt_ns as f64 / o.stretch.max(1.0);
         self.tokens_ns =
-            (self.tokens_ns + fill).min(self.capacity()) - sampled_cost - o.other_cost_ns;
+            ((self.tokens_ns + fill).min(self.capacity()) - sampled_cost - o.other_cost_ns)
+                .max(-self.budget * DEBT_S * 1e9);
         let on_ns = o.on_ns.min(o.dt_ns);
         if on_ns > 0 {
             self.on_ns += on_ns;
@@ -1037,6 +1044,34 @@ mod tests {
             });
         }
         assert!(!open);
+    }
+
+    #[test]
+    fn the_debt_of_unsampled_probes_is_bounded() {
+        let mut g = Gate::new(0.02);
+        let mut open = true;
+        let mut tick = |g: &mut Gate, unsampled: f64| {
+            open = g.tick(TickObs {
+                dt_ns: TICK,
+                on_ns: if open { TICK } else { 0 },
+                closed: open,
+                other_cost_ns: unsampled * TICK as f64,
+                ..TickObs::default()
+            });
+            open
+        };
+        // A minute of copies costing 5% of the thread's time, then none.
+        for _ in 0..600 {
+            assert!(!tick(&mut g, 0.05));
+        }
+        // The debt is DEBT_S seconds of budget, paid back at the budget's pace, and then
+        // the bucket fills: ~11 s, where the minute's whole debt would take ~100 s.
+        let reopened = (0..200).position(|_| tick(&mut g, 0.0)).map(|t| t + 1);
+        let at = (DEBT_S + BURST_S) * 1e9 / TICK as f64;
+        assert!(
+            reopened.is_some_and(|t| (t as f64 - at).abs() <= 2.0),
+            "{reopened:?} ticks, {at} expected"
+        );
     }
 
     #[test]

@@ -45,6 +45,9 @@ pub trait ProbeFamily {
     fn before_release(&mut self, _ebpf: &mut Ebpf, _pid: u32) -> Result<()> {
         Ok(())
     }
+    /// Called once the trace has ended, before any family's `finish`: measurements that every
+    /// family's report should see (the trap costs).
+    fn ended(&mut self, _ebpf: &mut Ebpf) {}
     /// Called every 100 ms while tracing (drain ring buffers, attach to new libraries).
     fn tick(&mut self, _ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
         Ok(())

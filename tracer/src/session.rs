@@ -294,6 +294,9 @@ fn trace(
         uprobes: &uprobes,
     };
     for f in families.iter_mut() {
+        f.ended(&mut ebpf);
+    }
+    for f in families.iter_mut() {
         f.finish(&mut ebpf, &mut finish_ctx, &mut data)
             .with_context(|| format!("collect the {} data", f.name()))?;
     }

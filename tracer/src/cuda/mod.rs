@@ -521,6 +521,10 @@ impl ProbeFamily for CudaFamily {
         Ok(())
     }
 
+    fn ended(&mut self, ebpf: &mut Ebpf) {
+        self.gate.ended(ebpf);
+    }
+
     fn finish(
         &mut self,
         ebpf: &mut Ebpf,

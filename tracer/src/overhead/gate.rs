@@ -53,12 +53,16 @@ pub struct LaunchGate {
     /// Set by `calibrate`, before the first link is added.
     uprobes: Option<Uprobes>,
     hits: Option<LaunchRuns>,
+    /// The programs' runs at every CUDA function.
+    all_hits: Option<super::stats::Hits>,
     /// When the window now open was opened (CLOCK_MONOTONIC ns), if in the current tick.
     opened_at: Option<u64>,
     watch: Option<Watch>,
     /// Launches per ns of wall time in the last window, and the cost of window closes so far.
     last_rate: f64,
     close_cost_ns: f64,
+    /// How long the last window's links took to attach (ns), charged at the next tick.
+    opening_ns: u64,
     /// Copies and syncs taken as a window's that were counted in an earlier tick (`tick_until`).
     steady_owed: u64,
     /// Probes of libraries left for a window that it could not attach (`take_failures`).
@@ -430,6 +434,9 @@ struct Counts {
     /// The programs' runs at launch functions (`LaunchRuns`).
     entry_runs: u64,
     ret_runs: u64,
+    /// The programs' runs at every function (`PROG_HITS`).
+    all_entry_runs: u64,
+    all_ret_runs: u64,
     /// Runs the kernel timed (while its statistics were on) and their time.
     entry_timed: u64,
     entry_ns: u64,
@@ -463,6 +470,7 @@ fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>, hits: Option<&LaunchRuns>) -> 
         steady: h.slot(STEADY_CALLS_SLOT),
         steady_on: h.slot(STEADY_ON_SLOT),
         steps_on: h.slot(STEADY_STEPS_SLOT),
+        ..Counts::default()
     }
 }
 
@@ -491,18 +499,18 @@ fn drop_each(links: Vec<Link>, started: Instant) -> Vec<std::thread::JoinHandle<
     threads
 }
 
-/// Waits until the entry programs stop running at launch functions after the window's entry
-/// links began to drop: no new entry run in `QUIET` (polled every 100 us), or their drop has
-/// returned, or `QUIET_MAX` passed.
-fn entries_quiet(hits: &LaunchRuns, entries: &[std::thread::JoinHandle<Duration>]) {
+/// Waits until `prog` (the entry or the return program) stops running at launch functions
+/// after the window's links of it began to drop (`drops`): no new run in `QUIET` (polled
+/// every 100 us), or their drops have returned, or `QUIET_MAX` passed.
+fn runs_quiet(hits: &LaunchRuns, prog: &str, drops: &[std::thread::JoinHandle<Duration>]) {
     const QUIET: Duration = Duration::from_micros(300);
     const QUIET_MAX: Duration = Duration::from_millis(20);
     let start = Instant::now();
-    let mut last = hits.get(ENTRY_PROG);
+    let mut last = hits.get(prog);
     let mut still = Instant::now();
-    while start.elapsed() < QUIET_MAX && !entries.iter().all(|t| t.is_finished()) {
+    while start.elapsed() < QUIET_MAX && !drops.iter().all(|t| t.is_finished()) {
         std::thread::sleep(Duration::from_micros(100));
-        let now = hits.get(ENTRY_PROG);
+        let now = hits.get(prog);
         if now != last {
             last = now;
             still = Instant::now();
@@ -535,6 +543,7 @@ fn next_ret_gen(gen: &mut Option<Array<MapData, u64>>) {
 }
 
 fn watchdog(
+    multi: bool,
     hits: LaunchRuns,
     mut ring: Option<aya::maps::RingBuf<MapData>>,
     mut ret_gen: Option<Array<MapData, u64>>,
@@ -592,17 +601,12 @@ fn watchdog(
                 std::mem::take(&mut w.ret_links),
             )
         };
-        // Dropping a perf-event uprobe link takes ~100 ms here (a grace period before the
-        // kernel removes the breakpoint). The entry links drop on their own thread and the
-        // return links soon after (below), so that the two grace periods overlap: the calls trap until
-        // the entry links' drop returns (see `close_cost`). Dropping the return links first was
-        // measured to keep the calls trapping through both. A uprobe_multi link takes its
-        // consumer off and removes the breakpoint before its grace period, so its calls trap
-        // for a few ms only, each running a program; but the breakpoint's install and removal
-        // stall the target, unseen from here. A storm lost ~22 ms per multi-link close on
-        // average (BENCHMARKS.md, noisy); charging its drop time the same way (8-16 ms per
-        // close measured) stands in for that. Not charging it let the gate open 10 windows
-        // where it had opened 3-4, and a storm came out 25% slower once in the budget test.
+        // Dropping a link takes its consumers off and then waits out a grace period (~40-100
+        // ms here). A perf-event link leaves its breakpoint in until then, so the calls trap
+        // with no program to count them for the whole drop (see `close_cost`). A uprobe_multi
+        // link removes its breakpoints before the grace period: its calls trap for a few ms,
+        // each running a program that counts it, and what is left is the stall of the
+        // breakpoints' removal, unseen from here.
         //
         // The return links go once the entry programs have stopped running (their consumers
         // come off first in the entry links' drop, whose grace period then runs on), and a
@@ -610,14 +614,21 @@ fn watchdog(
         // return lost it, and with it its thread's call state (an H100 PyTorch loop counted 2
         // of 2,339 copies). Waiting for the entry links' whole drop instead kept every launch
         // trapping on the return breakpoint through that grace period (~40 ms a close here).
+        // Each return link drops on a thread of its own too: dropped one after another, the
+        // driver's return probe ran on every nested launch through the runtime's link's grace
+        // period, 20,000-40,000 runs a close (~50 ms of a storm's time lost, against ~2 ms
+        // with the drops side by side).
         let started = Instant::now();
         let entries = drop_each(links, started);
-        entries_quiet(&hits, &entries);
+        runs_quiet(&hits, ENTRY_PROG, &entries);
         std::thread::sleep(Duration::from_micros(500));
         if let Ok(mut w) = shared.window.lock() {
             w.closed_at = Some(ktime_now());
         }
-        drop(rets);
+        let returns = drop_each(rets, started);
+        runs_quiet(&hits, RET_PROG, &returns);
+        let quiet = started.elapsed();
+        let returns_dropped = returns.into_iter().filter_map(|t| t.join().ok()).max();
         // A call that lost its return anyway (a launch longer than the wait, or entry
         // consumers slow to come off) leaves a call state the next entries no longer trust.
         // Not once the next window has opened (the return links' drop can take longer than
@@ -629,12 +640,38 @@ fn watchdog(
                 next_ret_gen(&mut ret_gen);
             }
         }
-        let trapping = entries.into_iter().filter_map(|t| t.join().ok()).max();
-        let trapping = trapping.unwrap_or_else(|| started.elapsed());
+        let entries_dropped = entries.into_iter().filter_map(|t| t.join().ok()).max();
+        // How long the calls may have trapped uncounted: a perf-event link's whole drop; a
+        // uprobe_multi link's until its programs stopped running, which stands in for the
+        // breakpoints' removal (the programs' runs meanwhile are counted, and charged again
+        // here: at ~2-5 ms a close, a margin of the same size as the stall).
+        let trapping = if multi {
+            quiet
+        } else {
+            entries_dropped
+                .max(returns_dropped)
+                .unwrap_or_else(|| started.elapsed())
+        };
         if let Ok(mut w) = shared.window.lock() {
             w.closes_ns += trapping.as_nanos() as u64;
         }
     }
+}
+
+/// What the CUDA probes at every function but the launches cost between counts `c0` and
+/// `c`, at `(entry, ret)` ns a hit.
+fn unsampled_cost(c0: &Counts, c: &Counts, (entry, ret): (f64, f64)) -> f64 {
+    let runs = |all: u64, all0: u64, launch: u64, launch0: u64| {
+        all.saturating_sub(all0)
+            .saturating_sub(launch.saturating_sub(launch0)) as f64
+    };
+    runs(
+        c.all_entry_runs,
+        c0.all_entry_runs,
+        c.entry_runs,
+        c0.entry_runs,
+    ) * entry
+        + runs(c.all_ret_runs, c0.all_ret_runs, c.ret_runs, c0.ret_runs) * ret
 }
 
 /// What the calls made while a window's links were being closed cost, uncounted (for
@@ -668,6 +705,7 @@ impl LaunchGate {
     pub fn calibrate(&mut self, ebpf: &mut Ebpf, uprobes: &Uprobes, verbose: bool) {
         self.uprobes = Some(uprobes.clone());
         self.hits = LaunchRuns::open(ebpf).ok();
+        self.all_hits = super::stats::Hits::open(ebpf).ok();
         if let Ok(c) = super::Calibrator::start(ebpf, uprobes, self.trap.clone()) {
             if verbose {
                 let t = c.current();
@@ -693,10 +731,12 @@ impl LaunchGate {
             calibrator: None,
             uprobes: None,
             hits: None,
+            all_hits: None,
             opened_at: None,
             watch: None,
             last_rate: 0.0,
             close_cost_ns: 0.0,
+            opening_ns: 0,
             steady_owed: 0,
             failures: Vec::new(),
             finishing: false,
@@ -725,6 +765,10 @@ impl LaunchGate {
                 .and_then(|d| PerCpuArray::try_from(Map::PerCpuArray(d)).ok());
             let ring = ring.filter(|_| wake_at.is_some());
             let ret_gen = gen_map(ebpf);
+            let multi = self
+                .uprobes
+                .as_ref()
+                .is_some_and(|u| u.why_perf().is_none());
             let shared = Arc::new(Shared {
                 window: Mutex::new(Window {
                     tokens_ns: self.gate.tokens_ns(),
@@ -742,7 +786,7 @@ impl LaunchGate {
             let s = shared.clone();
             let thread = std::thread::Builder::new()
                 .name("gputrace-budget".into())
-                .spawn(move || watchdog(hits, ring, ret_gen, s))
+                .spawn(move || watchdog(multi, hits, ring, ret_gen, s))
                 .ok()?;
             self.watch = Some(Watch {
                 shared,
@@ -886,7 +930,11 @@ impl LaunchGate {
         if !self.gate.samples() || self.links.is_empty() {
             return;
         }
-        let c = counts(ebpf, self.uprobes.as_ref(), self.hits.as_ref());
+        let mut c = counts(ebpf, self.uprobes.as_ref(), self.hits.as_ref());
+        if let Some(h) = &self.all_hits {
+            c.all_entry_runs = h.get(ENTRY_PROG);
+            c.all_ret_runs = h.get(RET_PROG);
+        }
         let Some((t0, c0)) = self.last.replace((now, c)) else {
             return;
         };
@@ -906,6 +954,12 @@ impl LaunchGate {
         } else {
             ret_hits.saturating_sub(hits) as f64 * ret
         };
+        // The probes at the other CUDA functions (copies, syncs, allocations) are never
+        // switched off, and take from the same threads' time: the launch windows get what they
+        // leave of the budget. A loop of 100 launches and two copies a step, on a host whose
+        // traps cost ~1.3 us, paid ~2.5% of its time for the copies alone, and its windows
+        // spent the whole 2% budget besides.
+        let unsampled_ns = unsampled_cost(&c0, &c, (entry, ret));
         let now = now.max(t0);
         let dt = now - t0;
         let (closed_at, decided_at, closes_ns) = self
@@ -980,12 +1034,15 @@ impl LaunchGate {
         if was_open && on > 0 && win_hits > 0 {
             self.last_rate = win_hits as f64 / on as f64;
         }
+        // A window's opening is charged whole: the launching thread stalls while the
+        // breakpoints go in (a storm made 7 launches in the 6.7 ms its return links took to
+        // attach, against ~1,100 a ms around it).
         let close_ns = close_cost(
             closes_ns,
             self.last_rate,
             self.cost_per_hit,
             trap.per_call(self.entry_only),
-        );
+        ) + std::mem::take(&mut self.opening_ns) as f64;
         self.close_cost_ns += close_ns;
         let stretch = match &self.hits {
             Some(h) => self.launchers.stretch(&h.launchers(), dt),
@@ -998,6 +1055,7 @@ impl LaunchGate {
             cost_per_hit_ns: self.cost_per_hit,
             trap_ns: trap.per_call(self.entry_only),
             other_cost_ns: transition_ns
+                + unsampled_ns
                 + close_ns
                 + if was_open {
                     closing as f64 * self.cost_per_hit
@@ -1059,6 +1117,7 @@ impl LaunchGate {
         // Return probes first, as at the first attach: a call entered in between would
         // otherwise raise its thread's depth with no return to lower it.
         let failed_before = self.failures.len();
+        let opening = Instant::now();
         for prog in [RET_PROG, ENTRY_PROG] {
             let Some(u) = self.uprobes.clone() else { break };
             if prog == ENTRY_PROG {
@@ -1073,6 +1132,7 @@ impl LaunchGate {
                 }
             }
         }
+        self.opening_ns = opening.elapsed().as_nanos() as u64;
         self.links.retain(|l| !l.points.is_empty());
         // The window starts once the entry probes are all attached (the return probes, attached
         // first, fired alone meanwhile: transition cost), and with it the launches' counting
@@ -1103,6 +1163,15 @@ impl LaunchGate {
                 }
             }
             shared.opened.notify_one();
+        }
+    }
+
+    /// The trace has ended: the trap costs get the rounds a trace without windows lacks, before
+    /// any family prices its hits. The job's launches are over by then, or still on (a `--pid`
+    /// trace that ends while it runs), as they are for a window's round.
+    pub fn ended(&mut self, ebpf: &Ebpf) {
+        if let Some(c) = self.calibrator.as_mut() {
+            c.top_up(ebpf, 3);
         }
     }
 
@@ -1223,10 +1292,36 @@ mod tests {
     use std::path::PathBuf;
 
     use super::{
-        close_cost, outer_first, skip_entries_without_returns, wake_step, AttachFailure, GateLink,
-        WAKE_STEP_MIN,
+        close_cost, outer_first, skip_entries_without_returns, unsampled_cost, wake_step,
+        AttachFailure, Counts, GateLink, WAKE_STEP_MIN,
     };
     use tracer_common::cuda::{ENTRY_PROG, RET_PROG};
+
+    #[test]
+    fn the_other_functions_probes_are_the_runs_less_the_launches() {
+        let c0 = Counts {
+            entry_runs: 100,
+            ret_runs: 150,
+            all_entry_runs: 1_100,
+            all_ret_runs: 1_150,
+            ..Counts::default()
+        };
+        // 500 launch entries and 600 launch returns of 900 runs each: 400 copies' entries and
+        // 300 of their returns (copies still in flight).
+        let c = Counts {
+            entry_runs: 600,
+            ret_runs: 750,
+            all_entry_runs: 2_000,
+            all_ret_runs: 2_050,
+            ..Counts::default()
+        };
+        assert_eq!(
+            unsampled_cost(&c0, &c, (1_000.0, 2_000.0)),
+            400_000.0 + 600_000.0
+        );
+        // Counters read out of step never make a negative cost.
+        assert_eq!(unsampled_cost(&c, &c0, (1_000.0, 2_000.0)), 0.0);
+    }
 
     fn link(prog: &'static str, outer: bool, path: &str, cookies: &[u64]) -> GateLink {
         GateLink {
