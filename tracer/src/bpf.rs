@@ -20,10 +20,8 @@ use crate::{error::TraceError, tracefs::Format};
 /// The eBPF object built by build.rs.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/gputrace.bpf.o"));
 
-pub struct LoadOptions<'a> {
+pub struct LoadOptions {
     pub follow_children: bool,
-    /// The kernel's BTF, when the caller has parsed it already (else the loader parses it).
-    pub btf: Option<&'a aya::Btf>,
 }
 
 /// Loads the object (maps are created, programs are not loaded yet).
@@ -35,9 +33,6 @@ pub fn load(opts: &LoadOptions, families: &[Box<dyn crate::probes::ProbeFamily>]
     let newtask_flags = newtask.offset("clone_flags")?;
     let exit_group_dead = exit.offset("group_dead")?;
     let mut loader = EbpfLoader::new();
-    if let Some(btf) = opts.btf {
-        loader.btf(Some(btf));
-    }
     loader
         .override_global("FOLLOW_CHILDREN", &follow, true)
         .override_global("OFF_NEWTASK_PID", &newtask_pid, true)

@@ -388,11 +388,9 @@ fn ebpf_object(can_load: bool) -> Check {
     // With the accounting's offsets: the BTF programs' field reads are checked against them.
     let families: [Box<dyn crate::probes::ProbeFamily>; 1] =
         [Box::new(crate::accounting::Accounting::default())];
-    let btf = aya::Btf::from_sys_fs().ok();
     let mut ebpf = match bpf::load(
         &bpf::LoadOptions {
             follow_children: true,
-            btf: btf.as_ref(),
         },
         &families,
     ) {
@@ -408,6 +406,7 @@ fn ebpf_object(can_load: bool) -> Check {
     // The BTF tracepoint programs (the defaults where the kernel takes them) are named for
     // their tracepoint: `<tracepoint>_btf`. A kernel that refuses them gets the same code on
     // raw tracepoints when tracing, so a refusal is a warning, not a failure.
+    let btf = aya::Btf::from_sys_fs().ok();
     let mut refused: Vec<String> = Vec::new();
     // How far the verifier walked each program, and how long its load took.
     let mut walked: Vec<(String, u64, std::time::Duration)> = Vec::new();
@@ -519,7 +518,6 @@ fn uprobe_links(can_load: bool) -> Check {
     let Ok(mut ebpf) = bpf::load(
         &bpf::LoadOptions {
             follow_children: true,
-            btf: None,
         },
         &[],
     ) else {

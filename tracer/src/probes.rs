@@ -14,9 +14,6 @@ pub struct AttachCtx<'a> {
     pub launched: Option<u32>,
     /// The uprobe programs, loaded for the links this kernel has.
     pub uprobes: &'a crate::uprobes::Uprobes,
-    /// The kernel's BTF, parsed once for the object's load and the BTF tracepoints' attach
-    /// (5 MB, 20-45 ms a parse here).
-    pub btf: Option<&'a aya::Btf>,
 }
 
 pub struct FinishCtx<'a> {

@@ -108,11 +108,9 @@ fn trace(
     let mut families = probes::families(args);
     let python = crate::python::Python::new(args.python);
     families.push(python.family());
-    let kernel_btf = aya::Btf::from_sys_fs().ok();
     let mut ebpf = bpf::load(
         &bpf::LoadOptions {
             follow_children: follow,
-            btf: kernel_btf.as_ref(),
         },
         &families,
     )?;
@@ -159,13 +157,11 @@ fn trace(
         pids: &initial,
         launched: launched.as_ref().map(|l| l.pid),
         uprobes: &uprobes,
-        btf: kernel_btf.as_ref(),
     };
     for f in families.iter_mut() {
         f.attach(&mut ebpf, &attach_ctx)
             .with_context(|| format!("attach the {} probes", f.name()))?;
     }
-    drop(kernel_btf);
     for f in families.iter_mut() {
         f.attached(&mut ebpf)
             .with_context(|| format!("start the {} probes' window", f.name()))?;

@@ -577,11 +577,11 @@ fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32, u64)> {
 
 /// The kernel's BTF, for the BTF tracepoint programs (GPUTRACE_BTF_TRACEPOINTS=0: none, to run
 /// the raw ones).
-fn typed_btf(btf: Option<&aya::Btf>) -> Result<&aya::Btf> {
+fn typed_btf() -> Result<aya::Btf> {
     if std::env::var("GPUTRACE_BTF_TRACEPOINTS").is_ok_and(|v| v == "0") {
         anyhow::bail!("GPUTRACE_BTF_TRACEPOINTS=0");
     }
-    btf.context("no kernel BTF (/sys/kernel/btf/vmlinux unread)")
+    aya::Btf::from_sys_fs().context("read the kernel's BTF")
 }
 
 impl Accounting {
@@ -589,7 +589,7 @@ impl Accounting {
     fn attach_btf_set(
         &mut self,
         ebpf: &mut Ebpf,
-        btf: &Result<&aya::Btf>,
+        btf: &Result<aya::Btf>,
         set: &[(&'static str, &str)],
     ) -> Result<()> {
         let btf = btf.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
@@ -637,7 +637,7 @@ impl Accounting {
     fn attach_btf_raw_or_classic(
         &mut self,
         ebpf: &mut Ebpf,
-        btf: &Result<&aya::Btf>,
+        btf: &Result<aya::Btf>,
         set: &[(&'static str, &str)],
         raw: &[(&'static str, &str)],
         classic: &[(&'static str, &str, &str)],
@@ -734,7 +734,7 @@ impl Accounting {
     fn attach_syscalls(
         &mut self,
         ebpf: &mut Ebpf,
-        btf: &Result<&aya::Btf>,
+        btf: &Result<aya::Btf>,
         typed: bool,
         verbose: bool,
     ) -> Result<()> {
@@ -956,7 +956,7 @@ impl ProbeFamily for Accounting {
         let verbose = ctx.args.verbose;
         // Read only when some set may use it (the classic sets need none).
         let btf = if classic.is_none() || block_classic.is_none() {
-            typed_btf(ctx.btf)
+            typed_btf()
         } else {
             Err(anyhow::anyhow!("not needed"))
         };
