@@ -40,7 +40,12 @@ pub const LAUNCHER_SLOT: u32 = 6;
 /// The entry program's runs at launch functions while launches are off (`LAUNCHES_OFF_SLOT`):
 /// paid by the calls, but not a window's.
 pub const CLOSING_RUNS_SLOT: u32 = 7;
-pub const LAUNCH_RUNS_SLOTS: u32 = 8;
+/// The entry (`OTHER_ENTRY_SLOT`) and return (`OTHER_RET_SLOT`) programs' runs at the other
+/// functions (copies, syncs, allocations) in traced threads: probes never switched off, whose
+/// cost the budget leaves out of the launch windows' share.
+pub const OTHER_ENTRY_SLOT: u32 = 8;
+pub const OTHER_RET_SLOT: u32 = 9;
+pub const LAUNCH_RUNS_SLOTS: u32 = 10;
 /// Per CPU, one u64: the entry program's launch runs on that CPU (`LAUNCH_RUNS_MAP`) at which
 /// it wakes the budget's watchdog (0: never). Set by the watchdog to each CPU's count plus its share of
 /// what is left of the window's share of the bucket.

@@ -21,9 +21,9 @@ use tracer_common::{
         log2_bucket, ApiKey, ApiVal, Cookie, CopyKey, CopyVal, CudaEvent, ErrKey, EventKind,
         LaunchKey, LaunchVal, RtText, Shape, API_ENTRIES, CLOSING_RUNS_SLOT, COPY_ENTRIES,
         DIR_NONE, ERRS_ENTRIES, EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS,
-        LAUNCHER_SLOT, LAUNCHES_OFF_SLOT, LAUNCH_ENTRIES, LAUNCH_RUNS_SLOTS, OUTER_LAUNCH_SLOT,
-        RET_GEN_SLOTS, RT_TEXT_ENTRIES, STASH_ENTRIES, STEADY_CALLS_SLOT, STEADY_ON_SLOT,
-        STEADY_STEPS_SLOT, WINDOW_GEN_SLOT,
+        LAUNCHER_SLOT, LAUNCHES_OFF_SLOT, LAUNCH_ENTRIES, LAUNCH_RUNS_SLOTS, OTHER_ENTRY_SLOT,
+        OTHER_RET_SLOT, OUTER_LAUNCH_SLOT, RET_GEN_SLOTS, RT_TEXT_ENTRIES, STASH_ENTRIES,
+        STEADY_CALLS_SLOT, STEADY_ON_SLOT, STEADY_STEPS_SLOT, WINDOW_GEN_SLOT,
     },
     drops::Drop,
     time::Category,
@@ -183,6 +183,9 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     if found.is_none() && !is_traced(tgid) {
         return 0;
     }
+    if !is_launch_shape(cookie.shape) {
+        launch_run(OTHER_ENTRY_SLOT);
+    }
     // One clock read for the gate, the time accounting and the call's start. The gate sees
     // every traced launch, even one a full map leaves uncounted.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -296,6 +299,12 @@ fn unseen_runtime_call(tgid: u32, sp: u64, shape: u8) -> bool {
     }
 }
 
+/// A process's image is gone (an exec, or its last thread's exit): its runtimes' code with it.
+#[inline(always)]
+pub fn forget_runtime_text(tgid: u32) {
+    let _ = CUDA_RT_TEXT.remove(&tgid);
+}
+
 /// `--cuda-entry-only`: counts the call in its (process, thread, function) row. A thread with
 /// an accounting state sums its calls of one function there (`held_api_count`):
 /// an array slot, where a row is a hash lookup per call. Otherwise a row is made only for a
@@ -306,6 +315,9 @@ fn unseen_runtime_call(tgid: u32, sp: u64, shape: u8) -> bool {
 fn count_entry(tgid: u32, tid: u32, cookie: &Cookie) -> u32 {
     let fid = cookie.fid as u32;
     if let Some(st) = account::live_state(tgid, tid) {
+        if !is_launch_shape(cookie.shape) {
+            launch_run(OTHER_ENTRY_SLOT);
+        }
         gate_seen(cookie.shape, unsafe { bpf_ktime_get_ns() });
         if st.held_api_fid != fid as i32 {
             flush_api(tid, st);
@@ -323,6 +335,9 @@ fn count_entry(tgid: u32, tid: u32, cookie: &Cookie) -> u32 {
     let found = CUDA_API.get_ptr_mut(&key);
     if found.is_none() && !is_traced(tgid) {
         return 0;
+    }
+    if !is_launch_shape(cookie.shape) {
+        launch_run(OTHER_ENTRY_SLOT);
     }
     gate_seen(cookie.shape, unsafe { bpf_ktime_get_ns() });
     let v = match found {
@@ -436,6 +451,9 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
         // Attached while the call was already running: no entry was seen.
         return 0;
     };
+    if !is_launch_shape(cookie.shape) {
+        launch_run(OTHER_RET_SLOT);
+    }
     let st = unsafe { &mut *st };
     if st.depth == 0 {
         return 0;

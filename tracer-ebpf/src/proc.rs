@@ -69,6 +69,7 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let (tgid, tid) = current_ids();
     if is_traced(tgid) {
         crate::python::exec(tgid);
+        crate::cuda::forget_runtime_text(tgid);
         emit(ProcEventKind::Exec, tgid, tid, 0);
     }
     0
@@ -85,6 +86,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     if group_dead != 0 {
         // Removed here, not by user space later, so a recycled pid is never traced by mistake.
         let _ = TRACED.remove(&tgid);
+        crate::cuda::forget_runtime_text(tgid);
         emit(ProcEventKind::Exit, tgid, tid, 0);
     } else {
         emit(ProcEventKind::ThreadExit, tgid, tid, 0);

@@ -47,7 +47,7 @@ pub trait ProbeFamily {
     }
     /// Called once the trace has ended, before any family's `finish`: measurements that every
     /// family's report should see (the trap costs).
-    fn ended(&mut self, _ebpf: &mut Ebpf) {}
+    fn ended(&mut self, _ebpf: &mut Ebpf, _tracker: &Tracker) {}
     /// Called every 100 ms while tracing (drain ring buffers, attach to new libraries).
     fn tick(&mut self, _ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
         Ok(())

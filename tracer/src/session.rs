@@ -294,7 +294,7 @@ fn trace(
         uprobes: &uprobes,
     };
     for f in families.iter_mut() {
-        f.ended(&mut ebpf);
+        f.ended(&mut ebpf, &tracker);
     }
     for f in families.iter_mut() {
         f.finish(&mut ebpf, &mut finish_ctx, &mut data)

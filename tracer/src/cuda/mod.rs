@@ -109,6 +109,8 @@ struct Lib {
     failed: Vec<String>,
     /// The links of the probes the gate does not switch (it holds its own).
     links: Vec<Link>,
+    /// A window could not attach its launch probes again (`LaunchGate::take_lost`).
+    launches_lost: bool,
 }
 
 #[derive(Default)]
@@ -192,6 +194,7 @@ impl CudaFamily {
             attached,
             failed,
             links,
+            launches_lost: false,
         });
         self.libs.len() - 1
     }
@@ -251,12 +254,8 @@ impl CudaFamily {
     fn set_runtime_text(&mut self, ebpf: &mut Ebpf, pid: u32, maps: &[procfs::Mapping]) {
         let runtimes = self.users.get(&pid).into_iter().flatten().filter_map(|&i| {
             let l = &self.libs[i];
-            let launches = l.attached.iter().any(|name| {
-                FUNCS
-                    .iter()
-                    .any(|f| f.name == name && f.layer == Layer::Runtime && f.is_launch())
-            });
-            launches.then_some(&l.found)
+            (!l.launches_lost && runtime_launches_probed(&l.attached, &l.failed))
+                .then_some(&l.found)
         });
         let text = discover::runtime_text(maps, runtimes);
         let known = self.rt_text.get(&pid).copied().unwrap_or_default();
@@ -287,6 +286,29 @@ impl CudaFamily {
                 ));
             }
             Err(_) => {}
+        }
+    }
+
+    /// Runtimes whose launch probes a window could not attach again: their code no longer
+    /// tells a driver launch nested in one of their launches, which may now be the only launch
+    /// seen.
+    fn launches_lost(&mut self, ebpf: &mut Ebpf, paths: &[PathBuf]) {
+        let mut pids = Vec::new();
+        for (i, l) in self.libs.iter_mut().enumerate() {
+            if l.found.layer != Layer::Runtime || !paths.contains(&l.found.open_path) {
+                continue;
+            }
+            l.launches_lost = true;
+            pids.extend(
+                self.users
+                    .iter()
+                    .filter(|(_, libs)| libs.contains(&i))
+                    .map(|(&pid, _)| pid),
+            );
+        }
+        for pid in pids {
+            let maps = procfs::read_maps(pid).unwrap_or_default();
+            self.set_runtime_text(ebpf, pid, &maps);
         }
     }
 
@@ -353,6 +375,23 @@ impl CudaFamily {
             }
         }
     }
+}
+
+/// Whether a runtime library's launch probes are all on: one of its launch functions was
+/// probed (`attached`, the names) and none failed (`failed`, "name (program): why"). With one
+/// of them unprobed, its driver launches are the only ones seen of its calls.
+fn runtime_launches_probed(attached: &[String], failed: &[String]) -> bool {
+    let launches = || {
+        FUNCS
+            .iter()
+            .filter(|f| f.layer == Layer::Runtime && f.is_launch())
+    };
+    attached
+        .iter()
+        .any(|a| launches().any(|f| f.name == a.as_str()))
+        && !failed
+            .iter()
+            .any(|e| launches().any(|f| e.starts_with(&format!("{} (", f.name))))
 }
 
 /// Attaches the entry (and return) program at every table function the library exports: one
@@ -489,6 +528,10 @@ impl ProbeFamily for CudaFamily {
     fn tick(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
         self.ticks += 1;
         self.gate.tick(ebpf);
+        let lost = self.gate.take_lost();
+        if !lost.is_empty() {
+            self.launches_lost(ebpf, &lost);
+        }
         self.drain();
         if self.ticks.is_multiple_of(SCAN_EVERY_TICKS) {
             let live: Vec<u32> = tracker
@@ -521,8 +564,8 @@ impl ProbeFamily for CudaFamily {
         Ok(())
     }
 
-    fn ended(&mut self, ebpf: &mut Ebpf) {
-        self.gate.ended(ebpf);
+    fn ended(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) {
+        self.gate.ended(ebpf, tracker.ended_at().is_some());
     }
 
     fn finish(
@@ -678,3 +721,32 @@ fn kernel_name(
 
 /// How a kernel no name was found for is shown: its launch handle or pointer.
 const HANDLE_NAME: &str = "handle 0x";
+
+#[cfg(test)]
+mod tests {
+    use super::runtime_launches_probed;
+
+    #[test]
+    fn a_runtimes_launches_count_as_probed_only_when_none_failed() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let attached = s(&["cudaLaunchKernel", "cudaLaunchKernel_ptsz", "cudaMemcpy"]);
+        assert!(runtime_launches_probed(&attached, &[]));
+        // A copy that failed does not matter; a launch that failed does.
+        assert!(runtime_launches_probed(
+            &attached,
+            &s(&["cudaMemcpy2D (cuda_entry): refused"])
+        ));
+        assert!(!runtime_launches_probed(
+            &s(&["cudaLaunchKernel_ptsz", "cudaMemcpy"]),
+            &s(&["cudaLaunchKernel (cuda_ret): refused"])
+        ));
+        // No launch function probed at all (the library's symbols unread, or copies only).
+        assert!(!runtime_launches_probed(&s(&["cudaMemcpy"]), &[]));
+        assert!(!runtime_launches_probed(
+            &[],
+            &s(&["/x/libcudart.so.12: no symbols"])
+        ));
+        // The driver's launches are not the runtime's.
+        assert!(!runtime_launches_probed(&s(&["cuLaunchKernel"]), &[]));
+    }
+}

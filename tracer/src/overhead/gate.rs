@@ -16,8 +16,9 @@ use aya::{
 };
 use tracer_common::cuda::{
     CLOSING_RUNS_SLOT, ENTRY_PROG, GATE_AT_MAP, GATE_FIRST_MAP, GATE_LAST_MAP, GATE_WAKE_MAP,
-    LAUNCHER_SLOT, LAUNCHES_OFF_SLOT, LAUNCH_RUNS_MAP, OUTER_LAUNCH_SLOT, RET_GEN_MAP, RET_PROG,
-    STEADY_CALLS_SLOT, STEADY_ON_SLOT, STEADY_STEPS_SLOT, WINDOW_GEN_SLOT,
+    LAUNCHER_SLOT, LAUNCHES_OFF_SLOT, LAUNCH_RUNS_MAP, OTHER_ENTRY_SLOT, OTHER_RET_SLOT,
+    OUTER_LAUNCH_SLOT, RET_GEN_MAP, RET_PROG, STEADY_CALLS_SLOT, STEADY_ON_SLOT, STEADY_STEPS_SLOT,
+    WINDOW_GEN_SLOT,
 };
 
 use super::{scale_cuda, scale_launch_time, stats::own_map, stats_on, worst_cuda_thread, StatsOn};
@@ -53,8 +54,6 @@ pub struct LaunchGate {
     /// Set by `calibrate`, before the first link is added.
     uprobes: Option<Uprobes>,
     hits: Option<LaunchRuns>,
-    /// The programs' runs at every CUDA function.
-    all_hits: Option<super::stats::Hits>,
     /// When the window now open was opened (CLOCK_MONOTONIC ns), if in the current tick.
     opened_at: Option<u64>,
     watch: Option<Watch>,
@@ -67,6 +66,9 @@ pub struct LaunchGate {
     steady_owed: u64,
     /// Probes of libraries left for a window that it could not attach (`take_failures`).
     failures: Vec<AttachFailure>,
+    /// Libraries whose launch probes, attached before, a window could not attach again
+    /// (`take_lost`).
+    lost: Vec<PathBuf>,
     /// The launching threads' pace, read at each tick.
     launchers: Launchers,
     /// In `finish`: its last tick opens no window (attached as the trace ends, its links would
@@ -227,12 +229,18 @@ fn attach_link(
     u: &Uprobes,
     l: &mut GateLink,
     failures: &mut Vec<AttachFailure>,
+    lost: &mut Vec<PathBuf>,
 ) -> Vec<Link> {
     let first = u.attach(ebpf, l.prog, &l.path, &l.points, None);
     let was = std::mem::replace(&mut l.attached, true);
     match first {
         Ok(links) => links,
-        Err(_) if was => Vec::new(),
+        Err(_) if was => {
+            if !lost.contains(&l.path) {
+                lost.push(l.path.clone());
+            }
+            Vec::new()
+        }
         Err(_) => {
             let mut made = Vec::new();
             l.points
@@ -434,9 +442,9 @@ struct Counts {
     /// The programs' runs at launch functions (`LaunchRuns`).
     entry_runs: u64,
     ret_runs: u64,
-    /// The programs' runs at every function (`PROG_HITS`).
-    all_entry_runs: u64,
-    all_ret_runs: u64,
+    /// The programs' runs at the other functions in traced threads (`OTHER_ENTRY_SLOT`...).
+    other_entry_runs: u64,
+    other_ret_runs: u64,
     /// Runs the kernel timed (while its statistics were on) and their time.
     entry_timed: u64,
     entry_ns: u64,
@@ -470,7 +478,8 @@ fn counts(ebpf: &Ebpf, uprobes: Option<&Uprobes>, hits: Option<&LaunchRuns>) -> 
         steady: h.slot(STEADY_CALLS_SLOT),
         steady_on: h.slot(STEADY_ON_SLOT),
         steps_on: h.slot(STEADY_STEPS_SLOT),
-        ..Counts::default()
+        other_entry_runs: h.slot(OTHER_ENTRY_SLOT),
+        other_ret_runs: h.slot(OTHER_RET_SLOT),
     }
 }
 
@@ -644,7 +653,7 @@ fn watchdog(
         // How long the calls may have trapped uncounted: a perf-event link's whole drop; a
         // uprobe_multi link's until its programs stopped running, which stands in for the
         // breakpoints' removal (the programs' runs meanwhile are counted, and charged again
-        // here: at ~2-5 ms a close, a margin of the same size as the stall).
+        // here: at ~2-7 ms a close, a margin of the same size as the stall).
         let trapping = if multi {
             quiet
         } else {
@@ -658,20 +667,12 @@ fn watchdog(
     }
 }
 
-/// What the CUDA probes at every function but the launches cost between counts `c0` and
-/// `c`, at `(entry, ret)` ns a hit.
+/// What the CUDA probes at every function but the launches cost the traced threads between
+/// counts `c0` and `c`, at `(entry, ret)` ns a hit. Only traced threads' runs: another job's
+/// copies through the same library pay their own traps, not this trace's budget.
 fn unsampled_cost(c0: &Counts, c: &Counts, (entry, ret): (f64, f64)) -> f64 {
-    let runs = |all: u64, all0: u64, launch: u64, launch0: u64| {
-        all.saturating_sub(all0)
-            .saturating_sub(launch.saturating_sub(launch0)) as f64
-    };
-    runs(
-        c.all_entry_runs,
-        c0.all_entry_runs,
-        c.entry_runs,
-        c0.entry_runs,
-    ) * entry
-        + runs(c.all_ret_runs, c0.all_ret_runs, c.ret_runs, c0.ret_runs) * ret
+    c.other_entry_runs.saturating_sub(c0.other_entry_runs) as f64 * entry
+        + c.other_ret_runs.saturating_sub(c0.other_ret_runs) as f64 * ret
 }
 
 /// What the calls made while a window's links were being closed cost, uncounted (for
@@ -680,11 +681,14 @@ fn unsampled_cost(c0: &Counts, c: &Counts, (entry, ret): (f64, f64)) -> f64 {
 /// here) before it destroys the probe and removes the breakpoint, and every call meanwhile
 /// traps with no program to count it: the entry trap, and the return trap too while the return
 /// probe is still registered on the same breakpoint. Measured on a storm that recorded its own
-/// call rate every 5 ms (BENCHMARKS.md): the rate falls to ~20% from the moment the window
-/// closes until the entry links' drop returns (~115 ms), stops for ~5 ms while the breakpoint
-/// goes, and is back to full speed during the return links' own grace period.
+/// call rate every 5 ms (BENCHMARKS.md), when the return links went after the entry links'
+/// whole drop: the rate falls to ~20% from the moment the window closes until the entry links'
+/// drop returns (~115 ms), and stops for ~5 ms while the breakpoint goes. The return links now
+/// drop a millisecond or so after the entry links, so the calls trap until the later of the
+/// two drops returns.
 ///
-/// `trapping_ns`: how long the calls kept trapping (the entry links' drop); `rate`: launches
+/// `trapping_ns`: how long the calls kept trapping (perf links: the longer drop; uprobe_multi
+/// links: until the return programs stopped running); `rate`: launches
 /// per ns of wall time in the window; `cost_per_hit`: what a probed call cost in the window
 /// (traps and programs); `trap_ns`: the traps a call pays while the close is under way.
 pub fn close_cost(trapping_ns: u64, rate: f64, cost_per_hit: f64, trap_ns: f64) -> f64 {
@@ -705,7 +709,6 @@ impl LaunchGate {
     pub fn calibrate(&mut self, ebpf: &mut Ebpf, uprobes: &Uprobes, verbose: bool) {
         self.uprobes = Some(uprobes.clone());
         self.hits = LaunchRuns::open(ebpf).ok();
-        self.all_hits = super::stats::Hits::open(ebpf).ok();
         if let Ok(c) = super::Calibrator::start(ebpf, uprobes, self.trap.clone()) {
             if verbose {
                 let t = c.current();
@@ -731,7 +734,6 @@ impl LaunchGate {
             calibrator: None,
             uprobes: None,
             hits: None,
-            all_hits: None,
             opened_at: None,
             watch: None,
             last_rate: 0.0,
@@ -739,6 +741,7 @@ impl LaunchGate {
             opening_ns: 0,
             steady_owed: 0,
             failures: Vec::new(),
+            lost: Vec::new(),
             finishing: false,
             launchers: Launchers::default(),
         }
@@ -844,6 +847,12 @@ impl LaunchGate {
         std::mem::take(&mut self.failures)
     }
 
+    /// The libraries whose launch probes a window could not attach again since the last call
+    /// (each once): their launches are not seen in the windows from then on.
+    pub fn take_lost(&mut self) -> Vec<PathBuf> {
+        std::mem::take(&mut self.lost)
+    }
+
     /// Records launch probes just attached and hands their links to the watchdog (or drops
     /// them at once while the gate is closed).
     /// `outer`: the library is a CUDA runtime (its launches call the driver's inside).
@@ -930,11 +939,7 @@ impl LaunchGate {
         if !self.gate.samples() || self.links.is_empty() {
             return;
         }
-        let mut c = counts(ebpf, self.uprobes.as_ref(), self.hits.as_ref());
-        if let Some(h) = &self.all_hits {
-            c.all_entry_runs = h.get(ENTRY_PROG);
-            c.all_ret_runs = h.get(RET_PROG);
-        }
+        let c = counts(ebpf, self.uprobes.as_ref(), self.hits.as_ref());
         let Some((t0, c0)) = self.last.replace((now, c)) else {
             return;
         };
@@ -957,7 +962,7 @@ impl LaunchGate {
         // The probes at the other CUDA functions (copies, syncs, allocations) are never
         // switched off, and take from the same threads' time: the launch windows get what they
         // leave of the budget. A loop of 100 launches and two copies a step, on a host whose
-        // traps cost ~1.3 us, paid ~2.5% of its time for the copies alone, and its windows
+        // traps cost ~1.3 us, paid ~2.9% of its time for the copies alone, and its windows
         // spent the whole 2% budget besides.
         let unsampled_ns = unsampled_cost(&c0, &c, (entry, ret));
         let now = now.max(t0);
@@ -1036,7 +1041,9 @@ impl LaunchGate {
         }
         // A window's opening is charged whole: the launching thread stalls while the
         // breakpoints go in (a storm made 7 launches in the 6.7 ms its return links took to
-        // attach, against ~1,100 a ms around it).
+        // attach, against ~1,100 a ms around it). The few return-only and off-launch runs in
+        // it are charged again (`transition_ns`, `closing`); the first window's opening, at
+        // the library's attach, is not charged.
         let close_ns = close_cost(
             closes_ns,
             self.last_rate,
@@ -1124,7 +1131,13 @@ impl LaunchGate {
                 skip_entries_without_returns(&mut self.links, &self.failures[failed_before..]);
             }
             for i in outer_first(&self.links, prog) {
-                let made = attach_link(ebpf, &u, &mut self.links[i], &mut self.failures);
+                let made = attach_link(
+                    ebpf,
+                    &u,
+                    &mut self.links[i],
+                    &mut self.failures,
+                    &mut self.lost,
+                );
                 if prog == RET_PROG {
                     rets.extend(made);
                 } else {
@@ -1167,9 +1180,14 @@ impl LaunchGate {
     }
 
     /// The trace has ended: the trap costs get the rounds a trace without windows lacks, before
-    /// any family prices its hits. The job's launches are over by then, or still on (a `--pid`
-    /// trace that ends while it runs), as they are for a window's round.
-    pub fn ended(&mut self, ebpf: &Ebpf) {
+    /// any family prices its hits. Only while no launch probe is on, or once the traced
+    /// processes are all gone (`all_exited`): a round beside launches that trap on the other
+    /// CPU reads them slow, which is why a window's round is taken before it opens.
+    pub fn ended(&mut self, ebpf: &Ebpf, all_exited: bool) {
+        let probes_on = !self.gate.samples() || self.gate.is_open();
+        if probes_on && !all_exited {
+            return;
+        }
         if let Some(c) = self.calibrator.as_mut() {
             c.top_up(ebpf, 3);
         }
@@ -1298,21 +1316,21 @@ mod tests {
     use tracer_common::cuda::{ENTRY_PROG, RET_PROG};
 
     #[test]
-    fn the_other_functions_probes_are_the_runs_less_the_launches() {
+    fn the_other_functions_probes_are_priced_apart_from_the_launches() {
         let c0 = Counts {
             entry_runs: 100,
             ret_runs: 150,
-            all_entry_runs: 1_100,
-            all_ret_runs: 1_150,
+            other_entry_runs: 1_000,
+            other_ret_runs: 1_000,
             ..Counts::default()
         };
-        // 500 launch entries and 600 launch returns of 900 runs each: 400 copies' entries and
-        // 300 of their returns (copies still in flight).
+        // 500 launch entries and 600 launch returns, beside 400 copies' entries and 300 of
+        // their returns (copies still in flight): the launches are the windows' own cost.
         let c = Counts {
             entry_runs: 600,
             ret_runs: 750,
-            all_entry_runs: 2_000,
-            all_ret_runs: 2_050,
+            other_entry_runs: 1_400,
+            other_ret_runs: 1_300,
             ..Counts::default()
         };
         assert_eq!(
