@@ -479,6 +479,14 @@ fn a_runtime_launch_entered_before_its_probe_is_no_driver_launch() {
     if !require_root("a_runtime_launch_entered_before_its_probe_is_no_driver_launch") {
         return;
     }
+    // With every probe on, and with the launch probes in the budget's windows (the first one
+    // opens at the attach and stays open: the job launches nothing meanwhile).
+    for budget in ["100%", "2%"] {
+        held_launch_is_no_driver_launch(budget);
+    }
+}
+
+fn held_launch_is_no_driver_launch(budget: &str) {
     let dir = fake_cuda();
     let hold = tmp_dir().join("cudart-hold");
     std::fs::write(&hold, b"").unwrap();
@@ -500,7 +508,7 @@ fn a_runtime_launch_entered_before_its_probe_is_no_driver_launch() {
     let mut live = crate::faults::Live::start(&[
         "-v",
         "--max-overhead",
-        "100%",
+        budget,
         "-o",
         out.to_str().unwrap(),
         "--pid",
@@ -522,8 +530,8 @@ fn a_runtime_launch_entered_before_its_probe_is_no_driver_launch() {
     let c = cuda_of(&report, "workload");
     // The held launch's runtime call was not seen, so it is not counted at all; the 40 after
     // it are, each once.
-    assert_eq!(count(&c, "cudaLaunchKernel"), 40);
-    assert_eq!(count(&c, "cuLaunchKernel"), 0, "{c:#}");
+    assert_eq!(count(&c, "cudaLaunchKernel"), 40, "at {budget}: {c:#}");
+    assert_eq!(count(&c, "cuLaunchKernel"), 0, "at {budget}: {c:#}");
     // The held launch did reach the driver's probe: 40 runtime launches with their driver
     // launches inside, and the held driver launch.
     let entries = common::field_of(
@@ -532,7 +540,11 @@ fn a_runtime_launch_entered_before_its_probe_is_no_driver_launch() {
         "cuda_entry",
         "hits",
     );
-    assert_eq!(entries, 81, "{:#}", report["overhead"]["programs"]);
+    assert_eq!(
+        entries, 81,
+        "at {budget}: {:#}",
+        report["overhead"]["programs"]
+    );
 }
 
 /// A library whose path no longer leads to the mapped file (replaced on disk after loading; the
