@@ -125,12 +125,24 @@ struct RawEvents {
 
 impl CudaFamily {
     /// Launch probes of a library left for the budget's next window that the window could not
-    /// attach: listed as not attached, as a library's first attach lists them.
-    fn note_window_failures(&mut self) {
+    /// attach: listed as not attached, as a library's first attach lists them. Returns the
+    /// processes that map a runtime among them: its launches may now be seen at the driver
+    /// only, and its code must no longer hide them (`set_runtime_text`).
+    fn note_window_failures(&mut self) -> Vec<u32> {
+        let mut pids = Vec::new();
         for f in self.gate.take_failures() {
-            let Some(l) = self.libs.iter_mut().find(|l| l.found.open_path == f.path) else {
+            let Some(i) = self.libs.iter().position(|l| l.found.open_path == f.path) else {
                 continue;
             };
+            if self.libs[i].found.layer == Layer::Runtime {
+                pids.extend(
+                    self.users
+                        .iter()
+                        .filter(|(_, libs)| libs.contains(&i))
+                        .map(|(&pid, _)| pid),
+                );
+            }
+            let l = &mut self.libs[i];
             let Some(func) = FUNCS.get(Cookie::unpack(f.cookie).fid as usize) else {
                 continue;
             };
@@ -138,6 +150,9 @@ impl CudaFamily {
             l.failed
                 .push(format!("{} ({}): {}", func.name, f.prog, f.error));
         }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     pub fn new(args: &TraceArgs, trap: crate::overhead::SharedTrapCost) -> Self {
@@ -258,22 +273,25 @@ impl CudaFamily {
                 .then_some(&l.found)
         });
         let text = discover::runtime_text(maps, runtimes);
-        let known = self.rt_text.get(&pid).copied().unwrap_or_default();
-        if text == known {
-            return;
-        }
         let Some(map) = ebpf.map_mut(RT_TEXT_MAP) else {
             return;
         };
         let Ok(mut map) = aya::maps::HashMap::<_, u32, RtText>::try_from(map) else {
             return;
         };
-        let written = if text == RtText::default() {
-            map.remove(&pid)
-        } else {
-            map.insert(pid, text, 0)
-        };
-        match written {
+        // What the kernel holds, not what was last written: it drops a process's entry at its
+        // exec and its exit.
+        let held = map.get(&pid, 0).unwrap_or_default();
+        if text == held {
+            return;
+        }
+        if text == RtText::default() {
+            // Gone already if the kernel dropped it meanwhile.
+            let _ = map.remove(&pid);
+            self.rt_text.remove(&pid);
+            return;
+        }
+        match map.insert(pid, text, 0) {
             Ok(()) => {
                 self.rt_text.insert(pid, text);
             }
@@ -295,7 +313,8 @@ impl CudaFamily {
     fn launches_lost(&mut self, ebpf: &mut Ebpf, paths: &[PathBuf]) {
         let mut pids = Vec::new();
         for (i, l) in self.libs.iter_mut().enumerate() {
-            if l.found.layer != Layer::Runtime || !paths.contains(&l.found.open_path) {
+            let lost = l.found.layer == Layer::Runtime && paths.contains(&l.found.open_path);
+            if !lost || l.launches_lost {
                 continue;
             }
             l.launches_lost = true;
@@ -306,9 +325,16 @@ impl CudaFamily {
                     .map(|(&pid, _)| pid),
             );
         }
+        self.runtime_text_again(ebpf, pids);
+    }
+
+    /// Writes the runtimes' code of processes `pids` again, from their maps now (a process
+    /// gone is left to the next scan).
+    fn runtime_text_again(&mut self, ebpf: &mut Ebpf, pids: Vec<u32>) {
         for pid in pids {
-            let maps = procfs::read_maps(pid).unwrap_or_default();
-            self.set_runtime_text(ebpf, pid, &maps);
+            if let Some(maps) = procfs::read_maps(pid) {
+                self.set_runtime_text(ebpf, pid, &maps);
+            }
         }
     }
 
@@ -532,6 +558,10 @@ impl ProbeFamily for CudaFamily {
         if !lost.is_empty() {
             self.launches_lost(ebpf, &lost);
         }
+        let refused = self.note_window_failures();
+        if !refused.is_empty() {
+            self.runtime_text_again(ebpf, refused);
+        }
         self.drain();
         if self.ticks.is_multiple_of(SCAN_EVERY_TICKS) {
             let live: Vec<u32> = tracker
@@ -565,7 +595,13 @@ impl ProbeFamily for CudaFamily {
     }
 
     fn ended(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) {
-        self.gate.ended(ebpf, tracker.ended_at().is_some());
+        let launch_probed = self.libs.iter().any(|l| {
+            l.attached
+                .iter()
+                .any(|a| FUNCS.iter().any(|f| f.name == a.as_str() && f.is_launch()))
+        });
+        self.gate
+            .ended(ebpf, launch_probed, tracker.ended_at().is_some());
     }
 
     fn finish(
@@ -575,7 +611,7 @@ impl ProbeFamily for CudaFamily {
         data: &mut ReportData,
     ) -> Result<()> {
         self.drain();
-        self.note_window_failures();
+        let _ = self.note_window_failures();
         let mut api: Vec<(ApiKey, ApiVal)> = crate::batch::read(ebpf, API_MAP)?;
         // The accounting has stopped by now: what the thread states hold no longer moves.
         let states = crate::accounting::States::open(ebpf)

@@ -1183,8 +1183,9 @@ impl LaunchGate {
     /// any family prices its hits. Only while no launch probe is on, or once the traced
     /// processes are all gone (`all_exited`): a round beside launches that trap on the other
     /// CPU reads them slow, which is why a window's round is taken before it opens.
-    pub fn ended(&mut self, ebpf: &Ebpf, all_exited: bool) {
-        let probes_on = !self.gate.samples() || self.gate.is_open();
+    /// `launch_probed`: some library's launch functions were probed (at all).
+    pub fn ended(&mut self, ebpf: &Ebpf, launch_probed: bool, all_exited: bool) {
+        let probes_on = launch_probed && (!self.gate.samples() || self.gate.is_open());
         if probes_on && !all_exited {
             return;
         }
