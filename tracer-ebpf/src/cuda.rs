@@ -141,6 +141,15 @@ fn launch_add(slot: u32, n: u64) -> u64 {
     }
 }
 
+/// Counts a traced thread's run at a function the budget never switches off (a copy, a
+/// sync, an allocation) in `slot` (`OTHER_ENTRY_SLOT`, `OTHER_RET_SLOT`).
+#[inline(always)]
+fn other_run(shape: u8, slot: u32) {
+    if !is_launch_shape(shape) {
+        launch_run(slot);
+    }
+}
+
 #[uprobe]
 pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::CudaEntry);
@@ -183,9 +192,7 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     if found.is_none() && !is_traced(tgid) {
         return 0;
     }
-    if !is_launch_shape(cookie.shape) {
-        launch_run(OTHER_ENTRY_SLOT);
-    }
+    other_run(cookie.shape, OTHER_ENTRY_SLOT);
     // One clock read for the gate, the time accounting and the call's start. The gate sees
     // every traced launch, even one a full map leaves uncounted.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -315,9 +322,7 @@ pub fn forget_runtime_text(tgid: u32) {
 fn count_entry(tgid: u32, tid: u32, cookie: &Cookie) -> u32 {
     let fid = cookie.fid as u32;
     if let Some(st) = account::live_state(tgid, tid) {
-        if !is_launch_shape(cookie.shape) {
-            launch_run(OTHER_ENTRY_SLOT);
-        }
+        other_run(cookie.shape, OTHER_ENTRY_SLOT);
         gate_seen(cookie.shape, unsafe { bpf_ktime_get_ns() });
         if st.held_api_fid != fid as i32 {
             flush_api(tid, st);
@@ -336,9 +341,7 @@ fn count_entry(tgid: u32, tid: u32, cookie: &Cookie) -> u32 {
     if found.is_none() && !is_traced(tgid) {
         return 0;
     }
-    if !is_launch_shape(cookie.shape) {
-        launch_run(OTHER_ENTRY_SLOT);
-    }
+    other_run(cookie.shape, OTHER_ENTRY_SLOT);
     gate_seen(cookie.shape, unsafe { bpf_ktime_get_ns() });
     let v = match found {
         Some(v) => v,
@@ -451,9 +454,7 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
         // Attached while the call was already running: no entry was seen.
         return 0;
     };
-    if !is_launch_shape(cookie.shape) {
-        launch_run(OTHER_RET_SLOT);
-    }
+    other_run(cookie.shape, OTHER_RET_SLOT);
     let st = unsafe { &mut *st };
     if st.depth == 0 {
         return 0;

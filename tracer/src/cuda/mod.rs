@@ -84,8 +84,9 @@ pub struct CudaFamily {
     uprobes: Option<Uprobes>,
     /// `-v`: say how soon a library mapped during the trace was probed.
     verbose: bool,
-    /// What `RT_TEXT_MAP` holds for each process.
-    rt_text: HashMap<u32, RtText>,
+    /// The processes this family wrote an `RT_TEXT_MAP` entry for (the kernel drops one at
+    /// an exec or exit; `forget_runtime_text` drops those it missed).
+    rt_text: HashSet<u32>,
     /// A failure to write it was put in the warnings (said once).
     rt_text_warned: bool,
 }
@@ -135,12 +136,7 @@ impl CudaFamily {
                 continue;
             };
             if self.libs[i].found.layer == Layer::Runtime {
-                pids.extend(
-                    self.users
-                        .iter()
-                        .filter(|(_, libs)| libs.contains(&i))
-                        .map(|(&pid, _)| pid),
-                );
+                pids.extend(users_of(&self.users, i));
             }
             let l = &mut self.libs[i];
             let Some(func) = FUNCS.get(Cookie::unpack(f.cookie).fid as usize) else {
@@ -180,7 +176,7 @@ impl CudaFamily {
             gate: crate::overhead::LaunchGate::new(args.max_overhead, args.cuda_entry_only, trap),
             verbose: args.verbose,
             uprobes: None,
-            rt_text: HashMap::new(),
+            rt_text: HashSet::new(),
             rt_text_warned: false,
         }
     }
@@ -293,7 +289,7 @@ impl CudaFamily {
         }
         match map.insert(pid, text, 0) {
             Ok(()) => {
-                self.rt_text.insert(pid, text);
+                self.rt_text.insert(pid);
             }
             Err(e) if !self.rt_text_warned => {
                 self.rt_text_warned = true;
@@ -318,12 +314,7 @@ impl CudaFamily {
                 continue;
             }
             l.launches_lost = true;
-            pids.extend(
-                self.users
-                    .iter()
-                    .filter(|(_, libs)| libs.contains(&i))
-                    .map(|(&pid, _)| pid),
-            );
+            pids.extend(users_of(&self.users, i));
         }
         self.runtime_text_again(ebpf, pids);
     }
@@ -342,7 +333,7 @@ impl CudaFamily {
     fn forget_runtime_text(&mut self, ebpf: &mut Ebpf, live: &[u32]) {
         let gone: Vec<u32> = self
             .rt_text
-            .keys()
+            .iter()
             .filter(|pid| !live.contains(pid))
             .copied()
             .collect();
@@ -403,21 +394,26 @@ impl CudaFamily {
     }
 }
 
+/// The processes that map library `i` (an index into `CudaFamily::libs`).
+fn users_of(users: &BTreeMap<u32, HashSet<usize>>, i: usize) -> impl Iterator<Item = u32> + '_ {
+    users
+        .iter()
+        .filter(move |(_, libs)| libs.contains(&i))
+        .map(|(&pid, _)| pid)
+}
+
 /// Whether a runtime library's launch probes are all on: one of its launch functions was
 /// probed (`attached`, the names) and none failed (`failed`, "name (program): why"). With one
 /// of them unprobed, its driver launches are the only ones seen of its calls.
 fn runtime_launches_probed(attached: &[String], failed: &[String]) -> bool {
-    let launches = || {
-        FUNCS
-            .iter()
-            .filter(|f| f.layer == Layer::Runtime && f.is_launch())
+    let runtime_launch = |name: &str| {
+        table::by_name(name).is_some_and(|f| f.layer == Layer::Runtime && f.is_launch())
     };
-    attached
-        .iter()
-        .any(|a| launches().any(|f| f.name == a.as_str()))
-        && !failed
-            .iter()
-            .any(|e| launches().any(|f| e.starts_with(&format!("{} (", f.name))))
+    attached.iter().any(|a| runtime_launch(a))
+        && !failed.iter().any(|e| {
+            e.split_once(" (")
+                .is_some_and(|(name, _)| runtime_launch(name))
+        })
 }
 
 /// Attaches the entry (and return) program at every table function the library exports: one
@@ -598,7 +594,7 @@ impl ProbeFamily for CudaFamily {
         let launch_probed = self.libs.iter().any(|l| {
             l.attached
                 .iter()
-                .any(|a| FUNCS.iter().any(|f| f.name == a.as_str() && f.is_launch()))
+                .any(|a| table::by_name(a).is_some_and(|f| f.is_launch()))
         });
         self.gate
             .ended(ebpf, launch_probed, tracker.ended_at().is_some());

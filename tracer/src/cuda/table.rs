@@ -173,6 +173,11 @@ pub fn func(fid: u32) -> Option<&'static Func> {
     FUNCS.get(fid as usize)
 }
 
+/// The probed function called `name`, as reports and libraries' lists name them.
+pub fn by_name(name: &str) -> Option<&'static Func> {
+    FUNCS.iter().find(|f| f.name == name)
+}
+
 pub fn cookie(fid: usize) -> u64 {
     let f = &FUNCS[fid];
     Cookie {

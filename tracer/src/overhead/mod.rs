@@ -346,7 +346,7 @@ fn traced_cost_ns(r: &Report) -> u64 {
     for c in r.processes.iter().filter_map(|p| p.cuda.as_ref()) {
         for a in &c.api {
             cuda += a.count;
-            if FUNCS.iter().any(|f| f.is_launch() && f.name == a.function) {
+            if crate::cuda::table::by_name(&a.function).is_some_and(|f| f.is_launch()) {
                 launches_scaled += a.count;
             }
         }
