@@ -44,14 +44,20 @@ pub enum Drop {
     BlockNoCompletion = 12,
     /// The timeline ring buffer was full: an event of trace.json was lost.
     TimelineFull = 13,
-    Spare14 = 14,
+    /// A traced thread's switch onto a CPU ran no program (the kernel ran none for that switch:
+    /// on the development VM it runs no BPF program while the sandbox's own agent is current,
+    /// bpftrace alike), found by the thread's next program of its own (syscall entry or exit,
+    /// CPU sample, switch-out), which closed its wait there: late by microseconds at a syscall,
+    /// by up to a sampling period at a sample, by the thread's whole run at a switch-out (that
+    /// run then counted in the wait).
+    SwitchInUnseen = 14,
     Spare15 = 15,
 }
 
 impl Drop {
     pub const COUNT: u32 = 16;
 
-    pub const ALL: [Drop; 14] = [
+    pub const ALL: [Drop; 15] = [
         Drop::CpuCountsFull,
         Drop::StackMapFull,
         Drop::StackCollision,
@@ -66,6 +72,7 @@ impl Drop {
         Drop::CudaFull,
         Drop::CudaEventsFull,
         Drop::TimelineFull,
+        Drop::SwitchInUnseen,
     ];
 
     /// The programs that count this reason (kernel side), for the report.
@@ -86,6 +93,7 @@ impl Drop {
             Drop::BlockNoCompletion => "block_rq_issue",
             Drop::CudaFull => "cuda_entry, cuda_ret",
             Drop::CudaEventsFull => "cuda_ret",
+            Drop::SwitchInUnseen => "sys_enter, sys_exit, cpu_sample, sched_switch (switch-out)",
             _ => "",
         }
     }
@@ -119,6 +127,11 @@ impl Drop {
                  figures and kernel names incomplete"
             }
             Drop::TimelineFull => "timeline events (trace.json) lost (ring buffer full)",
+            Drop::SwitchInUnseen => {
+                "switches onto a CPU that ran no program (the kernel skipped them): each wait \
+                 was closed at the thread's next syscall (microseconds late), CPU sample (up to \
+                 a sampling period late) or switch-out (its run then counted in the wait)"
+            }
             _ => "unused",
         }
     }

@@ -4,7 +4,7 @@
 
 use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
-    helpers::bpf_get_current_comm,
+    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
     macros::{map, perf_event},
     maps::HashMap,
     programs::PerfEventContext,
@@ -12,6 +12,7 @@ use aya_ebpf::{
 use tracer_common::{
     cpu::{SampleKey, CPU_COUNTS_ENTRIES},
     drops::Drop,
+    wall::PHASE_ONCPU,
 };
 
 use tracer_common::hits::Prog;
@@ -34,6 +35,13 @@ fn sample(ctx: &PerfEventContext, p: Prog) {
         return;
     }
     traced(p);
+    // It is running: a state off CPU missed its switch-in (`sched::gputrace_switched_in`),
+    // which a thread that makes no syscall would otherwise find only at its next switch-out.
+    if let Some(st) = crate::account::state(tid) {
+        if unsafe { (*st).phase } != PHASE_ONCPU && unsafe { (*st).tgid } == tgid {
+            crate::sched::gputrace_switched_in(tid, unsafe { bpf_ktime_get_ns() });
+        }
+    }
     let user_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
     let kernel_stack_id = stack_id(ctx, 0);
     let key = SampleKey {

@@ -23,7 +23,7 @@ use tracer_common::{
     wall::{
         log2_bucket, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, SysHeld, SysKey, SysStat,
         ThreadState, ERRNOS_ENTRIES, FD_NAMES_ENTRIES, FD_NAME_WAYS, FILEIO_ENTRIES, HIST_BUCKETS,
-        NO_SYSCALL, SYSCALLS_ENTRIES, SYS_HOLD_RUN, THREAD_SLOTS,
+        NO_SYSCALL, PHASE_ONCPU, SYSCALLS_ENTRIES, SYS_HOLD_RUN, THREAD_SLOTS,
     },
 };
 
@@ -186,15 +186,24 @@ static SYS_EXECVE: Global<u32> = Global::new(59);
 #[no_mangle]
 static SYS_EXECVEAT: Global<u32> = Global::new(322);
 
-/// The caller's (tgid, tid) and its thread state, when the thread is traced.
+/// The caller's (tgid, tid) and its thread state, when the thread is traced. A state off CPU
+/// is closed as its unseen switch-in would have closed it (`sched::gputrace_switched_in`):
+/// the thread is on a CPU, making this syscall.
 #[inline(always)]
 fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
     let (tgid, tid) = current_ids();
     if !crate::maps::maybe_traced(tid) {
         return None;
     }
-    let st = unsafe { &mut *account::state(tid)? };
-    (st.tgid == tgid).then_some((tgid, tid, st))
+    let st = account::state(tid)?;
+    if unsafe { (*st).tgid } != tgid {
+        return None;
+    }
+    if unsafe { (*st).phase } != PHASE_ONCPU {
+        crate::sched::gputrace_switched_in(tid, unsafe { bpf_ktime_get_ns() });
+    }
+    // Referenced only now: the global function writes the state through a pointer of its own.
+    Some((tgid, tid, unsafe { &mut *st }))
 }
 
 /// Whether the programs stopped themselves at a storm (`SYS_HALT`): a run then returns before

@@ -298,6 +298,12 @@ impl Offsets {
         if let Ok(o) = &split {
             v.extend(o.iter().copied());
         }
+        // Tests only: every traced thread's switch-in goes unseen, as it does on a kernel that
+        // runs no program for a switch from a task it hides (the eBPF crate's
+        // `sched::gputrace_switched_in`).
+        if std::env::var("GPUTRACE_TEST_UNSEEN_SWITCH_INS").is_ok_and(|v| v == "1") {
+            v.push(("UNSEEN_SWITCH_INS", 1));
+        }
         let mut block_classic = None;
         if tracefs::exists("block", "block_rq_issue") {
             match on_btf(&btf, raw_block_offsets) {
