@@ -384,11 +384,12 @@ fn counted_exactly_after(name: &str, env: &[(&str, &str)], delay_ms: u32) -> Run
     assert!(run.stdout.contains("vectorAdd"), "{}", run.stdout);
     // Nothing of the CUDA data lost. (A stack the stack map could not take costs a sample or a
     // wait its stack, not a CUDA count; those drops are counted and shown on their own, as are
-    // runs of other programs the kernel skipped.)
+    // runs of other programs the kernel skipped and switch-ins closed late.)
     assert!(
         report["drops"].as_array().unwrap().iter().all(|d| {
             let reason = d["reason"].as_str().unwrap_or("");
             reason.starts_with("Stack")
+                || reason == "SwitchInUnseen"
                 || (reason == "KernelSkipped"
                     && !d["programs"].as_str().unwrap_or("").starts_with("cuda"))
         }),

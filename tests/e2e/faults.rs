@@ -526,7 +526,9 @@ fn assert_storm_counted_whole(r: &serde_json::Value, p: &serde_json::Value, call
         .as_array()
         .unwrap()
         .iter()
-        .filter(|d| d["reason"] != "StackCollision")
+        // A switch-in the kernel ran no program for (the sandbox agent's) is closed late, and
+        // loses no count.
+        .filter(|d| d["reason"] != "StackCollision" && d["reason"] != "SwitchInUnseen")
         .collect();
     assert!(drops.is_empty(), "{drops:#?}");
     let warnings = r["warnings"].to_string();
