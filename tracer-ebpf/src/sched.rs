@@ -184,19 +184,26 @@ fn switch<C: StackIdContext, K: Kernel>(
         let next = next as u32;
         if let Some(st) = state(next) {
             traced(p);
-            let st = unsafe { &mut *st };
-            if tasks.split && st.phase == PHASE_BLOCKED {
-                // Blocked until it was queued to run, runnable since: what `sched_wakeup`
-                // would have closed, told now.
-                let queued = queued_ns::<K>(tasks.next, st.off_run_delay);
-                close(next, st, now.saturating_sub(queued).max(st.start_ns));
-                st.phase = PHASE_RUNNABLE;
-            }
-            crate::timeline::offcpu(next, st, now);
-            close(next, st, now);
-            st.phase = PHASE_ONCPU;
+            arrive::<K>(next, unsafe { &mut *st }, tasks.next, tasks.split, now);
         }
     }
+}
+
+/// Thread `tid` (its `task_struct` at `task`, read through `K`) is on a CPU from `now`: its
+/// wait is closed, on the timeline too. With `split`, a blocked thread's wait is split where
+/// it was queued to run, from the scheduler's own accounting ([`queued_ns`]).
+#[inline(always)]
+fn arrive<K: Kernel>(tid: u32, st: &mut ThreadState, task: u64, split: bool, now: u64) {
+    if split && st.phase == PHASE_BLOCKED {
+        // Blocked until it was queued to run, runnable since: what `sched_wakeup` would have
+        // closed, told now.
+        let queued = queued_ns::<K>(task, st.off_run_delay);
+        close(tid, st, now.saturating_sub(queued).max(st.start_ns));
+        st.phase = PHASE_RUNNABLE;
+    }
+    crate::timeline::offcpu(tid, st, now);
+    close(tid, st, now);
+    st.phase = PHASE_ONCPU;
 }
 
 /// A program running in `tid`'s own context (its syscall entry or exit, a CPU sample, its
@@ -223,15 +230,8 @@ pub extern "C" fn gputrace_switched_in(tid: u32, now: u64) -> u32 {
         return 0;
     }
     count_drop(Drop::SwitchInUnseen);
-    if SPLIT_AT_SWITCH_IN.load() != 0 && st.phase == PHASE_BLOCKED {
-        let task = unsafe { bpf_get_current_task() };
-        let queued = queued_ns::<Probe>(task, st.off_run_delay);
-        close(tid, st, now.saturating_sub(queued).max(st.start_ns));
-        st.phase = PHASE_RUNNABLE;
-    }
-    crate::timeline::offcpu(tid, st, now);
-    close(tid, st, now);
-    st.phase = PHASE_ONCPU;
+    let task = unsafe { bpf_get_current_task() };
+    arrive::<Probe>(tid, st, task, SPLIT_AT_SWITCH_IN.load() != 0, now);
     0
 }
 
