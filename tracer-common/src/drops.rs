@@ -47,7 +47,7 @@ pub enum Drop {
     /// A traced thread's switch onto a CPU ran no program (the kernel ran none for that switch:
     /// on the development VM it runs no BPF program while the sandbox's own agent is current,
     /// bpftrace alike), found by the thread's next program of its own (syscall entry or exit,
-    /// CPU sample, switch-out), which closed its wait there: late by microseconds at a syscall,
+    /// CUDA call entry, CPU sample, switch-out), which closed its wait there: late by microseconds at a syscall,
     /// by up to a sampling period at a sample, by the thread's whole run at a switch-out (that
     /// run then counted in the wait).
     SwitchInUnseen = 14,
@@ -93,7 +93,9 @@ impl Drop {
             Drop::BlockNoCompletion => "block_rq_issue",
             Drop::CudaFull => "cuda_entry, cuda_ret",
             Drop::CudaEventsFull => "cuda_ret",
-            Drop::SwitchInUnseen => "sys_enter, sys_exit, cpu_sample, sched_switch (switch-out)",
+            Drop::SwitchInUnseen => {
+                "sys_enter, sys_exit, cuda_entry, cpu_sample, sched_switch (switch-out)"
+            }
             _ => "",
         }
     }

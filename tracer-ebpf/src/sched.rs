@@ -206,17 +206,17 @@ fn arrive<K: Kernel>(tid: u32, st: &mut ThreadState, task: u64, split: bool, now
     st.phase = PHASE_ONCPU;
 }
 
-/// A program running in `tid`'s own context (its syscall entry or exit, a CPU sample, its
-/// switch-out) with `tid`'s state off CPU: the switch that put the thread on a CPU ran no
-/// program. On the development VM (Linux 6.18) the kernel runs no BPF program while one of the
-/// sandbox's own agent threads is current, so a switch from one of them to a traced thread is
-/// never seen: bpftrace counted 19 switches into those threads in 8 s and none out of them,
-/// and a traced thread's wait then went without its switch-in (a timeline test's missing
-/// sleep, ~1 run in 40 beside two CPU hogs). Closed here as that switch-in would have closed
-/// it, at `now`: microseconds late at a syscall, up to a sampling period at a CPU sample, the
-/// thread's whole run late at a switch-out (the run then counts in the wait). The runqueue
-/// part of a woken thread's wait is the scheduler's run-delay sum's growth since the
-/// switch-out: the arrival is past, so the sum holds it.
+/// A program running in `tid`'s own context (its syscall entry or exit, a CUDA call's entry,
+/// a CPU sample, its switch-out) with `tid`'s state off CPU: the switch that put the thread on
+/// a CPU ran no program. On the development VM (Linux 6.18) the kernel runs no BPF program
+/// while one of the sandbox's own agent threads is current, so a switch from one of them to a
+/// traced thread is never seen: bpftrace counted 19 switches into those threads in 8 s and
+/// none out of them, and a traced thread's wait then went without its switch-in (a timeline
+/// test's missing sleep, ~1 run in 40 beside two CPU hogs). Closed here as that switch-in
+/// would have closed it, at `now`: microseconds late at a syscall or a CUDA call, up to a
+/// sampling period at a CPU sample, the thread's whole run late at a switch-out (the run then
+/// counts in the wait). The runqueue part of a woken thread's wait is the scheduler's
+/// run-delay sum's growth since the switch-out: the arrival is past, so the sum holds it.
 ///
 /// A global function (see `crate`'s docs); its callers look their state up again after it.
 #[no_mangle]
