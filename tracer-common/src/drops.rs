@@ -47,9 +47,8 @@ pub enum Drop {
     /// A traced thread's switch onto a CPU ran no program (the kernel ran none for that switch:
     /// on the development VM it runs no BPF program while the sandbox's own agent is current,
     /// bpftrace alike), found by the thread's next program of its own (syscall entry or exit,
-    /// CUDA call entry, CPU sample, switch-out), which closed its wait there: late by microseconds at a syscall,
-    /// by up to a sampling period at a sample, by the thread's whole run at a switch-out (that
-    /// run then counted in the wait).
+    /// CUDA call entry, CPU sample, switch-out), which closed its wait at the arrival the
+    /// scheduler stamped (`sched_info.last_arrival`; where the BTF lacks it, where found).
     SwitchInUnseen = 14,
     Spare15 = 15,
 }
@@ -131,8 +130,8 @@ impl Drop {
             Drop::TimelineFull => "timeline events (trace.json) lost (ring buffer full)",
             Drop::SwitchInUnseen => {
                 "switches onto a CPU that ran no program (the kernel skipped them): each wait \
-                 was closed at the thread's next syscall (microseconds late), CPU sample (up to \
-                 a sampling period late) or switch-out (its run then counted in the wait)"
+                 was closed by the thread's next program of its own, at the arrival the \
+                 scheduler stamped"
             }
             _ => "unused",
         }

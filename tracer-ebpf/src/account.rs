@@ -337,7 +337,7 @@ pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64) -> u32 {
 #[inline(always)]
 fn arrived(tid: u32, st: *mut ThreadState, now: u64) -> *mut ThreadState {
     if unsafe { (*st).phase } != PHASE_ONCPU {
-        crate::sched::gputrace_switched_in(tid, now);
+        crate::sched::gputrace_switched_in(tid, now, 0);
     }
     st
 }

@@ -35,11 +35,16 @@ fn sample(ctx: &PerfEventContext, p: Prog) {
         return;
     }
     traced(p);
-    // It is running: a state off CPU missed its switch-in (`sched::gputrace_switched_in`),
-    // which a thread that makes no syscall would otherwise find only at its next switch-out.
+    // It is running: a state off CPU missed its switch-in (`sched::gputrace_switched_in`).
+    // A thread that makes no syscall and never leaves the CPU would have no other program
+    // of its own to close it.
     if let Some(st) = crate::account::state(tid) {
         if unsafe { (*st).phase } != PHASE_ONCPU && unsafe { (*st).tgid } == tgid {
-            crate::sched::gputrace_switched_in(tid, unsafe { bpf_ktime_get_ns() });
+            crate::sched::gputrace_switched_in(
+                tid,
+                unsafe { bpf_ktime_get_ns() },
+                crate::sched::SAMPLE_MIN_RUN_NS,
+            );
         }
     }
     let user_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);

@@ -57,10 +57,17 @@ static OFFCPU_STACKS: Global<u32> = Global::new(1);
 /// untraced one its dispatch and an early return).
 #[no_mangle]
 static SPLIT_AT_SWITCH_IN: Global<u32> = Global::new(0);
+/// 1 when the kernel's BTF shows the scheduler's fields read below, whichever program set
+/// runs: [`gputrace_switched_in`] dates an arrival from them.
+#[no_mangle]
+static ARRIVAL_KNOWN: Global<u32> = Global::new(0);
 /// `task_struct.sched_info.last_queued` and `.run_delay`, `task_struct.se.cfs_rq`,
 /// `cfs_rq.rq` and `rq.clock`, from the kernel's BTF.
 #[no_mangle]
 static OFF_TASK_LAST_QUEUED: Global<u32> = Global::new(0);
+/// `task_struct.sched_info.last_arrival`, from the kernel's BTF.
+#[no_mangle]
+static OFF_TASK_LAST_ARRIVAL: Global<u32> = Global::new(0);
 #[no_mangle]
 static OFF_TASK_RUN_DELAY: Global<u32> = Global::new(0);
 #[no_mangle]
@@ -69,6 +76,9 @@ static OFF_TASK_CFS_RQ: Global<u32> = Global::new(0);
 static OFF_CFS_RQ_RQ: Global<u32> = Global::new(0);
 #[no_mangle]
 static OFF_RQ_CLOCK: Global<u32> = Global::new(0);
+/// A CPU sample closes an unseen switch-in's wait only after a run this long
+/// ([`gputrace_switched_in`]): a scheduler tick (4-10 ms) is then a small part of it.
+pub const SAMPLE_MIN_RUN_NS: u64 = 20_000_000;
 /// Tests only (`GPUTRACE_TEST_UNSEEN_SWITCH_INS=1`): the switch program leaves every traced
 /// thread's switch-in alone, as the kernel does for a switch from a task it hides (see
 /// [`gputrace_switched_in`]). A read-only value, so the verifier drops the branch at 0.
@@ -213,15 +223,23 @@ fn arrive<K: Kernel>(tid: u32, st: &mut ThreadState, task: u64, split: bool, now
 /// traced thread is never seen: bpftrace counted 19 switches into those threads in 8 s and
 /// none out of them, and a traced thread's wait then went without its switch-in (a timeline
 /// test's missing sleep, ~1 run in 40 beside two CPU hogs). Closed here as that switch-in
-/// would have closed it, at `now`: microseconds late at a syscall or a CUDA call, up to a
-/// sampling period at a CPU sample, the thread's whole run late at a switch-out (the run then
-/// counts in the wait). The runqueue part of a woken thread's wait is the scheduler's
-/// run-delay sum's growth since the switch-out: the arrival is past, so the sum holds it.
+/// would have closed it, counted as `Drop::SwitchInUnseen`.
+///
+/// When: the scheduler stamps its arrival (`sched_info.last_arrival`) from its runqueue's
+/// clock, so the run since is that clock's lead over the stamp. At a switch-out the clock was
+/// just read (`__schedule`), so the arrival is exact; at a syscall it was read at the switch-in
+/// microseconds before; in a CPU sample it may be a scheduler tick old, which puts the
+/// arrival later than it was, never before: a sample closes only a run of at least `min_run`
+/// ns by that clock, where a tick is a small part of it, and leaves shorter ones to the
+/// switch-out. Without the scheduler's fields in the kernel's BTF, at `now`: a whole run late
+/// at a switch-out (the run then counts in the wait). The runqueue part of a woken
+/// thread's wait is the run-delay sum's growth since the switch-out: the arrival is past, so
+/// the sum holds it.
 ///
 /// A global function (see `crate`'s docs); its callers look their state up again after it.
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn gputrace_switched_in(tid: u32, now: u64) -> u32 {
+pub extern "C" fn gputrace_switched_in(tid: u32, now: u64, min_run: u64) -> u32 {
     let Some(st) = state(tid) else {
         return 0;
     };
@@ -229,10 +247,28 @@ pub extern "C" fn gputrace_switched_in(tid: u32, now: u64) -> u32 {
     if st.phase == PHASE_ONCPU {
         return 0;
     }
-    count_drop(Drop::SwitchInUnseen);
     let task = unsafe { bpf_get_current_task() };
-    arrive::<Probe>(tid, st, task, SPLIT_AT_SWITCH_IN.load() != 0, now);
+    let at = if ARRIVAL_KNOWN.load() != 0 {
+        let arrival: u64 = Probe::read(task, OFF_TASK_LAST_ARRIVAL.load());
+        let ran = rq_clock::<Probe>(task).saturating_sub(arrival);
+        if ran < min_run {
+            return 0;
+        }
+        now.saturating_sub(ran).max(st.start_ns)
+    } else {
+        now
+    };
+    count_drop(Drop::SwitchInUnseen);
+    arrive::<Probe>(tid, st, task, SPLIT_AT_SWITCH_IN.load() != 0, at);
     0
+}
+
+/// The clock of the runqueue `task` is on (`rq->clock`, reached through its CFS runqueue).
+#[inline(always)]
+fn rq_clock<K: Kernel>(task: u64) -> u64 {
+    let cfs_rq: u64 = K::read(task, OFF_TASK_CFS_RQ.load());
+    let rq: u64 = K::read(cfs_rq, OFF_CFS_RQ_RQ.load());
+    K::read(rq, OFF_RQ_CLOCK.load())
 }
 
 /// How long `task`, being switched in, waited on a runqueue since it last left the CPU, when
@@ -247,9 +283,7 @@ fn queued_ns<K: Kernel>(task: u64, base: u64) -> u64 {
     let queued: u64 = K::read(task, OFF_TASK_LAST_QUEUED.load());
     let mut ns = 0;
     if queued != 0 {
-        let cfs_rq: u64 = K::read(task, OFF_TASK_CFS_RQ.load());
-        let rq: u64 = K::read(cfs_rq, OFF_CFS_RQ_RQ.load());
-        ns = K::read::<u64>(rq, OFF_RQ_CLOCK.load()).saturating_sub(queued);
+        ns = rq_clock::<K>(task).saturating_sub(queued);
     }
     if base != RUN_DELAY_UNKNOWN {
         ns += K::read::<u64>(task, OFF_TASK_RUN_DELAY.load()).saturating_sub(base);
@@ -288,7 +322,7 @@ fn switch_out<C: StackIdContext, K: Kernel>(
     };
     traced(p);
     if unsafe { (*st).phase } != PHASE_ONCPU {
-        gputrace_switched_in(tid, now);
+        gputrace_switched_in(tid, now, 0);
     }
     close(tid, unsafe { &mut *st }, now);
     if prev_state & 0xff & EXIT_BITS != 0 {

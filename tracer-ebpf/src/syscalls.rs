@@ -200,7 +200,7 @@ fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
         return None;
     }
     if unsafe { (*st).phase } != PHASE_ONCPU {
-        crate::sched::gputrace_switched_in(tid, unsafe { bpf_ktime_get_ns() });
+        crate::sched::gputrace_switched_in(tid, unsafe { bpf_ktime_get_ns() }, 0);
     }
     // Referenced only now: the global function writes the state through a pointer of its own.
     Some((tgid, tid, unsafe { &mut *st }))

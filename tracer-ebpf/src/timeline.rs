@@ -47,6 +47,22 @@ pub fn enabled() -> bool {
 
 #[inline(always)]
 fn send(kind: u32, tgid: u32, tid: u32, a32: u32, start_ns: u64, dur_ns: u64, args: &[u64; 9]) {
+    send_with(kind, tgid, tid, a32, start_ns, dur_ns, |a| *a = *args);
+}
+
+/// As [`send`], the arguments written by `fill` straight into the record: an array built on
+/// the stack first takes 72 bytes of the caller's frame, and a call chain's frames must fit
+/// in 512 bytes before Linux 6.13 (`sched::gputrace_switched_in`'s under `sched_switch`'s).
+#[inline(always)]
+fn send_with(
+    kind: u32,
+    tgid: u32,
+    tid: u32,
+    a32: u32,
+    start_ns: u64,
+    dur_ns: u64,
+    fill: impl FnOnce(&mut [u64; 9]),
+) {
     let Some(mut entry) = TIMELINE.reserve::<TlEvent>(0) else {
         count_drop(Drop::TimelineFull);
         return;
@@ -59,7 +75,7 @@ fn send(kind: u32, tgid: u32, tid: u32, a32: u32, start_ns: u64, dur_ns: u64, ar
         (*ev).a32 = a32;
         (*ev).start_ns = start_ns;
         (*ev).dur_ns = dur_ns;
-        (*ev).args = *args;
+        fill(&mut (*ev).args);
     }
     entry.submit(BPF_RB_NO_WAKEUP);
 }
@@ -81,19 +97,14 @@ pub fn offcpu(tid: u32, st: &ThreadState, now: u64) {
     } else {
         0
     };
-    let args = [
-        st.off_sys_nr as i64 as u64,
-        st.override_cat as u64,
-        woke,
+    send_with(TL_OFFCPU, st.tgid, tid, st.off_state, st.off_ns, dur, |a| {
+        *a = [0; 9];
+        a[0] = st.off_sys_nr as i64 as u64;
+        a[1] = st.override_cat as u64;
+        a[2] = woke;
         // The kernel stack the accounting walked at switch-out (or -1): no walk of our own.
-        st.off_kstack as i64 as u64,
-        0,
-        0,
-        0,
-        0,
-        0,
-    ];
-    send(TL_OFFCPU, st.tgid, tid, st.off_state, st.off_ns, dur, &args);
+        a[3] = st.off_kstack as i64 as u64;
+    });
 }
 
 #[inline(always)]

@@ -114,17 +114,28 @@ fn raw_sched_offset(btf: &crate::btf::Btf) -> Result<u32> {
 /// reached through its CFS runqueue (`CONFIG_FAIR_GROUP_SCHED`). A kernel without them, or
 /// GPUTRACE_SCHED_WAKEUP=1, gets the `sched_wakeup` program.
 fn switch_in_split_offsets(btf: &crate::btf::Btf) -> Result<Vec<(&'static str, u32)>> {
+    let offsets = sched_info_offsets(btf)?;
     if std::env::var("GPUTRACE_SCHED_WAKEUP").is_ok_and(|v| v == "1") {
         anyhow::bail!("GPUTRACE_SCHED_WAKEUP=1");
     }
+    Ok(offsets)
+}
+
+/// The same fields, for every program set: they also date a switch-in that ran no program
+/// (the eBPF crate's `sched::gputrace_switched_in`, `sched_info.last_arrival`).
+fn sched_info_offsets(btf: &crate::btf::Btf) -> Result<Vec<(&'static str, u32)>> {
     let off = |s: &str, f: &str| btf.member_offset(s, f);
     let info = off("task_struct", "sched_info")?;
     let se = off("task_struct", "se")?;
     Ok(vec![
-        ("SPLIT_AT_SWITCH_IN", 1),
+        ("ARRIVAL_KNOWN", 1),
         (
             "OFF_TASK_LAST_QUEUED",
             info + off("sched_info", "last_queued")?,
+        ),
+        (
+            "OFF_TASK_LAST_ARRIVAL",
+            info + off("sched_info", "last_arrival")?,
         ),
         ("OFF_TASK_RUN_DELAY", info + off("sched_info", "run_delay")?),
         ("OFF_TASK_CFS_RQ", se + off("sched_entity", "cfs_rq")?),
@@ -295,8 +306,11 @@ impl Offsets {
             ("THREAD_SLOT_MASK", states::slot_mask()),
         ];
         let split = on_btf(&btf, switch_in_split_offsets);
-        if let Ok(o) = &split {
-            v.extend(o.iter().copied());
+        if split.is_ok() {
+            v.push(("SPLIT_AT_SWITCH_IN", 1));
+        }
+        if let Ok(o) = on_btf(&btf, sched_info_offsets) {
+            v.extend(o);
         }
         // Tests only: every traced thread's switch-in goes unseen, as it does on a kernel that
         // runs no program for a switch from a task it hides (the eBPF crate's
