@@ -119,7 +119,7 @@ static NEW_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0)
 static STOPPED: Array<u32> = Array::with_max_entries(1, 0);
 
 #[inline(always)]
-fn stopped() -> bool {
+pub fn stopped() -> bool {
     // An array lookup with a constant key: the verifier inlines it, a load or two.
     STOPPED.get(0).is_some_and(|s| *s != 0)
 }
@@ -333,7 +333,8 @@ pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64) -> u32 {
 /// through a pointer of its own: the caller references it only after). Not at the call's
 /// return: the return program's frame (352 bytes) and this one's would pass the 512 that
 /// kernels before 6.13 allow a call chain, and inside the call its category takes all the
-/// time anyway; a launch storm's next entry closes it.
+/// time anyway. Only outermost counted calls get here: a launch storm's gated-off or nested
+/// launches leave it to a CPU sample.
 #[inline(always)]
 fn arrived(tid: u32, st: *mut ThreadState, now: u64) -> *mut ThreadState {
     if unsafe { (*st).phase } != PHASE_ONCPU {

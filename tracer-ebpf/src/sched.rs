@@ -16,7 +16,7 @@ use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     helpers::{bpf_get_current_task, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
-    maps::Array,
+    maps::{Array, PerCpuArray},
     programs::{
         tracing::StackIdContext, BtfTracePointContext, RawTracePointContext, TracePointContext,
     },
@@ -240,28 +240,64 @@ fn arrive<K: Kernel>(tid: u32, st: &mut ThreadState, task: u64, split: bool, now
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn gputrace_switched_in(tid: u32, now: u64, min_run: u64) -> u32 {
+    // Once user space has stopped the accounting to read it (the CPU sampler outlives the
+    // scheduler programs), a state must not move.
+    if crate::account::stopped() {
+        return 0;
+    }
     let Some(st) = state(tid) else {
         return 0;
     };
-    let st = unsafe { &mut *st };
-    if st.phase == PHASE_ONCPU {
+    let Some(closing) = CLOSING.get_ptr_mut(0) else {
+        return 0;
+    };
+    // A CPU sample may interrupt a syscall program in here (tracepoint programs run with
+    // interrupts on): the sample leaves the wait to it. The phase is read again under the
+    // flag: a sample that came first closed it whole.
+    if unsafe { *closing } != 0 {
         return 0;
     }
+    unsafe { *closing = 1 };
+    let st = unsafe { &mut *st };
+    if st.phase != PHASE_ONCPU {
+        close_unseen(tid, st, now, min_run);
+    }
+    unsafe { *closing = 0 };
+    0
+}
+
+/// [`gputrace_switched_in`]'s closing, `st` off CPU.
+#[inline(always)]
+fn close_unseen(tid: u32, st: &mut ThreadState, now: u64, min_run: u64) {
     let task = unsafe { bpf_get_current_task() };
     let at = if ARRIVAL_KNOWN.load() != 0 {
         let arrival: u64 = Probe::read(task, OFF_TASK_LAST_ARRIVAL.load());
         let ran = rq_clock::<Probe>(task).saturating_sub(arrival);
         if ran < min_run {
-            return 0;
+            return;
         }
-        now.saturating_sub(ran).max(st.start_ns)
+        let at = now.saturating_sub(ran);
+        // A stamp from before the switch-out seen last is not this arrival's (the scheduler
+        // stamps only an arrival it had queued): then where it was found.
+        if st.off_ns != 0 && at < st.off_ns {
+            now
+        } else {
+            at.max(st.start_ns)
+        }
     } else {
         now
     };
-    count_drop(Drop::SwitchInUnseen);
+    // A thread seeded blocked at the attach may have woken before its seed was written: the
+    // seed, not the kernel, missed that switch-in.
+    if st.off_ns != 0 || st.phase != PHASE_BLOCKED {
+        count_drop(Drop::SwitchInUnseen);
+    }
     arrive::<Probe>(tid, st, task, SPLIT_AT_SWITCH_IN.load() != 0, at);
-    0
 }
+
+/// Per CPU: 1 while [`gputrace_switched_in`] closes a wait on this CPU.
+#[map(name = "SWITCH_IN_CLOSING")]
+static CLOSING: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 /// The clock of the runqueue `task` is on (`rq->clock`, reached through its CFS runqueue).
 #[inline(always)]
