@@ -147,17 +147,9 @@ fn unseen_switch_ins_are_closed_by_the_threads_own_syscalls() {
         &[("GPUTRACE_TEST_UNSEEN_SWITCH_INS", "1")],
     );
     check_thread_track(&evs, &report, pid);
-    let unseen = report["drops"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["reason"] == "SwitchInUnseen")
-        .unwrap_or_else(|| panic!("no SwitchInUnseen: {}", report["drops"]));
     // At least one per sleep, sync and the pipe wait.
-    assert!(
-        unseen["count"].as_u64().unwrap() > (SLEEPS + SYNCS) as u64,
-        "{unseen}"
-    );
+    let unseen = field_of(&report["drops"], "reason", "SwitchInUnseen", "count");
+    assert!(unseen > (SLEEPS + SYNCS) as u64, "{}", report["drops"]);
     let thread = report["processes"][0]["threads"]
         .as_array()
         .unwrap()

@@ -328,21 +328,6 @@ pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64) -> u32 {
     0
 }
 
-/// `st`, the state of `tid` entering a CUDA call: one still off CPU missed its switch-in,
-/// closed here (`crate::sched::gputrace_switched_in`, a global function that writes the state
-/// through a pointer of its own: the caller references it only after). Not at the call's
-/// return: the return program's frame (352 bytes) and this one's would pass the 512 that
-/// kernels before 6.13 allow a call chain, and inside the call its category takes all the
-/// time anyway. Only outermost counted calls get here: a launch storm's gated-off or nested
-/// launches leave it to a CPU sample.
-#[inline(always)]
-fn arrived(tid: u32, st: *mut ThreadState, now: u64) -> *mut ThreadState {
-    if unsafe { (*st).phase } != PHASE_ONCPU {
-        crate::sched::gputrace_switched_in(tid, now, 0);
-    }
-    st
-}
-
 /// From now on, charge `tid`'s time to `category` until [`exit_override`], under the call's
 /// function id and where it was called from (user and Python stacks).
 #[inline(always)]
@@ -351,7 +336,13 @@ pub fn enter_override(tid: u32, now: u64, category: u32, fid: i32, ustack: i32, 
         return;
     }
     if let Some(st) = state(tid) {
-        let st = unsafe { &mut *arrived(tid, st, now) };
+        // A call's entry runs in the thread: one still off CPU missed its switch-in. Not at
+        // the call's return: the return program's frame (352 bytes) and the closing's would
+        // pass the 512 that kernels before 6.13 allow a call chain, and inside the call its
+        // category takes all the time anyway. Only outermost counted calls get here: a launch
+        // storm's gated-off or nested launches leave it to a CPU sample.
+        crate::sched::running(tid, st, 0, || now);
+        let st = unsafe { &mut *st };
         close(tid, st, now);
         st.override_cat = category;
         st.cuda_fid = fid;

@@ -12,7 +12,6 @@ use aya_ebpf::{
 use tracer_common::{
     cpu::{SampleKey, CPU_COUNTS_ENTRIES},
     drops::Drop,
-    wall::PHASE_ONCPU,
 };
 
 use tracer_common::hits::Prog;
@@ -39,12 +38,10 @@ fn sample(ctx: &PerfEventContext, p: Prog) {
     // A thread that makes no syscall and never leaves the CPU would have no other program
     // of its own to close it.
     if let Some(st) = crate::account::state(tid) {
-        if unsafe { (*st).phase } != PHASE_ONCPU && unsafe { (*st).tgid } == tgid {
-            crate::sched::gputrace_switched_in(
-                tid,
-                unsafe { bpf_ktime_get_ns() },
-                crate::sched::SAMPLE_MIN_RUN_NS,
-            );
+        if unsafe { (*st).tgid } == tgid {
+            crate::sched::running(tid, st, crate::sched::SAMPLE_MIN_RUN_NS, || unsafe {
+                bpf_ktime_get_ns()
+            });
         }
     }
     let user_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);

@@ -295,6 +295,17 @@ fn close_unseen(tid: u32, st: &mut ThreadState, now: u64, min_run: u64) {
     arrive::<Probe>(tid, st, task, SPLIT_AT_SWITCH_IN.load() != 0, at);
 }
 
+/// `tid`, whose state is at `st`, is running a program of its own: a state off CPU missed its
+/// switch-in, closed by [`gputrace_switched_in`] (`min_run` there) at the clock `now` reads
+/// (read only then). That global function writes the state through a pointer of its own: the
+/// caller references `st` only after this.
+#[inline(always)]
+pub fn running(tid: u32, st: *mut ThreadState, min_run: u64, now: impl FnOnce() -> u64) {
+    if unsafe { (*st).phase } != PHASE_ONCPU {
+        gputrace_switched_in(tid, now(), min_run);
+    }
+}
+
 /// Per CPU: 1 while [`gputrace_switched_in`] closes a wait on this CPU.
 #[map(name = "SWITCH_IN_CLOSING")]
 static CLOSING: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
@@ -357,9 +368,7 @@ fn switch_out<C: StackIdContext, K: Kernel>(
         }
     };
     traced(p);
-    if unsafe { (*st).phase } != PHASE_ONCPU {
-        gputrace_switched_in(tid, now, 0);
-    }
+    running(tid, st, 0, || now);
     close(tid, unsafe { &mut *st }, now);
     if prev_state & 0xff & EXIT_BITS != 0 {
         // died() writes out what the thread holds.

@@ -23,7 +23,7 @@ use tracer_common::{
     wall::{
         log2_bucket, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, SysHeld, SysKey, SysStat,
         ThreadState, ERRNOS_ENTRIES, FD_NAMES_ENTRIES, FD_NAME_WAYS, FILEIO_ENTRIES, HIST_BUCKETS,
-        NO_SYSCALL, PHASE_ONCPU, SYSCALLS_ENTRIES, SYS_HOLD_RUN, THREAD_SLOTS,
+        NO_SYSCALL, SYSCALLS_ENTRIES, SYS_HOLD_RUN, THREAD_SLOTS,
     },
 };
 
@@ -199,10 +199,7 @@ fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
     if unsafe { (*st).tgid } != tgid {
         return None;
     }
-    if unsafe { (*st).phase } != PHASE_ONCPU {
-        crate::sched::gputrace_switched_in(tid, unsafe { bpf_ktime_get_ns() }, 0);
-    }
-    // Referenced only now: the global function writes the state through a pointer of its own.
+    crate::sched::running(tid, st, 0, || unsafe { bpf_ktime_get_ns() });
     Some((tgid, tid, unsafe { &mut *st }))
 }
 

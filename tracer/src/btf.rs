@@ -293,7 +293,7 @@ mod tests {
         assert_eq!(b.enum_value("REQ_OP_WRITE").unwrap(), 1);
         assert!(b.member_offset("request", "start_time_ns").is_ok());
         // What sched_switch_btf reads instead of a sched_wakeup program
-        // (accounting::switch_in_split_offsets), where the kernel has them: the scheduler's
+        // (accounting::sched_info_offsets), where the kernel has them: the scheduler's
         // delay accounting comes whole (CONFIG_SCHED_INFO), and the runqueue clock is found.
         if b.member_offset("task_struct", "sched_info").is_ok() {
             assert!(b.member_offset("sched_info", "last_queued").is_ok());

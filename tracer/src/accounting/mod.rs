@@ -108,21 +108,21 @@ fn raw_sched_offset(btf: &crate::btf::Btf) -> Result<u32> {
     check_args(btf, SCHED_RAW_PROGRAMS.map(|(_, tp, args)| (tp, args)))?;
     btf.member_offset("task_struct", "pid")
 }
-/// What `sched_switch_btf` reads to tell a woken thread's runqueue wait at its switch-in, so
-/// that no `sched_wakeup` program runs (the eBPF crate's `sched::queued_ns`): the
-/// scheduler's run-delay accounting (`CONFIG_SCHED_INFO`) and the task's runqueue clock,
-/// reached through its CFS runqueue (`CONFIG_FAIR_GROUP_SCHED`). A kernel without them, or
-/// GPUTRACE_SCHED_WAKEUP=1, gets the `sched_wakeup` program.
-fn switch_in_split_offsets(btf: &crate::btf::Btf) -> Result<Vec<(&'static str, u32)>> {
-    let offsets = sched_info_offsets(btf)?;
+/// Whether `sched_switch_btf` tells a woken thread's runqueue wait at its switch-in, so that
+/// no `sched_wakeup` program runs (the eBPF crate's `sched::queued_ns`), once the kernel's BTF
+/// shows the fields it reads ([`sched_info_offsets`]). GPUTRACE_SCHED_WAKEUP=1 gets the
+/// `sched_wakeup` program, as a kernel without them does.
+fn split_at_switch_in() -> Result<()> {
     if std::env::var("GPUTRACE_SCHED_WAKEUP").is_ok_and(|v| v == "1") {
         anyhow::bail!("GPUTRACE_SCHED_WAKEUP=1");
     }
-    Ok(offsets)
+    Ok(())
 }
 
-/// The same fields, for every program set: they also date a switch-in that ran no program
-/// (the eBPF crate's `sched::gputrace_switched_in`, `sched_info.last_arrival`).
+/// The scheduler's run-delay accounting (`CONFIG_SCHED_INFO`) and the task's runqueue clock,
+/// reached through its CFS runqueue (`CONFIG_FAIR_GROUP_SCHED`), for every program set: the
+/// switch-in split reads them ([`split_at_switch_in`]), and they date a switch-in that ran no
+/// program (the eBPF crate's `sched::gputrace_switched_in`, `sched_info.last_arrival`).
 fn sched_info_offsets(btf: &crate::btf::Btf) -> Result<Vec<(&'static str, u32)>> {
     let off = |s: &str, f: &str| btf.member_offset(s, f);
     let info = off("task_struct", "sched_info")?;
@@ -305,12 +305,12 @@ impl Offsets {
             ("SYS_FUTEX", SYS_FUTEX),
             ("THREAD_SLOT_MASK", states::slot_mask()),
         ];
-        let split = on_btf(&btf, switch_in_split_offsets);
+        let split = on_btf(&btf, sched_info_offsets).and_then(|o| {
+            v.extend(o);
+            split_at_switch_in()
+        });
         if split.is_ok() {
             v.push(("SPLIT_AT_SWITCH_IN", 1));
-        }
-        if let Ok(o) = on_btf(&btf, sched_info_offsets) {
-            v.extend(o);
         }
         // Tests only: every traced thread's switch-in goes unseen, as it does on a kernel that
         // runs no program for a switch from a task it hides (the eBPF crate's
