@@ -50,13 +50,17 @@ pub enum Drop {
     /// CUDA call entry, CPU sample, switch-out), which closed its wait at the arrival the
     /// scheduler stamped (`sched_info.last_arrival`; where the BTF lacks it, where found).
     SwitchInUnseen = 14,
-    Spare15 = 15,
+    /// A traced request completed with no issue stamp, where no `block_rq_issue` program runs
+    /// (the disks' queues stamped their issues as the trace began; this one stopped, or is
+    /// new): timed from its allocation, its queueing in its latency; with no allocation stamp
+    /// either, not counted at all.
+    BlockIssueUnstamped = 15,
 }
 
 impl Drop {
     pub const COUNT: u32 = 16;
 
-    pub const ALL: [Drop; 15] = [
+    pub const ALL: [Drop; 16] = [
         Drop::CpuCountsFull,
         Drop::StackMapFull,
         Drop::StackCollision,
@@ -68,6 +72,7 @@ impl Drop {
         Drop::SyscallMapFull,
         Drop::BlockMapFull,
         Drop::BlockNoCompletion,
+        Drop::BlockIssueUnstamped,
         Drop::CudaFull,
         Drop::CudaEventsFull,
         Drop::TimelineFull,
@@ -90,12 +95,16 @@ impl Drop {
             }
             Drop::BlockMapFull => "block_rq_issue, block_rq_complete, block_bio_queue",
             Drop::BlockNoCompletion => "block_rq_issue",
+            Drop::BlockIssueUnstamped => "block_rq_complete",
             Drop::CudaFull => "cuda_entry, cuda_ret",
             Drop::CudaEventsFull => "cuda_ret",
+            Drop::TimelineFull => {
+                "sched_switch (and the programs that close an unseen switch-in), sys_exit, \
+                 block_rq_complete, cuda_ret"
+            }
             Drop::SwitchInUnseen => {
                 "sys_enter, sys_exit, cuda_entry, cpu_sample, sched_switch (switch-out)"
             }
-            _ => "",
         }
     }
 
@@ -122,6 +131,11 @@ impl Drop {
                 "block I/O requests issued but never seen completing (no block_rq_complete run \
                  for them): missing from request counts and latencies"
             }
+            Drop::BlockIssueUnstamped => {
+                "block I/O requests completed without the kernel's issue stamp: timed from \
+                 their allocation (queueing in the latency), or not counted where that stamp \
+                 is missing too"
+            }
             Drop::CudaFull => "CUDA call statistics lost (map full)",
             Drop::CudaEventsFull => {
                 "CUDA allocation/free and kernel-name events lost (ring buffer full): memory \
@@ -133,7 +147,6 @@ impl Drop {
                  was closed by the thread's next program of its own, at the arrival the \
                  scheduler stamped"
             }
-            _ => "unused",
         }
     }
 }

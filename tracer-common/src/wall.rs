@@ -842,6 +842,10 @@ pub struct BlkStat {
     pub write_bytes: u64,
     pub total_ns: u64,
     pub queue_ns: u64,
+    /// Read and written bytes of the requests seen completing (under the disk's device where
+    /// `read_bytes`/`write_bytes` are under the partition's): what falls short of those was
+    /// submitted and never seen completing.
+    pub done_bytes: u64,
     pub hist: [u64; HIST_BUCKETS],
 }
 
@@ -855,6 +859,7 @@ impl BlkStat {
         self.write_bytes += o.write_bytes;
         self.total_ns += o.total_ns;
         self.queue_ns += o.queue_ns;
+        self.done_bytes += o.done_bytes;
         for (a, b) in self.hist.iter_mut().zip(o.hist.iter()) {
             *a += b;
         }

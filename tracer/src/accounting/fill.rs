@@ -574,10 +574,82 @@ fn fill_block(ebpf: &Ebpf, data: &mut ReportData, open: &[(u32, ThreadState)]) -
                 hist_log2_ns: hist,
                 total_ns: s.total_ns,
                 queue_ns: s.queue_ns,
+                completed_bytes: s.done_bytes,
             });
         }
     }
+    for u in unseen_completions(&rows, disk_of) {
+        let comm = data
+            .report
+            .processes
+            .iter()
+            .find(|p| p.pid == u.tgid)
+            .map_or(String::new(), |p| format!(" ({})", p.comm));
+        data.report.blind_spots.push(format!(
+            "pid {}{comm}: {} of the {} it read and wrote on {} were not seen completing: \
+             its block requests, their count and latencies, are missing those (requests in \
+             flight at the end, completions the kernel never traced, requests merged into \
+             another process's)",
+            u.tgid,
+            crate::report::units::bytes(u.submitted - u.completed),
+            crate::report::units::bytes(u.submitted),
+            device_name(u.disk),
+        ));
+    }
     Ok(())
+}
+
+/// The disk a block device is on: a partition's parent, else itself (the kernel's `dev_t`
+/// layout, `major << 20 | minor`).
+fn disk_of(dev: u32) -> u32 {
+    let (major, minor) = (dev >> 20, dev & 0xf_ffff);
+    let part = format!("/sys/dev/block/{major}:{minor}");
+    if !std::path::Path::new(&part).join("partition").exists() {
+        return dev;
+    }
+    std::fs::read_to_string(format!("{part}/../dev"))
+        .ok()
+        .and_then(|t| {
+            let (ma, mi) = t.trim().split_once(':')?;
+            Some((ma.parse::<u32>().ok()? << 20) | mi.parse::<u32>().ok()?)
+        })
+        .unwrap_or(dev)
+}
+
+/// A process's bytes on a disk that were submitted and not seen completing.
+#[derive(Debug, PartialEq)]
+struct Unseen {
+    tgid: u32,
+    disk: u32,
+    submitted: u64,
+    completed: u64,
+}
+
+/// The processes and disks whose completed bytes fall short of their submitted ones by over
+/// 0.1% and over 1 MiB (what a few requests in flight at the end leave). On the development
+/// VM a direct-I/O reader's fall ~0.2% short: completions the kernel ran no program for (it
+/// runs none while the sandbox's agent is current, as at the switch-ins). Submitted bytes are
+/// under the bio's device (a partition), completed ones under the request's (the disk).
+fn unseen_completions(rows: &[(BlkKey, BlkStat)], disk_of: impl Fn(u32) -> u32) -> Vec<Unseen> {
+    let mut by_disk: BTreeMap<(u32, u32), (u64, u64)> = BTreeMap::new();
+    for (k, s) in rows {
+        let e = by_disk.entry((k.tgid, disk_of(k.dev))).or_default();
+        e.0 += s.read_bytes + s.write_bytes;
+        e.1 += s.done_bytes;
+    }
+    by_disk
+        .into_iter()
+        .filter(|(_, (sub, done))| {
+            let short = sub.saturating_sub(*done);
+            short > 1 << 20 && short * 1000 > *sub
+        })
+        .map(|((tgid, disk), (submitted, completed))| Unseen {
+            tgid,
+            disk,
+            submitted,
+            completed,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -622,6 +694,48 @@ mod tests {
         );
         assert_eq!((dirs[0].bytes, dirs[0].calls), (30, 6));
         assert_eq!(rollup_dirs(&files, 1).len(), 1);
+    }
+
+    #[test]
+    fn bytes_never_seen_completing_are_told_per_disk() {
+        let row = |tgid, dev, read, write, done| {
+            (
+                BlkKey { tgid, dev },
+                BlkStat {
+                    read_bytes: read,
+                    write_bytes: write,
+                    done_bytes: done,
+                    ..Default::default()
+                },
+            )
+        };
+        const MIB: u64 = 1 << 20;
+        // Devices 11 and 12 are partitions of disk 10.
+        let disk = |d| if d == 11 || d == 12 { 10 } else { d };
+        let rows = [
+            // pid 1: submitted on two partitions, completed on the disk, all of it.
+            row(1, 11, 300 * MIB, 0, 0),
+            row(1, 12, 0, 100 * MIB, 0),
+            row(1, 10, 0, 0, 400 * MIB),
+            // pid 2: 2 MiB of 100 short (2%): told.
+            row(2, 20, 100 * MIB, 0, 98 * MIB),
+            // pid 3: 512 KiB short of 4 MiB (12%, but a few requests in flight).
+            row(3, 20, 4 * MIB, 0, 4 * MIB - MIB / 2),
+            // pid 4: 5 MiB short of 10 GiB (0.05%).
+            row(4, 20, 10240 * MIB, 0, 10235 * MIB),
+            // pid 5: more completed than submitted (another process's bios merged into its
+            // requests).
+            row(5, 20, MIB, 0, 3 * MIB),
+        ];
+        assert_eq!(
+            unseen_completions(&rows, disk),
+            vec![Unseen {
+                tgid: 2,
+                disk: 20,
+                submitted: 100 * MIB,
+                completed: 98 * MIB,
+            }]
+        );
     }
 
     #[test]

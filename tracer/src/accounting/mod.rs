@@ -171,6 +171,41 @@ const BLOCK_BTF_PROGRAMS: [(&str, &str); 4] = [
     ("block_rq_complete_btf", "block_rq_complete"),
 ];
 
+/// Whether every request-based disk's queue stamps its requests' issues
+/// (`request.io_start_time_ns`, set where the queue keeps I/O statistics: writeback throttling
+/// is what keeps them by default), so that the completions can be timed without a
+/// `block_rq_issue` program. A disk added later, or a queue whose throttling is turned off
+/// during the trace, is timed from its requests' allocation (`Drop::BlockIssueUnstamped`).
+/// GPUTRACE_BLOCK_ISSUE=1 runs the issue program anyway.
+fn issue_stamped() -> Result<()> {
+    if std::env::var("GPUTRACE_BLOCK_ISSUE").is_ok_and(|v| v == "1") {
+        anyhow::bail!("GPUTRACE_BLOCK_ISSUE=1");
+    }
+    let disks = std::fs::read_dir("/sys/block").context("list /sys/block")?;
+    for d in disks.flatten() {
+        let queue = d.path().join("queue");
+        // Bio-based devices (zram, device mapper) have no requests, and no scheduler file.
+        if !queue.join("scheduler").exists() {
+            continue;
+        }
+        let wbt = std::fs::read_to_string(queue.join("wbt_lat_usec")).unwrap_or_default();
+        if !wbt_on(&wbt) {
+            anyhow::bail!(
+                "{} does not throttle writeback (wbt_lat_usec {:?}): its queue may not stamp \
+                 its issues",
+                d.file_name().to_string_lossy(),
+                wbt.trim()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A `wbt_lat_usec` that says writeback throttling is on (0 or unreadable: off).
+fn wbt_on(text: &str) -> bool {
+    text.trim().parse::<u64>().is_ok_and(|us| us > 0)
+}
+
 /// The struct offsets and `enum req_op` values the raw block programs read, from the
 /// kernel's BTF.
 fn raw_block_offsets(btf: &crate::btf::Btf) -> Result<Vec<(&'static str, u32)>> {
@@ -208,6 +243,9 @@ struct Offsets {
     globals: Vec<(&'static str, u32)>,
     sched_classic: Option<String>,
     block_classic: Option<String>,
+    /// Why the raw and BTF block sets run `block_rq_issue` (`None`: they do not, the
+    /// completions read the kernel's issue stamps: [`issue_stamped`]).
+    issue_program: Option<String>,
     /// Why `sched_switch_btf` does not tell woken threads' runqueue waits itself (`None`: it
     /// does, and `sched_wakeup_btf` is not attached).
     wakeup_needed: Option<String>,
@@ -319,9 +357,22 @@ impl Offsets {
             v.push(("UNSEEN_SWITCH_INS", 1));
         }
         let mut block_classic = None;
+        let mut issue_program = None;
         if tracefs::exists("block", "block_rq_issue") {
             match on_btf(&btf, raw_block_offsets) {
-                Ok(o) => v.extend(o),
+                Ok(o) => {
+                    v.extend(o);
+                    let why = on_btf(&btf, |b| b.member_offset("request", "io_start_time_ns"))
+                        .map(|off| v.push(("OFF_K_RQ_IO_START", off)))
+                        .and_then(|()| issue_stamped());
+                    if std::env::var("GPUTRACE_TEST_UNSTAMPED_ISSUES").is_ok_and(|v| v == "1") {
+                        v.push(("TEST_UNSTAMPED_ISSUES", 1));
+                    }
+                    match why {
+                        Ok(()) => v.push(("ISSUE_STAMPED", 1)),
+                        Err(e) => issue_program = Some(format!("{e:#}")),
+                    }
+                }
                 Err(e) => block_classic = Some(format!("{e:#}")),
             }
             let issue = Format::read("block", "block_rq_issue")?;
@@ -348,6 +399,7 @@ impl Offsets {
             globals: v,
             sched_classic: raw.err().map(|e| format!("{e:#}")),
             block_classic,
+            issue_program,
             wakeup_needed: split.err().map(|e| format!("{e:#}")),
         })
     }
@@ -973,6 +1025,8 @@ impl ProbeFamily for Accounting {
             crate::note!("gputrace: scheduler programs on classic tracepoints: {why}");
         }
         let block_classic = offsets.and_then(|o| o.block_classic.clone());
+        let issue_program =
+            offsets.map_or(Some("no offsets".to_string()), |o| o.issue_program.clone());
         let verbose = ctx.args.verbose;
         // Read only when some set may use it (the classic sets need none).
         let btf = if classic.is_none() || block_classic.is_none() {
@@ -1059,11 +1113,29 @@ impl ProbeFamily for Accounting {
         if tracefs::exists("block", "block_rq_issue") {
             match block_classic {
                 None => {
-                    let raw = BLOCK_RAW_PROGRAMS.map(|(prog, name, _)| (prog, name));
+                    match (&issue_program, verbose) {
+                        (Some(why), true) => crate::note!(
+                            "gputrace: block requests timed from a block_rq_issue program: {why}"
+                        ),
+                        (None, true) => crate::note!(
+                            "gputrace: block requests timed from the kernel's issue stamps"
+                        ),
+                        _ => {}
+                    }
+                    let keep = |tp: &str| issue_program.is_some() || tp != "block_rq_issue";
+                    let btf_set: Vec<_> = BLOCK_BTF_PROGRAMS
+                        .into_iter()
+                        .filter(|(_, tp)| keep(tp))
+                        .collect();
+                    let raw: Vec<_> = BLOCK_RAW_PROGRAMS
+                        .map(|(prog, name, _)| (prog, name))
+                        .into_iter()
+                        .filter(|(_, tp)| keep(tp))
+                        .collect();
                     self.attach_btf_raw_or_classic(
                         ebpf,
                         &btf,
-                        &BLOCK_BTF_PROGRAMS,
+                        &btf_set,
                         &raw,
                         &BLOCK_TP_PROGRAMS,
                         "block",
@@ -1262,5 +1334,20 @@ impl ProbeFamily for Accounting {
             data.report.warnings.push(w);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wbt_on;
+
+    #[test]
+    fn writeback_throttling_is_on_only_at_a_positive_latency() {
+        assert!(wbt_on("75000\n"));
+        assert!(wbt_on("2000"));
+        // Turned off, missing (no CONFIG_BLK_WBT, or unreadable), or not a number.
+        assert!(!wbt_on("0\n"));
+        assert!(!wbt_on(""));
+        assert!(!wbt_on("-1"));
     }
 }

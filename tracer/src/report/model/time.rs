@@ -103,4 +103,9 @@ pub struct BlockIo {
     pub total_ns: u64,
     /// Time from insert to issue (in the I/O scheduler), when seen.
     pub queue_ns: u64,
+    /// Read and written bytes of the requests seen completing: short of `read_bytes` +
+    /// `write_bytes` (summed over the disk's partitions) by what was submitted and never seen
+    /// completing (the report's blind spots say so past 0.1% and 1 MiB).
+    #[serde(default)]
+    pub completed_bytes: u64,
 }
