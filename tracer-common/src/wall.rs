@@ -146,7 +146,11 @@ pub struct ThreadState {
     pub sys_held_nr: i32,
     pub sys_last_nr: i32,
     pub sys_run: u32,
-    pub _pad_sys: u32,
+    /// The fd a blocking switch-out's syscall had as its first argument, plus one, where the
+    /// wait has no kernel stack to say what it waits for (the walk failed: another stack held
+    /// its slot in the stack map; or `GPUTRACE_OFFCPU_STACKS=0`), else 0. A read of a pipe is
+    /// then told from a read of a disk by the file (`WallKey::fd1`).
+    pub off_fd1: u32,
     /// CUDA category while inside a CUDA call, else [`crate::time::NO_OVERRIDE`].
     pub override_cat: u32,
     /// Captured at the last switch-out, for the blocked/runqueue interval that follows.
@@ -298,6 +302,27 @@ pub struct Wait {
     pub state: u32,
     pub pystack: u64,
     pub gil: u64,
+    /// `ThreadState::off_fd1` (64 bits: no padding to zero, which made the scheduler program
+    /// call `memset` past the older kernels' 512-byte stack).
+    pub fd1: u64,
+}
+
+/// Fds under this are kept in `ThreadState::off_fd1`: a first argument past it is no fd (a
+/// futex word's address), and would split a thread's rows by address.
+pub const FD1_LIMIT_BITS: u32 = 20;
+
+/// `ThreadState::off_fd1` at a switch-out into `phase` with kernel stack `kstack`, in a
+/// syscall whose first argument is `arg0`: `arg0 + 1` for a blocked wait with no stack and
+/// an argument under 2^[`FD1_LIMIT_BITS`], else 0. Branch-free, for the scheduler programs
+/// (see [`seen_since`]).
+#[inline(always)]
+pub fn unwalked_fd1(phase: u32, kstack: i32, arg0: u64) -> u32 {
+    let other = phase ^ PHASE_BLOCKED;
+    let blocked = 1 - ((other | other.wrapping_neg()) >> 31);
+    let no_stack = (kstack as u32) >> 31;
+    let high = arg0 >> FD1_LIMIT_BITS;
+    let small = 1 - ((high | high.wrapping_neg()) >> 63) as u32;
+    (arg0 as u32).wrapping_add(1) * (blocked & no_stack & small)
 }
 
 /// 1 when a thread's last syscall, begun at `sys_start_ns`, began after the syscall programs
@@ -335,7 +360,7 @@ impl ThreadState {
             sys_held_nr: NO_SYSCALL,
             sys_last_nr: NO_SYSCALL,
             sys_run: 0,
-            _pad_sys: 0,
+            off_fd1: 0,
             override_cat: crate::time::NO_OVERRIDE,
             off_state: 0,
             off_sys_nr: NO_SYSCALL,
@@ -369,6 +394,7 @@ impl ThreadState {
                 state: 0,
                 pystack: 0,
                 gil: 0,
+                fd1: 0,
             },
             held_blocked: WallVal { ns: 0, count: 0 },
             held_runqueue: WallVal { ns: 0, count: 0 },
@@ -424,7 +450,7 @@ impl ThreadState {
             kstack: -1,
             ustack: -1,
             state: 0,
-            _pad: 0,
+            fd1: 0,
             pystack: 0,
             gil: 0,
         }
@@ -452,6 +478,34 @@ impl ThreadState {
             && self.held_pystack == self.cuda_pystack
     }
 
+    /// Whether the wait whose time the thread holds is the one it is in (`current_wait`),
+    /// field by field: a `Wait` built on the stack to compare made the scheduler program's
+    /// frames too deep for the older kernels' 512 bytes.
+    #[inline(always)]
+    pub fn holds_current_wait(&self) -> bool {
+        let w = &self.held_wait;
+        w.sys_nr == self.off_sys_nr
+            && w.kstack == self.off_kstack
+            && w.ustack == self.off_ustack
+            && w.state == self.off_state
+            && w.pystack == self.off_pystack
+            && w.gil == self.off_gil
+            && w.fd1 == self.off_fd1 as u64
+    }
+
+    /// Holds the wait the thread is in from now (`held_wait`), field by field (see
+    /// `holds_current_wait`).
+    #[inline(always)]
+    pub fn hold_current_wait(&mut self) {
+        self.held_wait.sys_nr = self.off_sys_nr;
+        self.held_wait.kstack = self.off_kstack;
+        self.held_wait.ustack = self.off_ustack;
+        self.held_wait.state = self.off_state;
+        self.held_wait.pystack = self.off_pystack;
+        self.held_wait.gil = self.off_gil;
+        self.held_wait.fd1 = self.off_fd1 as u64;
+    }
+
     /// The wait the thread is in now (meaningful off CPU).
     #[inline(always)]
     pub fn current_wait(&self) -> Wait {
@@ -462,6 +516,7 @@ impl ThreadState {
             state: self.off_state,
             pystack: self.off_pystack,
             gil: self.off_gil,
+            fd1: self.off_fd1 as u64,
         }
     }
 
@@ -477,6 +532,7 @@ impl ThreadState {
             key.kind = KIND_BLOCKED;
             key.state = w.state;
             key.gil = w.gil;
+            key.fd1 = w.fd1 as u32;
         } else {
             key.kind = crate::time::Category::Runqueue as u32;
             key.state = if w.state & 0xff == 0 {
@@ -581,7 +637,9 @@ pub struct WallKey {
     pub ustack: i32,
     /// `prev_state` at switch-out for blocked time; `RQ_*` for runqueue time.
     pub state: u32,
-    pub _pad: u32,
+    /// Blocked rows without a kernel stack: the wait's fd plus one (`ThreadState::off_fd1`),
+    /// else 0.
+    pub fd1: u32,
     /// The Python stack (`PY_STACKS` key) of off-CPU and CUDA rows, 0 for none.
     pub pystack: u64,
     /// Blocked rows waiting for the GIL: its holder's `PyThreadState *` at switch-out, or
@@ -921,6 +979,36 @@ pub fn log2_bucket(v: u64) -> usize {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_fd_is_kept_for_blocked_waits_without_a_stack() {
+        use super::{unwalked_fd1, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE};
+        assert_eq!(unwalked_fd1(PHASE_BLOCKED, -17, 5), 6, "the walk failed");
+        assert_eq!(
+            unwalked_fd1(PHASE_BLOCKED, -1, 0),
+            1,
+            "no walk; fd 0 is an fd"
+        );
+        assert_eq!(
+            unwalked_fd1(PHASE_BLOCKED, 42, 5),
+            0,
+            "its stack says what it waits for"
+        );
+        assert_eq!(
+            unwalked_fd1(PHASE_BLOCKED, 0, 5),
+            0,
+            "stack id 0 is a stack"
+        );
+        assert_eq!(unwalked_fd1(PHASE_RUNNABLE, -1, 5), 0, "preempted: no wait");
+        assert_eq!(unwalked_fd1(PHASE_ONCPU, -1, 5), 0);
+        assert_eq!(unwalked_fd1(PHASE_BLOCKED, -1, (1 << 20) - 1), 1 << 20);
+        assert_eq!(unwalked_fd1(PHASE_BLOCKED, -1, 1 << 20), 0, "not an fd");
+        assert_eq!(
+            unwalked_fd1(PHASE_BLOCKED, -1, 0x7f12_3456_7000),
+            0,
+            "a futex word's address"
+        );
+    }
+
     #[test]
     fn a_held_syscall_row_is_one_only_while_it_holds_calls() {
         let mut h = super::SysHeld::default();

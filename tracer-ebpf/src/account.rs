@@ -153,10 +153,9 @@ pub fn close(tid: u32, st: &mut ThreadState, now: u64) {
             st.held_cpu.count += 1;
             return;
         }
-        let wait = st.current_wait();
-        if st.held_wait != wait {
+        if !st.holds_current_wait() {
             flush_wait(tid, st);
-            st.held_wait = wait;
+            st.hold_current_wait();
         }
         let held = if st.phase == PHASE_BLOCKED {
             &mut st.held_blocked

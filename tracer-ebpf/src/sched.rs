@@ -457,6 +457,7 @@ fn switch_out<C: StackIdContext, K: Kernel>(
         st.off_ustack = -1;
         st.off_pystack = 0;
     }
+    st.off_fd1 = tracer_common::wall::unwalked_fd1(st.phase, st.off_kstack, st.sys_arg0);
     st.off_gil = 0;
     if st.phase == PHASE_BLOCKED && sys_nr == SYS_FUTEX.load() as i32 {
         st.off_gil = crate::python::gil_holder(tgid, st.sys_arg0);

@@ -142,6 +142,67 @@ pub fn blocked_with_user(
     kernel_frames: &[&str],
     user_frames: &[&str],
 ) -> Verdict {
+    blocked_with_file(sys_nr, state, kernel_frames, user_frames, None)
+}
+
+/// Syscalls whose first argument is the fd they wait on.
+const FD_SYSCALLS: &[&str] = &[
+    "read",
+    "write",
+    "pread64",
+    "pwrite64",
+    "readv",
+    "writev",
+    "preadv",
+    "pwritev",
+    "preadv2",
+    "pwritev2",
+    "recvfrom",
+    "recvmsg",
+    "recvmmsg",
+    "sendto",
+    "sendmsg",
+    "sendmmsg",
+    "accept",
+    "accept4",
+    "connect",
+    "fsync",
+    "fdatasync",
+    "splice",
+    "tee",
+    "ioctl",
+    "flock",
+];
+
+/// What waiting on a file of this name (as /proc shows an fd) is, where the name says more
+/// than the syscall: a read of a pipe is not a disk's.
+const FILE_RULES: &[(&str, Category)] = &[
+    ("pipe:", Category::Ipc),
+    ("socket:", Category::Net),
+    ("anon_inode:[eventfd]", Category::Ipc),
+    ("anon_inode:[signalfd]", Category::Ipc),
+    ("anon_inode:[timerfd]", Category::Sleep),
+    ("anon_inode:inotify", Category::Poll),
+    ("/dev/pts/", Category::Ipc),
+    ("/dev/tty", Category::Ipc),
+    ("/dev/ptmx", Category::Ipc),
+];
+
+/// As [`blocked_with_user`], with the file the syscall waits on where the wait has no kernel
+/// stack (`WallKey::fd1`: the walk failed, or stacks are off): it decides before the syscall,
+/// for the syscalls that take an fd first.
+pub fn blocked_with_file(
+    sys_nr: i32,
+    state: u32,
+    kernel_frames: &[&str],
+    user_frames: &[&str],
+    file: Option<&str>,
+) -> Verdict {
+    let by_file = file
+        .filter(|_| kernel_frames.is_empty() && sys_nr >= 0)
+        .filter(|_| FD_SYSCALLS.contains(&syscall_names::name(sys_nr as i64).as_str()))
+        .and_then(|f| FILE_RULES.iter().find(|(p, _)| f.starts_with(p)))
+        .map(|(_, c)| *c);
     let reason = if sys_nr >= 0 {
         syscall_names::name(sys_nr as i64)
     } else if sys_nr == tracer_common::wall::SYSCALL_UNSEEN {
@@ -180,6 +241,9 @@ pub fn blocked_with_user(
             };
         }
     }
+    if let Some(category) = by_file {
+        return Verdict { category, reason };
+    }
     if sys_nr >= 0 {
         let name = syscall_names::name(sys_nr as i64);
         if let Some((_, c)) = SYSCALL_RULES.iter().find(|(n, _)| *n == name) {
@@ -214,6 +278,31 @@ mod tests {
 
     fn nr(n: &str) -> i32 {
         syscall_names::nr(n).unwrap() as i32
+    }
+
+    #[test]
+    fn a_wait_without_a_stack_is_told_by_its_file() {
+        let file = |sys: &str, frames: &[&str], f: &str| {
+            blocked_with_file(nr(sys), 1, frames, &[], Some(f)).category
+        };
+        // The walk failed: a pipe's read is not a disk's, a socket's is the network.
+        assert_eq!(file("read", &[], "pipe:[831772]"), Category::Ipc);
+        assert_eq!(file("recvfrom", &[], "socket:[9]"), Category::Net);
+        assert_eq!(file("read", &[], "socket:[9]"), Category::Net);
+        assert_eq!(file("read", &[], "/dev/pts/3"), Category::Ipc);
+        // A regular file says nothing more than the syscall.
+        assert_eq!(file("pread64", &[], "/data/train.bin"), Category::Io);
+        // A stack, where there is one, decides.
+        assert_eq!(file("read", &["io_schedule"], "pipe:[1]"), Category::Io);
+        // Only a syscall whose first argument is an fd names a file.
+        assert_eq!(
+            blocked_with_file(nr("nanosleep"), 1, &[], &[], Some("pipe:[1]")).category,
+            Category::Sleep
+        );
+        assert_eq!(
+            blocked_with_file(nr("read"), 1, &[], &[], None).category,
+            Category::Io
+        );
     }
 
     #[test]

@@ -374,7 +374,7 @@ mod tests {
                 kstack: -1,
                 ustack: -1,
                 state: 0,
-                _pad: 0,
+                fd1: 0,
                 pystack: 0,
                 gil: 0,
             },
