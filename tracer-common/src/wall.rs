@@ -311,18 +311,24 @@ pub struct Wait {
 /// futex word's address), and would split a thread's rows by address.
 pub const FD1_LIMIT_BITS: u32 = 20;
 
-/// `ThreadState::off_fd1` at a switch-out into `phase` with kernel stack `kstack`, in a
-/// syscall whose first argument is `arg0`: `arg0 + 1` for a blocked wait with no stack and
-/// an argument under 2^[`FD1_LIMIT_BITS`], else 0. Branch-free, for the scheduler programs
-/// (see [`seen_since`]).
+/// `ThreadState::off_fd1` at a switch-out into `phase` with kernel stack `kstack`, in
+/// syscall `nr` (negative: none, or unseen) whose first argument is `arg0`: `arg0 + 1` for a
+/// blocked wait with no stack, in a syscall under 64 whose bit is set in `fd_mask` (those
+/// that take an fd first), with an argument under 2^[`FD1_LIMIT_BITS`]; else 0. Only those:
+/// any other value would split the thread's rows (a `wait4` per child pid) for nothing.
+/// Branch-free, for the scheduler programs (see [`seen_since`]).
 #[inline(always)]
-pub fn unwalked_fd1(phase: u32, kstack: i32, arg0: u64) -> u32 {
+pub fn unwalked_fd1(phase: u32, kstack: i32, nr: i32, fd_mask: u64, arg0: u64) -> u32 {
     let other = phase ^ PHASE_BLOCKED;
     let blocked = 1 - ((other | other.wrapping_neg()) >> 31);
     let no_stack = (kstack as u32) >> 31;
     let high = arg0 >> FD1_LIMIT_BITS;
     let small = 1 - ((high | high.wrapping_neg()) >> 63) as u32;
-    (arg0 as u32).wrapping_add(1) * (blocked & no_stack & small)
+    // A negative `nr` is over 63 as a u32.
+    let over = (nr as u32) >> 6;
+    let low = 1 - ((over | over.wrapping_neg()) >> 31);
+    let fd_call = ((fd_mask >> ((nr as u32) & 63)) & 1) as u32 & low;
+    (arg0 as u32).wrapping_add(1) * (blocked & no_stack & small & fd_call)
 }
 
 /// 1 when a thread's last syscall, begun at `sys_start_ns`, began after the syscall programs
@@ -981,32 +987,33 @@ pub fn log2_bucket(v: u64) -> usize {
 mod tests {
     #[test]
     fn an_fd_is_kept_for_blocked_waits_without_a_stack() {
-        use super::{unwalked_fd1, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE};
-        assert_eq!(unwalked_fd1(PHASE_BLOCKED, -17, 5), 6, "the walk failed");
+        use super::{unwalked_fd1, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, SYSCALL_UNSEEN};
+        // read (0) and recvfrom (45) take an fd first; wait4 (61) does not.
+        let mask = 1 | 1 << 45;
+        let f = |phase, kstack, nr, arg0| unwalked_fd1(phase, kstack, nr, mask, arg0);
+        assert_eq!(f(PHASE_BLOCKED, -17, 0, 5), 6, "the walk failed");
+        assert_eq!(f(PHASE_BLOCKED, -1, 45, 0), 1, "no walk; fd 0 is an fd");
         assert_eq!(
-            unwalked_fd1(PHASE_BLOCKED, -1, 0),
-            1,
-            "no walk; fd 0 is an fd"
-        );
-        assert_eq!(
-            unwalked_fd1(PHASE_BLOCKED, 42, 5),
+            f(PHASE_BLOCKED, 42, 0, 5),
             0,
             "its stack says what it waits for"
         );
+        assert_eq!(f(PHASE_BLOCKED, 0, 0, 5), 0, "stack id 0 is a stack");
+        assert_eq!(f(PHASE_RUNNABLE, -1, 0, 5), 0, "preempted: no wait");
+        assert_eq!(f(PHASE_ONCPU, -1, 0, 5), 0);
+        assert_eq!(f(PHASE_BLOCKED, -1, 0, (1 << 20) - 1), 1 << 20);
+        assert_eq!(f(PHASE_BLOCKED, -1, 0, 1 << 20), 0, "not an fd");
+        assert_eq!(f(PHASE_BLOCKED, -1, 0, 0x7f12_3456_7000), 0, "an address");
+        assert_eq!(f(PHASE_BLOCKED, -1, 61, 1234), 0, "wait4's pid is no fd");
+        assert_eq!(f(PHASE_BLOCKED, -1, 64, 5), 0, "only syscalls under 64");
+        assert_eq!(f(PHASE_BLOCKED, -1, 64 + 45, 5), 0);
         assert_eq!(
-            unwalked_fd1(PHASE_BLOCKED, 0, 5),
+            f(PHASE_BLOCKED, -1, -1, 5),
             0,
-            "stack id 0 is a stack"
+            "no syscall: a stale argument"
         );
-        assert_eq!(unwalked_fd1(PHASE_RUNNABLE, -1, 5), 0, "preempted: no wait");
-        assert_eq!(unwalked_fd1(PHASE_ONCPU, -1, 5), 0);
-        assert_eq!(unwalked_fd1(PHASE_BLOCKED, -1, (1 << 20) - 1), 1 << 20);
-        assert_eq!(unwalked_fd1(PHASE_BLOCKED, -1, 1 << 20), 0, "not an fd");
-        assert_eq!(
-            unwalked_fd1(PHASE_BLOCKED, -1, 0x7f12_3456_7000),
-            0,
-            "a futex word's address"
-        );
+        assert_eq!(f(PHASE_BLOCKED, -1, SYSCALL_UNSEEN, 5), 0);
+        assert_eq!(unwalked_fd1(PHASE_BLOCKED, -1, 0, 0, 5), 0, "no mask: off");
     }
 
     #[test]

@@ -95,6 +95,12 @@ const EXIT_BITS: i64 = 0x10 | 0x20;
 
 // TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next,
 //          unsigned int prev_state)
+/// Bit `nr` set for the syscalls under 64 that take an fd first (user space sets it from
+/// `accounting::classify::FD_SYSCALLS`): a blocked wait without a kernel stack in one of them
+/// keeps its fd (`tracer_common::wall::unwalked_fd1`).
+#[no_mangle]
+static FD_SYSCALL_MASK: Global<u64> = Global::new(0);
+
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn sched_switch(ctx: RawTracePointContext) -> u32 {
     by_path(Prog::SchedSwitch, |p| {
@@ -457,7 +463,13 @@ fn switch_out<C: StackIdContext, K: Kernel>(
         st.off_ustack = -1;
         st.off_pystack = 0;
     }
-    st.off_fd1 = tracer_common::wall::unwalked_fd1(st.phase, st.off_kstack, st.sys_arg0);
+    st.off_fd1 = tracer_common::wall::unwalked_fd1(
+        st.phase,
+        st.off_kstack,
+        sys_nr,
+        FD_SYSCALL_MASK.load(),
+        st.sys_arg0,
+    );
     st.off_gil = 0;
     if st.phase == PHASE_BLOCKED && sys_nr == SYS_FUTEX.load() as i32 {
         st.off_gil = crate::python::gil_holder(tgid, st.sys_arg0);

@@ -145,8 +145,9 @@ pub fn blocked_with_user(
     blocked_with_file(sys_nr, state, kernel_frames, user_frames, None)
 }
 
-/// Syscalls whose first argument is the fd they wait on.
-const FD_SYSCALLS: &[&str] = &[
+/// Syscalls whose first argument is the fd they wait on (the kernel keeps the fd only for
+/// those numbered under 64: `fd_syscall_mask`).
+pub const FD_SYSCALLS: &[&str] = &[
     "read",
     "write",
     "pread64",
@@ -173,6 +174,27 @@ const FD_SYSCALLS: &[&str] = &[
     "ioctl",
     "flock",
 ];
+
+/// The syscalls of [`FD_SYSCALLS`] numbered under 64, as a bit mask (the eBPF crate's
+/// `FD_SYSCALL_MASK`): the x86-64 numbers (`syscall_names`); elsewhere none.
+pub fn fd_syscall_mask() -> u64 {
+    if !cfg!(target_arch = "x86_64") {
+        return 0;
+    }
+    FD_SYSCALLS
+        .iter()
+        .filter_map(|n| syscall_names::nr(n))
+        .filter(|&nr| (0..64).contains(&nr))
+        .fold(0, |m, nr| m | 1 << nr)
+}
+
+/// The category a wait on file `name` has by [`FILE_RULES`], if any.
+pub fn file_category(name: &str) -> Option<Category> {
+    FILE_RULES
+        .iter()
+        .find(|(p, _)| name.starts_with(p))
+        .map(|(_, c)| *c)
+}
 
 /// What waiting on a file of this name (as /proc shows an fd) is, where the name says more
 /// than the syscall: a read of a pipe is not a disk's.
@@ -201,8 +223,7 @@ pub fn blocked_with_file(
     let by_file = file
         .filter(|_| kernel_frames.is_empty() && sys_nr >= 0)
         .filter(|_| FD_SYSCALLS.contains(&syscall_names::name(sys_nr as i64).as_str()))
-        .and_then(|f| FILE_RULES.iter().find(|(p, _)| f.starts_with(p)))
-        .map(|(_, c)| *c);
+        .and_then(file_category);
     let reason = if sys_nr >= 0 {
         syscall_names::name(sys_nr as i64)
     } else if sys_nr == tracer_common::wall::SYSCALL_UNSEEN {
@@ -278,6 +299,24 @@ mod tests {
 
     fn nr(n: &str) -> i32 {
         syscall_names::nr(n).unwrap() as i32
+    }
+
+    #[test]
+    fn the_kernel_keeps_the_fd_of_the_fd_syscalls_under_64() {
+        let m = fd_syscall_mask();
+        if !cfg!(target_arch = "x86_64") {
+            assert_eq!(m, 0);
+            return;
+        }
+        for n in [
+            "read", "write", "pread64", "readv", "recvfrom", "sendmsg", "accept",
+        ] {
+            assert_ne!(m & 1 << nr(n), 0, "{n}");
+        }
+        for n in ["wait4", "futex", "nanosleep", "poll", "select", "openat"] {
+            let nr = nr(n);
+            assert!(nr >= 64 || m & 1 << nr == 0, "{n}");
+        }
     }
 
     #[test]

@@ -124,6 +124,7 @@ pub fn fill(
     let mut deaths: Vec<(LifeKey, LifeVal)> = crate::batch::read(ebpf, LIFE_MAP)?;
     deaths.append(&mut retired.deaths);
 
+    let gens = fd_gens(ebpf).unwrap_or_default();
     let mut stacks = Stacks::new(ebpf)?;
     let mut kframes: StdHashMap<(i32, u32), Vec<String>> = StdHashMap::new();
     let mut verdicts: StdHashMap<WallKey, Category> = StdHashMap::new();
@@ -163,7 +164,7 @@ pub fn fill(
             let unames: Vec<&str> = user.iter().map(String::as_str).collect();
             // A wait without a kernel stack, in a syscall on an fd: the file it waits on.
             let file = (k.fd1 != 0)
-                .then(|| file_of(fds, k.tgid, k.fd1 as i32 - 1))
+                .then(|| file_of(fds, &gens, k.tgid, k.fd1 as i32 - 1))
                 .flatten();
             classify::blocked_with_file(k.sys_nr, k.state, &names, &unames, file)
         } else if k.kind == Category::Runqueue as u32 {
@@ -510,17 +511,28 @@ fn opened_path(names: &aya::maps::Array<&MapData, FdName>, key: &FdKey) -> Optio
     (!n.bytes().is_empty()).then(|| String::from_utf8_lossy(n.bytes()).into_owned())
 }
 
-/// The last file /proc showed under `fd` of process `tgid` (its latest open generation).
-fn file_of(fds: &BTreeMap<FdKey, String>, tgid: u32, fd: i32) -> Option<&str> {
+/// The file a wait on `fd` of process `tgid` was on, as far as /proc's names tell: the name
+/// /proc showed for the fd's open generation now (`gens`; none when /proc never named that
+/// one). A wait's own generation is not kept: a wait on an earlier file under the same
+/// number is told by the file there now (the ground truth's pipe reuses a closed file's
+/// number, so the names of all generations cannot be asked to agree).
+fn file_of<'a>(
+    fds: &'a BTreeMap<FdKey, String>,
+    gens: &BTreeMap<(u32, i32), u32>,
+    tgid: u32,
+    fd: i32,
+) -> Option<&'a str> {
     let key = |gen| FdKey {
         tgid,
         fd,
         gen,
         _pad: 0,
     };
-    fds.range(key(0)..=key(u32::MAX))
-        .next_back()
-        .map(|(_, name)| name.as_str())
+    let (last_key, last) = fds.range(key(0)..=key(u32::MAX)).next_back()?;
+    if gens.get(&(tgid, fd)).is_some_and(|g| *g != last_key.gen) {
+        return None;
+    }
+    Some(last.as_str())
 }
 
 /// `BLOCK_IO`'s rows, each CPU's copy summed.
@@ -659,7 +671,8 @@ struct Unseen {
 
 /// The processes and disks whose completed bytes fall short of their submitted ones by over
 /// 0.1%, and over 1 MiB (what a few requests in flight at the end leave) for a process still
-/// alive at the end (`exited`: it has none in flight). On the development
+/// alive at the end (`exited`: it has none in flight, but for readahead it started just
+/// before its exit, which may be told as unseen). On the development
 /// VM a direct-I/O reader's fall 0-0.2% short a run: completions that ran no program (why
 /// is not established; the kernel also runs none at a switch while the sandbox's agent is
 /// current). Submitted bytes are under the bio's device (a partition), completed ones under

@@ -241,6 +241,8 @@ fn raw_block_offsets(btf: &crate::btf::Btf) -> Result<Vec<(&'static str, u32)>> 
 /// programs run on classic tracepoints (`None`: on raw ones).
 struct Offsets {
     globals: Vec<(&'static str, u32)>,
+    /// `classify::fd_syscall_mask` (a 64-bit global; the others are 32-bit).
+    fd_mask: u64,
     sched_classic: Option<String>,
     block_classic: Option<String>,
     /// Why the raw and BTF block sets run `block_rq_issue` (`None`: they do not, the
@@ -397,6 +399,7 @@ impl Offsets {
         }
         Ok(Offsets {
             globals: v,
+            fd_mask: classify::fd_syscall_mask(),
             sched_classic: raw.err().map(|e| format!("{e:#}")),
             block_classic,
             issue_program,
@@ -1015,6 +1018,7 @@ impl ProbeFamily for Accounting {
         for (name, off) in &offsets.globals {
             loader.override_global(name, off, true);
         }
+        loader.override_global("FD_SYSCALL_MASK", &offsets.fd_mask, true);
         Ok(())
     }
 
