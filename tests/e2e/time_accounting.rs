@@ -163,6 +163,17 @@ fn ground_truth_time_split_with_shared_thread_slots() {
     );
 }
 
+/// Whether a line of the report's blind spots is about process `pid` (block I/O it submitted
+/// and never saw complete).
+fn blind_spot_names(report: &Value, pid: &Value) -> bool {
+    report["blind_spots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .any(|b| b.starts_with(&format!("pid {pid} ")))
+}
+
 /// The programs the report says ran.
 fn programs_that_ran(report: &Value) -> Vec<&str> {
     report["overhead"]["programs"]
@@ -364,10 +375,7 @@ fn ground_truth(name: &str, env: &[(&str, &str)]) {
     // program: 0-0.2% of a loader's here), or the blind spots say so.
     let submitted = sum("read_bytes") + sum("write_bytes");
     let completed = sum("completed_bytes");
-    let told = report["blind_spots"].as_array().unwrap().iter().any(|b| {
-        b.as_str()
-            .is_some_and(|b| b.starts_with(&format!("pid {} ", main["pid"])))
-    });
+    let told = blind_spot_names(&report, &main["pid"]);
     let lost = submitted - completed > (submitted / 100.0).max(4.0 * 1048576.0);
     if completed > submitted || (lost && !told) {
         failures.push(format!(
@@ -1129,10 +1137,7 @@ fn block_requests_without_issue_stamps_are_timed_from_their_allocation() {
     // Completions may run no program (on the development VM 0-0.2% of a loader's a run, and
     // once in CI 24 of these 128: why is not established). What was not seen completing is
     // said in the blind spots, never lost silently.
-    let told = report["blind_spots"].as_array().unwrap().iter().any(|b| {
-        b.as_str()
-            .is_some_and(|b| b.starts_with(&format!("pid {} ", dd["pid"])))
-    });
+    let told = blind_spot_names(&report, &dd["pid"]);
     assert!(
         requests >= reads / 2 && requests <= reads + 8 && (requests >= reads || told),
         "{requests} requests for {reads} direct reads: {rows:#}\ndrops: {:#}\nblind spots: {:#}",
