@@ -499,17 +499,10 @@ impl ThreadState {
             && w.fd1 == self.off_fd1 as u64
     }
 
-    /// Holds the wait the thread is in from now (`held_wait`), field by field (see
-    /// `holds_current_wait`).
+    /// Holds the wait the thread is in from now (`held_wait`).
     #[inline(always)]
     pub fn hold_current_wait(&mut self) {
-        self.held_wait.sys_nr = self.off_sys_nr;
-        self.held_wait.kstack = self.off_kstack;
-        self.held_wait.ustack = self.off_ustack;
-        self.held_wait.state = self.off_state;
-        self.held_wait.pystack = self.off_pystack;
-        self.held_wait.gil = self.off_gil;
-        self.held_wait.fd1 = self.off_fd1 as u64;
+        self.held_wait = self.current_wait();
     }
 
     /// The wait the thread is in now (meaningful off CPU).

@@ -688,7 +688,6 @@ fn rq_complete<K: Kernel>(rq: u64, p: u64, nr_bytes: u64, prog: Prog) {
         complete_stamped::<K>(p, nr_bytes, prog);
         return;
     }
-    let p = prog;
     let Some(slot) = RQ_INFLIGHT.get_ptr_mut(slot_of(rq, RQ_SLOTS)) else {
         return;
     };
@@ -702,7 +701,7 @@ fn rq_complete<K: Kernel>(rq: u64, p: u64, nr_bytes: u64, prog: Prog) {
     } else {
         return;
     };
-    traced(p);
+    traced(prog);
     // Only for a request kept at its issue: most of a machine's are not.
     let now = unsafe { bpf_ktime_get_ns() };
     let done: u64 = nr_bytes & 0xffff_ffff;

@@ -93,14 +93,14 @@ const CLONE_THREAD: u64 = 0x0001_0000;
 /// `prev_state` bits of a task that is exiting (EXIT_DEAD, EXIT_ZOMBIE in TASK_REPORT).
 const EXIT_BITS: i64 = 0x10 | 0x20;
 
-// TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next,
-//          unsigned int prev_state)
 /// Bit `nr` set for the syscalls under 64 that take an fd first (user space sets it from
 /// `accounting::classify::FD_SYSCALLS`): a blocked wait without a kernel stack in one of them
 /// keeps its fd (`tracer_common::wall::unwalked_fd1`).
 #[no_mangle]
 static FD_SYSCALL_MASK: Global<u64> = Global::new(0);
 
+// TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next,
+//          unsigned int prev_state)
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn sched_switch(ctx: RawTracePointContext) -> u32 {
     by_path(Prog::SchedSwitch, |p| {

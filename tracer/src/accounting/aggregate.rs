@@ -320,7 +320,7 @@ mod tests {
         // written to a WALL row once before (20 ns), and on CPU since 900.
         let mut st = state(0, 900, PHASE_ONCPU);
         st.off_kstack = 4;
-        st.held_wait = st.current_wait();
+        st.hold_current_wait();
         st.held_blocked = WallVal { ns: 30, count: 3 };
         st.held_runqueue = WallVal { ns: 6, count: 3 };
         let rows: Vec<Row> = open_rows(3, &st, 1000).collect();

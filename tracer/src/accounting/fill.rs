@@ -571,13 +571,21 @@ fn add_held_bio(rows: &mut Vec<(BlkKey, BlkStat)>, open: &[(u32, ThreadState)]) 
     }
 }
 
+/// `major:minor` of a kernel `dev_t` (`major << 20 | minor`).
+fn dev_numbers(dev: u32) -> String {
+    format!("{}:{}", dev >> 20, dev & 0xf_ffff)
+}
+
+/// The sysfs directory of block device `dev`.
+fn sysfs_dev(dev: u32) -> std::path::PathBuf {
+    std::path::Path::new("/sys/dev/block").join(dev_numbers(dev))
+}
+
 fn device_name(dev: u32) -> String {
-    let (major, minor) = (dev >> 20, dev & 0xf_ffff);
-    let uevent = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/uevent"))
-        .unwrap_or_default();
+    let uevent = std::fs::read_to_string(sysfs_dev(dev).join("uevent")).unwrap_or_default();
     match uevent.lines().find_map(|l| l.strip_prefix("DEVNAME=")) {
-        Some(n) => format!("{major}:{minor} {n}"),
-        None => format!("{major}:{minor}"),
+        Some(n) => format!("{} {n}", dev_numbers(dev)),
+        None => dev_numbers(dev),
     }
 }
 
@@ -638,12 +646,11 @@ fn fill_block(ebpf: &Ebpf, data: &mut ReportData, open: &[(u32, ThreadState)]) -
 /// The disk a block device is on: a partition's parent, else itself (the kernel's `dev_t`
 /// layout, `major << 20 | minor`).
 fn disk_of(dev: u32) -> u32 {
-    let (major, minor) = (dev >> 20, dev & 0xf_ffff);
-    let part = format!("/sys/dev/block/{major}:{minor}");
-    if !std::path::Path::new(&part).join("partition").exists() {
+    let part = sysfs_dev(dev);
+    if !part.join("partition").exists() {
         return dev;
     }
-    std::fs::read_to_string(format!("{part}/../dev"))
+    std::fs::read_to_string(part.join("../dev"))
         .ok()
         .and_then(|t| {
             let (ma, mi) = t.trim().split_once(':')?;
@@ -656,8 +663,7 @@ fn disk_of(dev: u32) -> u32 {
 /// multipath head, whose bios go on to other disks (counted again there, and completed there)
 /// or complete without a request.
 fn request_based(disk: u32) -> bool {
-    let (major, minor) = (disk >> 20, disk & 0xf_ffff);
-    std::path::Path::new(&format!("/sys/dev/block/{major}:{minor}/queue/scheduler")).exists()
+    sysfs_dev(disk).join("queue/scheduler").exists()
 }
 
 /// A process's bytes on a disk that were submitted and not seen completing.
