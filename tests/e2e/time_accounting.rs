@@ -371,20 +371,23 @@ fn ground_truth(name: &str, env: &[(&str, &str)]) {
             .unwrap_or(0.0)
     };
     // The requests seen completing carry what the process submitted: none of another's (a
-    // request no traced bio owns is nobody's), and at most a few lost (completions that ran no
-    // program: 0-0.2% of a loader's here), or the blind spots say so.
+    // request no traced bio owns is nobody's). Completions that ran no program (0-0.2% of a
+    // loader's a run here, once a fifth of `dd`'s 128 in CI) are said in the blind spots past
+    // 0.1% (the process has exited: nothing was in flight), and never most of them.
     let submitted = sum("read_bytes") + sum("write_bytes");
     let completed = sum("completed_bytes");
     let told = blind_spot_names(&report, &main["pid"]);
-    let lost = submitted - completed > (submitted / 100.0).max(4.0 * 1048576.0);
-    if completed > submitted || (lost && !told) {
+    let short = submitted - completed;
+    if completed > submitted || (short * 1000.0 > submitted && !told) || short * 4.0 > submitted {
         failures.push(format!(
             "{completed} bytes seen completing of {submitted} submitted: {:#}",
             main["block_io"]
         ));
     }
     let (requests, total_ns) = (sum("requests"), sum("total_ns"));
-    if requests < 0.5 * direct_calls || (requests < 0.95 * direct_calls && !told) || total_ns <= 0.0
+    if requests < 0.75 * direct_calls
+        || (requests < 0.95 * direct_calls && !told)
+        || total_ns <= 0.0
     {
         failures.push(format!(
             "{requests} block requests taking {total_ns} ns for {direct_calls} O_DIRECT preads"
@@ -1139,7 +1142,7 @@ fn block_requests_without_issue_stamps_are_timed_from_their_allocation() {
     // said in the blind spots, never lost silently.
     let told = blind_spot_names(&report, &dd["pid"]);
     assert!(
-        requests >= reads / 2 && requests <= reads + 8 && (requests >= reads || told),
+        requests >= reads * 3 / 4 && requests <= reads + 8 && (requests >= reads || told),
         "{requests} requests for {reads} direct reads: {rows:#}\ndrops: {:#}\nblind spots: {:#}",
         report["drops"],
         report["blind_spots"]
@@ -1169,4 +1172,103 @@ fn block_requests_without_issue_stamps_are_timed_from_their_allocation() {
         report["drops"]
     );
     assert_eq!(sum_of(rows, "queue_ns"), 0, "{rows:#}");
+}
+
+/// A loop device on a file, detached when dropped (a failed test leaves none behind).
+struct LoopDevice(String);
+
+impl LoopDevice {
+    fn new(file: &std::path::Path) -> LoopDevice {
+        let out = std::process::Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(file)
+            .output()
+            .expect("run losetup");
+        assert!(
+            out.status.success(),
+            "losetup {}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        LoopDevice(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["--detach", &self.0])
+            .status();
+    }
+}
+
+/// Two threads read the same sectors of two disks at once, each round starting together (an
+/// md mirror's two copies of a write are such a pair). Each disk's requests are its reader's,
+/// all of them: an owner remembered by sector alone went to whichever disk's request came
+/// first, and the other disk's went uncounted (a quarter of each loop device's requests here
+/// where no issue program runs, 1-3% where one does).
+#[test]
+fn block_requests_at_one_sector_of_two_disks_keep_their_owners() {
+    let _g = serial();
+    if !require_root("block_requests_at_one_sector_of_two_disks_keep_their_owners") {
+        return;
+    }
+    let bin = build_c("mirror_reads", &[]);
+    let files: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|n| {
+            let f = tmp_dir().join(format!("mirror-{n}-{}.img", std::process::id()));
+            std::fs::write(&f, vec![1u8; 1 << 20]).unwrap();
+            f
+        })
+        .collect();
+    let disks: Vec<LoopDevice> = files.iter().map(|f| LoopDevice::new(f)).collect();
+    let rounds = 2000u64;
+    for env in [&[][..], &[("GPUTRACE_BLOCK_ISSUE", "1")][..]] {
+        let out = out_dir("mirror");
+        let run = gputrace_env(
+            &[
+                "-o",
+                out.to_str().unwrap(),
+                "--",
+                bin.to_str().unwrap(),
+                &disks[0].0,
+                &disks[1].0,
+                &rounds.to_string(),
+            ],
+            env,
+        );
+        assert_eq!(run.code(), 0, "{env:?} stderr:\n{}", run.stderr);
+        let report = run.report(&out);
+        let p = &report["processes"][0];
+        let told = blind_spot_names(&report, &p["pid"]);
+        for disk in &disks {
+            let name = disk.0.trim_start_matches("/dev/");
+            let row = p["block_io"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["device"].as_str().unwrap().ends_with(&format!(" {name}")))
+                .unwrap_or_else(|| panic!("{env:?}: no row for {name}: {:#}", p["block_io"]));
+            let requests = row["requests"].as_u64().unwrap();
+            let submitted = row["read_bytes"].as_u64().unwrap();
+            let completed = row["completed_bytes"].as_u64().unwrap();
+            // Completions that ran no program (never seen on loop devices here) are allowed
+            // only a few, and only where the blind spots say so.
+            let all = requests == rounds && completed == submitted;
+            assert!(
+                submitted == rounds * 4096
+                    && requests * 1000 >= rounds * 995
+                    && requests <= rounds
+                    && (all || told),
+                "{env:?} {name}: {requests} requests of {rounds}, {completed} of {submitted} \
+                 bytes seen completing: {row:#}\nblind spots: {:#}",
+                report["blind_spots"]
+            );
+        }
+    }
+    drop(disks);
+    for f in files {
+        let _ = std::fs::remove_file(f);
+    }
 }

@@ -100,7 +100,13 @@ struct OwnerSlot {
     sector: u64,
     /// 0: empty (a consumed or never-written slot).
     tgid: u32,
-    _pad: u32,
+    /// The `dev_t` of the bio's disk (a partition's whole disk): a sector alone is not a
+    /// request's. An md mirror's two copies of a write are at one sector of two disks; a
+    /// device mapper's bio, at a sector of its own device, leaves an owner no request of a
+    /// real disk may take. (The disk's `struct gendisk` address, two loads fewer, cannot be
+    /// hashed on a BTF tracepoint: the verifier allows no arithmetic but adding on a typed
+    /// pointer.)
+    disk: u32,
 }
 
 #[repr(C)]
@@ -118,7 +124,7 @@ struct RqSlot {
     bytes: u64,
     tgid: u32,
     write: u32,
-    /// The request's first sector (for the timeline) and its disk (`rq_dev`), read at the
+    /// The request's first sector (for the timeline) and its disk (`disk_dev`), read at the
     /// issue, where the block layer has just touched them: a completion runs in an interrupt,
     /// often on another CPU, where the four loads behind the disk's number miss the cache.
     sector: u64,
@@ -149,25 +155,33 @@ impl RqSlot {
     }
 }
 
-/// Records `tgid` as the submitter of the bio at `sector`. Stores only: a read of the slot
-/// first (to keep another bio's owner in a second slot of a pair) stalls on the cache line,
-/// which the completion on another CPU last wrote: `block_bio_queue` took ~100-150 ns more.
+/// The owner slot of the bio at `sector` of disk `disk` (its `dev_t`).
 #[inline(always)]
-fn set_owner(sector: u64, tgid: u32) {
-    if let Some(o) = BIO_OWNERS.get_ptr_mut(slot_of(sector, OWNER_SLOTS)) {
+fn owner_index(sector: u64, disk: u32) -> u32 {
+    slot_of(sector ^ ((disk as u64) << 32), OWNER_SLOTS)
+}
+
+/// Records `tgid` as the submitter of the bio at `sector` of `disk`. Stores only: a read of
+/// the slot first (to keep another bio's owner in a second slot of a pair) stalls on the cache
+/// line, which the completion on another CPU last wrote: `block_bio_queue` took ~100-150 ns
+/// more.
+#[inline(always)]
+fn set_owner(sector: u64, disk: u32, tgid: u32) {
+    if let Some(o) = BIO_OWNERS.get_ptr_mut(owner_index(sector, disk)) {
         unsafe {
             (*o).sector = sector;
             (*o).tgid = tgid;
+            (*o).disk = disk;
         }
     }
 }
 
-/// The owner slot that holds the submitter of the bio at `sector`, when one does.
+/// The owner slot that holds the submitter of the bio at `sector` of `disk`, when one does.
 #[inline(always)]
-fn owner_slot(sector: u64) -> Option<*mut OwnerSlot> {
+fn owner_slot(sector: u64, disk: u32) -> Option<*mut OwnerSlot> {
     BIO_OWNERS
-        .get_ptr_mut(slot_of(sector, OWNER_SLOTS))
-        .filter(|&o| unsafe { (*o).tgid != 0 && (*o).sector == sector })
+        .get_ptr_mut(owner_index(sector, disk))
+        .filter(|&o| unsafe { (*o).tgid != 0 && (*o).sector == sector && (*o).disk == disk })
 }
 
 #[map(name = "BLK_ZERO")]
@@ -213,6 +227,8 @@ static OFF_K_BIO_OPF: Global<u32> = Global::new(0);
 static OFF_K_BIO_BDEV: Global<u32> = Global::new(0);
 #[no_mangle]
 static OFF_K_BDEV_DEV: Global<u32> = Global::new(0);
+#[no_mangle]
+static OFF_K_BDEV_DISK: Global<u32> = Global::new(0);
 #[no_mangle]
 static OFF_K_RQ_Q: Global<u32> = Global::new(0);
 #[no_mangle]
@@ -296,9 +312,9 @@ fn bio_queue<K: Kernel>(bio: u64, p: Prog) {
             let st = unsafe { &mut *st };
             if st.tgid == tgid {
                 traced(p);
-                let (sector, dev, bytes, kind) = bio_fields::<K>(bio);
-                set_owner(sector, tgid);
-                held_bio_bytes(st, dev, bytes, kind);
+                let b = bio_fields::<K>(bio);
+                set_owner(b.sector, b.disk, tgid);
+                held_bio_bytes(st, b.dev, b.bytes, b.kind);
                 return;
             }
         }
@@ -307,24 +323,45 @@ fn bio_queue<K: Kernel>(bio: u64, p: Prog) {
         return;
     }
     traced(p);
-    let (sector, dev, bytes, kind) = bio_fields::<K>(bio);
-    set_owner(sector, tgid);
-    bio_bytes(tgid, dev, bytes, kind);
+    let b = bio_fields::<K>(bio);
+    set_owner(b.sector, b.disk, tgid);
+    bio_bytes(tgid, b.dev, b.bytes, b.kind);
 }
 
-/// A bio's start sector, device, size and kind (`op_kind`).
+/// What a bio is: its start sector, device (a partition's), disk (the whole disk's `dev_t`),
+/// size and kind (`op_kind`).
+struct Bio {
+    sector: u64,
+    dev: u32,
+    disk: u32,
+    bytes: u64,
+    kind: u32,
+}
+
 #[inline(always)]
-fn bio_fields<K: Kernel>(bio: u64) -> (u64, u32, u64, u32) {
+fn bio_fields<K: Kernel>(bio: u64) -> Bio {
     let sector: u64 = K::read(bio, OFF_K_BIO_SECTOR.load());
     let bytes: u32 = K::read(bio, OFF_K_BIO_SIZE.load());
     let opf: u32 = K::read(bio, OFF_K_BIO_OPF.load());
     let bdev: u64 = K::read(bio, OFF_K_BIO_BDEV.load());
-    let dev: u32 = if bdev == 0 {
-        0
+    let (dev, disk) = if bdev == 0 {
+        (0, 0)
     } else {
-        K::read(bdev, OFF_K_BDEV_DEV.load())
+        (K::read(bdev, OFF_K_BDEV_DEV.load()), bdev_disk::<K>(bdev))
     };
-    (sector, dev, bytes as u64, op_kind(opf))
+    Bio {
+        sector,
+        dev,
+        disk,
+        bytes: bytes as u64,
+        kind: op_kind(opf),
+    }
+}
+
+/// The `dev_t` of a block device's disk: a partition's is its whole disk's.
+#[inline(always)]
+fn bdev_disk<K: Kernel>(bdev: u64) -> u32 {
+    disk_dev::<K>(K::read(bdev, OFF_K_BDEV_DISK.load()))
 }
 
 /// As [`bio_bytes`], summed in the submitter's state after its first bio to `dev`
@@ -431,8 +468,13 @@ fn split_raw<K: Kernel>(bio: u64) {
     // (the tracepoint's own `new_sector` is 32 bits: wrong past 2 TiB).
     let sector: u64 = K::read(bio, OFF_K_BIO_SECTOR.load());
     let new = sector + (K::read::<u32>(bio, OFF_K_BIO_SIZE.load()) as u64 >> 9);
-    if let Some(o) = owner_slot(sector) {
-        set_owner(new, unsafe { (*o).tgid });
+    let bdev: u64 = K::read(bio, OFF_K_BIO_BDEV.load());
+    if bdev == 0 {
+        return;
+    }
+    let disk = bdev_disk::<K>(bdev);
+    if let Some(o) = owner_slot(sector, disk) {
+        set_owner(new, disk, unsafe { (*o).tgid });
     }
 }
 
@@ -453,14 +495,19 @@ fn split(sector: u64, new: u64) {
     let _ = BIO_OWNER.insert(&new, &owner, 0);
 }
 
-/// The kernel's `dev_t` of a request's disk (`disk_devt(rq->q->disk)`, as the tracepoints).
+/// A request's disk, its `struct gendisk` (`rq->q->disk`; 0 when it has none).
 #[inline(always)]
-fn rq_dev<K: Kernel>(rq: u64) -> u32 {
+fn rq_disk<K: Kernel>(rq: u64) -> u64 {
     let q: u64 = K::read(rq, OFF_K_RQ_Q.load());
     if q == 0 {
         return 0;
     }
-    let disk: u64 = K::read(q, OFF_K_Q_DISK.load());
+    K::read(q, OFF_K_Q_DISK.load())
+}
+
+/// The kernel's `dev_t` of a disk (`disk_devt(disk)`, as the tracepoints).
+#[inline(always)]
+fn disk_dev<K: Kernel>(disk: u64) -> u32 {
     if disk == 0 {
         return 0;
     }
@@ -542,10 +589,11 @@ fn rq_issue<K: Kernel>(rq: u64, p: u64, prog: Prog) {
         }
     }
     let sector: u64 = K::read(p, OFF_K_RQ_SECTOR.load());
+    let dev = disk_dev::<K>(rq_disk::<K>(p));
     // Not the current process when no traced bio owns it: a queue is run by whoever comes,
     // and dispatches the requests it holds, other processes' writeback too (charged to the
     // data demo's loaders that way: 2-8 requests of 3-4 MiB each a run).
-    let Some(o) = owner_slot(sector) else {
+    let Some(o) = owner_slot(sector, dev) else {
         return;
     };
     // Consumed: a later request at this sector is somebody else's until a traced bio is
@@ -564,7 +612,7 @@ fn rq_issue<K: Kernel>(rq: u64, p: u64, prog: Prog) {
         tgid,
         write: op_kind(opf),
         sector,
-        dev: rq_dev::<K>(p),
+        dev,
         _pad: 0,
     };
     // Two CPUs may fill one free slot at once (plain stores): rare, and it costs one of the
@@ -758,7 +806,10 @@ fn done_of(done: u64, left: u64) -> u64 {
 #[inline(always)]
 fn complete_stamped<K: Kernel>(p: u64, nr_bytes: u64, prog: Prog) {
     let sector: u64 = K::read(p, OFF_K_RQ_SECTOR.load());
-    let Some(o) = owner_slot(sector) else {
+    // The owner of a bio at this sector of another disk is not this request's: an md
+    // mirror's other copy, a device mapper's bio at its own device's sector.
+    let dev = disk_dev::<K>(rq_disk::<K>(p));
+    let Some(o) = owner_slot(sector, dev) else {
         return;
     };
     // Before this completion: the bytes not yet completed.
@@ -777,7 +828,7 @@ fn complete_stamped<K: Kernel>(p: u64, nr_bytes: u64, prog: Prog) {
     if done != 0 && done < bytes {
         // Part of it: the rest completes later, from where this part ends (after the
         // consumption above: the two sectors may share a slot).
-        set_owner(sector + (done >> 9), tgid);
+        set_owner(sector + (done >> 9), dev, tgid);
     }
     let issue: u64 = if TEST_UNSTAMPED_ISSUES.load() != 0 {
         0
@@ -811,7 +862,7 @@ fn complete_stamped<K: Kernel>(p: u64, nr_bytes: u64, prog: Prog) {
             write: op_kind(opf),
             bytes,
         },
-        rq_dev::<K>(p),
+        dev,
         sector,
         queued,
         done_of(done, bytes),

@@ -659,11 +659,19 @@ fn disk_of(dev: u32) -> u32 {
         .unwrap_or(dev)
 }
 
-/// Whether a disk makes requests (has an I/O scheduler): not a device mapper, md, zram or NVMe
-/// multipath head, whose bios go on to other disks (counted again there, and completed there)
-/// or complete without a request.
+/// Whether a disk makes requests: not a device mapper, md, zram or NVMe multipath head, whose
+/// bios go on to other disks (counted again there, and completed there) or complete without a
+/// request.
 fn request_based(disk: u32) -> bool {
-    sysfs_dev(disk).join("queue/scheduler").exists()
+    makes_requests(&sysfs_dev(disk))
+}
+
+/// Whether the disk whose sysfs directory is `dir` makes requests: a blk-mq disk, which alone
+/// has an `mq` directory on every kernel. Not whether it has a `queue/scheduler` file: before
+/// Linux 6.10 every queue showed one (`none` on a device mapper's), and so did
+/// `wbt_lat_usec`.
+pub(super) fn makes_requests(dir: &std::path::Path) -> bool {
+    dir.join("mq").is_dir()
 }
 
 /// A process's bytes on a disk that were submitted and not seen completing.
@@ -876,5 +884,20 @@ mod tests {
         assert_eq!(a.errnos.len(), 1);
         assert_eq!(errno_name(11), "EAGAIN");
         assert_eq!(errno_name(999), "errno 999");
+    }
+
+    #[test]
+    fn only_blk_mq_disks_make_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        // A device mapper's or zram's queue before Linux 6.10: a scheduler file ("none") and a
+        // writeback-throttling file, no `mq` directory.
+        let bio_based = dir.path().join("dm-0");
+        std::fs::create_dir_all(bio_based.join("queue")).unwrap();
+        std::fs::write(bio_based.join("queue/scheduler"), "none\n").unwrap();
+        std::fs::write(bio_based.join("queue/wbt_lat_usec"), "0\n").unwrap();
+        assert!(!makes_requests(&bio_based));
+        let disk = dir.path().join("vda");
+        std::fs::create_dir_all(disk.join("mq/0")).unwrap();
+        assert!(makes_requests(&disk));
     }
 }

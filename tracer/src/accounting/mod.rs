@@ -183,12 +183,11 @@ fn issue_stamped() -> Result<()> {
     }
     let disks = std::fs::read_dir("/sys/block").context("list /sys/block")?;
     for d in disks.flatten() {
-        let queue = d.path().join("queue");
-        // Bio-based devices (zram, device mapper) have no requests, and no scheduler file.
-        if !queue.join("scheduler").exists() {
+        // Bio-based devices (zram, device mapper, md) have no requests to stamp.
+        if !fill::makes_requests(&d.path()) {
             continue;
         }
-        let wbt = std::fs::read_to_string(queue.join("wbt_lat_usec")).unwrap_or_default();
+        let wbt = std::fs::read_to_string(d.path().join("queue/wbt_lat_usec")).unwrap_or_default();
         if !wbt_on(&wbt) {
             anyhow::bail!(
                 "{} does not throttle writeback (wbt_lat_usec {:?}): its queue may not stamp \
@@ -218,6 +217,7 @@ fn raw_block_offsets(btf: &crate::btf::Btf) -> Result<Vec<(&'static str, u32)>> 
         ("OFF_K_BIO_OPF", off("bio", "bi_opf")?),
         ("OFF_K_BIO_BDEV", off("bio", "bi_bdev")?),
         ("OFF_K_BDEV_DEV", off("block_device", "bd_dev")?),
+        ("OFF_K_BDEV_DISK", off("block_device", "bd_disk")?),
         ("OFF_K_RQ_Q", off("request", "q")?),
         ("OFF_K_RQ_SECTOR", off("request", "__sector")?),
         ("OFF_K_RQ_LEN", off("request", "__data_len")?),
@@ -1117,15 +1117,6 @@ impl ProbeFamily for Accounting {
         if tracefs::exists("block", "block_rq_issue") {
             match block_classic {
                 None => {
-                    match (&issue_program, verbose) {
-                        (Some(why), true) => crate::note!(
-                            "gputrace: block requests timed from a block_rq_issue program: {why}"
-                        ),
-                        (None, true) => crate::note!(
-                            "gputrace: block requests timed from the kernel's issue stamps"
-                        ),
-                        _ => {}
-                    }
                     let keep = |tp: &str| issue_program.is_some() || tp != "block_rq_issue";
                     let btf_set: Vec<_> = BLOCK_BTF_PROGRAMS
                         .into_iter()
@@ -1145,6 +1136,25 @@ impl ProbeFamily for Accounting {
                         "block",
                         verbose,
                     )?;
+                    // Told once attached: the classic set, where the others were refused,
+                    // always has its issue program.
+                    let issue = self
+                        .attached
+                        .iter()
+                        .any(|p| p.starts_with("block_rq_issue"));
+                    match (&issue_program, issue, verbose) {
+                        (_, false, true) => crate::note!(
+                            "gputrace: block requests timed from the kernel's issue stamps"
+                        ),
+                        (Some(why), true, true) => crate::note!(
+                            "gputrace: block requests timed from a block_rq_issue program: {why}"
+                        ),
+                        (None, true, true) => crate::note!(
+                            "gputrace: block requests timed from a block_rq_issue program: the \
+                             programs that read the stamps were refused"
+                        ),
+                        _ => {}
+                    }
                 }
                 Some(why) => {
                     if verbose {
