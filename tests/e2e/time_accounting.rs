@@ -1272,3 +1272,49 @@ fn block_requests_at_one_sector_of_two_disks_keep_their_owners() {
         let _ = std::fs::remove_file(f);
     }
 }
+
+/// A wait with no kernel stack (the walks off here) is told by the file under its fd. One
+/// whose syscall never returns (an idle worker's read of its pipe, from after the attach to
+/// the end) left no I/O row that /proc named during the trace: /proc names it at the end. It
+/// read as disk I/O, the `read` syscall's own rule.
+#[test]
+fn a_read_that_never_returns_is_told_by_its_file() {
+    let _g = serial();
+    if !require_root("a_read_that_never_returns_is_told_by_its_file") {
+        return;
+    }
+    // `cat` starts reading its stdin, a pipe the test holds and never writes, once the trace
+    // is attached (a debug build attaches in 1-3 s).
+    let mut sh = std::process::Command::new("sh")
+        .args(["-c", "sleep 4; exec cat"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn sh");
+    let pid = sh.id().to_string();
+    let out = out_dir("never-returns");
+    let run = gputrace_env(
+        &["-d", "7s", "-o", out.to_str().unwrap(), "-p", &pid],
+        &[("GPUTRACE_OFFCPU_STACKS", "0")],
+    );
+    let _ = sh.kill();
+    let _ = sh.wait();
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let report = run.report(&out);
+    let p = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == sh.id())
+        .unwrap_or_else(|| panic!("no process {pid}: {:#}", report["processes"]));
+    let reasons = p["time"]["reasons"].as_array().unwrap();
+    let read_ns: u64 = reasons
+        .iter()
+        .filter(|r| r["reason"] == "read")
+        .map(|r| {
+            assert_eq!(r["category"], "ipc", "a read of a pipe: {reasons:#?}");
+            r["ns"].as_u64().unwrap()
+        })
+        .sum();
+    assert!(read_ns >= 1_000_000_000, "cat's read: {reasons:#?}");
+}

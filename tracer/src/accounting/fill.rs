@@ -129,6 +129,7 @@ pub fn fill(
     let mut kframes: StdHashMap<(i32, u32), Vec<String>> = StdHashMap::new();
     let mut verdicts: StdHashMap<WallKey, Category> = StdHashMap::new();
     let mut uframes: StdHashMap<(u32, i32), Vec<String>> = StdHashMap::new();
+    let mut linked: StdHashMap<(u32, i32), Option<String>> = StdHashMap::new();
     let tracker = ctx.tracker;
     let sym = &mut *ctx.symbolizer;
     let folded = std::mem::take(&mut retired.folded_lives);
@@ -162,11 +163,25 @@ pub fn fill(
                     .unwrap_or_default()
             });
             let unames: Vec<&str> = user.iter().map(String::as_str).collect();
-            // A wait without a kernel stack, in a syscall on an fd: the file it waits on.
-            let file = (k.fd1 != 0)
-                .then(|| file_of(fds, &gens, k.tgid, k.fd1 as i32 - 1))
-                .flatten();
-            classify::blocked_with_file(k.sys_nr, k.state, &names, &unames, file)
+            // A wait without a kernel stack, in a syscall on an fd: the file it waits on. One
+            // whose syscall has not returned (an idle worker's read of its pipe) left no I/O
+            // row for /proc to have named: what /proc shows under the fd now, while the
+            // process lives.
+            let file = (k.fd1 != 0).then(|| k.fd1 as i32 - 1).and_then(|fd| {
+                file_of(fds, &gens, k.tgid, fd)
+                    .map(str::to_owned)
+                    .or_else(|| {
+                        linked
+                            .entry((k.tgid, fd))
+                            .or_insert_with(|| {
+                                std::fs::read_link(format!("/proc/{}/fd/{fd}", k.tgid))
+                                    .ok()
+                                    .map(|p| p.display().to_string())
+                            })
+                            .clone()
+                    })
+            });
+            classify::blocked_with_file(k.sys_nr, k.state, &names, &unames, file.as_deref())
         } else if k.kind == Category::Runqueue as u32 {
             Verdict {
                 category: Category::Runqueue,
