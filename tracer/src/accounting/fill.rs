@@ -689,6 +689,42 @@ pub(super) fn makes_requests(dir: &std::path::Path) -> bool {
     dir.join("mq").is_dir()
 }
 
+/// (submitted, completed) bytes per (process, request-based disk): a partition's submitted
+/// bytes under its disk, where its requests complete.
+fn by_disk(
+    rows: &[(BlkKey, BlkStat)],
+    disk_of: impl Fn(u32) -> u32,
+    request_based: impl Fn(u32) -> bool,
+) -> BTreeMap<(u32, u32), (u64, u64)> {
+    let mut by_disk: BTreeMap<(u32, u32), (u64, u64)> = BTreeMap::new();
+    for (k, s) in rows {
+        let disk = disk_of(k.dev);
+        if !request_based(disk) {
+            continue;
+        }
+        let e = by_disk.entry((k.tgid, disk)).or_default();
+        e.0 += s.read_bytes + s.write_bytes;
+        e.1 += s.done_bytes;
+    }
+    by_disk
+}
+
+/// The traced processes' bytes submitted to request-based disks and not completed yet (as far
+/// as the completion programs have seen), and the bytes completed: what the end of a trace
+/// waits on, once no more bios are counted (`Accounting::drain_block`). None without block
+/// programs.
+pub(super) fn block_in_flight(ebpf: &Ebpf, open: &[(u32, ThreadState)]) -> Option<(u64, u64)> {
+    let mut rows = read_block(ebpf).ok()?;
+    add_held_bio(&mut rows, open);
+    Some(
+        by_disk(&rows, disk_of, request_based)
+            .values()
+            .fold((0, 0), |(short, done), (s, d)| {
+                (short + s.saturating_sub(*d), done + d)
+            }),
+    )
+}
+
 /// A process's bytes on a disk that were submitted and not seen completing.
 #[derive(Debug, PartialEq)]
 struct Unseen {
@@ -712,17 +748,7 @@ fn unseen_completions(
     request_based: impl Fn(u32) -> bool,
     exited: impl Fn(u32) -> bool,
 ) -> Vec<Unseen> {
-    let mut by_disk: BTreeMap<(u32, u32), (u64, u64)> = BTreeMap::new();
-    for (k, s) in rows {
-        let disk = disk_of(k.dev);
-        if !request_based(disk) {
-            continue;
-        }
-        let e = by_disk.entry((k.tgid, disk)).or_default();
-        e.0 += s.read_bytes + s.write_bytes;
-        e.1 += s.done_bytes;
-    }
-    by_disk
+    by_disk(rows, disk_of, request_based)
         .into_iter()
         .filter(|((tgid, _), (sub, done))| {
             let short = sub.saturating_sub(*done);

@@ -145,30 +145,34 @@ fn sched_info_offsets(btf: &crate::btf::Btf) -> Result<Vec<(&'static str, u32)>>
 }
 
 /// The block programs on classic tracepoints, for kernels whose BTF does not show the fields
-/// the raw ones read.
+/// the raw ones read. Each set attaches in its order: a request's last step first, and
+/// `block_bio_queue`, which counts a bio and names its owner, last. Attached first, it counted
+/// the bios of a running reader that completed before the completion program was on (a
+/// tracepoint's first attach patches the kernel's text: milliseconds here), and its bytes read
+/// as never completing: 5-30 MB of a `dd bs=4M iflag=direct` traced by `--pid`.
 const BLOCK_TP_PROGRAMS: [(&str, &str, &str); 5] = [
-    ("block_bio_queue_tp", "block", "block_bio_queue"),
-    ("block_split_tp", "block", "block_split"),
-    ("block_rq_insert_tp", "block", "block_rq_insert"),
-    ("block_rq_issue_tp", "block", "block_rq_issue"),
     ("block_rq_complete_tp", "block", "block_rq_complete"),
+    ("block_rq_issue_tp", "block", "block_rq_issue"),
+    ("block_rq_insert_tp", "block", "block_rq_insert"),
+    ("block_split_tp", "block", "block_split"),
+    ("block_bio_queue_tp", "block", "block_bio_queue"),
 ];
 /// (program, raw tracepoint, its argument count). Four runs per disk request, where the
 /// classic set takes five and formats a record for each first.
 const BLOCK_RAW_PROGRAMS: [(&str, &str, usize); 4] = [
-    ("block_bio_queue", "block_bio_queue", 1),
-    ("block_split", "block_split", 2),
-    ("block_rq_issue", "block_rq_issue", 1),
     ("block_rq_complete", "block_rq_complete", 3),
+    ("block_rq_issue", "block_rq_issue", 1),
+    ("block_split", "block_split", 2),
+    ("block_bio_queue", "block_bio_queue", 1),
 ];
 
 /// The same programs on BTF tracepoints (the default): (program, tracepoint). They read the
 /// same fields with plain loads instead of a helper call each.
 const BLOCK_BTF_PROGRAMS: [(&str, &str); 4] = [
-    ("block_bio_queue_btf", "block_bio_queue"),
-    ("block_split_btf", "block_split"),
-    ("block_rq_issue_btf", "block_rq_issue"),
     ("block_rq_complete_btf", "block_rq_complete"),
+    ("block_rq_issue_btf", "block_rq_issue"),
+    ("block_split_btf", "block_split"),
+    ("block_bio_queue_btf", "block_bio_queue"),
 ];
 
 /// Whether every request-based disk's queue stamps its requests' issues
@@ -747,6 +751,56 @@ impl Accounting {
     }
 }
 
+/// Detaches tracepoint program `prog`.
+fn unload(ebpf: &mut Ebpf, prog: &str) -> Result<()> {
+    match ebpf.program_mut(prog) {
+        Some(Program::TracePoint(p)) => p.unload(),
+        Some(Program::RawTracePoint(p)) => p.unload(),
+        Some(Program::BtfTracePoint(p)) => p.unload(),
+        _ => Ok(()),
+    }
+    .with_context(|| format!("detach {prog}"))
+}
+
+/// How long the end of a trace waits for the completions of the traced bios in flight
+/// (`Accounting::drain_block`): at most `DRAIN_MAX`, and no longer than `DRAIN_QUIET` once no
+/// completion comes (one that ran no program never does).
+const DRAIN_MAX: std::time::Duration = std::time::Duration::from_millis(250);
+const DRAIN_QUIET: std::time::Duration = std::time::Duration::from_millis(20);
+const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// With `block_bio_queue` off (no bio counted from then on) and the later steps of a request
+/// still on, waits until the completions of the traced bios in flight are counted (see
+/// [`DRAIN_MAX`]): else a live reader's requests in flight at the end read as submitted and
+/// never completed (an io_uring reader at depth 32 of 128 KiB reads holds 4 MiB), and the
+/// blind spots would say so. The time accounting was read before (the scheduler and syscall
+/// programs are off): this adds to the time from stop to report only.
+fn drain_block(ebpf: &Ebpf) {
+    let Ok(states) = States::open(ebpf) else {
+        return;
+    };
+    // The states hold bytes of bios the completions may still count (`ThreadState::held_bio`).
+    let Ok(open) = states.all(ebpf) else {
+        return;
+    };
+    let start = std::time::Instant::now();
+    let (mut last, mut since) = (None, start);
+    while start.elapsed() < DRAIN_MAX {
+        let Some((short, done)) = fill::block_in_flight(ebpf, &open) else {
+            return;
+        };
+        if short == 0 {
+            return;
+        }
+        if last != Some(done) {
+            (last, since) = (Some(done), std::time::Instant::now());
+        } else if since.elapsed() >= DRAIN_QUIET {
+            return;
+        }
+        std::thread::sleep(DRAIN_POLL);
+    }
+}
+
 /// GPUTRACE_SLOW_TAKE_OFF_MS=n: the syscall programs come off n ms after a storm, as on a
 /// loaded host (a CI run's dd storm paid 431 ms for them where this VM's pay 40-55 ms), so
 /// that a test can show the storm's cost does not wait on it.
@@ -1283,14 +1337,18 @@ impl ProbeFamily for Accounting {
             }
         }
         // Stop the programs so that the sums and the open intervals are read at one instant.
+        // A block request's later steps stay on until the requests in flight complete
+        // (`drain_block`); its first, `block_bio_queue`, comes off with the others.
+        let consumers: Vec<&'static str> = self
+            .attached
+            .iter()
+            .copied()
+            .filter(|p| p.starts_with("block_") && !p.starts_with("block_bio_queue"))
+            .collect();
         for prog in self.attached.drain(..) {
-            match ebpf.program_mut(prog) {
-                Some(Program::TracePoint(p)) => p.unload(),
-                Some(Program::RawTracePoint(p)) => p.unload(),
-                Some(Program::BtfTracePoint(p)) => p.unload(),
-                _ => Ok(()),
+            if !consumers.contains(&prog) {
+                unload(ebpf, prog)?;
             }
-            .with_context(|| format!("detach {prog}"))?;
         }
         // The CUDA probes stay attached until the report is out: from here they leave the
         // threads' states alone, so what is read below is one instant's.
@@ -1304,6 +1362,12 @@ impl ProbeFamily for Accounting {
         // run inside). Best effort: without membarrier that window stays (microseconds).
         unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
         let end = ktime_now();
+        if !consumers.is_empty() {
+            drain_block(ebpf);
+        }
+        for prog in consumers {
+            unload(ebpf, prog)?;
+        }
         // The Python stacks of the switch-outs since the session's last read.
         ctx.python.sync(ebpf)?;
         if let Some(e) = &self.retire_failed {
