@@ -209,6 +209,14 @@ static OFF_SPLIT_SECTOR: Global<u32> = Global::new(16);
 #[no_mangle]
 static OFF_SPLIT_NEW: Global<u32> = Global::new(24);
 #[no_mangle]
+static OFF_REMAP_SECTOR: Global<u32> = Global::new(16);
+#[no_mangle]
+static OFF_REMAP_OLD_SECTOR: Global<u32> = Global::new(32);
+#[no_mangle]
+static OFF_REMAP_DEV: Global<u32> = Global::new(8);
+#[no_mangle]
+static OFF_REMAP_OLD_DEV: Global<u32> = Global::new(28);
+#[no_mangle]
 static OFF_RQC_DEV: Global<u32> = Global::new(8);
 #[no_mangle]
 static OFF_RQC_SECTOR: Global<u32> = Global::new(16);
@@ -229,6 +237,8 @@ static OFF_K_BIO_BDEV: Global<u32> = Global::new(0);
 static OFF_K_BDEV_DEV: Global<u32> = Global::new(0);
 #[no_mangle]
 static OFF_K_BDEV_DISK: Global<u32> = Global::new(0);
+#[no_mangle]
+static OFF_K_BDEV_START: Global<u32> = Global::new(0);
 #[no_mangle]
 static OFF_K_RQ_Q: Global<u32> = Global::new(0);
 #[no_mangle]
@@ -484,6 +494,65 @@ pub fn block_split_tp(ctx: TracePointContext) -> u32 {
     let sector: u64 = unsafe { ctx.read_at(OFF_SPLIT_SECTOR.load() as usize) }.unwrap_or(0);
     let new: u64 = unsafe { ctx.read_at(OFF_SPLIT_NEW.load() as usize) }.unwrap_or(0);
     split(sector, new);
+    0
+}
+
+/// A bio goes on from a stacked device (an NVMe multipath head, md, a device mapper) to
+/// another, the same bio: the kernel traces its queueing once, at the first device, and its
+/// request is made at the second, so its owner goes with it. A device mapper's clones, md's
+/// mirror copies, are new bios whose queueing is traced again. Attached only where such a
+/// device exists: every bio to a partition is remapped too, before its queueing is traced.
+// TP_PROTO(struct bio *bio, dev_t dev, sector_t from)
+#[raw_tracepoint(tracepoint = "block_bio_remap")]
+pub fn block_bio_remap(ctx: RawTracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::BlockBioRemap);
+    remap::<Probe>(ctx.arg(0), ctx.arg(1), ctx.arg(2));
+    0
+}
+
+#[btf_tracepoint(function = "block_bio_remap")]
+pub fn block_bio_remap_btf(ctx: BtfTracePointContext) -> i32 {
+    crate::maps::hit(tracer_common::hits::Prog::BlockBioRemapBtf);
+    remap::<Direct>(ctx.arg(0), ctx.arg(1), ctx.arg(2));
+    0
+}
+
+/// `bio`, now at its new device and sector, was at `from` of the stacked device `dev` (its
+/// whole disk's `dev_t`). A partition's own remap (`dev` is the bio's device) comes before the
+/// bio's queueing, which names its owner at the absolute sector: passed over, since an owner
+/// found at the relative sector would be another bio's. So the owner goes straight to the
+/// absolute sector: a partition's (md on partitions) is remapped after this.
+#[inline(always)]
+fn remap<K: Kernel>(bio: u64, dev: u64, from: u64) {
+    let b = bio_fields::<K>(bio);
+    if dev as u32 == b.dev {
+        return;
+    }
+    let Some(o) = owner_slot(from, dev as u32) else {
+        return;
+    };
+    let bdev: u64 = K::read(bio, OFF_K_BIO_BDEV.load());
+    let start: u64 = if bdev == 0 {
+        0
+    } else {
+        K::read(bdev, OFF_K_BDEV_START.load())
+    };
+    set_owner(b.sector + start, b.disk, unsafe { (*o).tgid });
+}
+
+#[tracepoint]
+pub fn block_bio_remap_tp(ctx: TracePointContext) -> u32 {
+    crate::maps::hit(tracer_common::hits::Prog::BlockBioRemapTp);
+    // A partition's own remap, passed over as above. Keyed by sector alone, the owner then
+    // reaches a partition's absolute sector only where its stacked device is on a whole disk.
+    let dev: u32 = unsafe { ctx.read_at(OFF_REMAP_DEV.load() as usize) }.unwrap_or(0);
+    let old_dev: u32 = unsafe { ctx.read_at(OFF_REMAP_OLD_DEV.load() as usize) }.unwrap_or(0);
+    if dev == old_dev {
+        return 0;
+    }
+    let old: u64 = unsafe { ctx.read_at(OFF_REMAP_OLD_SECTOR.load() as usize) }.unwrap_or(0);
+    let new: u64 = unsafe { ctx.read_at(OFF_REMAP_SECTOR.load() as usize) }.unwrap_or(0);
+    split(old, new);
     0
 }
 

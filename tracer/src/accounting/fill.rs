@@ -174,8 +174,14 @@ pub fn fill(
                         linked
                             .entry((k.tgid, fd))
                             .or_insert_with(|| {
-                                std::fs::read_link(format!("/proc/{}/fd/{fd}", k.tgid))
-                                    .ok()
+                                // Not a pid reused since the traced process exited.
+                                let alive =
+                                    tracker.procs.get(&k.tgid).is_some_and(|t| !t.info.exited);
+                                alive
+                                    .then(|| {
+                                        std::fs::read_link(format!("/proc/{}/fd/{fd}", k.tgid))
+                                    })
+                                    .and_then(Result::ok)
                                     .map(|p| p.display().to_string())
                             })
                             .clone()
@@ -709,20 +715,35 @@ fn by_disk(
     by_disk
 }
 
-/// The traced processes' bytes submitted to request-based disks and not completed yet (as far
-/// as the completion programs have seen), and the bytes completed: what the end of a trace
-/// waits on, once no more bios are counted (`Accounting::drain_block`). None without block
-/// programs.
-pub(super) fn block_in_flight(ebpf: &Ebpf, open: &[(u32, ThreadState)]) -> Option<(u64, u64)> {
+/// What the end of a trace waits on, once no more bios are counted (`drain_block`).
+pub(super) struct InFlight {
+    /// The traced processes' bytes submitted to request-based disks and not seen completing.
+    pub short: u64,
+    /// The bytes seen completing.
+    pub done: u64,
+    /// The slowest request seen (the top of its latency bucket), 0 for none.
+    pub slowest_ns: u64,
+}
+
+/// [`InFlight`] now; None without block programs.
+pub(super) fn block_in_flight(ebpf: &Ebpf, open: &[(u32, ThreadState)]) -> Option<InFlight> {
     let mut rows = read_block(ebpf).ok()?;
     add_held_bio(&mut rows, open);
-    Some(
-        by_disk(&rows, disk_of, request_based)
-            .values()
-            .fold((0, 0), |(short, done), (s, d)| {
-                (short + s.saturating_sub(*d), done + d)
-            }),
-    )
+    let slowest_ns = rows
+        .iter()
+        .filter_map(|(_, s)| s.hist.iter().rposition(|&n| n != 0))
+        .max()
+        .map_or(0, |b| 1u64 << (b + 1).min(63));
+    let (short, done) = by_disk(&rows, disk_of, request_based)
+        .values()
+        .fold((0, 0), |(short, done), (s, d)| {
+            (short + s.saturating_sub(*d), done + d)
+        });
+    Some(InFlight {
+        short,
+        done,
+        slowest_ns,
+    })
 }
 
 /// A process's bytes on a disk that were submitted and not seen completing.

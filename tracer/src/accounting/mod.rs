@@ -150,30 +150,55 @@ fn sched_info_offsets(btf: &crate::btf::Btf) -> Result<Vec<(&'static str, u32)>>
 /// the bios of a running reader that completed before the completion program was on (a
 /// tracepoint's first attach patches the kernel's text: milliseconds here), and its bytes read
 /// as never completing: 5-30 MB of a `dd bs=4M iflag=direct` traced by `--pid`.
-const BLOCK_TP_PROGRAMS: [(&str, &str, &str); 5] = [
+const BLOCK_TP_PROGRAMS: [(&str, &str, &str); 6] = [
     ("block_rq_complete_tp", "block", "block_rq_complete"),
     ("block_rq_issue_tp", "block", "block_rq_issue"),
     ("block_rq_insert_tp", "block", "block_rq_insert"),
     ("block_split_tp", "block", "block_split"),
+    ("block_bio_remap_tp", "block", "block_bio_remap"),
     ("block_bio_queue_tp", "block", "block_bio_queue"),
 ];
 /// (program, raw tracepoint, its argument count). Four runs per disk request, where the
 /// classic set takes five and formats a record for each first.
-const BLOCK_RAW_PROGRAMS: [(&str, &str, usize); 4] = [
+const BLOCK_RAW_PROGRAMS: [(&str, &str, usize); 5] = [
     ("block_rq_complete", "block_rq_complete", 3),
     ("block_rq_issue", "block_rq_issue", 1),
     ("block_split", "block_split", 2),
+    ("block_bio_remap", "block_bio_remap", 3),
     ("block_bio_queue", "block_bio_queue", 1),
 ];
 
 /// The same programs on BTF tracepoints (the default): (program, tracepoint). They read the
 /// same fields with plain loads instead of a helper call each.
-const BLOCK_BTF_PROGRAMS: [(&str, &str); 4] = [
+const BLOCK_BTF_PROGRAMS: [(&str, &str); 5] = [
     ("block_rq_complete_btf", "block_rq_complete"),
     ("block_rq_issue_btf", "block_rq_issue"),
     ("block_split_btf", "block_split"),
+    ("block_bio_remap_btf", "block_bio_remap"),
     ("block_bio_queue_btf", "block_bio_queue"),
 ];
+
+/// Whether `block_bio_remap` runs: where a stacked device passes its bios on to another
+/// device as they are (an NVMe multipath head, md's striping), so that their owners follow
+/// them ([`stacked_devices`]); GPUTRACE_BLOCK_REMAP=1 runs it anyway. Elsewhere it would
+/// run for every bio to a partition, for nothing.
+fn remap_needed() -> bool {
+    std::env::var("GPUTRACE_BLOCK_REMAP").is_ok_and(|v| v == "1")
+        || stacked_devices(std::path::Path::new("/sys/block"))
+}
+
+/// Whether a disk under `sys_block` (`/sys/block`) sits on others (`slaves/`: md, a device
+/// mapper) or is an NVMe multipath head (`multipath/`). One set up during the trace is not
+/// seen: its bios that go on as they are keep their owners at the first device only.
+fn stacked_devices(sys_block: &std::path::Path) -> bool {
+    let Ok(disks) = std::fs::read_dir(sys_block) else {
+        return false;
+    };
+    disks.flatten().any(|d| {
+        d.path().join("multipath").is_dir()
+            || std::fs::read_dir(d.path().join("slaves")).is_ok_and(|mut s| s.next().is_some())
+    })
+}
 
 /// Whether every request-based disk's queue stamps its requests' issues
 /// (`request.io_start_time_ns`, set where the queue keeps I/O statistics: writeback throttling
@@ -222,6 +247,7 @@ fn raw_block_offsets(btf: &crate::btf::Btf) -> Result<Vec<(&'static str, u32)>> 
         ("OFF_K_BIO_BDEV", off("bio", "bi_bdev")?),
         ("OFF_K_BDEV_DEV", off("block_device", "bd_dev")?),
         ("OFF_K_BDEV_DISK", off("block_device", "bd_disk")?),
+        ("OFF_K_BDEV_START", off("block_device", "bd_start_sect")?),
         ("OFF_K_RQ_Q", off("request", "q")?),
         ("OFF_K_RQ_SECTOR", off("request", "__sector")?),
         ("OFF_K_RQ_LEN", off("request", "__data_len")?),
@@ -385,6 +411,7 @@ impl Offsets {
             let done = Format::read("block", "block_rq_complete")?;
             let bio = Format::read("block", "block_bio_queue")?;
             let split = Format::read("block", "block_split")?;
+            let remap = Format::read("block", "block_bio_remap")?;
             v.extend([
                 ("OFF_RQ_DEV", issue.offset("dev")?),
                 ("OFF_RQ_SECTOR", issue.offset("sector")?),
@@ -398,6 +425,10 @@ impl Offsets {
                 ("OFF_BIO_RWBS", bio.offset("rwbs")?),
                 ("OFF_SPLIT_SECTOR", split.offset("sector")?),
                 ("OFF_SPLIT_NEW", split.offset("new_sector")?),
+                ("OFF_REMAP_SECTOR", remap.offset("sector")?),
+                ("OFF_REMAP_OLD_SECTOR", remap.offset("old_sector")?),
+                ("OFF_REMAP_DEV", remap.offset("dev")?),
+                ("OFF_REMAP_OLD_DEV", remap.offset("old_dev")?),
                 ("OFF_RQC_SECTOR", done.offset("sector")?),
             ]);
         }
@@ -763,8 +794,9 @@ fn unload(ebpf: &mut Ebpf, prog: &str) -> Result<()> {
 }
 
 /// How long the end of a trace waits for the completions of the traced bios in flight
-/// (`Accounting::drain_block`): at most `DRAIN_MAX`, and no longer than `DRAIN_QUIET` once no
-/// completion comes (one that ran no program never does).
+/// ([`drain_block`]): at most `DRAIN_MAX`, and once no completion comes (one that ran no
+/// program never does) no longer than `DRAIN_QUIET`, or twice the slowest request seen, on a
+/// slower disk (a disk of spinning platters, a throttled cloud volume).
 const DRAIN_MAX: std::time::Duration = std::time::Duration::from_millis(250);
 const DRAIN_QUIET: std::time::Duration = std::time::Duration::from_millis(20);
 const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(2);
@@ -773,8 +805,8 @@ const DRAIN_POLL: std::time::Duration = std::time::Duration::from_millis(2);
 /// still on, waits until the completions of the traced bios in flight are counted (see
 /// [`DRAIN_MAX`]): else a live reader's requests in flight at the end read as submitted and
 /// never completed (an io_uring reader at depth 32 of 128 KiB reads holds 4 MiB), and the
-/// blind spots would say so. The time accounting was read before (the scheduler and syscall
-/// programs are off): this adds to the time from stop to report only.
+/// blind spots would say so. The time accounting's end instant was taken before (the
+/// scheduler and syscall programs are off): this adds to the time from stop to report only.
 fn drain_block(ebpf: &Ebpf) {
     let Ok(states) = States::open(ebpf) else {
         return;
@@ -786,15 +818,16 @@ fn drain_block(ebpf: &Ebpf) {
     let start = std::time::Instant::now();
     let (mut last, mut since) = (None, start);
     while start.elapsed() < DRAIN_MAX {
-        let Some((short, done)) = fill::block_in_flight(ebpf, &open) else {
+        let Some(f) = fill::block_in_flight(ebpf, &open) else {
             return;
         };
-        if short == 0 {
+        if f.short == 0 {
             return;
         }
-        if last != Some(done) {
-            (last, since) = (Some(done), std::time::Instant::now());
-        } else if since.elapsed() >= DRAIN_QUIET {
+        let quiet = DRAIN_QUIET.max(std::time::Duration::from_nanos(f.slowest_ns * 2));
+        if last != Some(f.done) {
+            (last, since) = (Some(f.done), std::time::Instant::now());
+        } else if since.elapsed() >= quiet {
             return;
         }
         std::thread::sleep(DRAIN_POLL);
@@ -1171,7 +1204,15 @@ impl ProbeFamily for Accounting {
         if tracefs::exists("block", "block_rq_issue") {
             match block_classic {
                 None => {
-                    let keep = |tp: &str| issue_program.is_some() || tp != "block_rq_issue";
+                    let remap = remap_needed();
+                    let keep = |tp: &str| {
+                        (issue_program.is_some() || tp != "block_rq_issue")
+                            && (remap || tp != "block_bio_remap")
+                    };
+                    let classic: Vec<_> = BLOCK_TP_PROGRAMS
+                        .into_iter()
+                        .filter(|(_, _, tp)| remap || *tp != "block_bio_remap")
+                        .collect();
                     let btf_set: Vec<_> = BLOCK_BTF_PROGRAMS
                         .into_iter()
                         .filter(|(_, tp)| keep(tp))
@@ -1182,13 +1223,7 @@ impl ProbeFamily for Accounting {
                         .filter(|(_, tp)| keep(tp))
                         .collect();
                     self.attach_btf_raw_or_classic(
-                        ebpf,
-                        &btf,
-                        &btf_set,
-                        &raw,
-                        &BLOCK_TP_PROGRAMS,
-                        "block",
-                        verbose,
+                        ebpf, &btf, &btf_set, &raw, &classic, "block", verbose,
                     )?;
                     // Told once attached: the classic set, where the others were refused,
                     // always has its issue program.
@@ -1214,7 +1249,12 @@ impl ProbeFamily for Accounting {
                     if verbose {
                         crate::note!("gputrace: block programs on classic tracepoints: {why}");
                     }
-                    self.attach_classic_set(ebpf, &BLOCK_TP_PROGRAMS)?;
+                    let remap = remap_needed();
+                    let classic: Vec<_> = BLOCK_TP_PROGRAMS
+                        .into_iter()
+                        .filter(|(_, _, tp)| remap || *tp != "block_bio_remap")
+                        .collect();
+                    self.attach_classic_set(ebpf, &classic)?;
                 }
             }
         }
@@ -1364,9 +1404,11 @@ impl ProbeFamily for Accounting {
         let end = ktime_now();
         if !consumers.is_empty() {
             drain_block(ebpf);
-        }
-        for prog in consumers {
-            unload(ebpf, prog)?;
+            for prog in consumers {
+                unload(ebpf, prog)?;
+            }
+            // A completion still running on another CPU finishes before the rows are read.
+            unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
         }
         // The Python stacks of the switch-outs since the session's last read.
         ctx.python.sync(ebpf)?;
@@ -1417,7 +1459,27 @@ impl ProbeFamily for Accounting {
 
 #[cfg(test)]
 mod tests {
-    use super::wbt_on;
+    use super::{stacked_devices, wbt_on};
+
+    #[test]
+    fn stacked_devices_are_those_on_others_and_multipath_heads() {
+        let sys = tempfile::tempdir().unwrap();
+        let disk = |name: &str| {
+            let d = sys.path().join(name);
+            std::fs::create_dir_all(d.join("slaves")).unwrap();
+            d
+        };
+        disk("vda");
+        disk("loop0");
+        assert!(!stacked_devices(sys.path()), "plain disks");
+        let md = disk("md0");
+        std::fs::create_dir(md.join("slaves/nvme0n1p1")).unwrap();
+        assert!(stacked_devices(sys.path()), "md on a partition");
+        std::fs::remove_dir_all(&md).unwrap();
+        std::fs::create_dir_all(disk("nvme0n1").join("multipath/nvme0c0n1")).unwrap();
+        assert!(stacked_devices(sys.path()), "an NVMe multipath head");
+        assert!(!stacked_devices(&sys.path().join("none")));
+    }
 
     #[test]
     fn writeback_throttling_is_on_only_at_a_positive_latency() {
