@@ -1231,10 +1231,18 @@ fn block_requests_at_one_sector_of_two_disks_keep_their_owners() {
         return;
     };
     let rounds = 2000u64;
-    for env in [&[][..], &[("GPUTRACE_BLOCK_ISSUE", "1")][..]] {
+    // With the remap program too, which this machine's devices do not need (none is stacked):
+    // it must load, and leave the owners as they are.
+    let envs: [&[(&str, &str)]; 3] = [
+        &[],
+        &[("GPUTRACE_BLOCK_ISSUE", "1")],
+        &[("GPUTRACE_BLOCK_REMAP", "1")],
+    ];
+    for env in envs {
         let out = out_dir("mirror");
         let run = gputrace_env(
             &[
+                "-v",
                 "-o",
                 out.to_str().unwrap(),
                 "--",
@@ -1246,6 +1254,12 @@ fn block_requests_at_one_sector_of_two_disks_keep_their_owners() {
             env,
         );
         assert_eq!(run.code(), 0, "{env:?} stderr:\n{}", run.stderr);
+        let remap = env.contains(&("GPUTRACE_BLOCK_REMAP", "1"));
+        assert!(
+            !remap || run.stderr.contains("program block_bio_remap_btf:"),
+            "block_bio_remap_btf not attached:\n{}",
+            run.stderr
+        );
         let report = run.report(&out);
         let p = &report["processes"][0];
         let told = blind_spot_names(&report, &p["pid"]);
