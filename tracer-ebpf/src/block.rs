@@ -524,20 +524,16 @@ pub fn block_bio_remap_btf(ctx: BtfTracePointContext) -> i32 {
 /// absolute sector: a partition's (md on partitions) is remapped after this.
 #[inline(always)]
 fn remap<K: Kernel>(bio: u64, dev: u64, from: u64) {
-    let b = bio_fields::<K>(bio);
-    if dev as u32 == b.dev {
+    let bdev: u64 = K::read(bio, OFF_K_BIO_BDEV.load());
+    if bdev == 0 || dev as u32 == K::read::<u32>(bdev, OFF_K_BDEV_DEV.load()) {
         return;
     }
     let Some(o) = owner_slot(from, dev as u32) else {
         return;
     };
-    let bdev: u64 = K::read(bio, OFF_K_BIO_BDEV.load());
-    let start: u64 = if bdev == 0 {
-        0
-    } else {
-        K::read(bdev, OFF_K_BDEV_START.load())
-    };
-    set_owner(b.sector + start, b.disk, unsafe { (*o).tgid });
+    let sector = K::read::<u64>(bio, OFF_K_BIO_SECTOR.load())
+        + K::read::<u64>(bdev, OFF_K_BDEV_START.load());
+    set_owner(sector, bdev_disk::<K>(bdev), unsafe { (*o).tgid });
 }
 
 #[tracepoint]

@@ -1202,17 +1202,17 @@ impl ProbeFamily for Accounting {
             ));
         }
         if tracefs::exists("block", "block_rq_issue") {
+            let remap = remap_needed();
+            let classic: Vec<_> = BLOCK_TP_PROGRAMS
+                .into_iter()
+                .filter(|(_, _, tp)| remap || *tp != "block_bio_remap")
+                .collect();
             match block_classic {
                 None => {
-                    let remap = remap_needed();
                     let keep = |tp: &str| {
                         (issue_program.is_some() || tp != "block_rq_issue")
                             && (remap || tp != "block_bio_remap")
                     };
-                    let classic: Vec<_> = BLOCK_TP_PROGRAMS
-                        .into_iter()
-                        .filter(|(_, _, tp)| remap || *tp != "block_bio_remap")
-                        .collect();
                     let btf_set: Vec<_> = BLOCK_BTF_PROGRAMS
                         .into_iter()
                         .filter(|(_, tp)| keep(tp))
@@ -1249,11 +1249,6 @@ impl ProbeFamily for Accounting {
                     if verbose {
                         crate::note!("gputrace: block programs on classic tracepoints: {why}");
                     }
-                    let remap = remap_needed();
-                    let classic: Vec<_> = BLOCK_TP_PROGRAMS
-                        .into_iter()
-                        .filter(|(_, _, tp)| remap || *tp != "block_bio_remap")
-                        .collect();
                     self.attach_classic_set(ebpf, &classic)?;
                 }
             }
