@@ -1274,14 +1274,16 @@ fn block_requests_at_one_sector_of_two_disks_keep_their_owners() {
             let requests = row["requests"].as_u64().unwrap();
             let submitted = row["read_bytes"].as_u64().unwrap();
             let completed = row["completed_bytes"].as_u64().unwrap();
-            // Completions that ran no program (never seen on loop devices here) are allowed
-            // only a few, and only where the blind spots say so.
-            let all = requests == rounds && completed == submitted;
+            // Completions that ran no program (one of 2,000 in CI run 56) are allowed only a
+            // few, and past the blind spots' 0.1% only where they say so: the lost owners of
+            // the sector-only key cost 1-3% and more.
+            let said = told || submitted.saturating_sub(completed) * 1000 <= submitted;
             assert!(
                 submitted == rounds * 4096
                     && requests * 1000 >= rounds * 995
                     && requests <= rounds
-                    && (all || told),
+                    && completed <= submitted
+                    && said,
                 "{env:?} {name}: {requests} requests of {rounds}, {completed} of {submitted} \
                  bytes seen completing: {row:#}\nblind spots: {:#}",
                 report["blind_spots"]
