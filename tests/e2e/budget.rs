@@ -522,8 +522,15 @@ fn a_syscall_storm_takes_the_syscall_tracepoints_off() {
     let run = common::gputrace(&["-o", out.to_str().unwrap(), "--", "sleep", "0.5"]);
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
     let r = run.report(&out);
+    // The whole overhead family on failure: CI run 55 put `sleep`'s syscalls at 519 us (~4.7
+    // us each, ~10x the usual), and which price was off (a program's mean, its split by path,
+    // the trap measured at attach) could not be told from the thread's parts alone.
     let c = &r["overhead"]["costliest_thread"];
-    assert!(c["estimated"].as_f64().unwrap() < 0.001, "{c:#}");
+    assert!(
+        c["estimated"].as_f64().unwrap() < 0.001,
+        "{c:#}\n{:#}",
+        r["overhead"]
+    );
     assert!(
         !r["warnings"].to_string().contains("over budget"),
         "{:#}",

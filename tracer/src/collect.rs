@@ -96,6 +96,17 @@ pub fn kernel_skips(ebpf: &Ebpf) -> Vec<(String, u64)> {
     out
 }
 
+/// Skips read at two moments (`kernel_skips`), the later after some programs were unloaded
+/// (their fds, and so their counts, gone): each program's latest count, as counters only grow.
+pub fn merge_skips(before: Vec<(String, u64)>, after: Vec<(String, u64)>) -> Vec<(String, u64)> {
+    let mut all: std::collections::BTreeMap<String, u64> = before.into_iter().collect();
+    for (prog, n) in after {
+        let e = all.entry(prog).or_default();
+        *e = (*e).max(n);
+    }
+    all.into_iter().collect()
+}
+
 fn recursion_misses(fdinfo: &str) -> Option<u64> {
     fdinfo_u64(fdinfo, "recursion_misses:")
 }
@@ -127,6 +138,20 @@ fn fdinfo_u64(fdinfo: &str, key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_later_read_of_the_skips_keeps_the_programs_unloaded_since() {
+        let before = vec![("sched_switch_btf".to_string(), 3), ("sys_exit".into(), 1)];
+        let after = vec![("cuda_entry".to_string(), 2), ("sys_exit".into(), 5)];
+        assert_eq!(
+            merge_skips(before, after),
+            vec![
+                ("cuda_entry".to_string(), 2),
+                ("sched_switch_btf".into(), 3),
+                ("sys_exit".into(), 5)
+            ]
+        );
+    }
 
     #[test]
     fn reads_recursion_misses_from_fdinfo() {

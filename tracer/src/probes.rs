@@ -14,6 +14,9 @@ pub struct AttachCtx<'a> {
     pub launched: Option<u32>,
     /// The uprobe programs, loaded for the links this kernel has.
     pub uprobes: &'a crate::uprobes::Uprobes,
+    /// The kernel's BTF as aya reads it, where it was read for the programs loaded ahead
+    /// (`bpf::preload`; ~20 ms a read here).
+    pub btf: Option<&'a aya::Btf>,
 }
 
 pub struct FinishCtx<'a> {
@@ -34,6 +37,11 @@ pub trait ProbeFamily {
     /// in the family, set up by its constructor.
     fn configure<'a>(&'a self, _loader: &mut aya::EbpfLoader<'a>) -> Result<()> {
         Ok(())
+    }
+    /// The programs `attach` will load first, heaviest first, to be loaded ahead of it on
+    /// every CPU (`bpf::preload`).
+    fn preload(&self) -> Vec<crate::bpf::Preload> {
+        Vec::new()
     }
     /// Loads and attaches this family's programs.
     fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()>;

@@ -13,7 +13,10 @@ use aya::{
     Ebpf,
 };
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
-use tracer_common::proc::{ProcEvent, PROC_EVENTS_MAP};
+use tracer_common::{
+    drops::Drop,
+    proc::{ProcEvent, PROC_EVENTS_MAP},
+};
 
 use crate::{
     aggregate::cpu::{CpuProfile, StackSample},
@@ -116,7 +119,8 @@ fn trace(
     )?;
     // Before any family takes a map out of `ebpf`: the uprobe_multi programs are relocated
     // against all of them.
-    let uprobes = crate::uprobes::Uprobes::load(
+    let mut btf = None;
+    let uprobes = crate::uprobes::Uprobes::load_beside(
         &mut ebpf,
         bpf::OBJECT,
         &[
@@ -125,6 +129,7 @@ fn trace(
             tracer_common::overhead::CALIB_ENTRY_PROG,
             tracer_common::overhead::CALIB_RET_PROG,
         ],
+        |ebpf| btf = preload(ebpf, &families, args.verbose),
     )?;
     if args.verbose {
         crate::note!("gputrace: {}", uprobes.describe());
@@ -157,6 +162,7 @@ fn trace(
         pids: &initial,
         launched: launched.as_ref().map(|l| l.pid),
         uprobes: &uprobes,
+        btf: btf.as_ref(),
     };
     for f in families.iter_mut() {
         f.attach(&mut ebpf, &attach_ctx)
@@ -252,26 +258,7 @@ fn trace(
         },
         processes: &infos,
         cpu: &cpu,
-        drops: drops
-            .into_iter()
-            .map(|(d, n, per_cpu)| DropCount {
-                reason: format!("{d:?}"),
-                affects: d.describe().into(),
-                count: n,
-                programs: d.programs().into(),
-                per_cpu,
-            })
-            .chain(skips.into_iter().map(|(prog, n)| DropCount {
-                reason: "KernelSkipped".into(),
-                affects: format!(
-                    "runs of {prog} the kernel skipped (another BPF program was running on \
-                     that CPU): the events they would have counted are missing"
-                ),
-                count: n,
-                programs: prog,
-                per_cpu: Vec::new(),
-            }))
-            .collect(),
+        drops: drop_rows(drops, skips.clone()),
         blind_spots: vec![],
         warnings: vec![],
         top: args.top,
@@ -300,6 +287,11 @@ fn trace(
         f.finish(&mut ebpf, &mut finish_ctx, &mut data)
             .with_context(|| format!("collect the {} data", f.name()))?;
     }
+    // Read again: the block completions stay on through the end's drain (up to 250 ms) and
+    // the CUDA probes until the report is out, and what they lost meanwhile counts too.
+    // Programs unloaded since no longer show their skips: the earlier read keeps them.
+    let skips = collect::merge_skips(skips, collect::kernel_skips(&ebpf));
+    data.report.drops = drop_rows(collect::drops(&ebpf)?, skips);
     crate::overhead::complete(&mut data.report);
     // Verdicts first, so that they weigh every process followed, not only those listed.
     report::finalize(&mut data);
@@ -485,6 +477,56 @@ async fn reap_soon(pid: u32) -> Option<i32> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     None
+}
+
+/// Loads ahead, on every CPU, the programs the session and the families attach first
+/// (`bpf::preload`); the kernel's BTF, when it was read for them.
+fn preload(ebpf: &mut Ebpf, families: &[Box<dyn ProbeFamily>], verbose: bool) -> Option<aya::Btf> {
+    let t0 = Instant::now();
+    let mut wanted: Vec<bpf::Preload> = families.iter().flat_map(|f| f.preload()).collect();
+    // Second, beside the scheduler's switch (the two longest to verify).
+    wanted.insert(wanted.len().min(1), bpf::Preload::plain("cpu_sample"));
+    wanted.extend(
+        ["task_newtask", "sched_process_exec", "sched_process_exit"].map(bpf::Preload::plain),
+    );
+    let btf = wanted
+        .iter()
+        .any(|p| p.btf_tracepoint.is_some())
+        .then(aya::Btf::from_sys_fs)
+        .and_then(|b| b.ok());
+    bpf::preload(ebpf, btf.as_ref(), &wanted);
+    if verbose {
+        crate::note!(
+            "gputrace: {} programs loaded ahead in {:.1} ms",
+            wanted.len(),
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    btf
+}
+
+/// The report's drop rows: the kernel programs' counters, then the runs the kernel skipped.
+fn drop_rows(drops: Vec<(Drop, u64, Vec<u64>)>, skips: Vec<(String, u64)>) -> Vec<DropCount> {
+    drops
+        .into_iter()
+        .map(|(d, n, per_cpu)| DropCount {
+            reason: format!("{d:?}"),
+            affects: d.describe().into(),
+            count: n,
+            programs: d.programs().into(),
+            per_cpu,
+        })
+        .chain(skips.into_iter().map(|(prog, n)| DropCount {
+            reason: "KernelSkipped".into(),
+            affects: format!(
+                "runs of {prog} the kernel skipped (another BPF program was running on that \
+                 CPU): the events they would have counted are missing"
+            ),
+            count: n,
+            programs: prog,
+            per_cpu: Vec::new(),
+        }))
+        .collect()
 }
 
 fn restore_default_signals() {

@@ -67,21 +67,45 @@ impl Uprobes {
     /// Loads `progs` (uprobe programs of `object`, which `ebpf` was loaded from) before any map
     /// is taken out of `ebpf`: the relocation needs every map the object defines.
     pub fn load(ebpf: &mut Ebpf, object: &[u8], progs: &[&'static str]) -> Result<Uprobes> {
-        let why = if std::env::var("GPUTRACE_UPROBE_MULTI").as_deref() == Ok("0") {
-            "GPUTRACE_UPROBE_MULTI=0".to_string()
+        Self::load_beside(ebpf, object, progs, |_| {})
+    }
+
+    /// [`Uprobes::load`], while `beside` runs on this thread with `ebpf` (it may load other
+    /// programs, and must not take maps out): the `uprobe_multi` programs are relocated and
+    /// verified on another, as the verifier takes ~75 ms of CPU for them here.
+    pub fn load_beside(
+        ebpf: &mut Ebpf,
+        object: &[u8],
+        progs: &[&'static str],
+        beside: impl FnOnce(&mut Ebpf),
+    ) -> Result<Uprobes> {
+        let multi = if std::env::var("GPUTRACE_UPROBE_MULTI").as_deref() == Ok("0") {
+            beside(ebpf);
+            Err("GPUTRACE_UPROBE_MULTI=0".to_string())
         } else {
-            match load_multi(ebpf, object, progs).and_then(|m| {
-                check_link(&m)?;
-                Ok(m)
-            }) {
-                Ok(m) => {
-                    return Ok(Uprobes {
-                        multi: Some(Arc::new(m)),
-                        why_perf: None,
+            // The maps' fds are read first, and stay open while `beside` runs: it takes none.
+            let fds = map_fds(ebpf);
+            std::thread::scope(|s| {
+                let h = s.spawn(|| {
+                    load_multi(&fds, object, progs).and_then(|m| {
+                        check_link(&m)?;
+                        Ok(m)
                     })
-                }
-                Err(e) => format!("{e:#}"),
+                });
+                beside(ebpf);
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the loading thread panicked")))
+            })
+            .map_err(|e| format!("{e:#}"))
+        };
+        let why = match multi {
+            Ok(m) => {
+                return Ok(Uprobes {
+                    multi: Some(Arc::new(m)),
+                    why_perf: None,
+                })
             }
+            Err(why) => why,
         };
         for &prog in progs {
             let p: &mut UProbe = ebpf
@@ -267,8 +291,15 @@ fn map_data(m: &Map) -> &MapData {
 
 /// Relocates the object against `ebpf`'s maps (what aya did for its own copies) and loads
 /// `progs` for uprobe_multi links.
+/// Each map's fd by name, for [`load_multi`]'s relocations.
+fn map_fds(ebpf: &Ebpf) -> HashMap<String, i32> {
+    ebpf.maps()
+        .map(|(name, m)| (name.to_string(), map_data(m).fd().as_fd().as_raw_fd()))
+        .collect()
+}
+
 fn load_multi(
-    ebpf: &Ebpf,
+    fds: &HashMap<String, i32>,
     object: &[u8],
     progs: &[&'static str],
 ) -> Result<HashMap<&'static str, MultiProgram>> {
@@ -284,10 +315,6 @@ fn load_multi(
         Some(btf) => Some(load_btf(&btf.to_bytes())?),
         None => None,
     };
-    let fds: HashMap<String, i32> = ebpf
-        .maps()
-        .map(|(name, m)| (name.to_string(), map_data(m).fd().as_fd().as_raw_fd()))
-        .collect();
     let maps = obj
         .maps
         .iter()

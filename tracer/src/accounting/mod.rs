@@ -178,6 +178,21 @@ const BLOCK_BTF_PROGRAMS: [(&str, &str); 5] = [
     ("block_bio_queue_btf", "block_bio_queue"),
 ];
 
+/// The scheduler programs on BTF tracepoints: the wakeup program only where the switch
+/// cannot tell the runqueue waits itself.
+fn sched_btf_set(wakeup_needed: bool) -> Vec<(&'static str, &'static str)> {
+    SCHED_BTF_PROGRAMS
+        .into_iter()
+        .filter(|(prog, _)| wakeup_needed || *prog != "sched_wakeup_btf")
+        .collect()
+}
+
+/// Which block tracepoints get a program: the issue only where it must stamp requests
+/// itself, the remap only where a stacked device needs it ([`remap_needed`]).
+fn block_keep(issue: bool, remap: bool) -> impl Fn(&str) -> bool {
+    move |tp| (issue || tp != "block_rq_issue") && (remap || tp != "block_bio_remap")
+}
+
 /// Whether `block_bio_remap` runs: where a stacked device passes its bios on to another
 /// device as they are (an NVMe multipath head, md's striping), so that their owners follow
 /// them ([`stacked_devices`]); GPUTRACE_BLOCK_REMAP=1 runs it anyway. Elsewhere it would
@@ -685,10 +700,16 @@ fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32, u64)> {
     Some((phase, state, nr, st.starttime))
 }
 
+/// Whether the BTF tracepoint programs are tried (GPUTRACE_BTF_TRACEPOINTS=0: none, to run
+/// the raw ones).
+fn typed_btf_wanted() -> bool {
+    !std::env::var("GPUTRACE_BTF_TRACEPOINTS").is_ok_and(|v| v == "0")
+}
+
 /// The kernel's BTF, for the BTF tracepoint programs (GPUTRACE_BTF_TRACEPOINTS=0: none, to run
 /// the raw ones).
 fn typed_btf() -> Result<aya::Btf> {
-    if std::env::var("GPUTRACE_BTF_TRACEPOINTS").is_ok_and(|v| v == "0") {
+    if !typed_btf_wanted() {
         anyhow::bail!("GPUTRACE_BTF_TRACEPOINTS=0");
     }
     aya::Btf::from_sys_fs().context("read the kernel's BTF")
@@ -713,8 +734,9 @@ impl Accounting {
         self.attach_set(ebpf, set, bpf::attach_raw_tracepoint)
     }
 
-    /// Each of `set` by `attach`, all or none: where one fails, those attached before it are
-    /// unloaded, which detaches their links.
+    /// Each of `set` by `attach`, all or none: where one fails, the set is unloaded, which
+    /// detaches the links of those attached before it (and frees those loaded ahead of it,
+    /// `bpf::preload`).
     fn attach_set(
         &mut self,
         ebpf: &mut Ebpf,
@@ -724,7 +746,7 @@ impl Accounting {
         let mut done = Vec::new();
         for &(prog, tp) in set {
             if let Err(e) = attach(ebpf, prog, tp) {
-                for p in done {
+                for &(p, _) in set {
                     let _ = match ebpf.program_mut(p) {
                         Some(Program::BtfTracePoint(p)) => p.unload(),
                         Some(Program::RawTracePoint(p)) => p.unload(),
@@ -1109,6 +1131,44 @@ impl ProbeFamily for Accounting {
         Ok(())
     }
 
+    fn preload(&self) -> Vec<bpf::Preload> {
+        let Ok(o) = self.offsets.as_ref() else {
+            return Vec::new();
+        };
+        // What `attach` tries first (a set the kernel refuses is left to it), the scheduler's
+        // switch first: it takes the verifier longest.
+        let typed = typed_btf_wanted();
+        let mut v = Vec::new();
+        if o.sched_classic.is_none() {
+            if typed {
+                for (prog, tp) in sched_btf_set(o.wakeup_needed.is_some()) {
+                    v.push(bpf::Preload::btf(prog, tp));
+                }
+                v.push(bpf::Preload::btf("sys_enter_btf", "sys_enter"));
+            } else {
+                v.extend(SCHED_RAW_PROGRAMS.map(|(prog, _, _)| bpf::Preload::plain(prog)));
+                v.push(bpf::Preload::plain("sys_enter"));
+            }
+            v.push(bpf::Preload::plain("sys_exit"));
+        }
+        if o.block_classic.is_none() && tracefs::exists("block", "block_rq_issue") {
+            let keep = block_keep(o.issue_program.is_some(), remap_needed());
+            if typed {
+                for (prog, tp) in BLOCK_BTF_PROGRAMS.into_iter().filter(|(_, tp)| keep(tp)) {
+                    v.push(bpf::Preload::btf(prog, tp));
+                }
+            } else {
+                for (prog, tp, _) in BLOCK_RAW_PROGRAMS {
+                    if keep(tp) {
+                        v.push(bpf::Preload::plain(prog));
+                    }
+                }
+            }
+        }
+        v.extend(TASK_PROGRAMS.map(|(prog, _, _)| bpf::Preload::plain(prog)));
+        v
+    }
+
     fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()> {
         let offsets = self.offsets.as_ref().ok();
         let classic = offsets.and_then(|o| o.sched_classic.clone());
@@ -1119,9 +1179,12 @@ impl ProbeFamily for Accounting {
         let issue_program =
             offsets.map_or(Some("no offsets".to_string()), |o| o.issue_program.clone());
         let verbose = ctx.args.verbose;
-        // Read only when some set may use it (the classic sets need none).
+        // Read only when some set may use it (the classic sets need none), and only once.
         let btf = if classic.is_none() || block_classic.is_none() {
-            typed_btf()
+            match ctx.btf {
+                Some(b) if typed_btf_wanted() => Ok(b.clone()),
+                _ => typed_btf(),
+            }
         } else {
             Err(anyhow::anyhow!("not needed"))
         };
@@ -1134,10 +1197,7 @@ impl ProbeFamily for Accounting {
             if let (Some(why), true) = (&wakeup_needed, verbose) {
                 crate::note!("gputrace: runqueue waits told by sched_wakeup: {why}");
             }
-            let btf_set: Vec<(&'static str, &str)> = SCHED_BTF_PROGRAMS
-                .into_iter()
-                .filter(|(prog, _)| wakeup_needed.is_some() || *prog != "sched_wakeup_btf")
-                .collect();
+            let btf_set = sched_btf_set(wakeup_needed.is_some());
             self.attach_btf_raw_or_classic(
                 ebpf,
                 &btf,
@@ -1209,10 +1269,7 @@ impl ProbeFamily for Accounting {
                 .collect();
             match block_classic {
                 None => {
-                    let keep = |tp: &str| {
-                        (issue_program.is_some() || tp != "block_rq_issue")
-                            && (remap || tp != "block_bio_remap")
-                    };
+                    let keep = block_keep(issue_program.is_some(), remap);
                     let btf_set: Vec<_> = BLOCK_BTF_PROGRAMS
                         .into_iter()
                         .filter(|(_, tp)| keep(tp))
