@@ -230,7 +230,10 @@ pub fn costliest_thread(r: &Report, launches: &[&str], min_alive_ns: u64) -> Opt
             let parts = thread_parts(r, o, p.pid, t, mine, launches);
             let ns: u64 = parts.iter().map(|p| p.ns).sum();
             let stretch = t.time.as_ref().map_or(1.0, contention);
-            let share = ns as f64 * stretch / alive as f64;
+            // The model stretches CPU time by the thread's preempted waits; where that puts
+            // the probes past its whole life (a syscall storm beside CPU hogs), they took at
+            // most all of it.
+            let share = (ns as f64 * stretch / alive as f64).min(1.0);
             if best.as_ref().is_none_or(|b| share > b.estimated) {
                 best = Some(ThreadCost {
                     pid: p.pid,
@@ -356,6 +359,11 @@ mod tests {
             (c.estimated - ns as f64 * 2.5 / alive).abs() < 1e-12,
             "{c:?}"
         );
+        // Probes that cost 7 s of its 11 s, stretched 2.5x: all of its time, not 159% of it.
+        let mut t = thread(1, 10.0, 10_000_000, 0, 0);
+        t.time = Some(breakdown(4.0, 0.0, 6.0, 0.0));
+        let c = costliest_thread(&report(vec![t]), &[], 1).unwrap();
+        assert_eq!(c.estimated, 1.0, "{c:?}");
         // Without the wait: no figure, no stretch.
         let mut t = thread(1, 10.0, 1_000, 0, 0);
         t.time = Some(breakdown(4.0, 0.0, 0.1, 6.0));
