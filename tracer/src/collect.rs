@@ -79,6 +79,24 @@ pub fn drops(ebpf: &Ebpf) -> Result<Vec<(Drop, u64, Vec<u64>)>> {
     Ok(out)
 }
 
+/// Drop counters as the report gives them: read again after the families finished (`after`),
+/// each reason's later count; but the switch-ins left unseen keep their count from the read
+/// before (`before`). The families' stop takes the scheduler programs off before the CPU
+/// sampler and the CUDA probes stop moving the threads' states, and those then find threads
+/// switched in meanwhile: they close their waits at the kernel's arrival stamp, as they should,
+/// and count `SwitchInUnseen` for a switch that ran no program because gputrace had taken it
+/// off (204 in a large target's stop, against 0-29 in its trace).
+pub fn settle_drops(
+    before: Vec<(Drop, u64, Vec<u64>)>,
+    after: Vec<(Drop, u64, Vec<u64>)>,
+) -> Vec<(Drop, u64, Vec<u64>)> {
+    let kept = |d: Drop| d == Drop::SwitchInUnseen;
+    let mut out: Vec<_> = after.into_iter().filter(|(d, _, _)| !kept(*d)).collect();
+    out.extend(before.into_iter().filter(|(d, _, _)| kept(*d)));
+    out.sort_by_key(|(d, _, _)| *d as u32);
+    out
+}
+
 /// Runs of each program that the kernel skipped, when any: `recursion_misses` from
 /// `/proc/self/fdinfo` (aya's `ProgramInfo` does not carry it). A classic tracepoint or
 /// perf-event program is skipped while another such program runs on the same CPU (a wakeup in
@@ -138,6 +156,27 @@ fn fdinfo_u64(fdinfo: &str, key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drops_are_the_later_reads_but_for_the_switch_ins_the_stop_leaves_unseen() {
+        let before = vec![
+            (Drop::BlockNoCompletion, 1, vec![1, 0]),
+            (Drop::SwitchInUnseen, 3, vec![2, 1]),
+        ];
+        let after = vec![
+            (Drop::BlockNoCompletion, 4, vec![1, 3]),
+            (Drop::SwitchInUnseen, 200, vec![100, 100]),
+            (Drop::CudaEventsFull, 2, vec![0, 2]),
+        ];
+        assert_eq!(
+            settle_drops(before, after),
+            vec![
+                (Drop::CudaEventsFull, 2, vec![0, 2]),
+                (Drop::BlockNoCompletion, 4, vec![1, 3]),
+                (Drop::SwitchInUnseen, 3, vec![2, 1]),
+            ]
+        );
+    }
 
     #[test]
     fn a_later_read_of_the_skips_keeps_the_programs_unloaded_since() {

@@ -258,7 +258,7 @@ fn trace(
         },
         processes: &infos,
         cpu: &cpu,
-        drops: drop_rows(drops, skips.clone()),
+        drops: drop_rows(drops.clone(), skips.clone()),
         blind_spots: vec![],
         warnings: vec![],
         top: args.top,
@@ -288,10 +288,11 @@ fn trace(
             .with_context(|| format!("collect the {} data", f.name()))?;
     }
     // Read again: the block completions stay on through the end's drain (up to 250 ms) and
-    // the CUDA probes until the report is out, and what they lost meanwhile counts too.
+    // the CUDA probes until the report is out, and what they lost meanwhile counts too
+    // (`collect::settle_drops`).
     // Programs unloaded since no longer show their skips: the earlier read keeps them.
     let skips = collect::merge_skips(skips, collect::kernel_skips(&ebpf));
-    data.report.drops = drop_rows(collect::drops(&ebpf)?, skips);
+    data.report.drops = drop_rows(collect::settle_drops(drops, collect::drops(&ebpf)?), skips);
     crate::overhead::complete(&mut data.report);
     // Verdicts first, so that they weigh every process followed, not only those listed.
     report::finalize(&mut data);
