@@ -98,6 +98,64 @@ fn ground_truth_time_split_when_the_raw_programs_are_refused() {
     );
 }
 
+/// A kernel that refuses a BTF program as it is loaded ahead (`bpf::preload`: the programs
+/// are verified on every CPU before the families attach them) gets that program's set on raw
+/// tracepoints, and the refusal told as it was met there, without the verifier run for it
+/// again: the scheduler's switch here. The syscall programs keep their BTF tracepoint.
+#[test]
+fn a_btf_program_refused_as_it_is_loaded_ahead_leaves_its_set_on_raw_tracepoints() {
+    let _g = serial();
+    if !require_root(
+        "a_btf_program_refused_as_it_is_loaded_ahead_leaves_its_set_on_raw_tracepoints",
+    ) {
+        return;
+    }
+    let out = out_dir("refused-ahead");
+    let run = gputrace_env(
+        &[
+            "-v",
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "sleep 0.2; cat /proc/self/stat > /dev/null",
+        ],
+        &[("GPUTRACE_REFUSE_PROGRAMS", "sched_switch_btf")],
+    );
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("scheduler programs on raw tracepoints: ")
+            && run.stderr.contains(
+                "program sched_switch_btf: refused as GPUTRACE_REFUSE_PROGRAMS asks (a \
+                 kernel's verifier walking it past its limit), as it was loaded ahead"
+            ),
+        "stderr:\n{}",
+        run.stderr
+    );
+    let r = run.report(&out);
+    let programs: Vec<&str> = r["overhead"]["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["program"].as_str())
+        .collect();
+    assert!(
+        programs.contains(&"sched_switch") && !programs.contains(&"sched_switch_btf"),
+        "{programs:?}"
+    );
+    assert!(programs.contains(&"sys_enter_btf"), "{programs:?}");
+    // The books still balance on the raw set.
+    let p = &r["processes"][0];
+    let t = &p["threads"][0]["time"];
+    let (alive, accounted) = (
+        t["alive_ns"].as_f64().unwrap(),
+        t["accounted_ns"].as_f64().unwrap(),
+    );
+    assert!((alive - accounted).abs() <= 0.01 * alive, "{t:#}");
+}
+
 /// The scheduler, syscall and block programs read the kernel's structs with plain loads on BTF
 /// tracepoints; the same code on raw tracepoints (through `bpf_probe_read_kernel`), for kernels
 /// that refuse the BTF ones, keeps the same books.

@@ -79,9 +79,8 @@ pub fn attach_tracepoint(ebpf: &mut Ebpf, prog: &str, category: &str, name: &str
         .program_mut(prog)
         .with_context(|| format!("program {prog} missing from the object"))?
         .try_into()?;
-    if p.fd().is_err() {
-        p.load().map_err(|e| load_error(prog, e))?;
-    }
+    let loaded = p.fd().is_ok();
+    load_once(prog, loaded, || p.load())?;
     p.attach(category, name).map_err(|e| TraceError::Attach {
         what: format!("{prog} to tracepoint {category}/{name}"),
         reason: format!("{:#}", anyhow::Error::from(e)),
@@ -104,15 +103,10 @@ pub fn attach_raw_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<
         .with_context(|| format!("program {prog} missing from the object"))?
         .try_into()?;
     if refused_by_request(prog) {
-        return Err(TraceError::BpfLoad(format!(
-            "program {prog}: refused as GPUTRACE_REFUSE_PROGRAMS asks (a kernel's verifier \
-             walking it past its limit)"
-        ))
-        .into());
+        return Err(TraceError::BpfLoad(refusal_by_request(prog)).into());
     }
-    if p.fd().is_err() {
-        p.load().map_err(|e| load_error(prog, e))?;
-    }
+    let loaded = p.fd().is_ok();
+    load_once(prog, loaded, || p.load())?;
     let id = p.attach(name).map_err(|e| TraceError::Attach {
         what: format!("{prog} to raw tracepoint {name}"),
         reason: format!("{:#}", anyhow::Error::from(e)),
@@ -120,12 +114,25 @@ pub fn attach_raw_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<
     Ok(TpLink::Raw(id))
 }
 
-/// GPUTRACE_REFUSE_PROGRAMS=a,b: the raw tracepoint programs named fail to load, as on a
-/// kernel whose verifier refuses them (`sched_switch` walked 87% of the verifier's limit
-/// here before its rare paths became global functions), so that the fallback to the classic
-/// ones is tested.
+/// GPUTRACE_REFUSE_PROGRAMS=a,b: the raw and BTF tracepoint programs named fail to load, as
+/// on a kernel whose verifier refuses them (`sched_switch` walked 87% of the verifier's limit
+/// here before its rare paths became global functions), so that the fallbacks are tested:
+/// from BTF to raw, and from raw to classic. A BTF one is refused as it is loaded ahead
+/// ([`preload`]), as a kernel would refuse it there.
 fn refused_by_request(prog: &str) -> bool {
     std::env::var("GPUTRACE_REFUSE_PROGRAMS").is_ok_and(|v| v.split(',').any(|p| p == prog))
+}
+
+fn refusal_by_request(prog: &str) -> String {
+    format!(
+        "program {prog}: refused as GPUTRACE_REFUSE_PROGRAMS asks (a kernel's verifier \
+         walking it past its limit)"
+    )
+}
+
+/// The same, where the loads ahead refused it: said so, for the tests.
+fn refusal_ahead_by_request(prog: &str) -> String {
+    format!("{}, as it was loaded ahead", refusal_by_request(prog))
 }
 
 /// Attaches again a raw or BTF tracepoint program that was loaded and attached before.
@@ -161,9 +168,12 @@ pub fn attach_btf_tracepoint(
         .program_mut(prog)
         .with_context(|| format!("program {prog} missing from the object"))?
         .try_into()?;
-    if p.fd().is_err() {
-        p.load(name, btf).map_err(|e| load_error(prog, e))?;
+    let loaded = p.fd().is_ok();
+    // Where it was not loaded ahead: the loads ahead refuse it there (`preload`).
+    if !loaded && refused_ahead(prog).is_none() && refused_by_request(prog) {
+        return Err(TraceError::BpfLoad(refusal_by_request(prog)).into());
     }
+    load_once(prog, loaded, || p.load(name, btf))?;
     let id = p.attach().map_err(|e| TraceError::Attach {
         what: format!("{prog} to BTF tracepoint {name}"),
         reason: format!("{:#}", anyhow::Error::from(e)),
@@ -177,9 +187,8 @@ pub fn attach_cpu_sampler(ebpf: &mut Ebpf, frequency_hz: u64) -> Result<usize> {
         .program_mut("cpu_sample")
         .context("program cpu_sample missing from the object")?
         .try_into()?;
-    if p.fd().is_err() {
-        p.load().map_err(|e| load_error("cpu_sample", e))?;
-    }
+    let loaded = p.fd().is_ok();
+    load_once("cpu_sample", loaded, || p.load())?;
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
     for &cpu in &cpus {
         p.attach(
@@ -221,18 +230,46 @@ impl Preload {
     }
 }
 
+/// Programs the kernel refused as they were loaded ahead ([`preload`]), with why: their
+/// attach says so rather than run the verifier again (twice: aya retries a refused load
+/// with the verifier's log), on just the kernels that then take a fallback.
+static REFUSED_AHEAD: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+fn refused_ahead(prog: &str) -> Option<String> {
+    let refused = REFUSED_AHEAD.lock().ok()?;
+    refused
+        .iter()
+        .find(|(p, _)| p == prog)
+        .map(|(_, why)| why.clone())
+}
+
+/// Loads a program its caller found `loaded` or not, unless it was refused ahead.
+fn load_once(
+    prog: &str,
+    loaded: bool,
+    load: impl FnOnce() -> std::result::Result<(), ProgramError>,
+) -> Result<()> {
+    if loaded {
+        return Ok(());
+    }
+    if let Some(why) = refused_ahead(prog) {
+        return Err(TraceError::BpfLoad(why).into());
+    }
+    load().map_err(|e| load_error(prog, e))
+}
+
 /// Loads `wanted` (heaviest first) on as many threads as there are CPUs (at most four), before
 /// their families attach them: the verifier is most of the time to attach (the scheduler
 /// switch alone ~170 ms here, ~0.5 s in all of ~0.77 s), and it verifies one program per
-/// thread. The attach helpers skip a loaded program. A program that fails here is left
-/// unloaded: its family's attach loads it again and reports why, or takes its fallback. `btf`:
-/// the kernel's, for the BTF tracepoint programs (without it they are left to their family).
+/// thread. The attach helpers skip a loaded program, and report a refused one as its own load
+/// would have (then its family takes its fallback, as before). `btf`: the kernel's, for the
+/// BTF tracepoint programs (without it they are left to their family).
 pub fn preload(ebpf: &mut Ebpf, btf: Option<&aya::Btf>, wanted: &[Preload]) {
     use aya::programs::Program;
     let mut progs: std::collections::HashMap<&str, &mut Program> = ebpf.programs_mut().collect();
-    let jobs: Vec<(&mut Program, Option<&str>)> = wanted
+    let jobs: Vec<(&str, &mut Program, Option<&str>)> = wanted
         .iter()
-        .filter_map(|w| Some((progs.remove(w.prog)?, w.btf_tracepoint)))
+        .filter_map(|w| Some((w.prog, progs.remove(w.prog)?, w.btf_tracepoint)))
         .collect();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -241,19 +278,30 @@ pub fn preload(ebpf: &mut Ebpf, btf: Option<&aya::Btf>, wanted: &[Preload]) {
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {
-                let Some((p, tp)) = queue.lock().ok().and_then(|mut q| q.next()) else {
+                let Some((prog, p, tp)) = queue.lock().ok().and_then(|mut q| q.next()) else {
                     return;
                 };
-                // Errors are left to the family's own load (see above).
-                let _ = match (p, tp, btf) {
+                let res = match (p, tp, btf) {
+                    (Program::BtfTracePoint(_), Some(_), Some(_)) if refused_by_request(prog) => {
+                        if let Ok(mut r) = REFUSED_AHEAD.lock() {
+                            r.push((prog.to_string(), refusal_ahead_by_request(prog)));
+                        }
+                        continue;
+                    }
                     (Program::BtfTracePoint(p), Some(tp), Some(btf)) if p.fd().is_err() => {
                         p.load(tp, btf)
                     }
                     (Program::RawTracePoint(p), None, _) if p.fd().is_err() => p.load(),
                     (Program::TracePoint(p), None, _) if p.fd().is_err() => p.load(),
                     (Program::PerfEvent(p), None, _) if p.fd().is_err() => p.load(),
-                    _ => Ok(()),
+                    _ => continue,
                 };
+                if let Err(e) = res {
+                    let why = format!("{:#}", load_error(prog, e));
+                    if let Ok(mut r) = REFUSED_AHEAD.lock() {
+                        r.push((prog.to_string(), why));
+                    }
+                }
             });
         }
     });

@@ -258,7 +258,8 @@ fn trace(
         },
         processes: &infos,
         cpu: &cpu,
-        drops: drop_rows(drops.clone(), skips.clone()),
+        // Filled in once the families finished (below).
+        drops: Vec::new(),
         blind_spots: vec![],
         warnings: vec![],
         top: args.top,
@@ -287,11 +288,9 @@ fn trace(
         f.finish(&mut ebpf, &mut finish_ctx, &mut data)
             .with_context(|| format!("collect the {} data", f.name()))?;
     }
-    // Read again: the block completions stay on through the end's drain (up to 250 ms) and
-    // the CUDA probes until the report is out, and what they lost meanwhile counts too
-    // (`collect::settle_drops`).
-    // Programs unloaded since no longer show their skips: the earlier read keeps them.
-    let skips = collect::merge_skips(skips, collect::kernel_skips(&ebpf));
+    // Read again for what stays on for the report (`collect::settle_drops`). The kernel's
+    // skips keep their read as the trace ended: the programs they would add to now (the CPU
+    // sampler, the process events) count past the report's window.
     data.report.drops = drop_rows(collect::settle_drops(drops, collect::drops(&ebpf)?), skips);
     crate::overhead::complete(&mut data.report);
     // Verdicts first, so that they weigh every process followed, not only those listed.

@@ -83,11 +83,11 @@ impl Uprobes {
             beside(ebpf);
             Err("GPUTRACE_UPROBE_MULTI=0".to_string())
         } else {
-            // The maps' fds are read first, and stay open while `beside` runs: it takes none.
+            // The maps' fds are copied first: `beside` has `ebpf` meanwhile.
             let fds = map_fds(ebpf);
             std::thread::scope(|s| {
                 let h = s.spawn(|| {
-                    load_multi(&fds, object, progs).and_then(|m| {
+                    load_multi(&fds?, object, progs).and_then(|m| {
                         check_link(&m)?;
                         Ok(m)
                     })
@@ -289,17 +289,25 @@ fn map_data(m: &Map) -> &MapData {
     }
 }
 
-/// Relocates the object against `ebpf`'s maps (what aya did for its own copies) and loads
-/// `progs` for uprobe_multi links.
-/// Each map's fd by name, for [`load_multi`]'s relocations.
-fn map_fds(ebpf: &Ebpf) -> HashMap<String, i32> {
+/// Each map's fd by name, for [`load_multi`]'s relocations: copies of aya's, so that they stay
+/// open whatever is done with the maps meanwhile.
+fn map_fds(ebpf: &Ebpf) -> Result<HashMap<String, OwnedFd>> {
     ebpf.maps()
-        .map(|(name, m)| (name.to_string(), map_data(m).fd().as_fd().as_raw_fd()))
+        .map(|(name, m)| {
+            let fd = map_data(m)
+                .fd()
+                .as_fd()
+                .try_clone_to_owned()
+                .with_context(|| format!("copy the fd of map {name}"))?;
+            Ok((name.to_string(), fd))
+        })
         .collect()
 }
 
+/// Relocates the object against the maps `fds` holds (what aya did for its own copies) and
+/// loads `progs` for uprobe_multi links.
 fn load_multi(
-    fds: &HashMap<String, i32>,
+    fds: &HashMap<String, OwnedFd>,
     object: &[u8],
     progs: &[&'static str],
 ) -> Result<HashMap<&'static str, MultiProgram>> {
@@ -319,9 +327,10 @@ fn load_multi(
         .maps
         .iter()
         .map(|(name, m)| {
-            let fd = *fds
+            let fd = fds
                 .get(name)
-                .with_context(|| format!("map {name} not created (or taken) yet"))?;
+                .with_context(|| format!("map {name} not created (or taken) yet"))?
+                .as_raw_fd();
             Ok((name.clone(), fd, m.clone()))
         })
         .collect::<Result<Vec<_>>>()?;

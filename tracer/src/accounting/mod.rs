@@ -720,7 +720,7 @@ impl Accounting {
     fn attach_btf_set(
         &mut self,
         ebpf: &mut Ebpf,
-        btf: &Result<aya::Btf>,
+        btf: &Result<&aya::Btf>,
         set: &[(&'static str, &str)],
     ) -> Result<()> {
         let btf = btf.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
@@ -769,7 +769,7 @@ impl Accounting {
     fn attach_btf_raw_or_classic(
         &mut self,
         ebpf: &mut Ebpf,
-        btf: &Result<aya::Btf>,
+        btf: &Result<&aya::Btf>,
         set: &[(&'static str, &str)],
         raw: &[(&'static str, &str)],
         classic: &[(&'static str, &str, &str)],
@@ -918,7 +918,7 @@ impl Accounting {
     fn attach_syscalls(
         &mut self,
         ebpf: &mut Ebpf,
-        btf: &Result<aya::Btf>,
+        btf: &Result<&aya::Btf>,
         typed: bool,
         verbose: bool,
     ) -> Result<()> {
@@ -1180,10 +1180,14 @@ impl ProbeFamily for Accounting {
             offsets.map_or(Some("no offsets".to_string()), |o| o.issue_program.clone());
         let verbose = ctx.args.verbose;
         // Read only when some set may use it (the classic sets need none), and only once.
-        let btf = if classic.is_none() || block_classic.is_none() {
+        let read;
+        let btf: Result<&aya::Btf> = if classic.is_none() || block_classic.is_none() {
             match ctx.btf {
-                Some(b) if typed_btf_wanted() => Ok(b.clone()),
-                _ => typed_btf(),
+                Some(b) if typed_btf_wanted() => Ok(b),
+                _ => {
+                    read = typed_btf();
+                    read.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))
+                }
             }
         } else {
             Err(anyhow::anyhow!("not needed"))

@@ -213,7 +213,7 @@ fn thread_parts(
 /// caught by one sample is not what the budget is about.
 pub fn costliest_thread(r: &Report, launches: &[&str], min_alive_ns: u64) -> Option<ThreadCost> {
     let o = r.overhead.as_ref()?;
-    let mut best: Option<ThreadCost> = None;
+    let mut best: Option<(f64, ThreadCost)> = None;
     for p in &r.processes {
         let requests: u64 = p.block_io.iter().map(|b| b.requests).sum();
         let waits: u64 = p.threads.iter().map(io_waits).sum();
@@ -230,23 +230,27 @@ pub fn costliest_thread(r: &Report, launches: &[&str], min_alive_ns: u64) -> Opt
             let parts = thread_parts(r, o, p.pid, t, mine, launches);
             let ns: u64 = parts.iter().map(|p| p.ns).sum();
             let stretch = t.time.as_ref().map_or(1.0, contention);
-            // The model stretches CPU time by the thread's preempted waits; where that puts
-            // the probes past its whole life (a syscall storm beside CPU hogs), they took at
-            // most all of it.
-            let share = (ns as f64 * stretch / alive as f64).min(1.0);
-            if best.as_ref().is_none_or(|b| share > b.estimated) {
-                best = Some(ThreadCost {
-                    pid: p.pid,
-                    tid: t.tid,
-                    comm: t.comm.clone(),
-                    estimated: share,
-                    parts,
-                    contention: (stretch >= CONTENTION_SHOWN).then_some(stretch),
-                });
+            let share = ns as f64 * stretch / alive as f64;
+            if best.as_ref().is_none_or(|(s, _)| share > *s) {
+                best = Some((
+                    share,
+                    ThreadCost {
+                        pid: p.pid,
+                        tid: t.tid,
+                        comm: t.comm.clone(),
+                        // The model stretches CPU time by the thread's preempted waits; where
+                        // that puts the probes past its whole life (a syscall storm beside CPU
+                        // hogs), they took at most all of it. Compared uncapped: of two such
+                        // threads, the one whose probes cost more is named.
+                        estimated: share.min(1.0),
+                        parts,
+                        contention: (stretch >= CONTENTION_SHOWN).then_some(stretch),
+                    },
+                ));
             }
         }
     }
-    best
+    best.map(|(_, c)| c)
 }
 
 #[cfg(test)]
