@@ -102,9 +102,6 @@ pub fn attach_raw_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<
         .program_mut(prog)
         .with_context(|| format!("program {prog} missing from the object"))?
         .try_into()?;
-    if refused_by_request(prog) {
-        return Err(TraceError::BpfLoad(refusal_by_request(prog)).into());
-    }
     let loaded = p.fd().is_ok();
     load_once(prog, loaded, || p.load())?;
     let id = p.attach(name).map_err(|e| TraceError::Attach {
@@ -114,11 +111,11 @@ pub fn attach_raw_tracepoint(ebpf: &mut Ebpf, prog: &str, name: &str) -> Result<
     Ok(TpLink::Raw(id))
 }
 
-/// GPUTRACE_REFUSE_PROGRAMS=a,b: the raw and BTF tracepoint programs named fail to load, as
-/// on a kernel whose verifier refuses them (`sched_switch` walked 87% of the verifier's limit
-/// here before its rare paths became global functions), so that the fallbacks are tested:
-/// from BTF to raw, and from raw to classic. A BTF one is refused as it is loaded ahead
-/// ([`preload`]), as a kernel would refuse it there.
+/// GPUTRACE_REFUSE_PROGRAMS=a,b: the programs named fail to load, as on a kernel whose
+/// verifier refuses them (`sched_switch` walked 87% of the verifier's limit here before its
+/// rare paths became global functions), so that the fallbacks are tested: from BTF to raw,
+/// and from raw to classic. Refused as they are loaded ahead ([`preload`]), as a kernel would
+/// refuse them there, else at their own load ([`load_once`]).
 fn refused_by_request(prog: &str) -> bool {
     std::env::var("GPUTRACE_REFUSE_PROGRAMS").is_ok_and(|v| v.split(',').any(|p| p == prog))
 }
@@ -169,10 +166,6 @@ pub fn attach_btf_tracepoint(
         .with_context(|| format!("program {prog} missing from the object"))?
         .try_into()?;
     let loaded = p.fd().is_ok();
-    // Where it was not loaded ahead: the loads ahead refuse it there (`preload`).
-    if !loaded && refused_ahead(prog).is_none() && refused_by_request(prog) {
-        return Err(TraceError::BpfLoad(refusal_by_request(prog)).into());
-    }
     load_once(prog, loaded, || p.load(name, btf))?;
     let id = p.attach().map_err(|e| TraceError::Attach {
         what: format!("{prog} to BTF tracepoint {name}"),
@@ -243,7 +236,8 @@ fn refused_ahead(prog: &str) -> Option<String> {
         .map(|(_, why)| why.clone())
 }
 
-/// Loads a program its caller found `loaded` or not, unless it was refused ahead.
+/// Loads a program its caller found `loaded` or not, unless it was refused ahead (or its
+/// refusal is asked for: [`refused_by_request`]).
 fn load_once(
     prog: &str,
     loaded: bool,
@@ -254,6 +248,9 @@ fn load_once(
     }
     if let Some(why) = refused_ahead(prog) {
         return Err(TraceError::BpfLoad(why).into());
+    }
+    if refused_by_request(prog) {
+        return Err(TraceError::BpfLoad(refusal_by_request(prog)).into());
     }
     load().map_err(|e| load_error(prog, e))
 }
@@ -281,13 +278,13 @@ pub fn preload(ebpf: &mut Ebpf, btf: Option<&aya::Btf>, wanted: &[Preload]) {
                 let Some((prog, p, tp)) = queue.lock().ok().and_then(|mut q| q.next()) else {
                     return;
                 };
-                let res = match (p, tp, btf) {
-                    (Program::BtfTracePoint(_), Some(_), Some(_)) if refused_by_request(prog) => {
-                        if let Ok(mut r) = REFUSED_AHEAD.lock() {
-                            r.push((prog.to_string(), refusal_ahead_by_request(prog)));
-                        }
-                        continue;
+                if refused_by_request(prog) {
+                    if let Ok(mut r) = REFUSED_AHEAD.lock() {
+                        r.push((prog.to_string(), refusal_ahead_by_request(prog)));
                     }
+                    continue;
+                }
+                let res = match (p, tp, btf) {
                     (Program::BtfTracePoint(p), Some(tp), Some(btf)) if p.fd().is_err() => {
                         p.load(tp, btf)
                     }

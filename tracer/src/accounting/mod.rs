@@ -187,10 +187,22 @@ fn sched_btf_set(wakeup_needed: bool) -> Vec<(&'static str, &'static str)> {
         .collect()
 }
 
-/// Which block tracepoints get a program: the issue only where it must stamp requests
-/// itself, the remap only where a stacked device needs it ([`remap_needed`]).
-fn block_keep(issue: bool, remap: bool) -> impl Fn(&str) -> bool {
-    move |tp| (issue || tp != "block_rq_issue") && (remap || tp != "block_bio_remap")
+/// The block programs on BTF and on raw tracepoints, (program, tracepoint): the issue only
+/// where it must stamp requests itself, the remap only where a stacked device needs it
+/// ([`remap_needed`]).
+type TpSet = Vec<(&'static str, &'static str)>;
+fn block_sets(issue: bool, remap: bool) -> (TpSet, TpSet) {
+    let keep = |tp: &str| (issue || tp != "block_rq_issue") && (remap || tp != "block_bio_remap");
+    let btf = BLOCK_BTF_PROGRAMS
+        .into_iter()
+        .filter(|(_, tp)| keep(tp))
+        .collect();
+    let raw = BLOCK_RAW_PROGRAMS
+        .map(|(prog, tp, _)| (prog, tp))
+        .into_iter()
+        .filter(|(_, tp)| keep(tp))
+        .collect();
+    (btf, raw)
 }
 
 /// Whether `block_bio_remap` runs: where a stacked device passes its bios on to another
@@ -460,6 +472,8 @@ impl Offsets {
 
 pub struct Accounting {
     offsets: std::result::Result<Offsets, String>,
+    /// Whether the block set has its remap program ([`remap_needed`]), decided once.
+    remap: bool,
     /// (tgid, tid) -> thread name, read while the threads are alive.
     comms: BTreeMap<u32, (u32, String)>,
     /// (tgid, fd, generation) -> the file, read from /proc while that generation was open.
@@ -518,6 +532,7 @@ impl Accounting {
             sys_cost_ns: syscall_gate::SYSCALL_COST_NS,
             fd_bump_failed: None,
             offsets: Offsets::read().map_err(|e| format!("{e:#}")),
+            remap: remap_needed(),
             comms: BTreeMap::new(),
             renames_seen: None,
             reread_names: false,
@@ -1152,17 +1167,15 @@ impl ProbeFamily for Accounting {
             v.push(bpf::Preload::plain("sys_exit"));
         }
         if o.block_classic.is_none() && tracefs::exists("block", "block_rq_issue") {
-            let keep = block_keep(o.issue_program.is_some(), remap_needed());
+            let (btf_set, raw) = block_sets(o.issue_program.is_some(), self.remap);
             if typed {
-                for (prog, tp) in BLOCK_BTF_PROGRAMS.into_iter().filter(|(_, tp)| keep(tp)) {
-                    v.push(bpf::Preload::btf(prog, tp));
-                }
+                v.extend(
+                    btf_set
+                        .into_iter()
+                        .map(|(prog, tp)| bpf::Preload::btf(prog, tp)),
+                );
             } else {
-                for (prog, tp, _) in BLOCK_RAW_PROGRAMS {
-                    if keep(tp) {
-                        v.push(bpf::Preload::plain(prog));
-                    }
-                }
+                v.extend(raw.into_iter().map(|(prog, _)| bpf::Preload::plain(prog)));
             }
         }
         v.extend(TASK_PROGRAMS.map(|(prog, _, _)| bpf::Preload::plain(prog)));
@@ -1266,23 +1279,14 @@ impl ProbeFamily for Accounting {
             ));
         }
         if tracefs::exists("block", "block_rq_issue") {
-            let remap = remap_needed();
+            let remap = self.remap;
             let classic: Vec<_> = BLOCK_TP_PROGRAMS
                 .into_iter()
                 .filter(|(_, _, tp)| remap || *tp != "block_bio_remap")
                 .collect();
             match block_classic {
                 None => {
-                    let keep = block_keep(issue_program.is_some(), remap);
-                    let btf_set: Vec<_> = BLOCK_BTF_PROGRAMS
-                        .into_iter()
-                        .filter(|(_, tp)| keep(tp))
-                        .collect();
-                    let raw: Vec<_> = BLOCK_RAW_PROGRAMS
-                        .map(|(prog, name, _)| (prog, name))
-                        .into_iter()
-                        .filter(|(_, tp)| keep(tp))
-                        .collect();
+                    let (btf_set, raw) = block_sets(issue_program.is_some(), remap);
                     self.attach_btf_raw_or_classic(
                         ebpf, &btf, &btf_set, &raw, &classic, "block", verbose,
                     )?;
