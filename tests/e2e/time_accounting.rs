@@ -146,6 +146,9 @@ fn a_btf_program_refused_as_it_is_loaded_ahead_leaves_its_set_on_raw_tracepoints
         "{programs:?}"
     );
     assert!(programs.contains(&"sys_enter_btf"), "{programs:?}");
+    // The fallback was not loaded ahead: its verifier runs at its attach, and `-v` says so.
+    let late = verified_at_attach(&run.stderr);
+    assert!(late.contains(&"sched_switch".to_string()), "{late:?}");
     // The books still balance on the raw set.
     let p = &r["processes"][0];
     let t = &p["threads"][0]["time"];
@@ -154,6 +157,51 @@ fn a_btf_program_refused_as_it_is_loaded_ahead_leaves_its_set_on_raw_tracepoints
         t["accounted_ns"].as_f64().unwrap(),
     );
     assert!((alive - accounted).abs() <= 0.01 * alive, "{t:#}");
+}
+
+/// The programs `-v` says were verified at their own attach, not loaded ahead.
+fn verified_at_attach(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("programs verified at their attach, not ahead: "))
+        .flat_map(|l| l.rsplit(": ").next().unwrap_or("").split(", "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every program a plain trace attaches is loaded ahead, on every CPU, before the families
+/// attach: the loads-ahead lists are written beside each family's attach, and a program left
+/// off them is verified alone at its attach (the scheduler's switch ~170 ms here), which no
+/// result shows but the time to start. The BTF and the raw sets, the block layer's issue
+/// program and the wake-up program each take a list of their own.
+#[test]
+fn a_plain_trace_verifies_every_program_ahead_of_its_attach() {
+    let _g = serial();
+    if !require_root("a_plain_trace_verifies_every_program_ahead_of_its_attach") {
+        return;
+    }
+    for env in [
+        vec![],
+        vec![("GPUTRACE_BTF_TRACEPOINTS", "0")],
+        vec![
+            ("GPUTRACE_BLOCK_ISSUE", "1"),
+            ("GPUTRACE_SCHED_WAKEUP", "1"),
+        ],
+    ] {
+        let run = gputrace_env(&["-v", "--", "sleep", "0.1"], &env);
+        assert_eq!(run.code(), 0, "{env:?} stderr:\n{}", run.stderr);
+        assert!(
+            run.stderr.contains("programs loaded ahead in "),
+            "{env:?} stderr:\n{}",
+            run.stderr
+        );
+        let late = verified_at_attach(&run.stderr);
+        assert!(
+            late.is_empty(),
+            "{env:?}: {late:?}\nstderr:\n{}",
+            run.stderr
+        );
+    }
 }
 
 /// The scheduler, syscall and block programs read the kernel's structs with plain loads on BTF

@@ -252,7 +252,24 @@ fn load_once(
     if refused_by_request(prog) {
         return Err(TraceError::BpfLoad(refusal_by_request(prog)).into());
     }
+    if let Ok(mut l) = LOADED_AT_ATTACH.lock() {
+        l.push(prog.to_string());
+    }
     load().map_err(|e| load_error(prog, e))
+}
+
+/// Programs verified at their own attach, not ahead: each costs the start its whole verifier
+/// run on one CPU (the scheduler's switch ~170 ms here). The loads-ahead list is written
+/// beside each family's attach, not derived from it, so this is how a divergence shows
+/// (`-v`, and an e2e test).
+static LOADED_AT_ATTACH: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// The programs loaded at their attach so far ([`LOADED_AT_ATTACH`]).
+pub fn loaded_at_attach() -> Vec<String> {
+    LOADED_AT_ATTACH
+        .lock()
+        .map(|l| l.clone())
+        .unwrap_or_default()
 }
 
 /// Loads `wanted` (heaviest first) on as many threads as there are CPUs (at most four), before

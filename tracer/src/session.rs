@@ -184,6 +184,14 @@ fn trace(
             "gputrace: attached in {attach_ms:.1} ms to {} process(es) on {cpus} CPUs",
             initial.len()
         );
+        let late = bpf::loaded_at_attach();
+        if !late.is_empty() {
+            crate::note!(
+                "gputrace: {} programs verified at their attach, not ahead: {}",
+                late.len(),
+                late.join(", ")
+            );
+        }
     }
     if let Some(l) = launched {
         for f in families.iter_mut() {

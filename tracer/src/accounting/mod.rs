@@ -717,6 +717,15 @@ fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32, u64)> {
 
 /// Whether the BTF tracepoint programs are tried (GPUTRACE_BTF_TRACEPOINTS=0: none, to run
 /// the raw ones).
+/// `task_rename`'s `pid` field in its record (0 where the kernel has no such tracepoint or
+/// field: the offset `Offsets::read` resolved is then the common fields').
+fn rename_pid(o: &Offsets) -> u32 {
+    o.globals
+        .iter()
+        .find(|(name, _)| *name == "OFF_RN_PID")
+        .map_or(0, |(_, off)| *off)
+}
+
 fn typed_btf_wanted() -> bool {
     !std::env::var("GPUTRACE_BTF_TRACEPOINTS").is_ok_and(|v| v == "0")
 }
@@ -1179,6 +1188,9 @@ impl ProbeFamily for Accounting {
             }
         }
         v.extend(TASK_PROGRAMS.map(|(prog, _, _)| bpf::Preload::plain(prog)));
+        if rename_pid(o) != 0 {
+            v.push(bpf::Preload::plain("task_rename"));
+        }
         v
     }
 
@@ -1234,12 +1246,7 @@ impl ProbeFamily for Accounting {
         // Without it (a kernel with no task_rename, or one whose record has no `pid`: the
         // offset Offsets::read resolved is then 0, where the common fields sit), names are
         // read again at every look.
-        let rename_pid = self
-            .offsets
-            .as_ref()
-            .ok()
-            .and_then(|o| o.globals.iter().find(|(name, _)| *name == "OFF_RN_PID"))
-            .map_or(0, |(_, off)| *off);
+        let rename_pid = self.offsets.as_ref().map_or(0, rename_pid);
         if rename_pid != 0
             && bpf::attach_tracepoint(ebpf, "task_rename", "task", "task_rename").is_ok()
         {

@@ -516,6 +516,10 @@ impl ProbeFamily for CudaFamily {
         Ok(())
     }
 
+    fn preload(&self) -> Vec<crate::bpf::Preload> {
+        vec![crate::bpf::Preload::plain("cuda_thread_exit")]
+    }
+
     fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()> {
         // Loaded with the session's other uprobe programs (`Uprobes::load`).
         self.uprobes = Some(ctx.uprobes.clone());
