@@ -928,10 +928,30 @@ fn disk_full_keeps_what_fits_and_says_so() {
         return;
     }
     let hot = build_c("hot_threads", &[]);
-    let fs = Tmpfs::mount("disk-full", "size=64k,mode=0755");
-    // Fill it so that only a few KiB are left: report.json fits, the flame graph does not.
+    let fs = Tmpfs::mount("disk-full", "size=112k,mode=0755");
+    // Fill it so that only a few KiB are left (besides the earlier run's files below, a page
+    // each): report.json fits, the flame graph does not.
     let filler = vec![0u8; 40 * 1024];
     std::fs::write(fs.0.join("filler"), &filler).unwrap();
+    // An earlier run's files: none may be left to pass for this run's.
+    const STALE: &str = "an earlier run's";
+    let every = [
+        "report.json",
+        "cpu.folded",
+        "cpu.svg",
+        "report.html",
+        "trace.json",
+        "functions.csv",
+        "syscalls.csv",
+        "kernels.csv",
+        "copies.csv",
+        "offcpu.folded",
+        "offcpu.svg",
+        "wall.svg",
+    ];
+    for n in every {
+        std::fs::write(fs.0.join(n), STALE).unwrap();
+    }
     let mut live = Live::start(&[
         "-v",
         "--output",
@@ -976,6 +996,24 @@ fn disk_full_keeps_what_fits_and_says_so() {
         let text = std::fs::read_to_string(fs.0.join("report.json")).unwrap();
         serde_json::from_str::<serde_json::Value>(&text).expect("a kept report.json is whole");
     }
+    // Each file is this run's or gone, and the line names each one that failed.
+    for n in every {
+        let Ok(text) = std::fs::read(fs.0.join(n)) else {
+            assert!(lines[0].contains(n), "{n} failed unnamed: {}", lines[0]);
+            continue;
+        };
+        assert_ne!(
+            text,
+            STALE.as_bytes(),
+            "{n}: the earlier run's file was left"
+        );
+        assert!(kept.iter().any(|k| *k == n), "{n}");
+    }
+    assert!(
+        lines[0].contains("removed an earlier run's"),
+        "{}",
+        lines[0]
+    );
     assert_released(&held, live.pid());
 }
 

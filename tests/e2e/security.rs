@@ -20,17 +20,34 @@ fn refuses_to_run_setuid() {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = dir.join("gputrace");
     std::fs::copy(GPUTRACE, &bin).unwrap();
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o4755)).unwrap();
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(&bin)
-        .args(["--pid", "1", "-d", "1s"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(err.contains("setuid"), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
+    // Every subcommand: `demo` makes directories and loads a library its command line names,
+    // `diff` reads the files it is given (here one only root may read), `check` loads programs.
+    let made = dir.join("made-by-demo");
+    let runs: [&[&str]; 5] = [
+        &["--pid", "1", "-d", "1s"],
+        &["demo", "--seconds", "1", "-o", made.to_str().unwrap()],
+        &["diff", "/etc/shadow", "/etc/shadow"],
+        &["check"],
+        &["--help"],
+    ];
+    // Setuid root, and setgid root: the caller's group is not root's.
+    for mode in [0o4755, 0o2755] {
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(mode)).unwrap();
+        for args in runs {
+            let out = Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(&bin)
+                .args(args)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(3), "{mode:o} {args:?}: {err}");
+            assert!(err.contains("setuid"), "{mode:o} {args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{mode:o} {args:?}: {err}");
+            assert!(out.stdout.is_empty(), "{mode:o} {args:?}");
+        }
+    }
+    assert!(!made.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -114,4 +131,98 @@ fn planted_links_are_never_followed() {
     run.report(&dir);
     assert_eq!(std::fs::metadata(dir.join("cpu.svg")).unwrap().nlink(), 1);
     assert!(Path::new(&v2).exists());
+}
+
+/// The output directory is opened once, before the trace, and written through that handle:
+/// a trailing slash or `/.` does not get a link past the check, a link another user could
+/// have planted on the way is refused (one root or the user made, as `/var/run`, is
+/// followed), and the directory renamed mid-trace with a link put in its place does not move
+/// where the reports go.
+#[test]
+fn output_paths_through_links_and_renames() {
+    let _g = serial();
+    if !require_root("output_paths_through_links_and_renames") {
+        return;
+    }
+    let base = out_dir("link-paths");
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let victim = base.join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    let as_nobody = |args: &[&str]| {
+        let st = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(st.success(), "{args:?}");
+    };
+    let refused = |dir: &Path, why: &str| {
+        let run = gputrace(&["-o", dir.to_str().unwrap(), "--", "true"]);
+        assert_eq!(run.code(), 6, "{}: {}", dir.display(), run.stderr);
+        assert!(
+            run.stderr.contains(why),
+            "{}: {}",
+            dir.display(),
+            run.stderr
+        );
+        assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    };
+    // The output directory a link, however it is spelled.
+    std::os::unix::fs::symlink(&victim, base.join("planted")).unwrap();
+    for spelled in ["planted", "planted/", "planted/.", "victim/../planted/"] {
+        refused(&base.join(spelled), "is a symbolic link");
+    }
+    // A link on the way that another user made, in a sticky world-writable directory (as
+    // /tmp) and in a directory they own.
+    let sticky = base.join("sticky");
+    std::fs::create_dir(&sticky).unwrap();
+    std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let theirs = base.join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    for d in [&sticky, &theirs] {
+        let link = d.join("evil");
+        as_nobody(&["ln", "-s", victim.to_str().unwrap(), link.to_str().unwrap()]);
+        refused(&link.join("out"), "another user could have planted");
+    }
+    assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 0);
+    // Root's own link on the way is followed.
+    std::os::unix::fs::symlink(&victim, base.join("ours")).unwrap();
+    let run = gputrace(&["-o", base.join("ours/sub").to_str().unwrap(), "--", "true"]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    run.report(&victim.join("sub"));
+    // Renamed mid-trace by the other user, a link to the victim put in its place: the reports
+    // go where the directory went.
+    let out = theirs.join("out");
+    let script = format!(
+        "sleep 0.3; mv {0} {0}.old; ln -s {1} {0}; sleep 0.2",
+        out.display(),
+        victim.join("later").display()
+    );
+    std::fs::create_dir(victim.join("later")).unwrap();
+    let run = gputrace(&[
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    assert!(
+        std::fs::symlink_metadata(&out)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the swap did not happen"
+    );
+    run.report(&theirs.join("out.old"));
+    assert_eq!(std::fs::read_dir(victim.join("later")).unwrap().count(), 0);
+    let _ = std::fs::remove_dir_all(&base);
 }

@@ -59,14 +59,26 @@ pub const NO_SAMPLING: f64 = 1.0;
 /// Parses `2%`, `0.5%`, `100%` or a fraction like `0.02`.
 pub fn parse_budget(s: &str) -> Result<f64, String> {
     let t = s.trim();
-    let v = match t.strip_suffix('%') {
-        Some(p) => p.trim().parse::<f64>().map(|v| v / 100.0),
-        None => t.parse::<f64>(),
-    }
-    .map_err(|_| format!("`{s}` is not an overhead budget (try 2% or 0.5%)"))?;
-    if !(v > 0.0 && v.is_finite()) {
+    let (number, percent) = match t.strip_suffix('%') {
+        Some(p) => (p.trim(), true),
+        None => (t, false),
+    };
+    let v = number
+        .parse::<f64>()
+        .ok()
+        .filter(|v| !v.is_nan())
+        .map(|v| if percent { v / 100.0 } else { v })
+        .ok_or_else(|| format!("`{s}` is not an overhead budget (try 2% or 0.5%)"))?;
+    if v <= 0.0 {
         return Err(format!("`{s}`: the overhead budget must be above 0%"));
     }
+    // A bare number is a fraction: `2` meant as 2% would have been read as 200% (no sampling).
+    if !percent && v > 1.0 {
+        return Err(format!(
+            "`{s}`: give the budget as a percentage ({s}%) or as a fraction up to 1"
+        ));
+    }
+    // Anything from 100% up (infinity included) samples nothing.
     Ok(v.min(NO_SAMPLING))
 }
 
@@ -875,6 +887,13 @@ mod tests {
         assert!(parse_budget("0%").is_err());
         assert!(parse_budget("-1%").is_err());
         assert!(parse_budget("two").is_err());
+        // A bare number above 1 is not taken as a percentage, nor as more than 100%.
+        assert!(parse_budget("2").unwrap_err().contains("2%"));
+        assert_eq!(parse_budget("1").unwrap(), 1.0);
+        assert!(parse_budget("NaN%").is_err());
+        assert!(parse_budget("nan").is_err());
+        assert_eq!(parse_budget("1e400%").unwrap(), 1.0);
+        assert!(parse_budget("1e400").is_err());
     }
 
     #[test]

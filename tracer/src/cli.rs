@@ -150,11 +150,54 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if !(secs > 0.0 && secs.is_finite()) {
         return Err(format!("`{s}`: the duration must be positive"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if d.is_zero() => Err(format!("`{s}`: the duration is shorter than a nanosecond")),
+        // A deadline this far off is added to the clock, which a few hundred years overflow.
+        Ok(d) if d <= MAX_DURATION => Ok(d),
+        _ => Err(format!(
+            "`{s}`: the duration is too long (at most 100 years)"
+        )),
+    }
+}
+
+/// The longest duration taken: 100 years of 365 days.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// Why gputrace refuses to run: a setuid, setgid or file-capability install, where whoever
+/// runs it is not who it runs as. Every subcommand is refused, before the arguments are
+/// even parsed: `demo` creates directories and loads a library named on its command line,
+/// `diff` reads the files it is given, and each would do so with the owner's rights.
+fn insecure_install() -> Option<&'static str> {
+    // SAFETY: these calls have no preconditions. AT_SECURE is what the kernel sets for a
+    // setuid, setgid or capability-raising exec (the dynamic linker's own test).
+    let secure = unsafe { libc::getauxval(libc::AT_SECURE) } != 0;
+    let uid_differs = unsafe { libc::getuid() != libc::geteuid() };
+    let gid_differs = unsafe { libc::getgid() != libc::getegid() };
+    (secure || uid_differs || gid_differs)
+        .then_some("gputrace must not be installed setuid, setgid or with file capabilities; run it with sudo instead")
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    if let Some(why) = insecure_install() {
+        let _ = writeln!(std::io::stderr(), "gputrace: error: {why}");
+        return ExitCode::from(exit::PERMISSION);
+    }
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                e.exit();
+            }
+            let _ = writeln!(std::io::stderr(), "gputrace: {}", one_line(&e.to_string()));
+            return ExitCode::from(exit::USAGE);
+        }
+    };
     match run(cli) {
         Ok(code) => code,
         Err(err) => {
@@ -191,6 +234,31 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     crate::session::run(&args)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// clap's message on one line: its `error: ...` line and any tips (how to pass `-1` as a
+/// value), without the usage and the pointer to `--help` after them.
+fn one_line(rendered: &str) -> String {
+    let mut lines = rendered
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"));
+    let mut out = lines
+        .next()
+        .unwrap_or("error: invalid arguments")
+        .to_string();
+    for l in lines {
+        match l.strip_prefix("tip:") {
+            Some(tip) => out.push_str(&format!(" (tip:{tip})")),
+            // The arguments a "not provided:" line lists below it.
+            None => {
+                out.push(' ');
+                out.push_str(l);
+            }
+        }
+    }
+    out
 }
 
 /// A reader that closed stdout early (`gputrace --json ... | head`): written directly or
@@ -242,6 +310,33 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("abc").is_err());
         assert!(parse_duration("5parsecs").is_err());
+        let clap = "error: unexpected argument '-1' found\n\n  tip: to pass '-1' as a value, \
+                    use '-- -1'\n\nUsage: gputrace [OPTIONS] [-- <COMMAND>...]\n\nFor more \
+                    information, try '--help'.\n";
+        assert_eq!(
+            one_line(clap),
+            "error: unexpected argument '-1' found (tip: to pass '-1' as a value, use '-- -1')"
+        );
+        let missing = "error: the following required arguments were not provided:\n  <BEFORE>\n  \
+                       <AFTER>\n\nUsage: gputrace diff <BEFORE> <AFTER>\n\nFor more information, \
+                       try '--help'.\n";
+        assert_eq!(
+            one_line(missing),
+            "error: the following required arguments were not provided: <BEFORE> <AFTER>"
+        );
+        // Past what a Duration holds, and rounding to nothing: refused, not a panic or a 0 s
+        // trace.
+        assert!(parse_duration("99999999999999999999").is_err());
+        assert!(parse_duration("99999999999999999999h").is_err());
+        assert!(parse_duration("0.0000000001ms").is_err());
+        assert_eq!(
+            parse_duration("0.000001ms").unwrap(),
+            Duration::from_nanos(1)
+        );
+        // Accepted as a Duration, but past what the clock holds once added to it.
+        assert!(parse_duration("5000000000000000h").is_err());
+        assert!(parse_duration("876000h").is_ok());
+        assert!(parse_duration("876001h").is_err());
     }
 
     #[test]

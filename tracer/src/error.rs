@@ -31,8 +31,10 @@ pub enum TraceError {
     BpfLoad(String),
     #[error("the kernel refused to attach {what}: {reason}")]
     Attach { what: String, reason: String },
-    #[error("refusing to run: {0}")]
-    Refused(String),
+    #[error("pid {pid} is a thread of process {tgid}: give --pid {tgid}")]
+    ThreadId { pid: u32, tgid: u32 },
+    #[error("pid {0} is a kernel thread: gputrace traces user processes")]
+    KernelThread(u32),
 }
 
 impl TraceError {
@@ -44,7 +46,7 @@ impl TraceError {
             TraceError::Exec { .. } => exit::EXEC_FAILED,
             TraceError::Output { .. } | TraceError::OutputFile { .. } => exit::OUTPUT,
             TraceError::BpfLoad(_) | TraceError::Attach { .. } => exit::BPF,
-            TraceError::Refused(_) => exit::PERMISSION,
+            TraceError::ThreadId { .. } | TraceError::KernelThread(_) => exit::USAGE,
         }
     }
 }

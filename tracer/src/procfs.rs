@@ -85,6 +85,47 @@ pub fn parse_stat(stat: &str) -> Option<Stat> {
     })
 }
 
+/// What `--pid` was given, where it is not a user process's id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotAProcess {
+    /// A thread's id: /proc/TID resolves, though it is not listed.
+    Thread { tgid: u32 },
+    /// A kernel thread (`PF_KTHREAD`): no user memory, no syscalls of its own.
+    KernelThread,
+}
+
+/// `PF_KTHREAD` in a task's flags (stat field 9).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// Field 9 of a stat line: the task's flags.
+pub fn parse_stat_flags(stat: &str) -> Option<u64> {
+    let close = stat.rfind(')')?;
+    // `rest` begins at field 3 (the state).
+    stat.get(close + 2..)?
+        .split_whitespace()
+        .nth(6)?
+        .parse()
+        .ok()
+}
+
+/// The `Tgid:` line of /proc/PID/status.
+pub fn parse_status_tgid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Whether `pid`, alive, is not a user process's id (None where /proc does not say).
+pub fn not_a_process(pid: u32) -> Option<NotAProcess> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    if parse_stat_flags(&stat).is_some_and(|f| f & PF_KTHREAD != 0) {
+        return Some(NotAProcess::KernelThread);
+    }
+    let tgid = parse_status_tgid(&fs::read_to_string(format!("/proc/{pid}/status")).ok()?)?;
+    (tgid != pid).then_some(NotAProcess::Thread { tgid })
+}
+
 /// The earliest CLOCK_MONOTONIC ns (the clock `bpf_ktime_get_ns` reads) at which a task whose
 /// `starttime` is this may have started: the kernel rounds its boot-time start down to a clock
 /// tick (10 ms), so it started within a tick after. `None` where the tick is unknown.
@@ -532,6 +573,38 @@ mod tests {
         assert_eq!(s.comm, "a b) c)");
         assert_eq!(s.state, 'S');
         assert_eq!(s.ppid, 7);
+    }
+
+    #[test]
+    fn kernel_threads_and_thread_ids_are_told_from_processes() {
+        // kthreadd's line (PF_KTHREAD set in field 9), and a user process's.
+        let kthread = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 2 0 0";
+        assert_eq!(parse_stat_flags(kthread), Some(2129984));
+        assert_ne!(parse_stat_flags(kthread).unwrap() & PF_KTHREAD, 0);
+        let user = "42 (a b) c)) S 7 42 42 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 987654 1 2";
+        assert_eq!(parse_stat_flags(user).unwrap() & PF_KTHREAD, 0);
+        assert_eq!(parse_stat_flags("42 (x) S 7"), None);
+        assert_eq!(
+            parse_status_tgid(
+                "Name:\tpython3\nUmask:\t0022\nState:\tS\nTgid:\t15761\nPid:\t15804\n"
+            ),
+            Some(15761)
+        );
+        assert_eq!(parse_status_tgid("Name:\tx\n"), None);
+        // Ours is a process; kthreadd is a kernel thread; a thread of ours is a thread.
+        let me = std::process::id();
+        assert_eq!(not_a_process(me), None);
+        assert_eq!(not_a_process(2), Some(NotAProcess::KernelThread));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        assert_eq!(not_a_process(tid), Some(NotAProcess::Thread { tgid: me }));
+        drop(done_tx);
+        t.join().unwrap();
     }
 
     #[test]

@@ -56,12 +56,6 @@ impl EndReason {
 
 pub fn run(args: &TraceArgs) -> Result<()> {
     let started = Instant::now();
-    if unsafe { libc::getuid() != libc::geteuid() } {
-        return Err(TraceError::Refused(
-            "gputrace must not be installed setuid; run it with sudo instead".into(),
-        )
-        .into());
-    }
     if !procfs::is_privileged() {
         return Err(TraceError::NotPrivileged.into());
     }
@@ -72,10 +66,23 @@ pub fn run(args: &TraceArgs) -> Result<()> {
         if !procfs::is_alive(pid) {
             return Err(TraceError::NoSuchProcess(pid).into());
         }
+        // A thread's id would be traced as a process (its name, and its exit as the end of
+        // the trace); a kernel thread has no syscalls, and its seed read as blocked in `read`.
+        match procfs::not_a_process(pid) {
+            Some(procfs::NotAProcess::Thread { tgid }) => {
+                return Err(TraceError::ThreadId { pid, tgid }.into())
+            }
+            Some(procfs::NotAProcess::KernelThread) => {
+                return Err(TraceError::KernelThread(pid).into())
+            }
+            None => {}
+        }
     }
-    if let Some(dir) = &args.output {
-        report::prepare_output_dir(dir)?;
-    }
+    let output = args
+        .output
+        .as_deref()
+        .map(report::prepare_output_dir)
+        .transpose()?;
     let follow = !args.no_children;
 
     // Launched before loading so its pid can be put in the traced set; it waits for us to exec.
@@ -88,7 +95,7 @@ pub fn run(args: &TraceArgs) -> Result<()> {
         Some(l) => vec![l.pid],
         None => args.pids.clone(),
     };
-    let result = trace(args, &roots, launched, follow, started);
+    let result = trace(args, output.as_ref(), &roots, launched, follow, started);
     if result.is_err() {
         // A launched command must not be left waiting for a release that never comes.
         if !args.command.is_empty() {
@@ -103,6 +110,7 @@ pub fn run(args: &TraceArgs) -> Result<()> {
 
 fn trace(
     args: &TraceArgs,
+    output: Option<&report::OutputDir>,
     roots: &[u32],
     launched: Option<Launched>,
     follow: bool,
@@ -306,10 +314,7 @@ fn trace(
     bound_report(&mut data, &tracker);
 
     // Files first: a reader that closes stdout early (`| head`) must not cost the report.
-    let written = args
-        .output
-        .as_ref()
-        .map(|dir| (dir, report::write_all(dir, &data)));
+    let written = output.map(|dir| (dir.path(), report::write_all(dir, &data)));
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &data.report)?;

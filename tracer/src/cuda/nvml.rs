@@ -38,8 +38,14 @@ struct Sampled {
     process_util: BTreeMap<u32, BTreeMap<u32, (u64, u64)>>,
 }
 
+/// The shortest wait between two NVML samples.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
+
 impl Sampler {
     pub fn start(interval: Duration) -> Sampler {
+        // NVML refreshes its utilisation counters every ~1/6 s: a shorter wait only spins the
+        // sampling thread (a 1 ns `--nvml-interval` was a busy loop).
+        let interval = interval.max(MIN_INTERVAL);
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let lib = std::env::var_os(LIB_ENV);

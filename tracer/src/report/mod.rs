@@ -9,6 +9,7 @@ pub mod flamegraph;
 pub mod folded;
 pub mod html;
 pub mod model;
+pub mod outdir;
 #[cfg(test)]
 pub mod snapshot;
 pub mod terminal;
@@ -17,11 +18,11 @@ pub mod trace_event;
 pub mod units;
 
 use std::{
-    fs::{self, OpenOptions},
+    fs,
     io::{BufWriter, Write},
-    os::unix::{
-        ffi::OsStrExt,
-        fs::{OpenOptionsExt, PermissionsExt},
+    os::{
+        fd::{AsRawFd, FromRawFd},
+        unix::fs::PermissionsExt,
     },
     path::{Path, PathBuf},
 };
@@ -29,6 +30,7 @@ use std::{
 use anyhow::Result;
 
 use crate::{aggregate::cpu::CpuProfile, error::TraceError};
+pub use outdir::OutputDir;
 
 /// Everything an exporter may render.
 pub struct ReportData {
@@ -187,47 +189,44 @@ pub fn exporters() -> Vec<Box<dyn Exporter>> {
     ]
 }
 
-/// Creates the output directory (or checks an existing one) before tracing starts, so an
-/// unwritable directory fails in a second, not after a ten-minute trace. Directories it creates
-/// belong to the user who ran sudo.
-pub fn prepare_output_dir(dir: &Path) -> Result<()> {
+/// Opens the output directory (creating what is missing) before tracing starts, so an
+/// unwritable directory fails in a second, not after a ten-minute trace; the reports are
+/// written through the handle it returns (`outdir`). Directories it creates belong to the
+/// user who ran sudo.
+pub fn prepare_output_dir(dir: &Path) -> Result<OutputDir> {
     let err = |reason: String| TraceError::Output {
         path: dir.to_path_buf(),
         reason,
     };
-    if let Ok(meta) = fs::symlink_metadata(dir) {
-        if !meta.is_dir() {
-            return Err(err("exists and is not a directory".into()).into());
-        }
-    } else {
-        let missing: Vec<PathBuf> = dir
-            .ancestors()
-            .take_while(|a| !a.as_os_str().is_empty() && fs::symlink_metadata(a).is_err())
-            .map(Path::to_path_buf)
-            .collect();
-        fs::create_dir_all(dir).map_err(|e| err(e.to_string()))?;
-        if let Some((uid, gid)) = sudo_owner() {
-            for d in &missing {
-                let c = std::ffi::CString::new(d.as_os_str().as_bytes())
-                    .map_err(|_| err("path contains a NUL byte".into()))?;
-                // SAFETY: a valid C string; lchown never follows a link.
-                if unsafe { libc::lchown(c.as_ptr(), uid, gid) } != 0 {
-                    let e = std::io::Error::last_os_error();
-                    return Err(err(format!("chown to the sudo user: {e}")).into());
-                }
-            }
-        }
+    let out = OutputDir::open(dir, sudo_owner()).map_err(err)?;
+    let probe = c".gputrace-write-test";
+    unlink_at(&out, probe);
+    create_at(&out, probe).map_err(|e| err(e.to_string()))?;
+    unlink_at(&out, probe);
+    Ok(out)
+}
+
+fn unlink_at(dir: &OutputDir, name: &std::ffi::CStr) -> bool {
+    // SAFETY: a valid C string and an open directory.
+    unsafe { libc::unlinkat(dir.fd().as_raw_fd(), name.as_ptr(), 0) == 0 }
+}
+
+/// Creates `name` in `dir`, exclusively and never through a link, mode 0644 (less the umask).
+fn create_at(dir: &OutputDir, name: &std::ffi::CStr) -> std::io::Result<fs::File> {
+    // SAFETY: a valid C string; the fd returned is ours alone.
+    let fd = unsafe {
+        libc::openat(
+            dir.fd().as_raw_fd(),
+            name.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o644,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    let probe = dir.join(".gputrace-write-test");
-    let _ = fs::remove_file(&probe);
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&probe)
-        .map_err(|e| err(e.to_string()))?;
-    let _ = fs::remove_file(&probe);
-    Ok(())
+    // SAFETY: just opened, owned by nothing else.
+    Ok(unsafe { fs::File::from_raw_fd(fd) })
 }
 
 /// The user who ran `sudo gputrace` (SUDO_UID/SUDO_GID), when we run as root for them: outputs
@@ -249,21 +248,17 @@ pub fn sudo_owner() -> Option<(u32, u32)> {
 /// planted at `dir/name` is replaced, never followed or truncated, and a reader never sees a
 /// half-written report. Mode 0644, owned by the sudo user. A failed file is removed.
 fn write_file(
-    dir: &Path,
+    dir: &OutputDir,
     name: &str,
     body: impl FnOnce(&mut dyn Write) -> Result<()>,
 ) -> Result<PathBuf, (PathBuf, String)> {
-    let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.gputrace-{}.tmp", std::process::id()));
+    let path = dir.path().join(name);
     let fail = |reason: String| (path.clone(), reason);
-    let _ = fs::remove_file(&tmp);
-    let f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)
-        .map_err(|e| fail(describe_io(&e)))?;
+    let cname = std::ffi::CString::new(name).map_err(|_| fail("a NUL in the name".into()))?;
+    let tmp = std::ffi::CString::new(format!(".{name}.gputrace-{}.tmp", std::process::id()))
+        .map_err(|_| fail("a NUL in the name".into()))?;
+    unlink_at(dir, &tmp);
+    let f = create_at(dir, &tmp).map_err(|e| fail(describe_io(&e)))?;
     let res = (|| -> Result<(), String> {
         // The umask may have narrowed the mode; reports are meant to be readable.
         f.set_permissions(fs::Permissions::from_mode(0o644))
@@ -278,10 +273,15 @@ fn write_file(
         drop(w);
         // Delayed allocation reports a full disk only here.
         f.sync_data().map_err(|e| describe_io(&e))?;
-        fs::rename(&tmp, &path).map_err(|e| describe_io(&e))
+        let at = dir.fd().as_raw_fd();
+        // SAFETY: valid C strings, both in the open directory.
+        if unsafe { libc::renameat(at, tmp.as_ptr(), at, cname.as_ptr()) } != 0 {
+            return Err(describe_io(&std::io::Error::last_os_error()));
+        }
+        Ok(())
     })();
     if let Err(reason) = res {
-        let _ = fs::remove_file(&tmp);
+        unlink_at(dir, &tmp);
         return Err(fail(reason));
     }
     Ok(path)
@@ -303,36 +303,50 @@ fn describe_err(e: &anyhow::Error) -> String {
 }
 
 /// Writes every exporter's file. A failing one (disk full) does not stop the others; the
-/// error names the files that were kept.
-pub fn write_all(dir: &Path, data: &ReportData) -> Result<Vec<PathBuf>> {
+/// error names each file that failed and the files that were kept. A file of an earlier run
+/// under a name this run could not write is removed (and said so): left, it would pass for
+/// this run's beside the files that were written.
+pub fn write_all(dir: &OutputDir, data: &ReportData) -> Result<Vec<PathBuf>> {
     let mut written = Vec::new();
-    let mut first_err: Option<(PathBuf, String)> = None;
+    let mut failed: Vec<(PathBuf, String)> = Vec::new();
+    let mut removed: Vec<&str> = Vec::new();
     for e in exporters() {
         match write_file(dir, e.file_name(), |w| e.write(data, w)) {
             Ok(p) => written.push(p),
             Err(err) => {
-                first_err.get_or_insert(err);
+                if std::ffi::CString::new(e.file_name()).is_ok_and(|c| unlink_at(dir, &c)) {
+                    removed.push(e.file_name());
+                }
+                failed.push(err);
             }
         }
     }
-    match first_err {
-        Some((path, reason)) => {
-            let kept: Vec<String> = written
-                .iter()
-                .filter_map(|p| p.file_name())
-                .map(|n| n.to_string_lossy().into_owned())
-                .collect();
-            let kept = if kept.is_empty() {
-                "no file was written".to_string()
-            } else {
-                format!("kept {}", kept.join(", "))
-            };
-            Err(TraceError::OutputFile {
-                path,
-                reason: format!("{reason}; {kept}"),
-            }
-            .into())
-        }
-        None => Ok(written),
+    let mut failed = failed.into_iter();
+    let Some((path, reason)) = failed.next() else {
+        return Ok(written);
+    };
+    let mut reason = reason;
+    let also: Vec<String> = failed
+        .filter_map(|(p, _)| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    if !also.is_empty() {
+        reason.push_str(&format!("; also failed: {}", also.join(", ")));
     }
+    if !removed.is_empty() {
+        reason.push_str(&format!(
+            "; removed an earlier run's {}",
+            removed.join(", ")
+        ));
+    }
+    let kept: Vec<String> = written
+        .iter()
+        .filter_map(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .collect();
+    if kept.is_empty() {
+        reason.push_str("; no file was written");
+    } else {
+        reason.push_str(&format!("; kept {}", kept.join(", ")));
+    }
+    Err(TraceError::OutputFile { path, reason }.into())
 }

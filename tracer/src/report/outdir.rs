@@ -1,0 +1,246 @@
+//! The output directory: opened once, before the trace, and written through that handle after
+//! it, so nothing another user does to the path in between (a directory renamed and a
+//! symlink put in its place, a planted link on a file's name) moves where the reports go.
+//!
+//! The path is walked a component at a time from `/` (or the working directory), each opened
+//! with `O_NOFOLLOW`. A symbolic link is followed only where nobody else could have put it
+//! there or swapped it since: owned by root or the invoking user, in a directory owned by one
+//! of them that others cannot write (or that is sticky, as `/tmp`, where only a link's owner
+//! may replace it). `/var/run -> /run` is followed; a link another user planted in `/tmp`,
+//! or in a directory they own, is refused. The output directory itself is never a link, with
+//! or without a trailing slash.
+
+use std::{
+    ffi::{CStr, CString, OsStr},
+    io,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::ffi::OsStrExt,
+    },
+    path::{Component, Path, PathBuf},
+};
+
+/// An open output directory and the path it was opened at (for messages).
+#[derive(Debug)]
+pub struct OutputDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+/// How many times a component that vanished or appeared under us is looked at again before
+/// giving up (another process racing the walk).
+const RETRIES: usize = 4;
+
+fn cstr(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+fn open_at(dir: Option<&OwnedFd>, name: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let at = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
+    // SAFETY: a valid C string; the fd returned is ours alone.
+    let fd = unsafe { libc::openat(at, name.as_ptr(), flags | libc::O_CLOEXEC, 0o644) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: just opened, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn stat_fd(fd: &OwnedFd) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero stat is valid; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+fn stat_at(dir: &OwnedFd, name: &CStr) -> io::Result<libc::stat> {
+    // SAFETY: as in `stat_fd`; AT_SYMLINK_NOFOLLOW stats a link itself.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    let r = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+fn is_link(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFLNK
+}
+
+/// Whether a link `link` in the directory `dir` (both stat'ed) can only have been put there
+/// by root or `user`, and only replaced by them.
+pub fn link_trusted(dir: &libc::stat, link: &libc::stat, user: u32) -> bool {
+    let ours = |uid: u32| uid == 0 || uid == user;
+    let closed = dir.st_mode & 0o022 == 0 || dir.st_mode & libc::S_ISVTX != 0;
+    ours(link.st_uid) && ours(dir.st_uid) && closed
+}
+
+/// The user whose links are trusted and who owns what is created: the one who ran sudo, else
+/// the one running.
+fn invoking_uid(owner: Option<(u32, u32)>) -> u32 {
+    // SAFETY: getuid has no preconditions.
+    owner.map_or_else(|| unsafe { libc::getuid() }, |(uid, _)| uid)
+}
+
+impl OutputDir {
+    /// Opens `path`, creating what is missing (owned by `owner`, mode 0755 less the umask),
+    /// as the module's docs say. Errors are one line, for the user.
+    pub fn open(path: &Path, owner: Option<(u32, u32)>) -> Result<OutputDir, String> {
+        let user = invoking_uid(owner);
+        let parts: Vec<Component> = path.components().collect();
+        if parts.is_empty() {
+            return Err("an empty path".into());
+        }
+        let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY;
+        let mut fd: Option<OwnedFd> = None;
+        for (i, part) in parts.iter().enumerate() {
+            let last = i + 1 == parts.len();
+            let name: &OsStr = match part {
+                Component::RootDir => {
+                    fd = Some(open_at(None, c"/", dir_flags).map_err(|e| e.to_string())?);
+                    continue;
+                }
+                Component::CurDir => OsStr::new("."),
+                Component::ParentDir => OsStr::new(".."),
+                Component::Normal(n) => n,
+                Component::Prefix(_) => return Err("not a Unix path".into()),
+            };
+            let parent = match fd.take() {
+                Some(p) => p,
+                None => open_at(None, c".", dir_flags).map_err(|e| e.to_string())?,
+            };
+            let c = cstr(name).map_err(|e| e.to_string())?;
+            fd = Some(step(&parent, name, &c, last, owner, user)?);
+        }
+        let fd = fd.ok_or("an empty path")?;
+        Ok(OutputDir {
+            fd,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+}
+
+/// One component of the walk: `name` in `parent`, created if missing, a link followed only
+/// when trusted (and never as the `last`).
+fn step(
+    parent: &OwnedFd,
+    name: &OsStr,
+    c: &CStr,
+    last: bool,
+    owner: Option<(u32, u32)>,
+    user: u32,
+) -> Result<OwnedFd, String> {
+    let shown = name.to_string_lossy();
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+    for _ in 0..RETRIES {
+        match open_at(Some(parent), c, flags) {
+            Ok(fd) => return Ok(fd),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                // SAFETY: a valid C string.
+                if unsafe { libc::mkdirat(parent.as_raw_fd(), c.as_ptr(), 0o755) } != 0 {
+                    let e = io::Error::last_os_error();
+                    if e.raw_os_error() == Some(libc::EEXIST) {
+                        continue;
+                    }
+                    return Err(format!("create {shown}: {e}"));
+                }
+                let fd = match open_at(Some(parent), c, flags) {
+                    Ok(fd) => fd,
+                    // Replaced between the two calls: looked at again.
+                    Err(_) => continue,
+                };
+                if let Some((uid, gid)) = owner {
+                    // SAFETY: an fd we own.
+                    if unsafe { libc::fchown(fd.as_raw_fd(), uid, gid) } != 0 {
+                        let e = io::Error::last_os_error();
+                        return Err(format!("chown {shown} to the sudo user: {e}"));
+                    }
+                }
+                return Ok(fd);
+            }
+            // O_NOFOLLOW on a link fails with ELOOP; O_DIRECTORY on anything else with ENOTDIR.
+            Err(e)
+                if e.raw_os_error() == Some(libc::ELOOP)
+                    || e.raw_os_error() == Some(libc::ENOTDIR) =>
+            {
+                let st = match stat_at(parent, c) {
+                    Ok(st) => st,
+                    Err(_) => continue,
+                };
+                if !is_link(&st) {
+                    return Err(if last {
+                        "exists and is not a directory".into()
+                    } else {
+                        format!("{shown} is not a directory")
+                    });
+                }
+                if last {
+                    return Err(
+                        "is a symbolic link (refused: give the directory it points to)".into(),
+                    );
+                }
+                let dir = stat_fd(parent).map_err(|e| e.to_string())?;
+                if !link_trusted(&dir, &st, user) {
+                    return Err(format!(
+                        "{shown} is a symbolic link another user could have planted (its owner \
+                         uid {}, its directory's {}, mode {:o}): refused",
+                        st.st_uid,
+                        dir.st_uid,
+                        dir.st_mode & 0o7777
+                    ));
+                }
+                return open_at(Some(parent), c, libc::O_RDONLY | libc::O_DIRECTORY)
+                    .map_err(|e| format!("{shown}: {e}"));
+            }
+            Err(e) => return Err(format!("{shown}: {e}")),
+        }
+    }
+    Err(format!("{shown} kept changing while it was opened"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(uid: u32, mode: u32) -> libc::stat {
+        let mut s: libc::stat = unsafe { std::mem::zeroed() };
+        s.st_uid = uid;
+        s.st_mode = mode;
+        s
+    }
+
+    #[test]
+    fn links_only_root_or_the_user_could_have_put_there_are_followed() {
+        let link = |uid| st(uid, libc::S_IFLNK | 0o777);
+        let dir = |uid, mode| st(uid, libc::S_IFDIR | mode);
+        // /var/run -> /run.
+        assert!(link_trusted(&dir(0, 0o755), &link(0), 1000));
+        // The user's own link in their home, and in /tmp (sticky: only its owner replaces it).
+        assert!(link_trusted(&dir(1000, 0o755), &link(1000), 1000));
+        assert!(link_trusted(&dir(0, 0o1777), &link(1000), 1000));
+        // Another user's link in /tmp, or any link in a directory another user owns or may
+        // write without the sticky bit.
+        assert!(!link_trusted(&dir(0, 0o1777), &link(65534), 1000));
+        assert!(!link_trusted(&dir(65534, 0o755), &link(0), 1000));
+        assert!(!link_trusted(&dir(0, 0o777), &link(0), 1000));
+        assert!(!link_trusted(&dir(0, 0o775), &link(1000), 1000));
+    }
+}
