@@ -86,6 +86,35 @@ fn outputs_belong_to_the_sudo_user_with_mode_0644() {
     }
     // A directory that existed before keeps its owner.
     assert_eq!(std::fs::metadata(&base).unwrap().uid(), 0);
+    // Without SUDO_GID: the user's primary group, not a group numbered as the user (Debian's
+    // `sync`, uid 4, is in nogroup).
+    let sync_gid: u32 = String::from_utf8(
+        Command::new("id")
+            .args(["-g", "4"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    let dir = base.join("no-gid");
+    let out = Command::new(GPUTRACE)
+        .arg("-o")
+        .arg(&dir)
+        .args(["--", "true"])
+        .env("SUDO_UID", "4")
+        .env_remove("SUDO_GID")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = std::fs::metadata(dir.join("report.json")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (4, sync_gid));
 }
 
 #[test]

@@ -237,11 +237,31 @@ pub fn sudo_owner() -> Option<(u32, u32)> {
         return None;
     }
     let uid: u32 = std::env::var("SUDO_UID").ok()?.parse().ok()?;
+    // (uid_t)-1 to chown means "leave it": root's files would pass for the user's.
+    if uid == u32::MAX {
+        return None;
+    }
+    // Without SUDO_GID, the user's primary group: a group numbered as the user may be
+    // anybody's. Root's where the user is unknown.
     let gid: u32 = std::env::var("SUDO_GID")
         .ok()
         .and_then(|g| g.parse().ok())
-        .unwrap_or(uid);
+        .filter(|&g| g != u32::MAX)
+        .or_else(|| primary_group(uid))
+        .unwrap_or(0);
     Some((uid, gid))
+}
+
+/// The primary group of user `uid` in the password database.
+fn primary_group(uid: u32) -> Option<u32> {
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: an all-zero passwd is valid; getpwuid_r fills it with pointers into `buf`,
+    // which outlives its use here.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    let r =
+        unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut found) };
+    (r == 0 && !found.is_null()).then_some(pw.pw_gid)
 }
 
 /// Writes one file as `dir/.name.tmp` and renames it over `dir/name`: a symlink or hard link
@@ -349,4 +369,15 @@ pub fn write_all(dir: &OutputDir, data: &ReportData) -> Result<Vec<PathBuf>> {
         reason.push_str(&format!("; kept {}", kept.join(", ")));
     }
     Err(TraceError::OutputFile { path, reason }.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_user_without_sudo_gid_gets_their_primary_group() {
+        assert_eq!(primary_group(0), Some(0));
+        assert_eq!(primary_group(3_999_999_999), None);
+    }
 }
