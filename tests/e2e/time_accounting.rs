@@ -1458,3 +1458,45 @@ fn a_read_that_never_returns_is_told_by_its_file() {
         .sum();
     assert!(read_ns >= 1_000_000_000, "cat's read: {reasons:#?}");
 }
+
+/// A `--pid` trace accounts each thread over the window, not beyond it: the threads were
+/// seeded as the accounting attached, ~0.2 s before the window opened (the other families
+/// attach after it), and the programs ran on until they were detached once the CPU profile
+/// was symbolised; a 0.3 s trace of a sleeping process reported it alive for 0.42-0.48 s.
+#[test]
+fn a_pid_trace_accounts_threads_over_its_window_only() {
+    let _g = serial();
+    if !require_root("a_pid_trace_accounts_threads_over_its_window_only") {
+        return;
+    }
+    let hot = build_c("hot_threads", &[]);
+    let target = crate::faults::Bg::spawn(std::process::Command::new(&hot).arg("30"));
+    let sleeper = crate::faults::Bg::spawn(std::process::Command::new("sleep").arg("30"));
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    for pid in [target.pid(), sleeper.pid()] {
+        let out = out_dir(&format!("pid-window-{pid}"));
+        let run = gputrace(&[
+            "--pid",
+            &pid.to_string(),
+            "-d",
+            "300ms",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(run.code(), 0, "{}", run.stderr);
+        let r = run.report(&out);
+        let window = r["window"]["duration_ns"].as_f64().unwrap();
+        let threads = r["processes"][0]["threads"].as_array().unwrap();
+        assert!(!threads.is_empty(), "{r:#}");
+        for t in threads {
+            let alive = t["time"]["alive_ns"].as_f64().unwrap();
+            // The seeding reads the clock just before the window opens, the stop just after
+            // it closes: a few ms, not the attach or the report.
+            assert!(
+                alive <= window + 10e6 && alive >= window - 10e6,
+                "tid {} alive {alive} ns in a {window} ns window",
+                t["tid"]
+            );
+        }
+    }
+}

@@ -21,7 +21,8 @@ use tracer_common::{
     time::NO_OVERRIDE,
     wall::{
         LifeKey, LifeVal, ThreadState, WallKey, WallVal, LIFE_ENTRIES, MAP_F_MMAPABLE,
-        PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, THREADS_ENTRIES, THREAD_SLOTS, WALL_ENTRIES,
+        PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, SEEDED_SLOT, STOPPED_SLOT, STOPPED_SLOTS,
+        THREADS_ENTRIES, THREAD_SLOTS, WALL_ENTRIES,
     },
 };
 
@@ -110,18 +111,30 @@ fn forget_spilled(tid: u32) {
 #[map(name = "NEW_STATE")]
 static NEW_STATE: PerCpuArray<ThreadState> = PerCpuArray::with_max_entries(1, 0);
 
-/// Set by user space once it has detached the scheduler, syscall and block programs, before
-/// it reads `WALL` and then the thread states. The CUDA probes are still attached then
-/// (closing their links waits for grace periods, so they go after the report); without this
-/// a CUDA call between the two reads would move time a thread holds into a `WALL` row already
-/// read, and it would be in neither read.
+/// Set by user space as the trace's window ends, before it detaches the scheduler, syscall and
+/// block programs and reads `WALL` and then the thread states: from here no program moves a
+/// thread's state or writes its rows (the scheduler's, the syscalls', births and deaths, the
+/// CUDA probes'), so what is read is one instant's, the window's end. Detaching takes a grace
+/// period a link (~0.1 s in all here), and the CPU profile's symbolisation as long again or
+/// more: rows written through them had threads alive past the window. The CUDA probes stay
+/// attached until the report is out; without this a CUDA call between the two reads would
+/// move time a thread holds into a `WALL` row already read, and it would be in neither.
+/// Slot `SEEDED_SLOT`: set once user space has seeded the threads that existed at the attach
+/// ([`seeded`]).
 #[map(name = "ACCOUNT_STOPPED")]
-static STOPPED: Array<u32> = Array::with_max_entries(1, 0);
+static STOPPED: Array<u32> = Array::with_max_entries(STOPPED_SLOTS, 0);
 
 #[inline(always)]
 pub fn stopped() -> bool {
     // An array lookup with a constant key: the verifier inlines it, a load or two.
-    STOPPED.get(0).is_some_and(|s| *s != 0)
+    STOPPED.get(STOPPED_SLOT).is_some_and(|s| *s != 0)
+}
+
+/// Whether the threads that existed at the attach are seeded: until then a traced thread
+/// with no state is not taken as born (`tracer_common::wall::SEEDED_SLOT`).
+#[inline(always)]
+pub fn seeded() -> bool {
+    STOPPED.get(SEEDED_SLOT).is_some_and(|s| *s != 0)
 }
 
 /// Time sums per (thread, category or off-CPU reason, stacks).
@@ -259,6 +272,9 @@ pub fn died(tid: u32, now: u64) {
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn gputrace_died(tid: u32, now: u64) -> u32 {
+    if stopped() {
+        return 0;
+    }
     let Some(st) = state(tid) else {
         return 0;
     };
@@ -294,7 +310,7 @@ pub fn born(tid: u32, tgid: u32, now: u64) {
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64) -> u32 {
-    if tid == 0 {
+    if tid == 0 || stopped() {
         return 0;
     }
     let Some(slot) = SLOTS.get_ptr_mut(thread_slot(tid)) else {

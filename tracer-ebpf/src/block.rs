@@ -313,6 +313,10 @@ pub fn block_bio_queue_btf(ctx: BtfTracePointContext) -> i32 {
 
 #[inline(always)]
 fn bio_queue<K: Kernel>(bio: u64, p: Prog) {
+    // Requests submitted after the window's end are not its (those in flight are drained).
+    if account::stopped() {
+        return;
+    }
     let (tgid, tid) = current_ids();
     // The submitter's own state when it has one: its bytes are then summed there, with no
     // hash lookup (the state is an array slot). Two separate paths: merged, LLVM emits a read

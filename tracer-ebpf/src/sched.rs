@@ -190,10 +190,18 @@ fn switch<C: StackIdContext, K: Kernel>(
     // Looked up by tid first, not by TRACED: a process's last thread leaves TRACED at
     // sched_process_exit, before its final switch-out, which is when its life ends.
     if tid != 0 && (maybe_traced(tid) || maybe_traced(tgid)) {
+        // Stopped as the window ended: what is read is that instant's (`account::stopped`).
+        if crate::account::stopped() {
+            return;
+        }
         now = unsafe { bpf_ktime_get_ns() };
         switch_out::<C, K>(ctx, tgid, tid, now, prev_state, tasks, p);
     }
-    if next > 0 && UNSEEN_SWITCH_INS.load() == 0 && maybe_traced(next as u32) {
+    if next > 0
+        && UNSEEN_SWITCH_INS.load() == 0
+        && maybe_traced(next as u32)
+        && !crate::account::stopped()
+    {
         if now == 0 {
             now = unsafe { bpf_ktime_get_ns() };
         }
@@ -358,11 +366,13 @@ fn switch_out<C: StackIdContext, K: Kernel>(
     let st = match state(tid) {
         Some(st) => st,
         None => {
-            if !is_traced(tgid) {
+            // Before the seeding, a thread that existed at the attach: the seeding accounts
+            // it from the window's start.
+            if !is_traced(tgid) || !crate::account::seeded() {
                 return;
             }
-            // A thread we never saw start (created between the attach and the seeding):
-            // accounted from now on.
+            // A thread we never saw start (created between the attach and the seeding, its
+            // birth unseen): accounted from now on.
             born(tid, tgid, now);
             match state(tid) {
                 Some(st) => {
@@ -511,7 +521,7 @@ fn wakeup(pid: i32, p: Prog) {
         return;
     }
     let tid = pid as u32;
-    if !maybe_traced(tid) {
+    if !maybe_traced(tid) || crate::account::stopped() {
         return;
     }
     if let Some(st) = state(tid) {

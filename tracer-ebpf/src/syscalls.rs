@@ -192,7 +192,7 @@ static SYS_EXECVEAT: Global<u32> = Global::new(322);
 #[inline(always)]
 fn traced_thread() -> Option<(u32, u32, &'static mut ThreadState)> {
     let (tgid, tid) = current_ids();
-    if !crate::maps::maybe_traced(tid) {
+    if !crate::maps::maybe_traced(tid) || account::stopped() {
         return None;
     }
     let st = account::state(tid)?;

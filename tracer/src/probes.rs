@@ -53,6 +53,12 @@ pub trait ProbeFamily {
     fn before_release(&mut self, _ebpf: &mut Ebpf, _pid: u32) -> Result<()> {
         Ok(())
     }
+    /// Called as the trace's window ends, in the families' order, before anything else is
+    /// read: what counts to the window's end stops counting here (the report that follows
+    /// takes from ~0.1 s to seconds to build).
+    fn window_ended(&mut self, _ebpf: &mut Ebpf, _uprobes: &crate::uprobes::Uprobes) -> Result<()> {
+        Ok(())
+    }
     /// Called once the trace has ended, before any family's `finish`: measurements that every
     /// family's report should see (the trap costs).
     fn ended(&mut self, _ebpf: &mut Ebpf, _tracker: &Tracker) {}

@@ -231,6 +231,10 @@ fn trace(
     ))?;
     let window_end_ktime = probes::ktime_now();
     let duration_ns = window_start.elapsed().as_nanos() as u64;
+    for f in families.iter_mut() {
+        f.window_ended(&mut ebpf, &uprobes)
+            .with_context(|| format!("stop the {} probes", f.name()))?;
+    }
     // The event loop no longer listens: a second Ctrl-C during the report aborts at once
     // (every link is an fd, so nothing stays attached).
     restore_default_signals();

@@ -516,6 +516,10 @@ pub struct Accounting {
     sys_trap: crate::overhead::SharedSyscallTrap,
     /// The kernel frames of the waits seeded threads were in (`KSTACK_SEEDED`).
     seeded_stacks: SeededStacks,
+    /// The processes that existed at the attach, seeded as the window starts (`attached`).
+    existing: Vec<u32>,
+    /// When the programs were stopped (`window_ended`): the end of every open interval.
+    stopped_at: Option<u64>,
 }
 
 /// tid -> kernel frames (innermost first) of the wait it was seeded in.
@@ -527,6 +531,8 @@ impl Accounting {
         Accounting {
             sys_trap,
             seeded_stacks: SeededStacks::new(),
+            existing: Vec::new(),
+            stopped_at: None,
             budget,
             storm_calls: 0,
             sys_cost_ns: syscall_gate::SYSCALL_COST_NS,
@@ -1326,19 +1332,34 @@ impl ProbeFamily for Accounting {
             }
         }
         // The launched command is seeded at its release (see `before_release`): until then it
-        // only waits on our pipe.
-        let existing: Vec<u32> = ctx
+        // only waits on our pipe. The rest as the window starts (`attached`).
+        self.existing = ctx
             .pids
             .iter()
             .copied()
             .filter(|&p| Some(p) != ctx.launched)
             .collect();
+        Ok(())
+    }
+
+    fn attached(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+        // Seeded as the window starts, not as this family attached: the families after it
+        // take ~0.2 s to attach, and a thread seeded then was alive that much longer than the
+        // window (`tracer_common::wall::SEEDED_SLOT`).
+        let existing = std::mem::take(&mut self.existing);
         seed_threads(
             ebpf,
             &existing,
             &mut self.run_times,
             &mut self.seeded_stacks,
         )?;
+        let mut flags: aya::maps::Array<_, u32> = aya::maps::Array::try_from(
+            ebpf.map_mut(STOPPED_MAP)
+                .context("map ACCOUNT_STOPPED missing")?,
+        )?;
+        flags
+            .set(tracer_common::wall::SEEDED_SLOT, 1, 0)
+            .context("mark the threads seeded")?;
         self.learn(ebpf);
         Ok(())
     }
@@ -1422,16 +1443,44 @@ impl ProbeFamily for Accounting {
         Ok(())
     }
 
+    fn window_ended(&mut self, ebpf: &mut Ebpf, _: &crate::uprobes::Uprobes) -> Result<()> {
+        // Stopped as the window ends, not once the report is under way: detaching the
+        // programs takes a grace period a link (~0.1 s in all here), and the CPU profile's
+        // symbolisation before it as long again or more, and a thread alive to the end was
+        // alive past the window by that much (0.12-0.18 s of a 0.3 s `--pid` trace here,
+        // seconds for a large target). From here the programs leave the threads' states and
+        // rows alone (`account::stopped`), so the sums and the open intervals read in
+        // `finish` are this instant's.
+        let mut stopped: aya::maps::Array<_, u32> = aya::maps::Array::try_from(
+            ebpf.map_mut(STOPPED_MAP)
+                .context("map ACCOUNT_STOPPED missing")?,
+        )?;
+        stopped
+            .set(tracer_common::wall::STOPPED_SLOT, 1, 0)
+            .context("stop the accounting")?;
+        self.stopped_at = Some(ktime_now());
+        // A program that read the flag just before it was set may still be writing (what it
+        // saw before the end): wait for every CPU to pass through the scheduler (an RCU grace
+        // period, which BPF programs run inside). Best effort: without membarrier that window
+        // stays (microseconds).
+        unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
+        Ok(())
+    }
+
     fn finish(
         &mut self,
         ebpf: &mut Ebpf,
         ctx: &mut FinishCtx<'_>,
         data: &mut ReportData,
     ) -> Result<()> {
+        // Stopped as the window ended (`window_ended`), unless the session never said it had.
+        if self.stopped_at.is_none() {
+            self.window_ended(ebpf, ctx.uprobes)?;
+        }
+        let end = self.stopped_at.unwrap_or_else(ktime_now);
         self.learn(ebpf);
         // Detached with everything else at the end: only the gate needs to know.
         self.poll_halt(ebpf);
-        self.report_syscalls_off(ebpf, ctx, data);
         if self.stats.is_some() {
             for prog in &self.attached {
                 let (runs, ns) = ctx.uprobes.runs(ebpf, prog);
@@ -1443,7 +1492,6 @@ impl ProbeFamily for Accounting {
                 );
             }
         }
-        // Stop the programs so that the sums and the open intervals are read at one instant.
         // A block request's later steps stay on until the requests in flight complete
         // (`drain_block`); its first, `block_bio_queue`, comes off with the others.
         let consumers: Vec<&'static str> = self
@@ -1457,18 +1505,6 @@ impl ProbeFamily for Accounting {
                 unload(ebpf, prog)?;
             }
         }
-        // The CUDA probes stay attached until the report is out: from here they leave the
-        // threads' states alone, so what is read below is one instant's.
-        let mut stopped: aya::maps::Array<_, u32> = aya::maps::Array::try_from(
-            ebpf.map_mut(STOPPED_MAP)
-                .context("map ACCOUNT_STOPPED missing")?,
-        )?;
-        stopped.set(0, 1, 0).context("stop the accounting")?;
-        // A probe that read the flag just before it was set may still be writing: wait for
-        // every CPU to pass through the scheduler (an RCU grace period, which BPF programs
-        // run inside). Best effort: without membarrier that window stays (microseconds).
-        unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
-        let end = ktime_now();
         if !consumers.is_empty() {
             drain_block(ebpf);
             for prog in consumers {
@@ -1477,6 +1513,7 @@ impl ProbeFamily for Accounting {
             // A completion still running on another CPU finishes before the rows are read.
             unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
         }
+        self.report_syscalls_off(ebpf, ctx, data);
         // The Python stacks of the switch-outs since the session's last read.
         ctx.python.sync(ebpf)?;
         if let Some(e) = &self.retire_failed {

@@ -56,6 +56,9 @@ pub struct OverheadFamily {
     sys_trap: SharedSyscallTrap,
     /// Each program's counts when the window started.
     base: HashMap<String, Runs>,
+    /// And when it ended (`window_ended`): the accounting unloads its programs then, and the
+    /// hits after it are not the window's.
+    at_end: Option<Vec<Runs>>,
 }
 
 /// A program's hits (its own count) and what the kernel timed of them.
@@ -101,6 +104,7 @@ impl OverheadFamily {
             trap,
             sys_trap,
             base: HashMap::new(),
+            at_end: None,
         }
     }
 
@@ -210,6 +214,12 @@ impl ProbeFamily for OverheadFamily {
         Ok(())
     }
 
+    fn window_ended(&mut self, ebpf: &mut Ebpf, _: &crate::uprobes::Uprobes) -> Result<()> {
+        // First of the families: before any unloads its programs.
+        self.at_end = Some(self.runs(ebpf).collect());
+        Ok(())
+    }
+
     fn finish(
         &mut self,
         ebpf: &mut Ebpf,
@@ -220,7 +230,11 @@ impl ProbeFamily for OverheadFamily {
         let (sys_ns, sys_measured) = syscall_trap::current(&self.sys_trap);
         let sys_ns = syscall_trap::bounded(sys_ns, trap.stats.inside_ns);
         let mut programs = Vec::new();
-        for all in self.runs(ebpf) {
+        let runs = match self.at_end.take() {
+            Some(r) => r,
+            None => self.runs(ebpf).collect(),
+        };
+        for all in runs {
             // gputrace's own calls, made before the trace started.
             if all.name == CALIB_ENTRY_PROG || all.name == CALIB_RET_PROG {
                 continue;
