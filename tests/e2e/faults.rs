@@ -929,9 +929,10 @@ fn disk_full_keeps_what_fits_and_says_so() {
     }
     let hot = build_c("hot_threads", &[]);
     let fs = Tmpfs::mount("disk-full", "size=112k,mode=0755");
-    // Fill it so that only a few KiB are left (besides the earlier run's files below, a page
-    // each): report.json fits, the flame graph does not.
-    let filler = vec![0u8; 40 * 1024];
+    // Fill it so that ~16 KiB are left besides the earlier run's files below (a page each,
+    // freed as each is replaced or removed): the CSVs and folded stacks fit, report.json
+    // (~65 KiB) and the flame graph (~26 KiB) do not.
+    let filler = vec![0u8; 48 * 1024];
     std::fs::write(fs.0.join("filler"), &filler).unwrap();
     // An earlier run's files: none may be left to pass for this run's.
     const STALE: &str = "an earlier run's";

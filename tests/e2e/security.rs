@@ -217,11 +217,32 @@ fn output_paths_through_links_and_renames() {
         refused(&link.join("out"), "another user could have planted");
     }
     assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 0);
-    // Root's own link on the way is followed.
+    // Root's own link on the way is followed, and so is a trusted link its target holds.
     std::os::unix::fs::symlink(&victim, base.join("ours")).unwrap();
-    let run = gputrace(&["-o", base.join("ours/sub").to_str().unwrap(), "--", "true"]);
+    std::os::unix::fs::symlink("ours", base.join("ours2")).unwrap();
+    let run = gputrace(&["-o", base.join("ours2/sub").to_str().unwrap(), "--", "true"]);
     assert_eq!(run.code(), 0, "{}", run.stderr);
     run.report(&victim.join("sub"));
+    // Root's own link into a directory another user controls, where they put a link of
+    // theirs: the target is walked by the same rules, not handed to the kernel to follow.
+    as_nobody(&[
+        "ln",
+        "-s",
+        victim.to_str().unwrap(),
+        theirs.join("proj").to_str().unwrap(),
+    ]);
+    std::os::unix::fs::symlink(theirs.join("proj"), base.join("data")).unwrap();
+    refused(
+        &base.join("data/out"),
+        "proj is a symbolic link another user could have planted",
+    );
+    // A loop of links.
+    std::os::unix::fs::symlink("loop-b", base.join("loop-a")).unwrap();
+    std::os::unix::fs::symlink("loop-a", base.join("loop-b")).unwrap();
+    refused(
+        &base.join("loop-a/out"),
+        "too many levels of symbolic links",
+    );
     // Renamed mid-trace by the other user, a link to the victim put in its place: the reports
     // go where the directory went.
     let out = theirs.join("out");

@@ -310,7 +310,10 @@ pub fn born(tid: u32, tgid: u32, now: u64) {
 #[no_mangle]
 #[inline(never)]
 pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64) -> u32 {
-    if tid == 0 || stopped() {
+    // Before the seeding, a thread born while the other families attached would be alive
+    // before the window: the seeding takes it from /proc as the window opens, or its first
+    // switch-out after it (a child process forked meanwhile).
+    if tid == 0 || stopped() || !seeded() {
         return 0;
     }
     let Some(slot) = SLOTS.get_ptr_mut(thread_slot(tid)) else {

@@ -418,7 +418,8 @@ pub fn flush_bio(st: &mut ThreadState) {
 pub fn block_bio_queue_tp(ctx: TracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::BlockBioQueueTp);
     let (tgid, _) = current_ids();
-    if !is_traced(tgid) {
+    // As `bio_queue`: what is submitted after the window's end is not its.
+    if !is_traced(tgid) || account::stopped() {
         return 0;
     }
     let sector: u64 = unsafe { ctx.read_at(OFF_BIO_SECTOR.load() as usize) }.unwrap_or(0);

@@ -591,10 +591,23 @@ mod tests {
             Some(15761)
         );
         assert_eq!(parse_status_tgid("Name:\tx\n"), None);
-        // Ours is a process; kthreadd is a kernel thread; a thread of ours is a thread.
+        // Ours is a process; a kernel thread (any: in a pid namespace there may be none to
+        // see) is one; a thread of ours is a thread.
         let me = std::process::id();
         assert_eq!(not_a_process(me), None);
-        assert_eq!(not_a_process(2), Some(NotAProcess::KernelThread));
+        let kthread = fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .find(|&p| {
+                fs::read_to_string(format!("/proc/{p}/stat"))
+                    .ok()
+                    .and_then(|s| parse_stat_flags(&s))
+                    .is_some_and(|f| f & PF_KTHREAD != 0)
+            });
+        if let Some(k) = kthread {
+            assert_eq!(not_a_process(k), Some(NotAProcess::KernelThread));
+        }
         let (tx, rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let t = std::thread::spawn(move || {

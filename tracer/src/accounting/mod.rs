@@ -721,8 +721,6 @@ fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32, u64)> {
     Some((phase, state, nr, st.starttime))
 }
 
-/// Whether the BTF tracepoint programs are tried (GPUTRACE_BTF_TRACEPOINTS=0: none, to run
-/// the raw ones).
 /// `task_rename`'s `pid` field in its record (0 where the kernel has no such tracepoint or
 /// field: the offset `Offsets::read` resolved is then the common fields').
 fn rename_pid(o: &Offsets) -> u32 {
@@ -732,6 +730,8 @@ fn rename_pid(o: &Offsets) -> u32 {
         .map_or(0, |(_, off)| *off)
 }
 
+/// Whether the BTF tracepoint programs are tried (GPUTRACE_BTF_TRACEPOINTS=0: none, to run
+/// the raw ones).
 fn typed_btf_wanted() -> bool {
     !std::env::var("GPUTRACE_BTF_TRACEPOINTS").is_ok_and(|v| v == "0")
 }

@@ -215,7 +215,8 @@ impl ProbeFamily for OverheadFamily {
     }
 
     fn window_ended(&mut self, ebpf: &mut Ebpf, _: &crate::uprobes::Uprobes) -> Result<()> {
-        // First of the families: before any unloads its programs.
+        // The window's counts, at the instant the accounting stops its programs (they are
+        // detached, and their counts gone, in its `finish`).
         self.at_end = Some(self.runs(ebpf).collect());
         Ok(())
     }

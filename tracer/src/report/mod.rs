@@ -199,6 +199,8 @@ pub fn prepare_output_dir(dir: &Path) -> Result<OutputDir> {
         reason,
     };
     let out = OutputDir::open(dir, sudo_owner()).map_err(err)?;
+    // A name anyone may plant a link or a file at: removed first, then created exclusively and
+    // never through a link.
     let probe = c".gputrace-write-test";
     unlink_at(&out, probe);
     create_at(&out, probe).map_err(|e| err(e.to_string()))?;
@@ -254,14 +256,23 @@ pub fn sudo_owner() -> Option<(u32, u32)> {
 
 /// The primary group of user `uid` in the password database.
 fn primary_group(uid: u32) -> Option<u32> {
-    let mut buf = vec![0u8; 16 * 1024];
-    // SAFETY: an all-zero passwd is valid; getpwuid_r fills it with pointers into `buf`,
-    // which outlives its use here.
-    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut found: *mut libc::passwd = std::ptr::null_mut();
-    let r =
-        unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut found) };
-    (r == 0 && !found.is_null()).then_some(pw.pw_gid)
+    // A directory service's entry may not fit the first buffer (ERANGE): larger ones, to 1 MiB.
+    let mut len = 16 * 1024;
+    loop {
+        let mut buf = vec![0u8; len];
+        // SAFETY: an all-zero passwd is valid; getpwuid_r fills it with pointers into `buf`,
+        // which outlives its use here.
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        let r = unsafe {
+            libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut found)
+        };
+        if r == libc::ERANGE && len < 1 << 20 {
+            len *= 4;
+            continue;
+        }
+        return (r == 0 && !found.is_null()).then_some(pw.pw_gid);
+    }
 }
 
 /// Writes one file as `dir/.name.tmp` and renames it over `dir/name`: a symlink or hard link

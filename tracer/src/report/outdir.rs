@@ -96,33 +96,12 @@ impl OutputDir {
     /// Opens `path`, creating what is missing (owned by `owner`, mode 0755 less the umask),
     /// as the module's docs say. Errors are one line, for the user.
     pub fn open(path: &Path, owner: Option<(u32, u32)>) -> Result<OutputDir, String> {
-        let user = invoking_uid(owner);
-        let parts: Vec<Component> = path.components().collect();
-        if parts.is_empty() {
-            return Err("an empty path".into());
-        }
-        let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY;
-        let mut fd: Option<OwnedFd> = None;
-        for (i, part) in parts.iter().enumerate() {
-            let last = i + 1 == parts.len();
-            let name: &OsStr = match part {
-                Component::RootDir => {
-                    fd = Some(open_at(None, c"/", dir_flags).map_err(|e| e.to_string())?);
-                    continue;
-                }
-                Component::CurDir => OsStr::new("."),
-                Component::ParentDir => OsStr::new(".."),
-                Component::Normal(n) => n,
-                Component::Prefix(_) => return Err("not a Unix path".into()),
-            };
-            let parent = match fd.take() {
-                Some(p) => p,
-                None => open_at(None, c".", dir_flags).map_err(|e| e.to_string())?,
-            };
-            let c = cstr(name).map_err(|e| e.to_string())?;
-            fd = Some(step(&parent, name, &c, last, owner, user)?);
-        }
-        let fd = fd.ok_or("an empty path")?;
+        let mut w = Walk {
+            owner,
+            user: invoking_uid(owner),
+            links: 0,
+        };
+        let fd = w.walk(None, path, true)?;
         Ok(OutputDir {
             fd,
             path: path.to_path_buf(),
@@ -138,82 +117,166 @@ impl OutputDir {
     }
 }
 
-/// One component of the walk: `name` in `parent`, created if missing, a link followed only
-/// when trusted (and never as the `last`).
-fn step(
-    parent: &OwnedFd,
-    name: &OsStr,
-    c: &CStr,
-    last: bool,
+/// The links a walk follows at most, as the kernel's own limit (`ELOOP` past 40).
+const MAX_LINKS: u32 = 40;
+
+struct Walk {
     owner: Option<(u32, u32)>,
     user: u32,
-) -> Result<OwnedFd, String> {
-    let shown = name.to_string_lossy();
-    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
-    for _ in 0..RETRIES {
-        match open_at(Some(parent), c, flags) {
-            Ok(fd) => return Ok(fd),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                // SAFETY: a valid C string.
-                if unsafe { libc::mkdirat(parent.as_raw_fd(), c.as_ptr(), 0o755) } != 0 {
-                    let e = io::Error::last_os_error();
-                    if e.raw_os_error() == Some(libc::EEXIST) {
-                        continue;
-                    }
-                    return Err(format!("create {shown}: {e}"));
+    links: u32,
+}
+
+impl Walk {
+    /// Walks `path` from `from` (None: the working directory, or `/` for an absolute path).
+    /// `output`: its last component is the output directory itself, which is never a link.
+    fn walk(
+        &mut self,
+        from: Option<OwnedFd>,
+        path: &Path,
+        output: bool,
+    ) -> Result<OwnedFd, String> {
+        let parts: Vec<Component> = path.components().collect();
+        if parts.is_empty() {
+            return Err("an empty path".into());
+        }
+        let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY;
+        let mut fd = from;
+        for (i, part) in parts.iter().enumerate() {
+            let last = output && i + 1 == parts.len();
+            let name: &OsStr = match part {
+                Component::RootDir => {
+                    fd = Some(open_at(None, c"/", dir_flags).map_err(|e| e.to_string())?);
+                    continue;
                 }
-                let fd = match open_at(Some(parent), c, flags) {
-                    Ok(fd) => fd,
-                    // Replaced between the two calls: looked at again.
-                    Err(_) => continue,
-                };
-                if let Some((uid, gid)) = owner {
-                    // SAFETY: an fd we own.
-                    if unsafe { libc::fchown(fd.as_raw_fd(), uid, gid) } != 0 {
+                Component::CurDir => OsStr::new("."),
+                Component::ParentDir => OsStr::new(".."),
+                Component::Normal(n) => n,
+                Component::Prefix(_) => return Err("not a Unix path".into()),
+            };
+            let parent = match fd.take() {
+                Some(p) => p,
+                None => open_at(None, c".", dir_flags).map_err(|e| e.to_string())?,
+            };
+            let c = cstr(name).map_err(|e| e.to_string())?;
+            fd = Some(self.step(parent, name, &c, last)?);
+        }
+        // A path of `/` alone.
+        match fd {
+            Some(fd) => Ok(fd),
+            None => open_at(None, c".", dir_flags).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// One component of the walk: `name` in `parent`, created if missing, a link followed
+    /// only when trusted (and never as the output directory, `last`), its target walked by
+    /// the same rules: a link the user made may point into a directory others control.
+    fn step(
+        &mut self,
+        parent: OwnedFd,
+        name: &OsStr,
+        c: &CStr,
+        last: bool,
+    ) -> Result<OwnedFd, String> {
+        let (owner, user) = (self.owner, self.user);
+        let parent = &parent;
+        let shown = name.to_string_lossy();
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        for _ in 0..RETRIES {
+            match open_at(Some(parent), c, flags) {
+                Ok(fd) => return Ok(fd),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    // SAFETY: a valid C string.
+                    if unsafe { libc::mkdirat(parent.as_raw_fd(), c.as_ptr(), 0o755) } != 0 {
                         let e = io::Error::last_os_error();
-                        return Err(format!("chown {shown} to the sudo user: {e}"));
+                        if e.raw_os_error() == Some(libc::EEXIST) {
+                            continue;
+                        }
+                        return Err(format!("create {shown}: {e}"));
                     }
+                    let fd = match open_at(Some(parent), c, flags) {
+                        Ok(fd) => fd,
+                        // Replaced between the two calls: looked at again.
+                        Err(_) => continue,
+                    };
+                    if let Some((uid, gid)) = owner {
+                        // SAFETY: an fd we own.
+                        if unsafe { libc::fchown(fd.as_raw_fd(), uid, gid) } != 0 {
+                            let e = io::Error::last_os_error();
+                            return Err(format!("chown {shown} to the sudo user: {e}"));
+                        }
+                    }
+                    return Ok(fd);
                 }
-                return Ok(fd);
-            }
-            // O_NOFOLLOW on a link fails with ELOOP; O_DIRECTORY on anything else with ENOTDIR.
-            Err(e)
-                if e.raw_os_error() == Some(libc::ELOOP)
-                    || e.raw_os_error() == Some(libc::ENOTDIR) =>
-            {
-                let st = match stat_at(parent, c) {
-                    Ok(st) => st,
-                    Err(_) => continue,
-                };
-                if !is_link(&st) {
-                    return Err(if last {
-                        "exists and is not a directory".into()
-                    } else {
-                        format!("{shown} is not a directory")
-                    });
-                }
-                if last {
-                    return Err(
-                        "is a symbolic link (refused: give the directory it points to)".into(),
-                    );
-                }
-                let dir = stat_fd(parent).map_err(|e| e.to_string())?;
-                if !link_trusted(&dir, &st, user) {
-                    return Err(format!(
+                // O_NOFOLLOW on a link fails with ELOOP; O_DIRECTORY on anything else with ENOTDIR.
+                Err(e)
+                    if e.raw_os_error() == Some(libc::ELOOP)
+                        || e.raw_os_error() == Some(libc::ENOTDIR) =>
+                {
+                    let st = match stat_at(parent, c) {
+                        Ok(st) => st,
+                        Err(_) => continue,
+                    };
+                    if !is_link(&st) {
+                        return Err(if last {
+                            "exists and is not a directory".into()
+                        } else {
+                            format!("{shown} is not a directory")
+                        });
+                    }
+                    if last {
+                        return Err(
+                            "is a symbolic link (refused: give the directory it points to)".into(),
+                        );
+                    }
+                    let dir = stat_fd(parent).map_err(|e| e.to_string())?;
+                    if !link_trusted(&dir, &st, user) {
+                        return Err(format!(
                         "{shown} is a symbolic link another user could have planted (its owner \
                          uid {}, its directory's {}, mode {:o}): refused",
                         st.st_uid,
                         dir.st_uid,
                         dir.st_mode & 0o7777
                     ));
+                    }
+                    self.links += 1;
+                    if self.links > MAX_LINKS {
+                        return Err(format!("{shown}: too many levels of symbolic links"));
+                    }
+                    let target = read_link_at(parent, c).map_err(|e| format!("{shown}: {e}"))?;
+                    let from = if target.is_absolute() {
+                        None
+                    } else {
+                        Some(
+                            open_at(Some(parent), c".", libc::O_RDONLY | libc::O_DIRECTORY)
+                                .map_err(|e| format!("{shown}: {e}"))?,
+                        )
+                    };
+                    return self.walk(from, &target, false);
                 }
-                return open_at(Some(parent), c, libc::O_RDONLY | libc::O_DIRECTORY)
-                    .map_err(|e| format!("{shown}: {e}"));
+                Err(e) => return Err(format!("{shown}: {e}")),
             }
-            Err(e) => return Err(format!("{shown}: {e}")),
         }
+        Err(format!("{shown} kept changing while it was opened"))
     }
-    Err(format!("{shown} kept changing while it was opened"))
+}
+
+/// The target of the link `name` in `dir`.
+fn read_link_at(dir: &OwnedFd, name: &CStr) -> io::Result<PathBuf> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: `buf` is writable for its length; readlinkat writes at most that many bytes.
+    let n = unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(PathBuf::from(OsStr::from_bytes(&buf)))
 }
 
 #[cfg(test)]
