@@ -9,7 +9,9 @@ use std::{
 
 use serde_json::Value;
 
-use crate::common::{self, repo_root, require_root, serial, tmp_dir, Run, GPUTRACE};
+use crate::common::{
+    self, gputrace, out_dir, repo_root, require_root, serial, tmp_dir, Run, GPUTRACE,
+};
 
 /// Builds the fake libraries and the workload once; returns their directory.
 pub(crate) fn fake_cuda() -> PathBuf {
@@ -878,4 +880,47 @@ fn no_nvml_is_said_once_and_the_trace_goes_on() {
         "{}",
         run.stdout
     );
+}
+
+/// A `--pid` trace counts the calls of its window, not those made while the report is built
+/// after it (the CPU profile's symbolisation alone takes ~0.1 s to seconds): a process that
+/// makes at most 1,000 copies a second shows at most 1,000 a second of the window, which the
+/// verdicts divide by. Before the CUDA probes stopped counting at the window's end, a 0.5 s
+/// trace counted the copies of its report's build too.
+#[test]
+fn a_pid_trace_counts_the_calls_of_its_window() {
+    let _g = serial();
+    if !require_root("a_pid_trace_counts_the_calls_of_its_window") {
+        return;
+    }
+    let dir = fake_cuda();
+    let mut target = crate::faults::Bg::spawn(
+        Command::new(dir.join("workload"))
+            .args(["--paced", "20000"])
+            .env("LD_LIBRARY_PATH", &dir),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for _ in 0..2 {
+        let out = out_dir("pid-cuda-window");
+        let run = gputrace(&[
+            "--pid",
+            &target.pid().to_string(),
+            "-d",
+            "500ms",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(run.code(), 0, "{}", run.stderr);
+        let r = run.report(&out);
+        let window_s = r["window"]["duration_ns"].as_f64().unwrap() / 1e9;
+        let copies = count(&cuda_of(&r, "workload"), "cudaMemcpy") as f64;
+        // Each copy is followed by a 1 ms sleep (and the wake-up's slack): 1,000 a second at
+        // most, ~900 here. One in flight at each end may count.
+        assert!(
+            copies <= 1000.0 * window_s + 2.0 && copies >= 300.0 * window_s,
+            "{copies} copies counted in a {window_s:.3} s window"
+        );
+    }
+    let _ = target.0.kill();
+    let _ = target.0.wait();
 }

@@ -178,9 +178,13 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     if !maybe_traced(tgid) {
         return 0;
     }
+    // Once the trace's window has ended, calls are not its (the report, the counts per second
+    // of the window, is built after it): tracked as the calls made while launches are off,
+    // not counted.
+    let stopped = account::stopped();
     if CUDA_ENTRY_ONLY.load() != 0 {
         // No call depth here: every launch entry counts, so none while launches are off.
-        if off {
+        if off || stopped {
             return 0;
         }
         return count_entry(tgid, tid, &cookie);
@@ -232,7 +236,7 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     // the runtime's launch is in flight, before its driver launch). So is a driver launch
     // called from a runtime whose launch entry went unseen: not a direct driver launch.
     if st.depth == 0 {
-        st.uncounted = u32::from(off || unseen_runtime_call(tgid, sp, cookie.shape));
+        st.uncounted = u32::from(off || stopped || unseen_runtime_call(tgid, sp, cookie.shape));
         if st.uncounted != 0 {
             st.depth = 1;
             st.outer_sp = sp;

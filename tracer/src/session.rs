@@ -231,8 +231,13 @@ fn trace(
     ))?;
     let window_end_ktime = probes::ktime_now();
     let duration_ns = window_start.elapsed().as_nanos() as u64;
+    let window_end = probes::WindowEnd {
+        uprobes: &uprobes,
+        tracker: &tracker,
+        at: window_end_ktime,
+    };
     for f in families.iter_mut() {
-        f.window_ended(&mut ebpf, &uprobes)
+        f.window_ended(&mut ebpf, &window_end)
             .with_context(|| format!("stop the {} probes", f.name()))?;
     }
     // The event loop no longer listens: a second Ctrl-C during the report aborts at once

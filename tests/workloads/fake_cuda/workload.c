@@ -4,6 +4,8 @@
  *   workload [start_delay_ms]      the delay lets gputrace find the libraries first
  *   workload --bench N             N launches as fast as possible, then exit (benchmarks)
  *   workload --held N              one launch held inside the runtime, then N launches
+ *   workload --paced N             N copies, each followed by a 1 ms sleep: at most 1,000 a
+ *                                  second, so a window of T s can see at most 1,000 T of them
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -94,8 +96,19 @@ static int held(long n) {
     return 0;
 }
 
+static int paced(long n) {
+    static char src[64], dst[64];
+    struct timespec ms = {0, 1000000};
+    for (long i = 0; i < n; i++) {
+        cudaMemcpy(dst, src, sizeof src, 1);
+        nanosleep(&ms, NULL);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[1], "--bench") == 0) return bench(atol(argv[2]));
+    if (argc > 2 && strcmp(argv[1], "--paced") == 0) return paced(atol(argv[2]));
     if (argc > 2 && strcmp(argv[1], "--held") == 0) return held(atol(argv[2]));
     /* The real runtime loads the driver when it initialises, before the first call. */
     void *drv = dlopen("libcuda.so.1", RTLD_NOW);

@@ -1443,7 +1443,7 @@ impl ProbeFamily for Accounting {
         Ok(())
     }
 
-    fn window_ended(&mut self, ebpf: &mut Ebpf, _: &crate::uprobes::Uprobes) -> Result<()> {
+    fn window_ended(&mut self, ebpf: &mut Ebpf, _: &crate::probes::WindowEnd<'_>) -> Result<()> {
         // Stopped as the window ends, not once the report is under way: detaching the
         // programs takes a grace period a link (~0.1 s in all here), and the CPU profile's
         // symbolisation before it as long again or more, and a thread alive to the end was
@@ -1475,7 +1475,12 @@ impl ProbeFamily for Accounting {
     ) -> Result<()> {
         // Stopped as the window ended (`window_ended`), unless the session never said it had.
         if self.stopped_at.is_none() {
-            self.window_ended(ebpf, ctx.uprobes)?;
+            let end = crate::probes::WindowEnd {
+                uprobes: ctx.uprobes,
+                tracker: ctx.tracker,
+                at: ctx.window_end_ktime,
+            };
+            self.window_ended(ebpf, &end)?;
         }
         let end = self.stopped_at.unwrap_or_else(ktime_now);
         self.learn(ebpf);

@@ -520,6 +520,14 @@ impl ProbeFamily for CudaFamily {
         vec![crate::bpf::Preload::plain("cuda_thread_exit")]
     }
 
+    fn window_ended(&mut self, ebpf: &mut Ebpf, end: &crate::probes::WindowEnd<'_>) -> Result<()> {
+        // The calls from here on go uncounted (the accounting has set ACCOUNT_STOPPED, first):
+        // the budget's last tick is taken now, not once the report is under way, or its last
+        // window would take in time and launches past the window's end.
+        self.gate.last_tick(ebpf, end.tracker.ended_at());
+        Ok(())
+    }
+
     fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()> {
         // Loaded with the session's other uprobe programs (`Uprobes::load`).
         self.uprobes = Some(ctx.uprobes.clone());

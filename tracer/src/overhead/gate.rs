@@ -1194,12 +1194,22 @@ impl LaunchGate {
         }
     }
 
-    /// Last partial tick, then the scaled counts and the sampling note in the report. `ended`:
-    /// when the last traced process exited, if all did (the time after it launched nothing).
-    pub fn finish(&mut self, ebpf: &mut Ebpf, data: &mut ReportData, ended: Option<u64>) {
+    /// The last partial tick, once: as the trace's window ends (from then the probes count
+    /// nothing: `account::stopped` in the eBPF crate), or at `finish`. `ended`: when the last
+    /// traced process exited, if all did (the time after it launched nothing).
+    pub fn last_tick(&mut self, ebpf: &mut Ebpf, ended: Option<u64>) {
+        if self.finishing {
+            return;
+        }
         let now = ktime_now();
         self.finishing = true;
         self.tick_until(ebpf, ended.map_or(now, |e| e.min(now)));
+    }
+
+    /// Last partial tick, then the scaled counts and the sampling note in the report. `ended`:
+    /// when the last traced process exited, if all did (the time after it launched nothing).
+    pub fn finish(&mut self, ebpf: &mut Ebpf, data: &mut ReportData, ended: Option<u64>) {
+        self.last_tick(ebpf, ended);
         if let Some(c) = self.calibrator.as_mut() {
             let t = c.in_trace();
             self.gate.set_final_trap(t.per_call(self.entry_only));

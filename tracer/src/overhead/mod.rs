@@ -214,7 +214,7 @@ impl ProbeFamily for OverheadFamily {
         Ok(())
     }
 
-    fn window_ended(&mut self, ebpf: &mut Ebpf, _: &crate::uprobes::Uprobes) -> Result<()> {
+    fn window_ended(&mut self, ebpf: &mut Ebpf, _: &crate::probes::WindowEnd<'_>) -> Result<()> {
         // The window's counts, at the instant the accounting stops its programs (they are
         // detached, and their counts gone, in its `finish`).
         self.at_end = Some(self.runs(ebpf).collect());
