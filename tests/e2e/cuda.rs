@@ -924,3 +924,53 @@ fn a_pid_trace_counts_the_calls_of_its_window() {
     let _ = target.0.kill();
     let _ = target.0.wait();
 }
+
+/// A CUDA library a launched command maps as it starts is probed only once it is seen mapped,
+/// ~6-17 ms later: the calls in between are missing, and the report says so. (Probing a
+/// preloaded library before the release was tried: the budget's first window then opened
+/// before the job launched anything, and the launch demo's estimate went from 550,000 launches
+/// to 0.66-2.0 million.)
+#[test]
+fn libraries_probed_after_their_mapping_are_named() {
+    let _g = serial();
+    if !require_root("libraries_probed_after_their_mapping_are_named") {
+        return;
+    }
+    let dir = fake_cuda();
+    let workload = dir.join("workload");
+    // 300 copies 1 ms apart: a process that exits before its maps are read leaves nothing to
+    // find.
+    let out = out_dir("late-linked");
+    let run = run_traced(
+        &[
+            "--max-overhead",
+            "100%",
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            workload.to_str().unwrap(),
+            "--paced",
+            "300",
+        ],
+        &[("LD_LIBRARY_PATH", dir.to_str().unwrap())],
+    );
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let r = run.report(&out);
+    let spots: Vec<&str> = r["blind_spots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b.as_str())
+        .filter(|b| b.contains("mapped it (found as it was mapped)"))
+        .collect();
+    assert!(
+        spots
+            .iter()
+            .any(|b| b.contains("libcudart.so.12 was probed")),
+        "{spots:?}"
+    );
+    // What was probed from then on is counted: the copies seen and the ones before sum to
+    // the workload's 300 at most.
+    let seen = count(&cuda_of(&r, "workload"), "cudaMemcpy");
+    assert!(seen > 200 && seen <= 300, "{seen}");
+}

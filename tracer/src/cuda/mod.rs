@@ -73,6 +73,10 @@ pub struct CudaFamily {
     raw: RawEvents,
     ticks: u64,
     warnings: Vec<String>,
+    /// Libraries found only once a process had mapped them: (library, pid, ms from the
+    /// mapping to the probes), the longest per library. The calls made in between were not
+    /// seen; the report says so.
+    late: Vec<(String, u32, f64)>,
     /// Other mapped objects checked for an embedded CUDA runtime: (inode, path) -> verdict.
     checked: HashMap<(u64, String), bool>,
     /// Each process's executable mapping sizes at its last look (`procfs::exec_sizes`).
@@ -170,6 +174,7 @@ impl CudaFamily {
             raw: RawEvents::default(),
             ticks: 0,
             warnings: Vec::new(),
+            late: Vec::new(),
             checked: HashMap::new(),
             exec_sizes: HashMap::new(),
             named: Vec::new(),
@@ -588,14 +593,18 @@ impl ProbeFamily for CudaFamily {
         for &(pid, mapped_at) in pids {
             let known = self.libs.len();
             self.scan_only(ebpf, &[pid], false);
-            if self.verbose {
-                let lag = crate::probes::ktime_now().saturating_sub(mapped_at);
-                for lib in &self.libs[known..] {
+            let lag = crate::probes::ktime_now().saturating_sub(mapped_at) as f64 / 1e6;
+            for lib in &self.libs[known..] {
+                if self.verbose {
                     crate::note!(
-                        "gputrace: probes on {} {:.1} ms after pid {pid} mapped it",
-                        lib.found.path,
-                        lag as f64 / 1e6
+                        "gputrace: probes on {} {lag:.1} ms after pid {pid} mapped it",
+                        lib.found.path
                     );
+                }
+                match self.late.iter_mut().find(|(p, _, _)| *p == lib.found.path) {
+                    Some(l) if l.2 < lag => *l = (lib.found.path.clone(), pid, lag),
+                    Some(_) => {}
+                    None => self.late.push((lib.found.path.clone(), pid, lag)),
                 }
             }
         }
@@ -690,6 +699,12 @@ impl ProbeFamily for CudaFamily {
             });
         }
         self.gate.finish(ebpf, data, ctx.tracker.ended_at());
+        for (lib, pid, lag) in &self.late {
+            data.report.blind_spots.push(format!(
+                "{lib} was probed {lag:.1} ms after pid {pid} mapped it (found as it was mapped): \
+                 the CUDA calls made through it in between were not seen"
+            ));
+        }
         for l in self.libs.iter().filter(|l| l.found.embedded) {
             data.report.blind_spots.push(format!(
                 "{} carries its own CUDA runtime (statically linked); probed through its \

@@ -12,7 +12,7 @@ pub enum Mode {
     Launch,
     /// Big pageable host-to-device cudaMemcpy every step.
     Transfer,
-    /// Long kernels; the trainer waits in cudaDeviceSynchronize.
+    /// Long kernels; the trainer waits in cudaStreamSynchronize.
     Gpu,
 }
 

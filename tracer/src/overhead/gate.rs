@@ -21,7 +21,10 @@ use tracer_common::cuda::{
     WINDOW_GEN_SLOT,
 };
 
-use super::{scale_cuda, scale_launch_time, stats::own_map, stats_on, worst_cuda_thread, StatsOn};
+use super::{
+    cap_to_lives, launch_time_added, scale_cuda, scale_launch_time, stats::own_map, stats_on,
+    worst_cuda_thread, StatsOn,
+};
 use crate::{
     budget::{self, Gate, TickObs},
     cuda::table::FUNCS,
@@ -1242,6 +1245,10 @@ impl LaunchGate {
             .filter(|f| f.is_launch())
             .map(|f| f.name)
             .collect();
+        // What the probes add inside a timed launch: the return's trap and program (the
+        // entry's trap, and its program up to the clock read, come before the call's start).
+        let (_, inside_ns) =
+            self.measured_cost(&counts(ebpf, self.uprobes.as_ref(), self.hits.as_ref()));
         let mut seen = 0u64;
         for p in data.report.processes.iter_mut() {
             let Some(c) = p.cuda.as_mut() else { continue };
@@ -1250,13 +1257,31 @@ impl LaunchGate {
                     seen += a.count;
                 }
             }
-            scale_cuda(c, &launch_names, e.scale);
+            let before = c.clone();
+            scale_cuda(c, &launch_names, e.scale, inside_ns);
+            let lives: HashMap<u32, u64> = p
+                .threads
+                .iter()
+                .filter_map(|t| t.time.as_ref().map(|tb| (t.tid, tb.alive_ns)))
+                .collect();
+            cap_to_lives(c, &launch_names, |tid| lives.get(&tid).copied());
+            // The time breakdowns take the time the filled-in launches added, process and
+            // thread each by their own launch rows.
+            let added = launch_time_added(&before.api, &c.api, &launch_names);
             if let Some(t) = p.time.as_mut() {
-                scale_launch_time(t, e.scale);
+                scale_launch_time(t, added);
             }
             for t in p.threads.iter_mut() {
-                if let Some(t) = t.time.as_mut() {
-                    scale_launch_time(t, e.scale);
+                let rows = |c: &crate::report::model::cuda::ProcessCuda| {
+                    c.threads
+                        .iter()
+                        .find(|x| x.tid == t.tid)
+                        .map(|x| x.api.clone())
+                        .unwrap_or_default()
+                };
+                let added = launch_time_added(&rows(&before), &rows(c), &launch_names);
+                if let Some(tb) = t.time.as_mut() {
+                    scale_launch_time(tb, added);
                 }
             }
         }

@@ -541,7 +541,7 @@ fn render_block_io(o: &mut String, r: &Report, p: &ProcessReport) {
         o,
         &format!(
             "  {:<18} {:>9} {:>11} {:>11} {:>12} {:>11} {:>11}",
-            "block I/O", "requests", "read", "written", "read rate", "mean lat", "queued"
+            "block I/O", "requests", "read", "written", "read rate", "mean lat", "mean queue"
         ),
     );
     for b in &p.block_io {
@@ -555,7 +555,7 @@ fn render_block_io(o: &mut String, r: &Report, p: &ProcessReport) {
                 units::bytes(b.write_bytes),
                 units::rate(b.read_bytes, r.window.duration_ns),
                 units::dur(b.total_ns.checked_div(b.requests).unwrap_or(0)),
-                units::dur(b.queue_ns)
+                units::dur(b.queue_ns.checked_div(b.requests).unwrap_or(0))
             ),
         );
     }
