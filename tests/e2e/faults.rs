@@ -756,6 +756,17 @@ fn a_stopped_target_does_not_hang_gputrace() {
         r["sampling"]["samples"], 0,
         "a stopped process cannot be on CPU"
     );
+    // Stopped for the whole window, and said so (it was "other: no syscall", or the sleep
+    // it was stopped in).
+    let t = &r["processes"][0]["threads"][0]["time"];
+    let stopped: f64 = t["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["reason"] == "stopped (SIGSTOP)")
+        .map(|x| x["ns"].as_f64().unwrap())
+        .sum();
+    assert!(stopped >= 0.99 * t["alive_ns"].as_f64().unwrap(), "{t:#}");
     assert_released(&held, live.pid());
 
     // And so does Ctrl-C.

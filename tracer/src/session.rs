@@ -576,9 +576,19 @@ fn bound_report(data: &mut report::ReportData, tracker: &Tracker) {
         ));
     }
     if out.light > 0 {
+        // A fork storm of CUDA workers: their calls are in no table once they are not listed.
+        let cuda = if out.light_cuda_calls > 0 {
+            format!(
+                "; {} CUDA calls and {} copied, in no table of the report",
+                out.light_cuda_calls,
+                report::units::bytes(out.light_copied_bytes)
+            )
+        } else {
+            String::new()
+        };
         report.warnings.push(format!(
             "{} more processes are not listed, the lightest beyond the {} listed ({} CPU samples \
-             between them, all in cpu.folded)",
+             between them, all in cpu.folded{cuda})",
             out.light,
             report::bound::MAX_LISTED_PROCESSES,
             out.light_samples

@@ -111,6 +111,10 @@ pub const SYSCALL_RULES: &[(&str, Category)] = &[
 
 /// `prev_state` bit of uninterruptible sleep (D).
 pub const TASK_UNINTERRUPTIBLE: u32 = 0x2;
+/// `prev_state` bits of a stopped task (T: SIGSTOP, a terminal's Ctrl-Z) and of one stopped
+/// by a tracer (t: a debugger, strace), in the tracepoint's report form.
+pub const TASK_STOPPED: u32 = 0x4;
+pub const TASK_TRACED: u32 = 0x8;
 
 /// A classified off-CPU interval.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,6 +224,19 @@ pub fn blocked_with_file(
     user_frames: &[&str],
     file: Option<&str>,
 ) -> Verdict {
+    // Stopped, not waiting for anything: a thread stopped while it slept was woken by the
+    // signal and stops outside the wait (its syscall is restarted when it is continued), and
+    // was reported sleeping, or "other: no syscall", for as long as it was stopped.
+    if state & (TASK_STOPPED | TASK_TRACED) != 0 {
+        return Verdict {
+            category: Category::Other,
+            reason: if state & TASK_STOPPED != 0 {
+                "stopped (SIGSTOP)".into()
+            } else {
+                "stopped by a tracer".into()
+            },
+        };
+    }
     let by_file = file
         .filter(|_| kernel_frames.is_empty() && sys_nr >= 0)
         .filter(|_| FD_SYSCALLS.contains(&syscall_names::name(sys_nr as i64).as_str()))
@@ -317,6 +334,23 @@ mod tests {
             let nr = nr(n);
             assert!(nr >= 64 || m & 1 << nr == 0, "{n}");
         }
+    }
+
+    #[test]
+    fn a_stopped_thread_is_stopped_whatever_it_was_in() {
+        let v = blocked_with_user(nr("clock_nanosleep"), TASK_STOPPED | 1, &[], &[]);
+        assert_eq!(
+            v,
+            Verdict {
+                category: Category::Other,
+                reason: "stopped (SIGSTOP)".into()
+            }
+        );
+        let v = blocked_with_user(-1, TASK_TRACED, &["do_signal_stop"], &[]);
+        assert_eq!(v.reason, "stopped by a tracer");
+        // A plain sleep is still a sleep.
+        let v = blocked_with_user(nr("clock_nanosleep"), 1, &[], &[]);
+        assert_eq!(v.category, Category::Sleep);
     }
 
     #[test]

@@ -716,6 +716,8 @@ fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32, u64)> {
     let (phase, state, nr) = match st.state {
         'R' => (PHASE_ONCPU, 0, -1),
         'D' => (PHASE_BLOCKED, 2, nr),
+        'T' => (PHASE_BLOCKED, classify::TASK_STOPPED, nr),
+        't' => (PHASE_BLOCKED, classify::TASK_TRACED, nr),
         _ => (PHASE_BLOCKED, 1, nr),
     };
     Some((phase, state, nr, st.starttime))

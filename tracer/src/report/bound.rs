@@ -28,6 +28,10 @@ pub struct Unlisted {
     pub light: u64,
     /// CPU samples the light ones held between them (still in cpu.folded).
     pub light_samples: u64,
+    /// CUDA calls the light ones made between them (in no table of the report: trace.json
+    /// still has them), and the bytes they copied.
+    pub light_cuda_calls: u64,
+    pub light_copied_bytes: u64,
 }
 
 impl Unlisted {
@@ -88,6 +92,10 @@ pub fn limit_processes(report: &mut Report, max_idle: usize, max_listed: usize) 
     for p in drop_lightest(&mut report.processes, others, max_listed) {
         out.light += 1;
         out.light_samples += p.samples;
+        if let Some(c) = &p.cuda {
+            out.light_cuda_calls += c.api.iter().map(|a| a.count).sum::<u64>();
+            out.light_copied_bytes += c.copies.iter().map(|x| x.bytes).sum::<u64>();
+        }
     }
     report.followed.not_listed += out.total();
     out
@@ -272,6 +280,36 @@ mod tests {
         assert_eq!(out.light_samples, 285);
         assert_eq!(out.idle, 0);
         assert_eq!(r.followed.not_listed, 285);
+        assert_eq!(out.light_cuda_calls, 0);
+
+        // A storm of CUDA workers beyond the cap: their calls and bytes are counted for the
+        // warning (they are in no table once unlisted).
+        let worker = |pid: u32| {
+            let mut p = alive(pid, 1, 1_000_000);
+            p.cuda = Some(crate::report::model::cuda::ProcessCuda {
+                api: vec![crate::report::model::cuda::ApiStat {
+                    function: "cudaMemcpy".into(),
+                    count: 10,
+                    ..Default::default()
+                }],
+                copies: vec![crate::report::model::cuda::CopyStat {
+                    bytes: 640,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+            p
+        };
+        let mut ps = vec![process(1, 0)];
+        ps.extend((10..30).map(worker));
+        let mut r = report(ps);
+        r.window.duration_ns = 10_000_000_000;
+        let out = limit_processes(&mut r, MAX_IDLE_PROCESSES, 8);
+        assert_eq!(out.light, 12);
+        assert_eq!(
+            (out.light_cuda_calls, out.light_copied_bytes),
+            (120, 12 * 640)
+        );
     }
 
     fn thread(tid: u32, samples: u64, alive_ns: u64) -> ThreadReport {
