@@ -244,6 +244,38 @@ fn pid_exits_during_the_trace() {
     assert_released(&held, live.pid());
 }
 
+/// A target that exits while gputrace attaches: the report says nothing of it was traced,
+/// rather than an empty "traced for 0.00s" (and the trace ends at once, exit 0).
+#[test]
+fn a_pid_gone_before_the_window_opens_is_said_so() {
+    let _g = serial();
+    if !require_root("a_pid_gone_before_the_window_opens_is_said_so") {
+        return;
+    }
+    // Alive as gputrace checks it, gone long before the attach (~0.3 s, more in debug) ends.
+    let mut target = Bg::spawn(Command::new("sleep").arg("0.15"));
+    let pid = target.pid();
+    let dir = out_dir("pid-gone-early");
+    let run = gputrace(&[
+        "-d",
+        "10s",
+        "-o",
+        dir.to_str().unwrap(),
+        "--pid",
+        &pid.to_string(),
+    ]);
+    let _ = target.0.wait();
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let r = run.report(&dir);
+    let warned = r["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w.as_str())
+        .any(|w| w.contains(&format!("pid {pid} exited while gputrace attached")));
+    assert!(warned, "{:#}", r["warnings"]);
+}
+
 #[test]
 fn commands_that_cannot_be_executed() {
     let _g = serial();

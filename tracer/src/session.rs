@@ -182,6 +182,17 @@ fn trace(
     }
     let window_start_ktime = probes::ktime_now();
     let attach_ms = started.elapsed().as_secs_f64() * 1e3;
+    // A target that exited while gputrace attached left nothing in the window: its report
+    // would be an empty "traced for 0.00s" with no word why.
+    let gone_before: Vec<u32> = if launched.is_none() {
+        roots
+            .iter()
+            .copied()
+            .filter(|&p| !procfs::is_alive(p))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let window_start = Instant::now();
     let start_unix_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -289,6 +300,13 @@ fn trace(
         warnings: vec![],
         top: args.top,
     });
+    let mut report = report;
+    for pid in gone_before {
+        report.warnings.push(format!(
+            "pid {pid} exited while gputrace attached ({attach_ms:.0} ms), before the trace's \
+             window opened: nothing of it was traced"
+        ));
+    }
     let mut data = ReportData {
         report,
         cpu,
