@@ -366,13 +366,13 @@ fn switch_out<C: StackIdContext, K: Kernel>(
     let st = match state(tid) {
         Some(st) => st,
         None => {
-            // Before the seeding, a thread that existed at the attach: the seeding accounts
-            // it from the window's start.
-            if !is_traced(tgid) || !crate::account::seeded() {
+            if !is_traced(tgid) {
                 return;
             }
             // A thread we never saw start (created between the attach and the seeding, its
-            // birth unseen): accounted from now on.
+            // birth unseen): accounted from now on. Before the seeding, none is taken as born
+            // (`gputrace_born`, `account::seeded`): the seeding accounts the threads that
+            // existed at the attach from the window's start.
             born(tid, tgid, now);
             match state(tid) {
                 Some(st) => {

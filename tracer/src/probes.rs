@@ -31,14 +31,6 @@ pub struct FinishCtx<'a> {
     pub uprobes: &'a crate::uprobes::Uprobes,
 }
 
-/// What a family is told as the trace's window ends (`ProbeFamily::window_ended`).
-pub struct WindowEnd<'a> {
-    pub uprobes: &'a crate::uprobes::Uprobes,
-    pub tracker: &'a Tracker,
-    /// CLOCK_MONOTONIC ns of the window's end.
-    pub at: u64,
-}
-
 pub trait ProbeFamily {
     fn name(&self) -> &'static str;
     /// Sets loader globals before the object is loaded (`override_global`); the values live
@@ -64,7 +56,7 @@ pub trait ProbeFamily {
     /// Called as the trace's window ends, in the families' order, before anything else is
     /// read: what counts to the window's end stops counting here (the report that follows
     /// takes from ~0.1 s to seconds to build).
-    fn window_ended(&mut self, _ebpf: &mut Ebpf, _ctx: &WindowEnd<'_>) -> Result<()> {
+    fn window_ended(&mut self, _ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
         Ok(())
     }
     /// Called once the trace has ended, before any family's `finish`: measurements that every

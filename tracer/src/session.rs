@@ -242,13 +242,8 @@ fn trace(
     ))?;
     let window_end_ktime = probes::ktime_now();
     let duration_ns = window_start.elapsed().as_nanos() as u64;
-    let window_end = probes::WindowEnd {
-        uprobes: &uprobes,
-        tracker: &tracker,
-        at: window_end_ktime,
-    };
     for f in families.iter_mut() {
-        f.window_ended(&mut ebpf, &window_end)
+        f.window_ended(&mut ebpf, &tracker)
             .with_context(|| format!("stop the {} probes", f.name()))?;
     }
     // The event loop no longer listens: a second Ctrl-C during the report aborts at once
@@ -297,16 +292,17 @@ fn trace(
         // Filled in once the families finished (below).
         drops: Vec::new(),
         blind_spots: vec![],
-        warnings: vec![],
+        warnings: gone_before
+            .iter()
+            .map(|pid| {
+                format!(
+                    "pid {pid} exited while gputrace attached ({attach_ms:.0} ms), before the \
+                     trace's window opened: nothing of it was traced"
+                )
+            })
+            .collect(),
         top: args.top,
     });
-    let mut report = report;
-    for pid in gone_before {
-        report.warnings.push(format!(
-            "pid {pid} exited while gputrace attached ({attach_ms:.0} ms), before the trace's \
-             window opened: nothing of it was traced"
-        ));
-    }
     let mut data = ReportData {
         report,
         cpu,

@@ -723,6 +723,16 @@ fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32, u64)> {
     Some((phase, state, nr, st.starttime))
 }
 
+/// Sets slot `slot` of `ACCOUNT_STOPPED` (`tracer_common::wall::STOPPED_SLOT`, `SEEDED_SLOT`).
+fn set_flag(ebpf: &mut Ebpf, slot: u32) -> Result<()> {
+    let mut flags: aya::maps::Array<_, u32> = aya::maps::Array::try_from(
+        ebpf.map_mut(STOPPED_MAP)
+            .context("map ACCOUNT_STOPPED missing")?,
+    )?;
+    flags.set(slot, 1, 0)?;
+    Ok(())
+}
+
 /// `task_rename`'s `pid` field in its record (0 where the kernel has no such tracepoint or
 /// field: the offset `Offsets::read` resolved is then the common fields').
 fn rename_pid(o: &Offsets) -> u32 {
@@ -1355,13 +1365,7 @@ impl ProbeFamily for Accounting {
             &mut self.run_times,
             &mut self.seeded_stacks,
         )?;
-        let mut flags: aya::maps::Array<_, u32> = aya::maps::Array::try_from(
-            ebpf.map_mut(STOPPED_MAP)
-                .context("map ACCOUNT_STOPPED missing")?,
-        )?;
-        flags
-            .set(tracer_common::wall::SEEDED_SLOT, 1, 0)
-            .context("mark the threads seeded")?;
+        set_flag(ebpf, tracer_common::wall::SEEDED_SLOT).context("mark the threads seeded")?;
         self.learn(ebpf);
         Ok(())
     }
@@ -1445,7 +1449,7 @@ impl ProbeFamily for Accounting {
         Ok(())
     }
 
-    fn window_ended(&mut self, ebpf: &mut Ebpf, _: &crate::probes::WindowEnd<'_>) -> Result<()> {
+    fn window_ended(&mut self, ebpf: &mut Ebpf, _: &Tracker) -> Result<()> {
         // Stopped as the window ends, not once the report is under way: detaching the
         // programs takes a grace period a link (~0.1 s in all here), and the CPU profile's
         // symbolisation before it as long again or more, and a thread alive to the end was
@@ -1453,13 +1457,7 @@ impl ProbeFamily for Accounting {
         // seconds for a large target). From here the programs leave the threads' states and
         // rows alone (`account::stopped`), so the sums and the open intervals read in
         // `finish` are this instant's.
-        let mut stopped: aya::maps::Array<_, u32> = aya::maps::Array::try_from(
-            ebpf.map_mut(STOPPED_MAP)
-                .context("map ACCOUNT_STOPPED missing")?,
-        )?;
-        stopped
-            .set(tracer_common::wall::STOPPED_SLOT, 1, 0)
-            .context("stop the accounting")?;
+        set_flag(ebpf, tracer_common::wall::STOPPED_SLOT).context("stop the accounting")?;
         self.stopped_at = Some(ktime_now());
         // A program that read the flag just before it was set may still be writing (what it
         // saw before the end): wait for every CPU to pass through the scheduler (an RCU grace
@@ -1477,12 +1475,7 @@ impl ProbeFamily for Accounting {
     ) -> Result<()> {
         // Stopped as the window ended (`window_ended`), unless the session never said it had.
         if self.stopped_at.is_none() {
-            let end = crate::probes::WindowEnd {
-                uprobes: ctx.uprobes,
-                tracker: ctx.tracker,
-                at: ctx.window_end_ktime,
-            };
-            self.window_ended(ebpf, &end)?;
+            self.window_ended(ebpf, ctx.tracker)?;
         }
         let end = self.stopped_at.unwrap_or_else(ktime_now);
         self.learn(ebpf);

@@ -525,11 +525,11 @@ impl ProbeFamily for CudaFamily {
         vec![crate::bpf::Preload::plain("cuda_thread_exit")]
     }
 
-    fn window_ended(&mut self, ebpf: &mut Ebpf, end: &crate::probes::WindowEnd<'_>) -> Result<()> {
+    fn window_ended(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
         // The calls from here on go uncounted (the accounting has set ACCOUNT_STOPPED, first):
         // the budget's last tick is taken now, not once the report is under way, or its last
         // window would take in time and launches past the window's end.
-        self.gate.last_tick(ebpf, end.tracker.ended_at());
+        self.gate.last_tick(ebpf, tracker.ended_at());
         Ok(())
     }
 

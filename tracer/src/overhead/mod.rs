@@ -214,9 +214,10 @@ impl ProbeFamily for OverheadFamily {
         Ok(())
     }
 
-    fn window_ended(&mut self, ebpf: &mut Ebpf, _: &crate::probes::WindowEnd<'_>) -> Result<()> {
-        // The window's counts, at the instant the accounting stops its programs (they are
-        // detached, and their counts gone, in its `finish`).
+    fn window_ended(&mut self, ebpf: &mut Ebpf, _: &crate::tracker::Tracker) -> Result<()> {
+        // The window's counts, at the instant the accounting stops its programs: their runs
+        // while the report is built (early returns, the calls no longer counted) are not the
+        // window's.
         self.at_end = Some(self.runs(ebpf).collect());
         Ok(())
     }
@@ -481,24 +482,13 @@ pub(crate) fn cap_to_lives(
     if cut.is_empty() {
         return;
     }
-    let before: u64 = c
-        .api
-        .iter()
-        .filter(|a| launches.contains(&a.function.as_str()))
-        .map(|a| a.total_ns)
-        .sum();
+    let before = launch_ns(&c.api, launches);
     for a in c.api.iter_mut() {
         if let Some(n) = cut.get(&a.function) {
             a.total_ns = a.total_ns.saturating_sub(*n);
         }
     }
-    let after: u64 = c
-        .api
-        .iter()
-        .filter(|a| launches.contains(&a.function.as_str()))
-        .map(|a| a.total_ns)
-        .sum();
-    let k = after as f64 / before.max(1) as f64;
+    let k = launch_ns(&c.api, launches) as f64 / before.max(1) as f64;
     for kern in c.kernels.iter_mut() {
         kern.launch_ns = (kern.launch_ns as f64 * k).round() as u64;
     }
@@ -511,17 +501,19 @@ pub(crate) fn launch_time_added(
     after: &[crate::report::model::cuda::ApiStat],
     launches: &[&str],
 ) -> f64 {
-    let sum = |rows: &[crate::report::model::cuda::ApiStat]| -> u64 {
-        rows.iter()
-            .filter(|a| launches.contains(&a.function.as_str()))
-            .map(|a| a.total_ns)
-            .sum()
-    };
-    let seen = sum(before);
+    let seen = launch_ns(before, launches);
     if seen == 0 {
         return 0.0;
     }
-    sum(after).saturating_sub(seen) as f64 / seen as f64
+    launch_ns(after, launches).saturating_sub(seen) as f64 / seen as f64
+}
+
+/// The time inside the launch functions' calls of `rows`.
+fn launch_ns(rows: &[crate::report::model::cuda::ApiStat], launches: &[&str]) -> u64 {
+    rows.iter()
+        .filter(|a| launches.contains(&a.function.as_str()))
+        .map(|a| a.total_ns)
+        .sum()
 }
 
 /// Off the windows a launch's time is counted as plain on-CPU time: move `added` times the
@@ -541,21 +533,12 @@ pub(crate) fn scale_launch_time(t: &mut crate::report::model::time::TimeBreakdow
     if moved == 0 {
         return;
     }
-    let mut had_launch = false;
     for c in t.categories.iter_mut() {
         if c.category == "cpu" {
             c.ns -= moved;
         } else if c.category == "cuda_launch" {
             c.ns += moved;
-            had_launch = true;
         }
-    }
-    if !had_launch {
-        t.categories.push(crate::report::model::time::CategoryTime {
-            category: "cuda_launch".into(),
-            ns: moved,
-            percent: 0.0,
-        });
     }
     let alive = t.alive_ns.max(1) as f64;
     for c in t.categories.iter_mut() {

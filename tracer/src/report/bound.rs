@@ -28,8 +28,8 @@ pub struct Unlisted {
     pub light: u64,
     /// CPU samples the light ones held between them (still in cpu.folded).
     pub light_samples: u64,
-    /// CUDA calls the light ones made between them (in no table of the report: trace.json
-    /// still has them), and the bytes they copied.
+    /// CUDA calls the light ones made between them (in no table of the report once they are
+    /// not listed), and the bytes they copied.
     pub light_cuda_calls: u64,
     pub light_copied_bytes: u64,
 }

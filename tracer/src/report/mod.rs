@@ -20,10 +20,7 @@ pub mod units;
 use std::{
     fs,
     io::{BufWriter, Write},
-    os::{
-        fd::{AsRawFd, FromRawFd},
-        unix::fs::PermissionsExt,
-    },
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
 };
 
@@ -202,33 +199,10 @@ pub fn prepare_output_dir(dir: &Path) -> Result<OutputDir> {
     // A name anyone may plant a link or a file at: removed first, then created exclusively and
     // never through a link.
     let probe = c".gputrace-write-test";
-    unlink_at(&out, probe);
-    create_at(&out, probe).map_err(|e| err(e.to_string()))?;
-    unlink_at(&out, probe);
+    out.unlink(probe);
+    out.create(probe).map_err(|e| err(e.to_string()))?;
+    out.unlink(probe);
     Ok(out)
-}
-
-fn unlink_at(dir: &OutputDir, name: &std::ffi::CStr) -> bool {
-    // SAFETY: a valid C string and an open directory.
-    unsafe { libc::unlinkat(dir.fd().as_raw_fd(), name.as_ptr(), 0) == 0 }
-}
-
-/// Creates `name` in `dir`, exclusively and never through a link, mode 0644 (less the umask).
-fn create_at(dir: &OutputDir, name: &std::ffi::CStr) -> std::io::Result<fs::File> {
-    // SAFETY: a valid C string; the fd returned is ours alone.
-    let fd = unsafe {
-        libc::openat(
-            dir.fd().as_raw_fd(),
-            name.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0o644,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: just opened, owned by nothing else.
-    Ok(unsafe { fs::File::from_raw_fd(fd) })
 }
 
 /// The user who ran `sudo gputrace` (SUDO_UID/SUDO_GID), when we run as root for them: outputs
@@ -288,8 +262,8 @@ fn write_file(
     let cname = std::ffi::CString::new(name).map_err(|_| fail("a NUL in the name".into()))?;
     let tmp = std::ffi::CString::new(format!(".{name}.gputrace-{}.tmp", std::process::id()))
         .map_err(|_| fail("a NUL in the name".into()))?;
-    unlink_at(dir, &tmp);
-    let f = create_at(dir, &tmp).map_err(|e| fail(describe_io(&e)))?;
+    dir.unlink(&tmp);
+    let f = dir.create(&tmp).map_err(|e| fail(describe_io(&e)))?;
     let res = (|| -> Result<(), String> {
         // The umask may have narrowed the mode; reports are meant to be readable.
         f.set_permissions(fs::Permissions::from_mode(0o644))
@@ -304,15 +278,10 @@ fn write_file(
         drop(w);
         // Delayed allocation reports a full disk only here.
         f.sync_data().map_err(|e| describe_io(&e))?;
-        let at = dir.fd().as_raw_fd();
-        // SAFETY: valid C strings, both in the open directory.
-        if unsafe { libc::renameat(at, tmp.as_ptr(), at, cname.as_ptr()) } != 0 {
-            return Err(describe_io(&std::io::Error::last_os_error()));
-        }
-        Ok(())
+        dir.rename(&tmp, &cname).map_err(|e| describe_io(&e))
     })();
     if let Err(reason) = res {
-        unlink_at(dir, &tmp);
+        dir.unlink(&tmp);
         return Err(fail(reason));
     }
     Ok(path)
@@ -345,7 +314,7 @@ pub fn write_all(dir: &OutputDir, data: &ReportData) -> Result<Vec<PathBuf>> {
         match write_file(dir, e.file_name(), |w| e.write(data, w)) {
             Ok(p) => written.push(p),
             Err(err) => {
-                if std::ffi::CString::new(e.file_name()).is_ok_and(|c| unlink_at(dir, &c)) {
+                if std::ffi::CString::new(e.file_name()).is_ok_and(|c| dir.unlink(&c)) {
                     removed.push(e.file_name());
                 }
                 failed.push(err);

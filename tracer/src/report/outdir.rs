@@ -112,8 +112,27 @@ impl OutputDir {
         &self.path
     }
 
-    pub fn fd(&self) -> &OwnedFd {
-        &self.fd
+    /// Creates `name` in the directory, exclusively and never through a link, mode 0644 (less
+    /// the umask).
+    pub fn create(&self, name: &CStr) -> io::Result<std::fs::File> {
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        open_at(Some(&self.fd), name, flags).map(std::fs::File::from)
+    }
+
+    /// Removes the file `name` from the directory; whether there was one.
+    pub fn unlink(&self, name: &CStr) -> bool {
+        // SAFETY: a valid C string and an open directory.
+        unsafe { libc::unlinkat(self.fd.as_raw_fd(), name.as_ptr(), 0) == 0 }
+    }
+
+    /// Renames `from` over `to`, both in the directory.
+    pub fn rename(&self, from: &CStr, to: &CStr) -> io::Result<()> {
+        let at = self.fd.as_raw_fd();
+        // SAFETY: valid C strings, both in the open directory.
+        if unsafe { libc::renameat(at, from.as_ptr(), at, to.as_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 }
 
@@ -158,13 +177,10 @@ impl Walk {
                 None => open_at(None, c".", dir_flags).map_err(|e| e.to_string())?,
             };
             let c = cstr(name).map_err(|e| e.to_string())?;
-            fd = Some(self.step(parent, name, &c, last)?);
+            fd = Some(self.step(&parent, name, &c, last)?);
         }
-        // A path of `/` alone.
-        match fd {
-            Some(fd) => Ok(fd),
-            None => open_at(None, c".", dir_flags).map_err(|e| e.to_string()),
-        }
+        // Every component (there is one at least) left a directory open.
+        fd.ok_or_else(|| "an empty path".into())
     }
 
     /// One component of the walk: `name` in `parent`, created if missing, a link followed
@@ -172,13 +188,12 @@ impl Walk {
     /// the same rules: a link the user made may point into a directory others control.
     fn step(
         &mut self,
-        parent: OwnedFd,
+        parent: &OwnedFd,
         name: &OsStr,
         c: &CStr,
         last: bool,
     ) -> Result<OwnedFd, String> {
         let (owner, user) = (self.owner, self.user);
-        let parent = &parent;
         let shown = name.to_string_lossy();
         let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
         for _ in 0..RETRIES {
