@@ -125,3 +125,46 @@ fn hot_functions_via_pid() {
     assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
     check_split(&dir, &run);
 }
+
+/// A loop in the vDSO's clock_gettime (no file behind it): its samples are named, in the
+/// `[vdso]` module, not left as `[unknown]`, and the module is bracketed once.
+#[test]
+fn vdso_functions_are_named() {
+    let _g = serial();
+    if !require_root("vdso_functions_are_named") {
+        return;
+    }
+    let (dir, run) = trace_workload("clock_loop", &["1.5"]);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).expect("cpu.folded");
+    let total: u64 = folded
+        .lines()
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    // Leaf frames: the stack before the count.
+    let named: u64 = folded
+        .lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(stack, _)| stack.rsplit(';').next() == Some("clock_gettime"))
+        .map(|(_, n)| n.parse::<u64>().unwrap())
+        .sum();
+    assert!(total > 50, "too few samples: {total}\n{folded}");
+    // Most of the loop is in the vDSO; the rest in libc's wrapper and main.
+    assert!(
+        named * 2 > total,
+        "clock_gettime in {named} of {total} samples\n{folded}"
+    );
+    let report = run.report(&dir);
+    let top = &report["processes"][0]["top_self"][0];
+    assert_eq!(top["module"], "[vdso]", "{top:#}");
+    assert!(
+        top["function"]
+            .as_str()
+            .is_some_and(|f| f.contains("clock_gettime")),
+        "{top:#}"
+    );
+    assert!(
+        run.stdout.contains("clock_gettime  [vdso]") && !run.stdout.contains("[[vdso]]"),
+        "{}",
+        run.stdout
+    );
+}

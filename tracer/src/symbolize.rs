@@ -12,10 +12,10 @@ use std::{
 
 use blazesym::{
     symbolize::{
-        source::{Elf, Kernel, Source},
+        source::{Elf, Kernel, Process, Source},
         Input, Symbolized, Symbolizer as Blaze,
     },
-    MaybeDefault,
+    MaybeDefault, Pid,
 };
 
 use crate::procfs::{self, Mapping};
@@ -71,6 +71,19 @@ impl Frame {
     }
 }
 
+/// `module` in brackets for a report's line, unless it is already a bracketed name
+/// (`[kernel]`, `[vdso]`, `[anon]`).
+pub fn module_label(module: &str) -> String {
+    if module.starts_with('[') && module.ends_with(']') {
+        module.to_string()
+    } else {
+        format!("[{module}]")
+    }
+}
+
+/// The kernel's name for the vDSO's mapping in /proc/PID/maps.
+const VDSO: &str = "[vdso]";
+
 /// Identity of a mapped file: its inode and path (a path alone can be replaced on disk).
 type FileKey = (u64, String);
 
@@ -81,6 +94,8 @@ pub struct Symbolizer {
     user_cache: HashMap<(FileKey, u64), Frame>,
     /// Where each file is opened from (a /proc/PID/map_files link works across mount namespaces).
     open_paths: HashMap<FileKey, PathBuf>,
+    /// gputrace's own vDSO (None until first needed; Some(None) when it has none).
+    own_vdso: Option<Option<Mapping>>,
     pub stats: SymbolizeStats,
 }
 
@@ -115,6 +130,7 @@ impl Symbolizer {
             kernel_cache: HashMap::new(),
             user_cache: HashMap::new(),
             open_paths: HashMap::new(),
+            own_vdso: None,
             stats: SymbolizeStats::default(),
         }
     }
@@ -182,6 +198,26 @@ impl Symbolizer {
                         per_file.entry(key).or_default().push((i, off));
                     }
                 }
+                Some(m) if m.path == VDSO => {
+                    let off = ip - m.start;
+                    // Keyed by size too: another ABI's vDSO is another image.
+                    let key: FileKey = (m.end - m.start, VDSO.into());
+                    if let Some(f) = self.user_cache.get(&(key.clone(), off)) {
+                        self.stats.cache_hits += 1;
+                        out[i] = Some(f.clone());
+                    } else {
+                        let name = self.vdso_name(m.end - m.start, off);
+                        if name.is_none() {
+                            self.stats.unknown += 1;
+                        }
+                        let f = match name {
+                            Some(n) => Frame::native(n, Some(VDSO.into())),
+                            None => Frame::unknown(Some(VDSO.into()), false),
+                        };
+                        self.user_cache.insert((key, off), f.clone());
+                        out[i] = Some(f);
+                    }
+                }
                 Some(m) => {
                     let module = if m.path.is_empty() {
                         "[anon]".to_string()
@@ -217,6 +253,33 @@ impl Symbolizer {
         out.into_iter()
             .map(|f| f.unwrap_or_else(|| Frame::unknown(None, false)))
             .collect()
+    }
+
+    /// The function at offset `off` of a process's vDSO of `len` bytes, read from gputrace's
+    /// own: the kernel maps one image into every process of an ABI, and the target's is
+    /// neither a file nor worth reading out of its memory. A vDSO of another size is another
+    /// ABI's (a 32-bit process's) and is left unnamed.
+    fn vdso_name(&mut self, len: u64, off: u64) -> Option<String> {
+        let own = self
+            .own_vdso
+            .get_or_insert_with(|| {
+                procfs::read_maps(std::process::id())?
+                    .into_iter()
+                    .find(|m| m.path == VDSO)
+            })
+            .clone()?;
+        if own.end - own.start != len {
+            return None;
+        }
+        let src = Source::from(Process::new(Pid::Slf));
+        let syms = self
+            .blaze
+            .symbolize(&src, Input::AbsAddr(&[own.start + off]))
+            .ok()?;
+        match syms.into_iter().next()? {
+            Symbolized::Sym(s) => Some(s.name.to_string()),
+            Symbolized::Unknown(_) => None,
+        }
     }
 
     fn resolve_file(&mut self, key: &FileKey, offsets: &[u64]) -> Vec<Option<String>> {
@@ -263,6 +326,13 @@ mod tests {
     }
 
     #[test]
+    fn brackets_modules_once() {
+        assert_eq!(module_label("libc.so.6"), "[libc.so.6]");
+        assert_eq!(module_label("[kernel]"), "[kernel]");
+        assert_eq!(module_label("[vdso]"), "[vdso]");
+    }
+
+    #[test]
     fn finds_mappings() {
         let maps = vec![m(0x1000, 0x2000, "/a"), m(0x3000, 0x4000, "/b")];
         assert_eq!(find_mapping(&maps, 0x1000).unwrap().path, "/a");
@@ -271,6 +341,47 @@ mod tests {
         assert_eq!(find_mapping(&maps, 0x3500).unwrap().path, "/b");
         assert!(find_mapping(&maps, 0x10).is_none());
         assert!(find_mapping(&maps, 0x5000).is_none());
+    }
+
+    /// The vDSO's functions are named from gputrace's own copy, at the target's offsets: a
+    /// made-up process whose vDSO sits elsewhere gets the name our own address has.
+    #[test]
+    fn names_vdso_functions_from_our_own() {
+        let own = procfs::read_maps(std::process::id())
+            .unwrap()
+            .into_iter()
+            .find(|m| m.path == VDSO)
+            .expect("this process has a vDSO");
+        let len = own.end - own.start;
+        let mut s = Symbolizer::new();
+        // Each function's first byte, as a leaf's IP would be.
+        let named: Vec<(u64, String)> = (0..len)
+            .step_by(16)
+            .filter_map(|off| Some((off, s.vdso_name(len, off)?)))
+            .collect();
+        assert!(
+            named.iter().any(|(_, n)| n.contains("clock_gettime")),
+            "no clock_gettime among {named:?}"
+        );
+        let (off, name) = named[0].clone();
+        let elsewhere = 0x7f00_0000_0000u64;
+        let maps = vec![Mapping {
+            start: elsewhere,
+            end: elsewhere + len,
+            offset: 0,
+            perms: "r-xp".into(),
+            inode: 0,
+            path: VDSO.into(),
+        }];
+        let f = s.user(1, &maps, false, &[elsewhere + off]);
+        assert_eq!(f[0], Frame::native(name, Some(VDSO.into())));
+        // Another ABI's vDSO (another size) is not ours to read.
+        let other = vec![Mapping {
+            end: elsewhere + len + 4096,
+            ..maps[0].clone()
+        }];
+        let g = s.user(1, &other, false, &[elsewhere + 4096 + off]);
+        assert_eq!(g[0].name, "[unknown]");
     }
 
     #[test]

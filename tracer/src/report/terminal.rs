@@ -680,7 +680,7 @@ fn fn_line(f: &crate::aggregate::cpu::FnStat) -> String {
     let module = f
         .module
         .as_deref()
-        .map(|m| format!("  [{m}]"))
+        .map(|m| format!("  {}", crate::symbolize::module_label(m)))
         .unwrap_or_default();
     clip(&format!(
         "    {:>5.1}% {:>7}  {}{}",

@@ -472,7 +472,7 @@ pub fn cpu_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
                 f.function,
                 f.module
                     .as_deref()
-                    .map(|m| format!(" [{m}]"))
+                    .map(|m| format!(" {}", crate::symbolize::module_label(m)))
                     .unwrap_or_default()
             )
         }));
