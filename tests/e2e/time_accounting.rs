@@ -1500,3 +1500,36 @@ fn a_pid_trace_accounts_threads_over_its_window_only() {
         }
     }
 }
+
+/// A parent in vfork waits on its child (which sleeps 300 ms before it execs, three times):
+/// `ipc`, reason `vfork`, not the `io` an uninterruptible sleep outside a known wait is, and
+/// no verdict takes it for data loading or disk I/O.
+#[test]
+fn a_vfork_parent_waits_on_its_child() {
+    let _g = serial();
+    if !require_root("a_vfork_parent_waits_on_its_child") {
+        return;
+    }
+    let (out, run) = trace_workload("vfork_spawn", &["3", "300"]);
+    let report = run.report(&out);
+    let parent = process_named(&report, "vfork_spawn");
+    let time = &parent["threads"][0]["time"];
+    let cats = categories(time);
+    assert!(
+        cats.get("ipc").copied().unwrap_or(0.0) > 80.0,
+        "{cats:?}\n{time:#}"
+    );
+    assert!(cats.get("io").copied().unwrap_or(0.0) < 5.0, "{cats:?}");
+    let vfork_ns: u64 = time["reasons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["category"] == "ipc" && r["reason"] == "vfork")
+        .map(|r| r["ns"].as_u64().unwrap())
+        .sum();
+    assert!(vfork_ns > 800_000_000, "{time:#}");
+    let findings = report["findings"].to_string();
+    for wrong in ["data-loading-bound", "io-bound"] {
+        assert!(!findings.contains(wrong), "{findings}");
+    }
+}

@@ -51,6 +51,25 @@ pub const STACK_RULES: &[(&str, Category)] = &[
     ("io_cqring_wait", Category::Io),
 ];
 
+/// Pairs of kernel functions that say together what neither says alone: (inner prefix, the
+/// frame right outside it, category), checked with [`STACK_RULES`] at each frame. A parent in
+/// `vfork` (`posix_spawn`, Python's `subprocess`) waits in `wait_for_completion_*` inside
+/// `kernel_clone` (where `wait_for_vfork_done` is inlined) until its child execs or exits, in
+/// an uninterruptible sleep that fell through to `io`: it waits on a child, as `wait4` does.
+pub const PAIR_RULES: &[(&str, &str, Category)] = &[
+    ("wait_for_vfork_done", "", Category::Ipc),
+    ("wait_for_completion", "kernel_clone", Category::Ipc),
+];
+
+/// The category of frame `i` of `frames` (innermost first) by [`PAIR_RULES`], if any.
+fn pair_rule(frames: &[&str], i: usize) -> Option<Category> {
+    let outer = frames.get(i + 1).copied().unwrap_or("");
+    PAIR_RULES
+        .iter()
+        .find(|(inner, out, _)| frames[i].starts_with(inner) && outer.starts_with(out))
+        .map(|(_, _, c)| *c)
+}
+
 /// Prefixes of generic wait primitives that say nothing of what is awaited (eventfd and timerfd
 /// reads wait in `do_wait_intr_irq`, `wait_for_completion` in `do_wait_for_common` where it is
 /// not inlined): skipped before the rules, so that `do_wait` (a wait for a child) does not
@@ -268,15 +287,16 @@ pub fn blocked_with_file(
             };
         }
     }
-    for f in kernel_frames
-        .iter()
-        .filter(|f| !GENERIC_WAITS.iter().any(|g| f.starts_with(g)))
-    {
-        if let Some((_, c)) = STACK_RULES.iter().find(|(p, _)| f.starts_with(p)) {
-            return Verdict {
-                category: *c,
-                reason,
-            };
+    for (i, f) in kernel_frames.iter().enumerate() {
+        if GENERIC_WAITS.iter().any(|g| f.starts_with(g)) {
+            continue;
+        }
+        let rule = STACK_RULES.iter().find(|(p, _)| f.starts_with(p));
+        if let Some(category) = rule
+            .map(|(_, c)| *c)
+            .or_else(|| pair_rule(kernel_frames, i))
+        {
+            return Verdict { category, reason };
         }
     }
     if let Some(category) = by_file {
@@ -376,6 +396,35 @@ mod tests {
             blocked_with_file(nr("read"), 1, &[], &[], None).category,
             Category::Io
         );
+    }
+
+    /// The frames this VM's 6.18 showed for a parent in `vfork` while its child slept before
+    /// exec (`wait_for_vfork_done` inlined), in uninterruptible sleep.
+    #[test]
+    fn a_vfork_parent_waits_on_its_child_not_a_disk() {
+        let frames = [
+            "__schedule",
+            "schedule",
+            "schedule_timeout",
+            "__wait_for_common",
+            "wait_for_completion_state",
+            "kernel_clone",
+            "__do_sys_vfork",
+        ];
+        for sys in ["vfork", "clone", "clone3"] {
+            let v = blocked(nr(sys), TASK_UNINTERRUPTIBLE, &frames);
+            assert_eq!(v.category, Category::Ipc, "{sys}");
+            assert_eq!(v.reason, sys);
+        }
+        let v = blocked(nr("vfork"), TASK_UNINTERRUPTIBLE, &["wait_for_vfork_done"]);
+        assert_eq!(v.category, Category::Ipc);
+        // A completion awaited elsewhere is not a child's.
+        let v = blocked(
+            -1,
+            TASK_UNINTERRUPTIBLE,
+            &["wait_for_completion_state", "flush_work"],
+        );
+        assert_eq!(v.category, Category::Io);
     }
 
     #[test]

@@ -89,8 +89,9 @@ fn descendants(r: &Report, pid: u32) -> Vec<&ProcessReport> {
     out
 }
 
-/// Waiting for a child to exit (a shell, a launcher) is not waiting for data.
-const NOT_DATA: [&str; 3] = ["wait4", "waitid", "waitpid"];
+/// Waiting for a child to exit (a shell, a launcher), or a `vfork` child to exec (a spawn), is
+/// not waiting for data.
+const NOT_DATA: [&str; 6] = ["wait4", "waitid", "waitpid", "vfork", "clone", "clone3"];
 
 /// ns a thread waited on queues, pipes, locks and polls, less waits for child exits.
 fn data_wait_ns(t: &TimeBreakdown) -> u64 {
