@@ -253,6 +253,12 @@ impl Tracker {
                 t.info.pid = ev.pid;
                 t.maps_stale = true;
                 t.execed = true;
+                // The new image's name, as the event saw it: a process that execs and exits
+                // at once is gone before /proc can name it, and kept its parent's name.
+                let comm = crate::session::comm_str(&ev.comm);
+                if !comm.is_empty() {
+                    t.info.comm = comm;
+                }
                 Self::refresh_names(ev.pid, t);
             }
             Some(ProcEventKind::Exit) => {
@@ -624,6 +630,24 @@ mod tests {
         assert_eq!(t.maps_evicted, 10);
         assert!(t.maps_for(BASE + 1).is_empty());
         assert_eq!(t.maps_for(BASE + 11).len(), 1);
+    }
+
+    /// A child that execs and exits before /proc is read takes the new image's name from
+    /// the exec event, not its parent's.
+    #[test]
+    fn an_exec_names_the_process_after_its_new_image() {
+        let mut t = Tracker::new(&[BASE]);
+        t.add(BASE, None);
+        t.procs.get_mut(&BASE).unwrap().info.comm = "parent".into();
+        let child = BASE + 1;
+        t.on_event(&ev(ProcEventKind::Fork, child, BASE));
+        assert_eq!(t.procs[&child].info.comm, "parent");
+        let mut exec = ev(ProcEventKind::Exec, child, 0);
+        exec.comm = [0; 16];
+        exec.comm[..4].copy_from_slice(b"true");
+        t.on_event(&exec);
+        t.on_event(&ev(ProcEventKind::Exit, child, 0));
+        assert_eq!(t.procs[&child].info.comm, "true");
     }
 
     #[test]
