@@ -1113,3 +1113,58 @@ fn sigkill_before_release_does_not_strand_the_command() {
     }
     panic!("never caught the launched command before its release");
 }
+
+/// Dead tasks as the trace finds them: an unreaped child (a zombie process) and a leader gone
+/// by pthread_exit while a worker sleeps on. Neither is alive in the window: the zombie is not
+/// followed, and the leader is not seeded "blocked in no syscall" for the whole window (a
+/// false lead for a hung job's on-call).
+#[test]
+fn dead_tasks_at_the_attach_are_not_traced_as_alive() {
+    let _g = serial();
+    if !require_root("dead_tasks_at_the_attach_are_not_traced_as_alive") {
+        return;
+    }
+    let bin = build_c("zombies", &["-pthread"]);
+    let mut target = Command::new(&bin)
+        .arg("6")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(target.stdout.take().unwrap()).lines();
+    let zombie: u32 = lines
+        .next()
+        .unwrap()
+        .unwrap()
+        .strip_prefix("zombie ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let target = Bg(target);
+    let pid = target.pid();
+    let dir = out_dir("zombies");
+    let run = gputrace(&[
+        "-d",
+        "1s",
+        "-o",
+        dir.to_str().unwrap(),
+        "--pid",
+        &pid.to_string(),
+    ]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let r = run.report(&dir);
+    assert!(
+        process(&r, zombie).is_none(),
+        "zombie {zombie} listed: {r:#}"
+    );
+    assert_eq!(r["followed"]["processes"], 1, "{:#}", r["followed"]);
+    let p = process(&r, pid).expect("the target is listed");
+    for t in p["threads"].as_array().unwrap() {
+        if t["tid"] == pid {
+            let alive = t["time"]["alive_ns"].as_u64().unwrap_or(0);
+            assert_eq!(alive, 0, "the dead leader was alive: {t:#}");
+        }
+    }
+    let findings = r["findings"].to_string();
+    assert!(!findings.contains("no syscall"), "{findings}");
+}

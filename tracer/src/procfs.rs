@@ -248,7 +248,10 @@ pub fn descendants(roots: &[u32]) -> Vec<u32> {
     let parents: Vec<(u32, u32)> = numeric_entries("/proc")
         .into_iter()
         .filter(|&pid| pid != me)
-        .filter_map(|pid| stat(pid).map(|s| (pid, s.ppid)))
+        .filter_map(|pid| stat(pid).map(|s| (pid, s)))
+        // An unreaped child died before the trace (its own children went to a reaper).
+        .filter(|(_, s)| !s.is_dead())
+        .map(|(pid, s)| (pid, s.ppid))
         .collect();
     descendants_from(&parents, roots)
 }

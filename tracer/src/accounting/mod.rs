@@ -706,6 +706,11 @@ fn seed_threads(
 /// its start time).
 fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32, u64)> {
     let st = procfs::task_stat(pid, tid)?;
+    // A zombie (a leader gone by pthread_exit while its threads run, an unreaped child) is
+    // dead: seeded, it was blocked "in no syscall" for the whole window.
+    if st.is_dead() {
+        return None;
+    }
     let sys =
         std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).unwrap_or_default();
     let nr: i32 = sys
