@@ -41,8 +41,13 @@ fn pump(r: impl std::io::Read + Send + 'static) -> (mpsc::Receiver<String>, Arc<
 
 impl Live {
     pub fn start(args: &[&str]) -> Live {
+        Live::start_env(args, &[])
+    }
+
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Live {
         let mut child = Command::new(GPUTRACE)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -73,17 +78,19 @@ impl Live {
 
     /// Waits for the `-v` line that says every probe is attached.
     pub fn wait_attached(&self) {
+        self.wait_stderr("attached in");
+    }
+
+    /// Waits for a stderr line containing `what`.
+    pub fn wait_stderr(&self, what: &str) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             match self.err_rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(l) if l.contains("attached in") => return,
+                Ok(l) if l.contains(what) => return,
                 _ => {}
             }
         }
-        panic!(
-            "gputrace did not attach (run it with -v):\n{}",
-            self.stderr()
-        );
+        panic!("no `{what}` on gputrace's stderr:\n{}", self.stderr());
     }
 
     /// Waits for a stdout line (the traced command's output goes there too) containing `what`.
@@ -1167,4 +1174,53 @@ fn dead_tasks_at_the_attach_are_not_traced_as_alive() {
     }
     let findings = r["findings"].to_string();
     assert!(!findings.contains("no syscall"), "{findings}");
+}
+
+/// A window that ended with the target's exit has had no Ctrl-C: the first SIGTERM (a
+/// supervisor's, `timeout`'s) or SIGINT while the report is written lets it finish, and says
+/// that another aborts; a second one aborts, leaving nothing attached.
+#[test]
+fn one_signal_during_the_report_lets_it_finish() {
+    let _g = serial();
+    if !require_root("one_signal_during_the_report_lets_it_finish") {
+        return;
+    }
+    let slow = [("GPUTRACE_TEST_REPORT_DELAY_MS", "1500")];
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let dir = out_dir("report-signal");
+        let mut live = Live::start_env(&["-o", dir.to_str().unwrap(), "--", "true"], &slow);
+        live.wait_stderr("writing the report");
+        live.signal(sig);
+        let st = live
+            .wait_for(Duration::from_secs(30))
+            .expect("gputrace hung");
+        assert!(st.success(), "signal {sig}: {st:?}\n{}", live.stderr());
+        assert!(
+            live.stderr().contains("interrupt again to abort"),
+            "{}",
+            live.stderr()
+        );
+        assert_eq!(
+            report_at(&dir, &live)["window"]["ended_by"],
+            "target-exited"
+        );
+    }
+    let dir = out_dir("report-signal-twice");
+    let mut live = Live::start_env(&["-o", dir.to_str().unwrap(), "--", "true"], &slow);
+    live.wait_stderr("writing the report");
+    let held = live.held();
+    live.signal(libc::SIGTERM);
+    live.wait_stderr("interrupt again to abort");
+    live.signal(libc::SIGTERM);
+    let st = live
+        .wait_for(Duration::from_secs(30))
+        .expect("gputrace hung");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        st.signal(),
+        Some(libc::SIGTERM),
+        "{st:?}\n{}",
+        live.stderr()
+    );
+    assert_released(&held, live.pid());
 }

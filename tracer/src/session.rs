@@ -247,8 +247,13 @@ fn trace(
             .with_context(|| format!("stop the {} probes", f.name()))?;
     }
     // The event loop no longer listens: a second Ctrl-C during the report aborts at once
-    // (every link is an fd, so nothing stays attached).
-    restore_default_signals();
+    // (every link is an fd, so nothing stays attached). A window that ended otherwise has had
+    // no first one: the first (a supervisor's SIGTERM, `timeout`'s) lets the report finish.
+    if end == EndReason::Interrupted {
+        restore_default_signals();
+    } else {
+        spare_the_report_one_signal();
+    }
     tracker.refresh_maps(true);
     if !args.json {
         match end {
@@ -260,6 +265,13 @@ fn trace(
         }
     }
 
+    if let Some(ms) = std::env::var("GPUTRACE_TEST_REPORT_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        // Tests only: a report slow enough to be interrupted while it is written.
+        std::thread::sleep(Duration::from_millis(ms));
+    }
     let stop = Instant::now();
     let samples = collect::cpu_counts(&ebpf)?;
     let drops = collect::drops(&ebpf)?;
@@ -563,6 +575,33 @@ fn drop_rows(drops: Vec<(Drop, u64, Vec<u64>)>, skips: Vec<(String, u64)>) -> Ve
             per_cpu: Vec::new(),
         }))
         .collect()
+}
+
+/// The first SIGINT or SIGTERM while the report is written: said, and the next one aborts.
+extern "C" fn first_signal_in_report(_sig: libc::c_int) {
+    const MSG: &[u8] = b"gputrace: writing the report; interrupt again to abort\n";
+    // SAFETY: write and sigaction are async-signal-safe; the message is static.
+    unsafe {
+        libc::write(2, MSG.as_ptr().cast(), MSG.len());
+        for sig in [libc::SIGINT, libc::SIGTERM] {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Installs [`first_signal_in_report`] for SIGINT and SIGTERM (over tokio's, which nothing
+/// reads once the event loop has ended).
+fn spare_the_report_one_signal() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a plain handler that only calls async-signal-safe functions.
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = first_signal_in_report as extern "C" fn(libc::c_int) as usize;
+            libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
+    }
 }
 
 fn restore_default_signals() {
