@@ -168,3 +168,84 @@ fn vdso_functions_are_named() {
         run.stdout
     );
 }
+
+/// Leaf-function sample counts of `folded`: (samples in `function`, all samples).
+fn leaf_samples(folded: &str, function: &str) -> (u64, u64) {
+    let mut hit = 0;
+    let mut all = 0;
+    for (stack, n) in folded.lines().filter_map(|l| l.rsplit_once(' ')) {
+        let n: u64 = n.parse().unwrap();
+        all += n;
+        if stack.rsplit(';').next() == Some(function) {
+            hit += n;
+        }
+    }
+    (hit, all)
+}
+
+/// Samples taken before an exec are named from the image that ran then, and those of a child
+/// that execs and exits before the next look at its maps from its own image, not its parent's
+/// (non-PIE binaries: both images' code sits at the same addresses, so the wrong maps gave
+/// wrong names, not none).
+#[test]
+fn samples_around_an_exec_are_named_from_their_own_image() {
+    let _g = serial();
+    if !require_root("samples_around_an_exec_are_named_from_their_own_image") {
+        return;
+    }
+    let before = build_c("exec_before", &["-no-pie"]);
+    let after = build_c("exec_after", &["-no-pie"]);
+    let (b, a) = (before.to_str().unwrap(), after.to_str().unwrap());
+    let dir = out_dir("exec-images");
+    let run = gputrace(&["-o", dir.to_str().unwrap(), "--", b, "500", a, "400"]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    let (pre, all) = leaf_samples(&folded, "spin_before_exec");
+    let (post, _) = leaf_samples(&folded, "spin_after_exec");
+    // ~50 and ~40 samples at 99 Hz.
+    assert!(
+        pre >= 25 && post >= 20,
+        "before {pre}, after {post} of {all}\n{folded}"
+    );
+    assert!(
+        pre + post >= all * 8 / 10,
+        "before {pre}, after {post} of {all}\n{folded}"
+    );
+
+    // Children that exec and exit within 60 ms, forked by a shell.
+    let dir = out_dir("exec-children");
+    let script = format!("for i in 1 2 3 4 5 6 7 8; do {a} 60; done");
+    let run = gputrace(&["-o", dir.to_str().unwrap(), "--", "/bin/sh", "-c", &script]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    let children: String = folded
+        .lines()
+        .filter(|l| l.starts_with("exec_after-"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (named, all) = leaf_samples(&children, "spin_after_exec");
+    assert!(all >= 20, "{folded}");
+    assert!(named * 10 >= all * 8, "{named} of {all} named\n{folded}");
+}
+
+/// A library loaded with dlopen mid-trace by a process that exits 1.3 s later, before the
+/// every-2-s read of all maps: its samples are named from the read the mapping itself set
+/// off, not left `[unknown]`.
+#[test]
+fn a_library_loaded_mid_trace_is_named_in_a_short_process() {
+    let _g = serial();
+    if !require_root("a_library_loaded_mid_trace_is_named_in_a_short_process") {
+        return;
+    }
+    let lib = tmp_dir().join("workloads/libhot_dlopen.so");
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    build_shared_c(&repo_root().join("tests/workloads/hot_lib.c"), &lib, &[]);
+    let (dir, _run) = trace_workload("dlopen_spin", &[lib.to_str().unwrap(), "1.0"]);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    let (named, all) = leaf_samples(&folded, "hot_spin");
+    assert!(all >= 50, "{folded}");
+    assert!(
+        named * 10 >= all * 8,
+        "{named} of {all} in hot_spin\n{folded}"
+    );
+}

@@ -22,6 +22,10 @@ pub struct SampleKey {
     pub comm: [u8; 16],
     /// Key of the Python stack in `PY_STACKS`, 0 when none was recorded.
     pub py_stack: u64,
+    /// The process's `task_struct.self_exec_id` (its execs so far, inherited at fork) at the
+    /// sample, 0 when unknown: which image's maps symbolise it (`ProcEvent::arg` of an exec).
+    pub exec_id: u32,
+    pub _pad: u32,
 }
 
 crate::user_pod!(SampleKey);

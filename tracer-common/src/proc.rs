@@ -72,7 +72,8 @@ pub struct ProcEvent {
     pub ts_ns: u64,
     /// Exit code (`task->exit_code` is not readable here; 0 unless known).
     pub exit_code: i32,
-    /// `SyscallStorm`: the µs the block of syscalls took; else 0.
+    /// `SyscallStorm`: the µs the block of syscalls took; `Exec`: the process's
+    /// `task_struct.self_exec_id` after the exec (0 when unknown); else 0.
     pub arg: u32,
     pub comm: [u8; 16],
 }

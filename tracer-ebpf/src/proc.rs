@@ -32,6 +32,21 @@ static OFF_NEWTASK_FLAGS: Global<u32> = Global::new(32);
 // sched/sched_process_exit
 #[no_mangle]
 static OFF_EXIT_GROUP_DEAD: Global<u32> = Global::new(32);
+/// `task_struct.self_exec_id`, from the kernel's BTF (0: unknown, not read).
+#[no_mangle]
+static OFF_TASK_SELF_EXEC_ID: Global<u32> = Global::new(0);
+
+/// The current process's execs so far (`task_struct.self_exec_id`, inherited at fork), 0 when
+/// unknown: tells CPU samples of an image from those of the image it exec'd.
+#[inline(always)]
+pub fn self_exec_id() -> u32 {
+    let off = OFF_TASK_SELF_EXEC_ID.load();
+    if off == 0 {
+        return 0;
+    }
+    let task = unsafe { aya_ebpf::helpers::bpf_get_current_task() };
+    <crate::kread::Probe as crate::kread::Kernel>::read(task, off)
+}
 
 const CLONE_THREAD: u64 = 0x0001_0000;
 
@@ -70,7 +85,7 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     if is_traced(tgid) {
         crate::python::exec(tgid);
         crate::cuda::forget_runtime_text(tgid);
-        emit(ProcEventKind::Exec, tgid, tid, 0);
+        emit_arg(ProcEventKind::Exec, tgid, tid, 0, self_exec_id());
     }
     0
 }

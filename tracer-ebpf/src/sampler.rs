@@ -53,6 +53,8 @@ fn sample(ctx: &PerfEventContext, p: Prog) {
         kernel_stack_id,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
         py_stack: crate::python::python_stack(tgid, tid),
+        exec_id: crate::proc::self_exec_id(),
+        _pad: 0,
     };
     add_to(&CPU_COUNTS, &key, 1, Drop::CpuCountsFull);
 }

@@ -280,7 +280,14 @@ fn trace(
     python.sync(&mut ebpf)?;
     let cpu = symbolize_samples(&ebpf, &tracker, &samples, &mut symbolizer, &python)?;
 
-    let infos: BTreeMap<u32, ProcessInfo> = tracker.infos();
+    let mut infos: BTreeMap<u32, ProcessInfo> = tracker.infos();
+    // A launched command that exited before /proc gave its command line after the exec has
+    // the one gputrace ran (before the exec it was gputrace's own).
+    if let Some(info) = launched_pid.and_then(|pid| infos.get_mut(&pid)) {
+        if info.cmdline.is_empty() {
+            info.cmdline = args.command.clone();
+        }
+    }
     let report = report::build::build(BuildInput {
         target: Target {
             command: (!args.command.is_empty()).then(|| args.command.clone()),
@@ -508,6 +515,7 @@ fn hand_mapped(tracker: &mut Tracker, ebpf: &mut Ebpf, families: &mut [Box<dyn P
     if pids.is_empty() {
         return;
     }
+    tracker.refresh_mapped(&pids.iter().map(|(pid, _)| *pid).collect::<Vec<_>>());
     for f in families.iter_mut() {
         // The periodic scan is still there: a family that cannot look now says so.
         if let Err(e) = f.mapped(ebpf, &pids) {
@@ -703,7 +711,7 @@ fn symbolize_samples(
     let mut out = Vec::with_capacity(samples.len());
     for s in samples {
         let pid = s.key.pid;
-        let maps = tracker.maps_for(pid);
+        let maps = tracker.maps_for_image(pid, s.key.exec_id);
         let alive = tracker.procs.get(&pid).is_some_and(|t| !t.info.exited);
         let mut frames = Vec::new();
         if let Some(ips) = stacks.get(s.key.user_stack_id).map(<[u64]>::to_vec) {

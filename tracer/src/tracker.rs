@@ -38,7 +38,15 @@ pub struct Tracked {
     /// Its parent's start time at the first read, to tell the parent from a later process
     /// under the parent's pid.
     pub parent_start: Option<u64>,
+    /// Its image's `self_exec_id` (`ProcEvent::arg` of its last exec), when an exec was seen.
+    pub exec_id: Option<u32>,
+    /// The maps of the images it exec'd from, by their `self_exec_id`, oldest first (at most
+    /// [`MAX_IMAGES`]): CPU samples taken before an exec are symbolised with them.
+    pub images: Vec<(u32, Vec<Mapping>)>,
 }
+
+/// Earlier images kept per process (a shell script that execs its job: one).
+pub const MAX_IMAGES: usize = 4;
 
 /// Processes known by name and parent; beyond this new ones are counted, not stored.
 pub const MAX_TRACKED: usize = 16_384;
@@ -251,15 +259,33 @@ impl Tracker {
             Some(ProcEventKind::Exec) => {
                 let t = self.procs.entry(ev.pid).or_default();
                 t.info.pid = ev.pid;
+                // The old image's maps are not the new one's: a child that execs and exits
+                // before its maps are read was symbolised with its parent's, under the
+                // parent's names. They symbolise the old image's samples, where the kernel
+                // told the images apart.
+                let old = std::mem::take(&mut t.maps);
+                if ev.arg != 0 {
+                    if !old.is_empty() {
+                        t.images.push((ev.arg.wrapping_sub(1), old));
+                        if t.images.len() > MAX_IMAGES {
+                            t.images.remove(0);
+                        }
+                    }
+                    t.exec_id = Some(ev.arg);
+                }
                 t.maps_stale = true;
                 t.execed = true;
-                // The new image's name, as the event saw it: a process that execs and exits
-                // at once is gone before /proc can name it, and kept its parent's name.
+                // The new image's name, as the event saw it (a process that execs and exits
+                // at once is gone before /proc can name it), and no command line until /proc
+                // gives the new one: the old one is the parent's.
                 let comm = crate::session::comm_str(&ev.comm);
                 if !comm.is_empty() {
                     t.info.comm = comm;
                 }
+                t.info.cmdline.clear();
                 Self::refresh_names(ev.pid, t);
+                // Its maps now, while it runs: it may be gone by the next tick.
+                Self::read_maps_of(ev.pid, t);
             }
             Some(ProcEventKind::Exit) => {
                 self.mark_exited_at(ev.pid, ev.ts_ns);
@@ -282,7 +308,7 @@ impl Tracker {
             if !t.info.exited {
                 self.last_exit_ns = self.last_exit_ns.max(ts_ns);
                 t.info.exited = true;
-                if !t.maps.is_empty() {
+                if !t.maps.is_empty() || !t.images.is_empty() {
                     self.exited_with_maps.push_back(pid);
                 }
             }
@@ -294,6 +320,7 @@ impl Tracker {
             if let Some(t) = self.procs.get_mut(&old) {
                 if !self.roots.contains(&old) {
                     t.maps = Vec::new();
+                    t.images = Vec::new();
                     // A child that never exec'd is symbolised with its parent's maps.
                     if t.execed {
                         self.maps_evicted += 1;
@@ -325,6 +352,22 @@ impl Tracker {
             }
             None => false,
         }
+    }
+
+    /// The maps to symbolise `pid`'s addresses with in a sample of its image `exec_id` (the
+    /// sample's `self_exec_id`, 0 when unknown): an earlier image's where it exec'd since
+    /// (none where that image's maps were never read), else [`Tracker::maps_for`].
+    pub fn maps_for_image(&self, pid: u32, exec_id: u32) -> &[Mapping] {
+        if let Some(t) = self.procs.get(&pid) {
+            if exec_id != 0 && t.exec_id.is_some_and(|now| now != exec_id) {
+                return t
+                    .images
+                    .iter()
+                    .find(|(id, _)| *id == exec_id)
+                    .map_or(&[], |(_, m)| m.as_slice());
+            }
+        }
+        self.maps_for(pid)
     }
 
     /// The maps to symbolise `pid`'s addresses with: its own, or for a child that never exec'd
@@ -383,24 +426,50 @@ impl Tracker {
                 Self::refresh_names(*pid, t);
                 continue;
             }
-            match procfs::read_maps(*pid) {
-                Some(m) if !m.is_empty() => {
-                    // A new process's or a new image's old maps are another program's.
-                    t.maps = if t.maps_stale {
-                        m
-                    } else {
-                        procfs::with_unloaded(&t.maps, m)
-                    };
-                    t.maps_stale = false;
-                    t.exec_sizes = sizes;
-                    Self::refresh_names(*pid, t);
-                }
-                _ => {}
+            if Self::take_maps(*pid, t, sizes) {
+                Self::refresh_names(*pid, t);
             }
         }
         // Exited (their pid free, or another process's): their exit event is late or lost.
         for pid in gone {
             self.mark_exited(pid);
+        }
+    }
+
+    /// Reads the maps of `pid` (its executable mappings' sizes `sizes`) into `t`; false when
+    /// /proc gave none.
+    fn take_maps(pid: u32, t: &mut Tracked, sizes: Option<(u64, u64)>) -> bool {
+        match procfs::read_maps(pid) {
+            Some(m) if !m.is_empty() => {
+                // A new process's or a new image's old maps are another program's.
+                t.maps = if t.maps_stale {
+                    m
+                } else {
+                    procfs::with_unloaded(&t.maps, m)
+                };
+                t.maps_stale = false;
+                t.exec_sizes = sizes;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Reads the maps of `pid` into `t` now, if it is still the process `t` is.
+    fn read_maps_of(pid: u32, t: &mut Tracked) {
+        if !t.info.exited && Self::is_same(pid, t) == Some(true) {
+            Self::take_maps(pid, t, procfs::exec_sizes(pid));
+        }
+    }
+
+    /// Reads the maps of processes that just mapped a file executable (a library loaded with
+    /// dlopen, a Python extension): a process that exits before the next full read (2 s) had
+    /// its samples in them unnamed.
+    pub fn refresh_mapped(&mut self, pids: &[u32]) {
+        for pid in pids {
+            if let Some(t) = self.procs.get_mut(pid) {
+                Self::read_maps_of(*pid, t);
+            }
         }
     }
 
@@ -648,6 +717,34 @@ mod tests {
         t.on_event(&exec);
         t.on_event(&ev(ProcEventKind::Exit, child, 0));
         assert_eq!(t.procs[&child].info.comm, "true");
+    }
+
+    /// An exec keeps the old image's maps for the samples the kernel says are of it.
+    #[test]
+    fn samples_of_an_earlier_image_get_its_maps() {
+        let mut t = Tracker::new(&[BASE]);
+        t.add(BASE, None);
+        t.procs.get_mut(&BASE).unwrap().maps = vec![mapping()];
+        let child = BASE + 1;
+        t.on_event(&ev(ProcEventKind::Fork, child, BASE));
+        let mut exec = ev(ProcEventKind::Exec, child, 0);
+        exec.arg = 7;
+        t.on_event(&exec);
+        // The child's maps could not be read (no such process here): none, not its parent's.
+        assert!(t.maps_for(child).is_empty());
+        assert_eq!(t.maps_for_image(child, 6), &[mapping()][..]);
+        assert!(t.maps_for_image(child, 7).is_empty());
+        // An image never seen, and a sample with no id, get the current maps.
+        assert!(t.maps_for_image(child, 3).is_empty());
+        t.procs.get_mut(&child).unwrap().maps = vec![mapping(), mapping()];
+        assert_eq!(t.maps_for_image(child, 0).len(), 2);
+        assert_eq!(t.maps_for_image(child, 7).len(), 2);
+        // Where the kernel could not tell images apart, the old maps are dropped all the same.
+        let other = BASE + 2;
+        t.on_event(&ev(ProcEventKind::Fork, other, BASE));
+        t.on_event(&ev(ProcEventKind::Exec, other, 0));
+        assert!(t.maps_for(other).is_empty());
+        assert!(t.procs[&other].images.is_empty());
     }
 
     #[test]

@@ -361,8 +361,12 @@ impl Offsets {
         // Parsed once for both raw sets (the kernel's BTF is megabytes).
         let btf = raw_btf();
         let raw = on_btf(&btf, raw_sched_offset);
+        // Which image a CPU sample or an exec is of (the eBPF crate's `proc::self_exec_id`;
+        // 0 leaves it unread).
+        let exec_id = on_btf(&btf, |b| b.member_offset("task_struct", "self_exec_id"));
         let mut v = vec![
             ("OFF_TASK_PID", *raw.as_ref().unwrap_or(&0)),
+            ("OFF_TASK_SELF_EXEC_ID", exec_id.unwrap_or(0)),
             ("OFFCPU_STACKS", stacks),
             ("OFF_SW_PREV_STATE", sw.offset("prev_state")?),
             ("OFF_SW_NEXT_PID", sw.offset("next_pid")?),
