@@ -1224,3 +1224,40 @@ fn one_signal_during_the_report_lets_it_finish() {
     );
     assert_released(&held, live.pid());
 }
+
+/// A read blocked since before the attach (fd 9, a pipe) that completes in the window: its
+/// bytes are the pipe's, not fd 0's (the seeding had the syscall's number only, and the I/O
+/// row took fd 0).
+#[test]
+fn a_read_under_way_at_the_attach_keeps_its_fd() {
+    let _g = serial();
+    if !require_root("a_read_under_way_at_the_attach_keeps_its_fd") {
+        return;
+    }
+    let bin = build_c("read_later", &[]);
+    let go = tmp_dir().join(format!("read-later-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let target = Bg(spawn_ready(Command::new(&bin).arg(&go)));
+    let pid = target.pid().to_string();
+    let dir = out_dir("read-later");
+    let mut live = Live::start(&["-v", "-d", "1s", "-o", dir.to_str().unwrap(), "--pid", &pid]);
+    live.wait_attached();
+    std::fs::write(&go, b"").unwrap();
+    let st = live
+        .wait_for(Duration::from_secs(30))
+        .expect("gputrace hung");
+    let _ = std::fs::remove_file(&go);
+    assert!(st.success(), "{}", live.stderr());
+    let r = report_at(&dir, &live);
+    let files = &process(&r, target.pid()).expect("target listed")["files"];
+    let rows = files.as_array().expect("a files table");
+    let pipe = rows
+        .iter()
+        .find(|f| f["file"].as_str().is_some_and(|n| n.starts_with("pipe:")))
+        .unwrap_or_else(|| panic!("no pipe row: {files:#}"));
+    assert_eq!(pipe["bytes"], 5000, "{files:#}");
+    assert!(
+        !rows.iter().any(|f| f["bytes"] == 5000 && f != pipe),
+        "{files:#}"
+    );
+}

@@ -39,6 +39,7 @@ static SYSCALLS: HashMap<SysKey, SysStat> =
     HashMap::with_max_entries(SYSCALLS_ENTRIES, BPF_F_NO_PREALLOC);
 
 const BPF_F_NO_PREALLOC: u32 = 1;
+const EBADF: i64 = 9;
 
 /// `tracer_common::wall::SYS_HELD_MAP`.
 #[map(name = "SYS_HELD")]
@@ -555,7 +556,8 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         // dup2/dup3 close the file the new fd had, if any, and put another one there.
         next_gen(tgid, ret as i32);
     }
-    if per_fd(nr) {
+    // A call on an fd with no file (EBADF) did no file's I/O: no row of a file never opened.
+    if per_fd(nr) && ret != -EBADF {
         let fd = st.sys_arg0 as i32;
         let epoch = crate::maps::counter(&FD_EPOCH);
         // The cached fd and generation are the last call's file, the one whose I/O is held.

@@ -657,11 +657,24 @@ impl Default for Accounting {
 /// their waits are told by the syscall alone.
 const SEEDED_STACKS_MAX: usize = 2048;
 
+/// What seeding finds the threads in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Seeding {
+    /// As the window opens: whatever they are doing. Files they wait on are named now
+    /// (`fds`), as a read that completes and exits at once leaves /proc no time to.
+    Window,
+    /// A launched command in its read of gputrace's release pipe: that read is gputrace's,
+    /// not the command's, and counts in none of its syscall or file figures.
+    Release,
+}
+
 fn seed_threads(
     ebpf: &mut Ebpf,
     pids: &[u32],
     run_times: &mut crosscheck::RunTimes,
     stacks: &mut SeededStacks,
+    seeding: Seeding,
+    fds: &mut BTreeMap<tracer_common::wall::FdKey, String>,
 ) -> Result<()> {
     let tids: Vec<(u32, u32)> = pids
         .iter()
@@ -671,7 +684,14 @@ fn seed_threads(
     let now = ktime_now();
     let states = States::open(ebpf)?;
     for &(pid, tid) in &tids {
-        let Some((phase, state, nr, started)) = thread_now(pid, tid) else {
+        let Some(Now {
+            phase,
+            state,
+            nr,
+            arg0,
+            started,
+        }) = thread_now(pid, tid)
+        else {
             continue;
         };
         run_times.record(pid, tid, started);
@@ -686,10 +706,40 @@ fn seed_threads(
                 off_kstack = tracer_common::wall::KSTACK_SEEDED;
             }
         }
+        let own = seeding == Seeding::Release;
+        let fd_wait = phase != PHASE_ONCPU
+            && nr >= 0
+            && arg0 < 1 << 20
+            && classify::FD_SYSCALLS.contains(&syscall_names::name(nr as i64).as_str());
+        if fd_wait && !own {
+            // Generation 0: the fd's first file of the trace.
+            let key = tracer_common::wall::FdKey {
+                tgid: pid,
+                fd: arg0 as i32,
+                gen: 0,
+                _pad: 0,
+            };
+            if let Ok(p) = std::fs::read_link(format!("/proc/{pid}/fd/{arg0}")) {
+                fds.entry(key).or_insert_with(|| p.display().to_string());
+            }
+        }
         let st = ThreadState {
             off_kstack,
             sys_start_ns: now,
-            sys_nr: nr,
+            sys_nr: if own {
+                tracer_common::wall::NO_SYSCALL
+            } else {
+                nr
+            },
+            // The fd a read already under way waits on: its I/O row and its wait's file.
+            sys_arg0: if own { 0 } else { arg0 },
+            off_fd1: tracer_common::wall::unwalked_fd1(
+                phase,
+                off_kstack,
+                nr,
+                classify::fd_syscall_mask(),
+                arg0,
+            ),
             off_state: state,
             off_sys_nr: nr,
             // Blocked since before the attach: user space walks its Python frames, if any,
@@ -706,9 +756,8 @@ fn seed_threads(
     Ok(())
 }
 
-/// Reads /proc for what a thread is doing now: (phase, prev_state-like bits, syscall nr,
-/// its start time).
-fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32, u64)> {
+/// Reads /proc for what a thread is doing now.
+fn thread_now(pid: u32, tid: u32) -> Option<Now> {
     let st = procfs::task_stat(pid, tid)?;
     // A zombie (a leader gone by pthread_exit while its threads run, an unreaped child) is
     // dead: seeded, it was blocked "in no syscall" for the whole window.
@@ -717,11 +766,7 @@ fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32, u64)> {
     }
     let sys =
         std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).unwrap_or_default();
-    let nr: i32 = sys
-        .split_whitespace()
-        .next()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(-1);
+    let (nr, arg0) = parse_syscall(&sys);
     let (phase, state, nr) = match st.state {
         'R' => (PHASE_ONCPU, 0, -1),
         'D' => (PHASE_BLOCKED, 2, nr),
@@ -729,7 +774,44 @@ fn thread_now(pid: u32, tid: u32) -> Option<(u32, u32, i32, u64)> {
         't' => (PHASE_BLOCKED, classify::TASK_TRACED, nr),
         _ => (PHASE_BLOCKED, 1, nr),
     };
-    Some((phase, state, nr, st.starttime))
+    Some(Now {
+        phase,
+        state,
+        nr,
+        arg0,
+        started: st.starttime,
+    })
+}
+
+/// What [`thread_now`] read.
+struct Now {
+    phase: u32,
+    /// prev_state-like bits.
+    state: u32,
+    /// The syscall it is in (-1: none, or running).
+    nr: i32,
+    /// That syscall's first argument (the fd of a read).
+    arg0: u64,
+    /// Its start time (clock ticks since boot).
+    started: u64,
+}
+
+/// `/proc/PID/task/TID/syscall`: the syscall's number and its first argument (`0x`-prefixed
+/// hex), or (-1, 0) for `running` or none.
+fn parse_syscall(text: &str) -> (i32, u64) {
+    let mut it = text.split_whitespace();
+    let Some(nr) = it.next().and_then(|s| s.parse::<i32>().ok()) else {
+        return (-1, 0);
+    };
+    if nr < 0 {
+        // Blocked outside a syscall: the fields are its stack and program counters.
+        return (nr, 0);
+    }
+    let arg0 = it
+        .next()
+        .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
+        .unwrap_or(0);
+    (nr, arg0)
 }
 
 /// Sets slot `slot` of `ACCOUNT_STOPPED` (`tracer_common::wall::STOPPED_SLOT`, `SEEDED_SLOT`).
@@ -1373,6 +1455,8 @@ impl ProbeFamily for Accounting {
             &existing,
             &mut self.run_times,
             &mut self.seeded_stacks,
+            Seeding::Window,
+            &mut self.fds,
         )?;
         set_flag(ebpf, tracer_common::wall::SEEDED_SLOT).context("mark the threads seeded")?;
         self.learn(ebpf);
@@ -1412,7 +1496,14 @@ impl ProbeFamily for Accounting {
         // and then its CPU time are told at its switch-in, as for any other thread (its
         // run-delay sum unknown, only the wait under way counts: it cannot migrate while
         // queued between our release and its first run in a way that matters here).
-        seed_threads(ebpf, &[pid], &mut self.run_times, &mut self.seeded_stacks)
+        seed_threads(
+            ebpf,
+            &[pid],
+            &mut self.run_times,
+            &mut self.seeded_stacks,
+            Seeding::Release,
+            &mut self.fds,
+        )
     }
 
     fn tick(&mut self, ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
@@ -1572,7 +1663,17 @@ impl ProbeFamily for Accounting {
 
 #[cfg(test)]
 mod tests {
-    use super::{stacked_devices, wbt_on};
+    use super::{parse_syscall, stacked_devices, wbt_on};
+
+    #[test]
+    fn a_syscall_under_way_keeps_its_first_argument() {
+        // A read of fd 9, as this VM's 6.18 shows it.
+        let text = "0 0x9 0x7ffd6b0c9b10 0x1000 0x0 0x0 0x0 0x7ffd6b0c9af8 0x7f5a4c11a7e2\n";
+        assert_eq!(parse_syscall(text), (0, 9));
+        assert_eq!(parse_syscall("running\n"), (-1, 0));
+        assert_eq!(parse_syscall("-1 0x7ffd6b0c9af8 0x401136\n"), (-1, 0));
+        assert_eq!(parse_syscall(""), (-1, 0));
+    }
 
     #[test]
     fn stacked_devices_are_those_on_others_and_multipath_heads() {
