@@ -45,7 +45,13 @@ pub struct RateChange {
     pub after: f64,
     /// after / before: > 1 means more per second.
     pub ratio: f64,
+    /// A run's figure was scaled from the overhead budget's windows (launches), not counted.
+    #[serde(default)]
+    pub estimated: bool,
 }
+
+/// The rates a run scaled from the budget's windows rather than counted.
+const SCALED_RATES: [&str; 1] = ["kernel launches/s"];
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct FindingRef {
@@ -156,6 +162,10 @@ pub fn compare(before: &Report, after: &Report) -> Diff {
                 before: b,
                 after: a,
                 ratio: if b > 0.0 { a / b } else { 0.0 },
+                estimated: SCALED_RATES.contains(k)
+                    && [before, after]
+                        .iter()
+                        .any(|r| r.overhead.as_ref().is_some_and(|o| o.sampled.is_some())),
             })
         })
         .collect();

@@ -56,8 +56,16 @@ pub fn text(d: &Diff, before: &str, after: &str) -> String {
     for r in &d.rates {
         let _ = writeln!(
             o,
-            "{}: {:.1} -> {:.1}  ({:.2}x)",
-            r.name, r.before, r.after, r.ratio
+            "{}: {} -> {}  ({:.2}x){}",
+            r.name,
+            rate_value(&r.name, r.before),
+            rate_value(&r.name, r.after),
+            r.ratio,
+            if r.estimated {
+                "  ESTIMATED (scaled from the budget's windows)"
+            } else {
+                ""
+            }
         );
     }
     changes(
@@ -98,6 +106,15 @@ pub fn text(d: &Diff, before: &str, after: &str) -> String {
     o
 }
 
+/// A rate as the reports print it: bytes per second in decimal units, counts whole.
+fn rate_value(name: &str, v: f64) -> String {
+    if name.starts_with("bytes") || name.starts_with("disk bytes") {
+        units::bytes(v as u64) + "/s"
+    } else {
+        format!("{v:.0}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,12 +126,22 @@ mod tests {
             before_duration_ns: 10_000_000_000,
             after_duration_ns: 4_000_000_000,
             run_time_speedup: Some(2.5),
-            rates: vec![RateChange {
-                name: "kernel launches/s".into(),
-                before: 100.0,
-                after: 250.0,
-                ratio: 2.5,
-            }],
+            rates: vec![
+                RateChange {
+                    name: "kernel launches/s".into(),
+                    before: 100.0,
+                    after: 250.0,
+                    ratio: 2.5,
+                    estimated: true,
+                },
+                RateChange {
+                    name: "disk bytes read/s".into(),
+                    before: 13_929_927.5,
+                    after: 7_550_555.9,
+                    ratio: 0.54,
+                    estimated: false,
+                },
+            ],
             categories: vec![Change {
                 name: "ipc".into(),
                 before: 45.0,
@@ -135,7 +162,14 @@ mod tests {
             t.contains("run time: 10.00 s -> 4.00 s  speedup 2.50x"),
             "{t}"
         );
-        assert!(t.contains("kernel launches/s: 100.0 -> 250.0  (2.50x)"));
+        assert!(
+            t.contains("kernel launches/s: 100 -> 250  (2.50x)  ESTIMATED"),
+            "{t}"
+        );
+        assert!(
+            t.contains("disk bytes read/s: 13.9 MB/s -> 7.6 MB/s  (0.54x)\n"),
+            "{t}"
+        );
         assert!(t.contains("  ipc "));
         assert!(t.contains("-40.0pt"));
         assert!(t.contains("gone:    data-loading-bound (55%, critical)"));

@@ -10,7 +10,8 @@ pub fn bytes(b: u64) -> String {
     }
     let mut v = b / 1000.0;
     let mut i = 0;
-    while v >= 1000.0 && i < UNITS.len() - 1 {
+    // Past 999.95 a value prints as 1000.0: the next unit then.
+    while v >= 999.95 && i < UNITS.len() - 1 {
         v /= 1000.0;
         i += 1;
     }
@@ -28,11 +29,12 @@ pub fn rate(b: u64, ns: u64) -> String {
 /// `850 ns`, `12.3 µs`, `4.5 ms`, `2.31 s`.
 pub fn dur(ns: u64) -> String {
     let n = ns as f64;
+    // Each unit up to where its one decimal would print 1000.0.
     if ns < 1_000 {
         format!("{ns} ns")
-    } else if ns < 1_000_000 {
+    } else if ns < 999_950 {
         format!("{:.1} µs", n / 1e3)
-    } else if ns < 1_000_000_000 {
+    } else if ns < 999_950_000 {
         format!("{:.1} ms", n / 1e6)
     } else {
         format!("{:.2} s", n / 1e9)
@@ -75,5 +77,12 @@ mod tests {
         assert_eq!(pct(1, 4), 25.0);
         assert_eq!(pct(1, 0), 0.0);
         assert_eq!(per_sec(10, 2_000_000_000), 5.0);
+        // Never 1000.0 of a unit.
+        assert_eq!(bytes(999_990), "1.0 MB");
+        assert_eq!(bytes(999_940), "999.9 KB");
+        assert_eq!(bytes(999_990_000), "1.0 GB");
+        assert_eq!(dur(999_990), "1.0 ms");
+        assert_eq!(dur(999_940), "999.9 µs");
+        assert_eq!(dur(999_990_000), "1.00 s");
     }
 }

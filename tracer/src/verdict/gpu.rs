@@ -254,7 +254,8 @@ pub fn launch_bound(r: &Report) -> Vec<Finding> {
             .sum();
         let mut evidence = vec![
             format!(
-                "{launches} launches in {} ({rate:.0}/s), {} of CPU per launch",
+                // Wall time in the call: on a busy machine it includes waits for a CPU.
+                "{launches} launches in {} ({rate:.0}/s), {} in each launch call",
                 units::dur(r.window.duration_ns),
                 units::dur(launch_ns / launches)
             ),
