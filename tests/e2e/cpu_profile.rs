@@ -249,3 +249,35 @@ fn a_library_loaded_mid_trace_is_named_in_a_short_process() {
         "{named} of {all} in hot_spin\n{folded}"
     );
 }
+
+/// A stripped binary's code, which no symbol covers: one `[stripped_hot]` row with most of
+/// the samples, not a row per address with a few each.
+#[test]
+fn code_no_symbol_covers_is_one_row_per_file() {
+    let _g = serial();
+    if !require_root("code_no_symbol_covers_is_one_row_per_file") {
+        return;
+    }
+    let bin = build_c("stripped_hot", &[]);
+    let st = Command::new("strip").arg(&bin).status().expect("run strip");
+    assert!(st.success());
+    let dir = out_dir("stripped");
+    let run = gputrace(&[
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "1.5",
+    ]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let report = run.report(&dir);
+    let top = &report["processes"][0]["top_self"][0];
+    assert_eq!(top["function"], "[stripped_hot]", "{top:#}");
+    assert!(top["percent"].as_f64().unwrap() >= 80.0, "{top:#}");
+    assert!(
+        run.stdout.contains("  [stripped_hot]\n")
+            && !run.stdout.contains("[stripped_hot]  [stripped_hot]"),
+        "{}",
+        run.stdout
+    );
+}

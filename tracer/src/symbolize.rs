@@ -239,9 +239,13 @@ impl Symbolizer {
                 let frame = match sym {
                     Some(name) => Frame::native(name, module.clone()),
                     None => {
+                        // Code no symbol covers (a stripped library's internals, libcuda's):
+                        // one frame per library, as perf's flame graphs have it. One per
+                        // address split a library's 88% of the samples into 182 rows of
+                        // under 3%, and the top functions named something else.
                         self.stats.unknown += 1;
                         Frame::native(
-                            format!("[{}+{:#x}]", module.as_deref().unwrap_or("?"), off),
+                            format!("[{}]", module.as_deref().unwrap_or("?")),
                             module.clone(),
                         )
                     }

@@ -677,10 +677,13 @@ fn line(o: &mut String, s: &str) {
 }
 
 fn fn_line(f: &crate::aggregate::cpu::FnStat) -> String {
+    // A library's unnamed code is named `[library]` already.
     let module = f
         .module
         .as_deref()
-        .map(|m| format!("  {}", crate::symbolize::module_label(m)))
+        .map(crate::symbolize::module_label)
+        .filter(|m| *m != f.function)
+        .map(|m| format!("  {m}"))
         .unwrap_or_default();
     clip(&format!(
         "    {:>5.1}% {:>7}  {}{}",

@@ -473,7 +473,9 @@ pub fn cpu_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
                 f.function,
                 f.module
                     .as_deref()
-                    .map(|m| format!(" {}", crate::symbolize::module_label(m)))
+                    .map(crate::symbolize::module_label)
+                    .filter(|m| *m != f.function)
+                    .map(|m| format!(" {m}"))
                     .unwrap_or_default()
             )
         }));
