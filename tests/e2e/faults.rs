@@ -1261,3 +1261,51 @@ fn a_read_under_way_at_the_attach_keeps_its_fd() {
         "{files:#}"
     );
 }
+
+/// A library replaced on disk (an upgrade's rename over it) while a process that will exit
+/// before the report runs code in it: the samples are named from the file the process
+/// mapped, not from what the path holds at the end (another build whose functions sit at the
+/// same offsets under other names).
+#[test]
+fn a_library_replaced_on_disk_keeps_its_own_names() {
+    let _g = serial();
+    if !require_root("a_library_replaced_on_disk_keeps_its_own_names") {
+        return;
+    }
+    let work = tmp_dir().join(format!("replaced-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    let src = repo_root().join("tests/workloads/hot_lib.c");
+    let lib = work.join("libhot.so");
+    let other = work.join("libhot.so.new");
+    build_shared_c(&src, &lib, &[]);
+    build_shared_c(&src, &other, &["-Dhot_spin=replaced_spin"]);
+    let bin = build_c("dlopen_spin", &[]);
+    let dir = out_dir("replaced");
+    let mut live = Live::start(&[
+        "-v",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        lib.to_str().unwrap(),
+        "1.5",
+    ]);
+    live.wait_attached();
+    // The command loads the library 300 ms after it starts.
+    std::thread::sleep(Duration::from_millis(900));
+    std::fs::rename(&other, &lib).unwrap();
+    let st = live
+        .wait_for(Duration::from_secs(30))
+        .expect("gputrace hung");
+    assert!(st.success(), "{}", live.stderr());
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    let _ = std::fs::remove_dir_all(&work);
+    assert!(!folded.contains("replaced_spin"), "{folded}");
+    let spin: u64 = folded
+        .lines()
+        .filter(|l| l.contains(";hot_spin "))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(spin >= 60, "{spin} samples in hot_spin\n{folded}");
+}

@@ -91,6 +91,8 @@ pub fn run(args: &TraceArgs) -> Result<()> {
     } else {
         Some(target::spawn_paused(&args.command)?)
     };
+    // After the launch: the command keeps the limits it was given.
+    raise_open_files_limit();
     let roots: Vec<u32> = match &launched {
         Some(l) => vec![l.pid],
         None => args.pids.clone(),
@@ -277,6 +279,7 @@ fn trace(
     let drops = collect::drops(&ebpf)?;
     let skips = collect::kernel_skips(&ebpf);
     let mut symbolizer = Symbolizer::new();
+    symbolizer.use_held(tracker.held.paths());
     python.sync(&mut ebpf)?;
     let cpu = symbolize_samples(&ebpf, &tracker, &samples, &mut symbolizer, &python)?;
 
@@ -608,6 +611,23 @@ fn spare_the_report_one_signal() {
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = first_signal_in_report as extern "C" fn(libc::c_int) as usize;
             libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard one (at most 2^20): the programs, maps
+/// and links take a few hundred, and the code files held for symbolisation
+/// (`tracker::MAX_HELD_FILES`) up to 4,096 more, past a 1,024 soft limit.
+fn raise_open_files_limit() {
+    // SAFETY: plain syscalls on a local struct.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+            let want = r.rlim_max.min(1 << 20);
+            if r.rlim_cur < want {
+                r.rlim_cur = want;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+            }
         }
     }
 }

@@ -85,7 +85,7 @@ pub fn module_label(module: &str) -> String {
 const VDSO: &str = "[vdso]";
 
 /// Identity of a mapped file: its inode and path (a path alone can be replaced on disk).
-type FileKey = (u64, String);
+pub type FileKey = (u64, String);
 
 pub struct Symbolizer {
     blaze: Blaze,
@@ -96,6 +96,8 @@ pub struct Symbolizer {
     open_paths: HashMap<FileKey, PathBuf>,
     /// gputrace's own vDSO (None until first needed; Some(None) when it has none).
     own_vdso: Option<Option<Mapping>>,
+    /// Code files held open while their processes ran (`tracker::HeldFiles::paths`).
+    held: HashMap<FileKey, PathBuf>,
     pub stats: SymbolizeStats,
 }
 
@@ -131,8 +133,15 @@ impl Symbolizer {
             user_cache: HashMap::new(),
             open_paths: HashMap::new(),
             own_vdso: None,
+            held: HashMap::new(),
             stats: SymbolizeStats::default(),
         }
+    }
+
+    /// The code files held open while their processes ran: an exited process's are read
+    /// through them, not by a path that may now hold another file.
+    pub fn use_held(&mut self, held: HashMap<FileKey, PathBuf>) {
+        self.held = held;
     }
 
     /// Kernel stack (leaf first) to frames (leaf first).
@@ -190,6 +199,8 @@ impl Symbolizer {
                         if !self.open_paths.contains_key(&key) {
                             let p = if alive {
                                 procfs::map_file_path(procfs::mm_pid(pid), m)
+                            } else if let Some(h) = self.held.get(&key) {
+                                h.clone()
                             } else {
                                 PathBuf::from(&m.path)
                             };
@@ -292,6 +303,12 @@ impl Symbolizer {
             paths.push(PathBuf::from(&key.1));
         }
         for path in paths {
+            // By its path, only the file the process mapped: a library replaced on disk since
+            // (an upgrade), or another mount namespace's file at that path (a container's),
+            // named all its samples after the other file's functions.
+            if path == Path::new(&key.1) && !same_inode(&path, key.0) {
+                continue;
+            }
             let src = Source::from(Elf::new(path));
             if let Ok(syms) = self.blaze.symbolize(&src, Input::FileOffset(offsets)) {
                 return syms
@@ -305,6 +322,12 @@ impl Symbolizer {
         }
         vec![None; offsets.len()]
     }
+}
+
+/// Whether `path` is the file with inode `inode` (as /proc/PID/maps gave it).
+fn same_inode(path: &Path, inode: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).is_ok_and(|m| m.ino() == inode)
 }
 
 /// The mapping containing `addr`; `maps` sorted by start (as /proc/PID/maps is).

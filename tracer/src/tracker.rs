@@ -48,6 +48,49 @@ pub struct Tracked {
 /// Earlier images kept per process (a shell script that execs its job: one).
 pub const MAX_IMAGES: usize = 4;
 
+/// Code files held open (by their /proc/PID/map_files link, as each was first read in a
+/// process's maps) for symbolisation after their processes exit: beyond this, an exited
+/// process's files are opened by path, and used only if the path still has their inode.
+pub const MAX_HELD_FILES: usize = 4096;
+
+/// The code files held open, by (inode, path) as a process's maps name them.
+#[derive(Debug, Default)]
+pub struct HeldFiles {
+    files: std::collections::HashMap<(u64, String), std::fs::File>,
+}
+
+impl HeldFiles {
+    /// Opens the executable file mappings of `maps` (of live process `pid`) not held yet.
+    /// Through map_files: the file the process mapped, in its own mount namespace, even
+    /// once that path holds another file or none.
+    fn hold(&mut self, pid: u32, maps: &[Mapping]) {
+        for m in maps.iter().filter(|m| m.is_file() && m.is_exec()) {
+            if self.files.len() >= MAX_HELD_FILES {
+                return;
+            }
+            let key = (m.inode, m.path.clone());
+            if self.files.contains_key(&key) {
+                continue;
+            }
+            if let Ok(f) = std::fs::File::open(procfs::map_file_path(pid, m)) {
+                self.files.insert(key, f);
+            }
+        }
+    }
+
+    /// Where each held file can be opened again: (inode, path) -> /proc/self/fd/N.
+    pub fn paths(&self) -> std::collections::HashMap<(u64, String), std::path::PathBuf> {
+        use std::os::fd::AsRawFd;
+        self.files
+            .iter()
+            .map(|(k, f)| {
+                let p = format!("/proc/self/fd/{}", f.as_raw_fd());
+                (k.clone(), std::path::PathBuf::from(p))
+            })
+            .collect()
+    }
+}
+
 /// Processes known by name and parent; beyond this new ones are counted, not stored.
 pub const MAX_TRACKED: usize = 16_384;
 /// Exited processes whose maps snapshot is kept for symbolisation (the oldest are evicted).
@@ -71,6 +114,8 @@ pub struct Tracker {
     pub maps_evicted: u64,
     /// Exited processes that still hold maps, oldest first.
     exited_with_maps: VecDeque<u32>,
+    /// The code files of the maps read so far, open.
+    pub held: HeldFiles,
     /// Latest exit seen (CLOCK_MONOTONIC ns).
     last_exit_ns: u64,
     /// Refreshes of all processes so far (every [`FULL_MAPS_EVERY`]th reads every map).
@@ -285,7 +330,7 @@ impl Tracker {
                 t.info.cmdline.clear();
                 Self::refresh_names(ev.pid, t);
                 // Its maps now, while it runs: it may be gone by the next tick.
-                Self::read_maps_of(ev.pid, t);
+                Self::read_maps_of(ev.pid, t, &mut self.held);
             }
             Some(ProcEventKind::Exit) => {
                 self.mark_exited_at(ev.pid, ev.ts_ns);
@@ -409,6 +454,7 @@ impl Tracker {
             self.all_refreshes.is_multiple_of(FULL_MAPS_EVERY)
         };
         let mut gone = Vec::new();
+        let held = &mut self.held;
         for (pid, t) in self.procs.iter_mut() {
             if t.info.exited || !(all || t.maps_stale) {
                 continue;
@@ -426,7 +472,7 @@ impl Tracker {
                 Self::refresh_names(*pid, t);
                 continue;
             }
-            if Self::take_maps(*pid, t, sizes) {
+            if Self::take_maps(*pid, t, sizes, held) {
                 Self::refresh_names(*pid, t);
             }
         }
@@ -438,9 +484,15 @@ impl Tracker {
 
     /// Reads the maps of `pid` (its executable mappings' sizes `sizes`) into `t`; false when
     /// /proc gave none.
-    fn take_maps(pid: u32, t: &mut Tracked, sizes: Option<(u64, u64)>) -> bool {
+    fn take_maps(
+        pid: u32,
+        t: &mut Tracked,
+        sizes: Option<(u64, u64)>,
+        held: &mut HeldFiles,
+    ) -> bool {
         match procfs::read_maps(pid) {
             Some(m) if !m.is_empty() => {
+                held.hold(pid, &m);
                 // A new process's or a new image's old maps are another program's.
                 t.maps = if t.maps_stale {
                     m
@@ -456,9 +508,9 @@ impl Tracker {
     }
 
     /// Reads the maps of `pid` into `t` now, if it is still the process `t` is.
-    fn read_maps_of(pid: u32, t: &mut Tracked) {
+    fn read_maps_of(pid: u32, t: &mut Tracked, held: &mut HeldFiles) {
         if !t.info.exited && Self::is_same(pid, t) == Some(true) {
-            Self::take_maps(pid, t, procfs::exec_sizes(pid));
+            Self::take_maps(pid, t, procfs::exec_sizes(pid), held);
         }
     }
 
@@ -468,7 +520,7 @@ impl Tracker {
     pub fn refresh_mapped(&mut self, pids: &[u32]) {
         for pid in pids {
             if let Some(t) = self.procs.get_mut(pid) {
-                Self::read_maps_of(*pid, t);
+                Self::read_maps_of(*pid, t, &mut self.held);
             }
         }
     }
