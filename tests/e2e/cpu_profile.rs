@@ -281,3 +281,49 @@ fn code_no_symbol_covers_is_one_row_per_file() {
         run.stdout
     );
 }
+
+/// Stacks deeper than the kernel keeps (127 frames) are cut at their root: said in a warning,
+/// and rooted at `[truncated]` in the folded stacks, not passed off as whole stacks whose root
+/// is a recursion's middle. Stacks that fit are not marked.
+#[test]
+fn stacks_the_kernel_cut_are_marked() {
+    let _g = serial();
+    if !require_root("stacks_the_kernel_cut_are_marked") {
+        return;
+    }
+    let bin = build_c("deep_stack", &[]);
+    let run_depth = |depth: &str| {
+        let dir = out_dir(&format!("deep-{depth}"));
+        let run = gputrace(&[
+            "-o",
+            dir.to_str().unwrap(),
+            "--",
+            bin.to_str().unwrap(),
+            depth,
+            "1",
+        ]);
+        assert_eq!(run.code(), 0, "{}", run.stderr);
+        let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+        (run.report(&dir), folded)
+    };
+    let (r, folded) = run_depth("200");
+    let warnings = r["warnings"].to_string();
+    assert!(
+        warnings.contains("deeper than the kernel keeps"),
+        "{warnings}"
+    );
+    let (cut, all) = folded.lines().filter_map(|l| l.rsplit_once(' ')).fold(
+        (0u64, 0u64),
+        |(c, a), (stack, n)| {
+            let n: u64 = n.parse().unwrap();
+            let root = stack.split(';').nth(1).unwrap_or("");
+            (c + if root == "[truncated]" { n } else { 0 }, a + n)
+        },
+    );
+    assert!(all >= 50 && cut * 10 >= all * 9, "{cut} of {all}\n{folded}");
+    let (r, folded) = run_depth("20");
+    assert!(!folded.contains("[truncated]"), "{folded}");
+    assert!(!r["warnings"]
+        .to_string()
+        .contains("deeper than the kernel keeps"));
+}

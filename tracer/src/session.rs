@@ -322,6 +322,7 @@ fn trace(
                      trace's window opened: nothing of it was traced"
                 )
             })
+            .chain(truncated_stacks(&cpu))
             .collect(),
         top: args.top,
     });
@@ -756,6 +757,30 @@ fn symbolize_samples(
         });
     }
     Ok(CpuProfile::from_samples(out))
+}
+
+/// A warning when CPU samples had user stacks the kernel cut (deeper than it keeps).
+fn truncated_stacks(cpu: &CpuProfile) -> Option<String> {
+    let cut: u64 = cpu
+        .samples
+        .iter()
+        .filter(|s| {
+            s.frames
+                .iter()
+                .any(|f| f.name == crate::symbolize::TRUNCATED)
+        })
+        .map(|s| s.count)
+        .sum();
+    (cut > 0).then(|| {
+        format!(
+            "{cut} of {} CPU samples had user stacks deeper than the kernel keeps ({} frames): \
+             their outermost frames are cut, and they sit under `{}` in the flame graphs and \
+             outside their callers' totals",
+            cpu.total(),
+            crate::symbolize::MAX_STACK_FRAMES,
+            crate::symbolize::TRUNCATED
+        )
+    })
 }
 
 pub fn comm_str(c: &[u8; 16]) -> String {

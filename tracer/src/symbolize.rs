@@ -81,6 +81,13 @@ pub fn module_label(module: &str) -> String {
     }
 }
 
+/// The most frames the kernel keeps of a stack (`PERF_MAX_STACK_DEPTH`, the stack map's value
+/// size, and the default `kernel.perf_event_max_stack`): a user stack that long was cut.
+pub const MAX_STACK_FRAMES: usize = 127;
+
+/// The outermost frame of a stack the kernel cut ([`MAX_STACK_FRAMES`]): its root is unknown.
+pub const TRUNCATED: &str = "[truncated]";
+
 /// The kernel's name for the vDSO's mapping in /proc/PID/maps.
 const VDSO: &str = "[vdso]";
 
@@ -265,9 +272,15 @@ impl Symbolizer {
                 out[i] = Some(frame);
             }
         }
-        out.into_iter()
+        let mut frames: Vec<Frame> = out
+            .into_iter()
             .map(|f| f.unwrap_or_else(|| Frame::unknown(None, false)))
-            .collect()
+            .collect();
+        if ips.len() >= MAX_STACK_FRAMES {
+            // The kernel kept the innermost frames only: the root is cut off.
+            frames.push(Frame::native(TRUNCATED, None));
+        }
+        frames
     }
 
     /// The function at offset `off` of a process's vDSO of `len` bytes, read from gputrace's
@@ -350,6 +363,19 @@ mod tests {
             inode: 1,
             path: path.into(),
         }
+    }
+
+    #[test]
+    fn a_stack_the_kernel_cut_gets_a_truncated_root() {
+        let pid = std::process::id();
+        let maps = procfs::read_maps(pid).unwrap();
+        let addr = symbolizes_own_function_and_caches as *const () as u64;
+        let mut s = Symbolizer::new();
+        let full = s.user(pid, &maps, true, &[addr; MAX_STACK_FRAMES]);
+        assert_eq!(full.len(), MAX_STACK_FRAMES + 1);
+        assert_eq!(full.last().unwrap().name, TRUNCATED);
+        let short = s.user(pid, &maps, true, &[addr; 3]);
+        assert!(short.iter().all(|f| f.name != TRUNCATED));
     }
 
     #[test]
