@@ -601,8 +601,10 @@ impl ProbeFamily for PythonFamily {
         if total > 0 {
             let m = st.merge;
             lines.push(format!(
-                "python: {} of {total} samples of Python processes walked ({}), merged exactly {}, \
-                 approximately {}, without an eval frame {}, unresolved code objects {}",
+                "python: {} of {total} Python stack walks succeeded ({}; the kernel walks at \
+                 CPU samples, blocking switch-outs and CUDA calls); of the distinct native \
+                 stacks they joined, merged exactly {}, approximately {}, without an eval \
+                 frame {}, with unresolved code objects {}",
                 stats.get("Walked").copied().unwrap_or(0),
                 stats
                     .iter()
