@@ -1533,3 +1533,29 @@ fn a_vfork_parent_waits_on_its_child() {
         assert!(!findings.contains(wrong), "{findings}");
     }
 }
+
+/// Threads that name themselves and end between two looks at /proc keep the names they died
+/// with, in the JSON and the off-CPU stacks alike (they were nameless, and `?` in the folded
+/// stacks beside their CPU samples' names).
+#[test]
+fn threads_that_end_between_looks_at_proc_keep_their_names() {
+    let _g = serial();
+    if !require_root("threads_that_end_between_looks_at_proc_keep_their_names") {
+        return;
+    }
+    let (out, run) = trace_workload("short_named", &["4"]);
+    let report = run.report(&out);
+    let p = process_named(&report, "short_named");
+    let names: Vec<&str> = p["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["comm"].as_str())
+        .collect();
+    for i in 0..4 {
+        let want = format!("short_{i}");
+        assert!(names.contains(&want.as_str()), "no {want} in {names:?}");
+    }
+    let folded = std::fs::read_to_string(out.join("offcpu.folded")).unwrap();
+    assert!(!folded.lines().any(|l| l.starts_with("?-")), "{folded}");
+}

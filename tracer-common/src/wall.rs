@@ -689,6 +689,9 @@ pub struct LifeVal {
     pub died_ns: u64,
     pub tgid: u32,
     pub _pad: u32,
+    /// The thread's name as it died: a thread that named itself and ended between two looks
+    /// at /proc is named by this.
+    pub comm: [u8; 16],
 }
 
 #[repr(C)]

@@ -284,10 +284,12 @@ pub extern "C" fn gputrace_died(tid: u32, now: u64) -> u32 {
         tid,
         _pad: 0,
     };
+    // Its final switch-out runs in its own context.
     let val = LifeVal {
         died_ns: now,
         tgid: st.tgid,
         _pad: 0,
+        comm: aya_ebpf::helpers::bpf_get_current_comm().unwrap_or([0; 16]),
     };
     if LIFE.insert(&key, &val, 0).is_err() {
         count_drop(Drop::ThreadStateFull);

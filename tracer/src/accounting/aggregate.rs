@@ -384,6 +384,7 @@ mod tests {
                 died_ns: 700,
                 tgid: 1,
                 _pad: 0,
+                comm: [0; 16],
             },
         )];
         let t = threads(&rows, &[], &deaths, &BTreeMap::new(), 1000, classify);
@@ -410,6 +411,7 @@ mod tests {
                 died_ns: 200,
                 tgid: 1,
                 _pad: 0,
+                comm: [0; 16],
             },
         )];
         let open = [(5, state(500, 600, PHASE_ONCPU))];

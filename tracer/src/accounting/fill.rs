@@ -123,6 +123,16 @@ pub fn fill(
     );
     let mut deaths: Vec<(LifeKey, LifeVal)> = crate::batch::read(ebpf, LIFE_MAP)?;
     deaths.append(&mut retired.deaths);
+    // A thread that ended between two looks at /proc is named as it died: the terminal, the
+    // JSON and the off-CPU stacks had it nameless ('?'), its CPU samples under its name.
+    let mut comms = comms.clone();
+    for (k, v) in &deaths {
+        let name = crate::session::comm_str(&v.comm);
+        if !name.is_empty() {
+            comms.entry(k.tid).or_insert((v.tgid, name));
+        }
+    }
+    let comms = &comms;
 
     let gens = fd_gens(ebpf).unwrap_or_default();
     let mut stacks = Stacks::new(ebpf)?;

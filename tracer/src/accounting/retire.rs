@@ -393,6 +393,7 @@ mod tests {
                 died_ns: died,
                 tgid,
                 _pad: 0,
+                comm: [0; 16],
             },
         )
     }
