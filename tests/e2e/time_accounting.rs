@@ -1559,3 +1559,53 @@ fn threads_that_end_between_looks_at_proc_keep_their_names() {
     let folded = std::fs::read_to_string(out.join("offcpu.folded")).unwrap();
     assert!(!folded.lines().any(|l| l.starts_with("?-")), "{folded}");
 }
+
+/// A thread other than the leader burns 300 ms and execs `sleep 1.5`: its old id's life ends
+/// at the exec, and the sleeping image runs on under the leader's id. Its old id never
+/// switched out again and stayed on a CPU to the window's end (~1.8 s of CPU for 0.3 s
+/// burned), and a CRITICAL CPU finding blamed it.
+#[test]
+fn a_thread_that_execs_ends_its_old_life_there() {
+    let _g = serial();
+    if !require_root("a_thread_that_execs_ends_its_old_life_there") {
+        return;
+    }
+    let (out, run) = trace_workload("thread_exec", &["/bin/sleep", "1.5"]);
+    let report = run.report(&out);
+    let p = &report["processes"][0];
+    let cpu_ns: f64 = p["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            t["time"]["categories"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| c["category"] == "cpu")
+                .map(|c| c["ns"].as_f64().unwrap())
+                .sum::<f64>()
+        })
+        .sum();
+    // 300 ms burned, and a little more around the exec.
+    assert!(
+        (0.2e9..0.6e9).contains(&cpu_ns),
+        "{cpu_ns} ns on CPU\n{:#}",
+        p["threads"]
+    );
+    let window = report["window"]["duration_ns"].as_f64().unwrap();
+    let alive: f64 = p["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["time"]["alive_ns"].as_f64())
+        .sum();
+    // The leader until the exec, the worker until the exec, the image after it: about one
+    // window and the worker's 0.3 s, not two windows.
+    assert!(
+        alive < 1.5 * window,
+        "alive {alive} in a window of {window}"
+    );
+    let findings = report["findings"].to_string();
+    assert!(!findings.contains("on CPU 9"), "{findings}");
+}

@@ -32,6 +32,9 @@ static OFF_NEWTASK_FLAGS: Global<u32> = Global::new(32);
 // sched/sched_process_exit
 #[no_mangle]
 static OFF_EXIT_GROUP_DEAD: Global<u32> = Global::new(32);
+// sched/sched_process_exec (0: no such field, the thread's move is not followed)
+#[no_mangle]
+static OFF_EXEC_OLD_PID: Global<u32> = Global::new(0);
 /// `task_struct.self_exec_id`, from the kernel's BTF (0: unknown, not read).
 #[no_mangle]
 static OFF_TASK_SELF_EXEC_ID: Global<u32> = Global::new(0);
@@ -79,15 +82,42 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
 }
 
 #[tracepoint]
-pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::SchedProcessExec);
     let (tgid, tid) = current_ids();
     if is_traced(tgid) {
+        let off = OFF_EXEC_OLD_PID.load();
+        if off != 0 {
+            let old: i32 = unsafe { ctx.read_at(off as usize) }.unwrap_or(0);
+            if old > 0 && old as u32 != tid {
+                exec_moved(old as u32, tgid, unsafe { bpf_ktime_get_ns() });
+            }
+        }
         crate::python::exec(tgid);
         crate::cuda::forget_runtime_text(tgid);
         emit_arg(ProcEventKind::Exec, tgid, tid, 0, self_exec_id());
     }
     0
+}
+
+/// A thread other than the leader exec'd (Go's `syscall.Exec` runs on any thread): the kernel
+/// gave it the leader's id, and its own (`old`) and the leader's lives end here (the leader is
+/// dead already, its final switch-out maybe still to come, under `old` then). The thread runs
+/// on as the leader's id, from now, on a CPU. Its old id would never switch out again: its
+/// state stayed on a CPU to the window's end, a second process's worth of CPU time.
+#[inline(always)]
+fn exec_moved(old: u32, tgid: u32, now: u64) {
+    use crate::account;
+    if account::state(old).is_some() {
+        account::died(old, now);
+    }
+    if account::state(tgid).is_some() {
+        account::died(tgid, now);
+    }
+    account::born(tgid, tgid, now);
+    if let Some(st) = account::state(tgid) {
+        unsafe { (*st).phase = tracer_common::wall::PHASE_ONCPU };
+    }
 }
 
 #[tracepoint]

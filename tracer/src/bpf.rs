@@ -32,12 +32,17 @@ pub fn load(opts: &LoadOptions, families: &[Box<dyn crate::probes::ProbeFamily>]
     let newtask_pid = newtask.offset("pid")?;
     let newtask_flags = newtask.offset("clone_flags")?;
     let exit_group_dead = exit.offset("group_dead")?;
+    // A kernel without it (none since 3.x) leaves a thread's move at its exec unfollowed.
+    let exec_old_pid = Format::read("sched", "sched_process_exec")
+        .and_then(|f| f.offset("old_pid"))
+        .unwrap_or(0);
     let mut loader = EbpfLoader::new();
     loader
         .override_global("FOLLOW_CHILDREN", &follow, true)
         .override_global("OFF_NEWTASK_PID", &newtask_pid, true)
         .override_global("OFF_NEWTASK_FLAGS", &newtask_flags, true)
-        .override_global("OFF_EXIT_GROUP_DEAD", &exit_group_dead, true);
+        .override_global("OFF_EXIT_GROUP_DEAD", &exit_group_dead, true)
+        .override_global("OFF_EXEC_OLD_PID", &exec_old_pid, true);
     for f in families {
         f.configure(&mut loader)
             .with_context(|| format!("configure {}", f.name()))?;
