@@ -566,7 +566,11 @@ pub fn cpu_contention(r: &Report) -> Vec<Finding> {
         return vec![];
     }
     let tb = t.time.as_ref().expect("filtered on time");
-    let demand = cpu_ns as f64 / r.window.duration_ns.max(1) as f64;
+    // The cpu category leaves out CPU time inside CUDA calls (charged to their categories,
+    // all of a launch storm's), where the CPU samples count it: the larger of the two.
+    let window_s = r.window.duration_ns.max(1) as f64 / 1e9;
+    let sampled = r.sampling.samples as f64 / r.sampling.frequency_hz.max(1) as f64 / window_s;
+    let demand = (cpu_ns as f64 / r.window.duration_ns.max(1) as f64).max(sampled);
     let life = of_life(r, tb);
     let evidence = vec![
         format!(

@@ -196,6 +196,43 @@ fn contention_counts_runnable_time() {
     );
 }
 
+/// Threads busy inside CUDA launch calls (their time in cuda_launch, not cpu) still keep
+/// CPUs busy: the CPU samples say how many.
+#[test]
+fn contention_counts_cpu_time_inside_cuda_calls() {
+    let mut r = report();
+    r.processes.push(process(
+        100,
+        None,
+        "app",
+        vec![
+            thread(
+                100,
+                "app",
+                &[("cuda_launch", 60.0), ("runqueue", 37.0), ("cpu", 3.0)],
+            ),
+            thread(
+                101,
+                "app",
+                &[("cuda_launch", 60.0), ("runqueue", 37.0), ("cpu", 3.0)],
+            ),
+        ],
+    ));
+    // 1.9 CPU-seconds of samples a second of the window.
+    let secs = r.window.duration_ns as f64 / 1e9;
+    r.sampling.samples = (1.9 * secs * r.sampling.frequency_hz as f64) as u64;
+    let fs = evaluate(&r);
+    let f = fs
+        .iter()
+        .find(|f| f.rule == "cpu-contention")
+        .expect("fires");
+    assert!(
+        f.evidence.iter().any(|e| e.contains("1.9 CPUs busy")),
+        "{:?}",
+        f.evidence
+    );
+}
+
 fn sync_cuda(count: u64, ns: u64) -> ProcessCuda {
     ProcessCuda {
         api: vec![
