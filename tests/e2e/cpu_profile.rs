@@ -212,6 +212,33 @@ fn samples_around_an_exec_are_named_from_their_own_image() {
         "before {pre}, after {post} of {all}\n{folded}"
     );
 
+    // The same with the new image still running as the trace ends: its map_files now show
+    // the new image where the old one's code was.
+    let dir = out_dir("exec-images-alive");
+    let run = gputrace(&[
+        "-d",
+        "1.5s",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        b,
+        "500",
+        a,
+        "3000",
+    ]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    let (pre, all) = leaf_samples(&folded, "spin_before_exec");
+    let (post, _) = leaf_samples(&folded, "spin_after_exec");
+    assert!(
+        pre >= 25 && post >= 40,
+        "before {pre}, after {post} of {all}\n{folded}"
+    );
+    assert!(
+        pre + post >= all * 8 / 10,
+        "before {pre}, after {post} of {all}\n{folded}"
+    );
+
     // Children that exec and exit within 60 ms, forked by a shell.
     let dir = out_dir("exec-children");
     let script = format!("for i in 1 2 3 4 5 6 7 8; do {a} 60; done");

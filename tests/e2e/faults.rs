@@ -1132,8 +1132,11 @@ fn dead_tasks_at_the_attach_are_not_traced_as_alive() {
         return;
     }
     let bin = build_c("zombies", &["-pthread"]);
-    let mut target = Command::new(&bin)
-        .arg("6")
+    // Under a shell, traced by the shell's pid: the process whose leader left is one of its
+    // descendants (its /proc/PID/stat reads dead too, and its subtree must still be found).
+    let mut target = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!("{} 6; true", bin.display()))
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -1147,8 +1150,13 @@ fn dead_tasks_at_the_attach_are_not_traced_as_alive() {
         .parse()
         .unwrap();
     assert_eq!(lines.next().unwrap().unwrap(), "ready");
-    let target = Bg(target);
-    let pid = target.pid();
+    let shell = Bg(target);
+    let sh = shell.pid();
+    let pid = children_of(sh as i32)
+        .into_iter()
+        .find(|(_, comm)| comm == "zombies")
+        .expect("the shell's zombies child")
+        .0;
     let dir = out_dir("zombies");
     let run = gputrace(&[
         "-d",
@@ -1156,7 +1164,7 @@ fn dead_tasks_at_the_attach_are_not_traced_as_alive() {
         "-o",
         dir.to_str().unwrap(),
         "--pid",
-        &pid.to_string(),
+        &sh.to_string(),
     ]);
     assert_eq!(run.code(), 0, "{}", run.stderr);
     let r = run.report(&dir);
@@ -1164,8 +1172,8 @@ fn dead_tasks_at_the_attach_are_not_traced_as_alive() {
         process(&r, zombie).is_none(),
         "zombie {zombie} listed: {r:#}"
     );
-    assert_eq!(r["followed"]["processes"], 1, "{:#}", r["followed"]);
-    let p = process(&r, pid).expect("the target is listed");
+    assert_eq!(r["followed"]["processes"], 2, "{:#}", r["followed"]);
+    let p = process(&r, pid).expect("the process whose leader left is listed");
     for t in p["threads"].as_array().unwrap() {
         if t["tid"] == pid {
             let alive = t["time"]["alive_ns"].as_u64().unwrap_or(0);

@@ -260,18 +260,25 @@ fn add_row(key: &WallKey, ns: u64, count: u64) {
 #[map(name = "DEATHS")]
 static DEATHS: Array<u64> = Array::with_max_entries(1, 0);
 
-/// Records that thread `tid` died at `now` (its last switch-out) and forgets its state,
-/// after writing out what it held.
+/// Records that thread `tid` died at `now` (its last switch-out, in its own context) and
+/// forgets its state, after writing out what it held.
 #[inline(always)]
 pub fn died(tid: u32, now: u64) {
     gputrace_flush(tid);
-    gputrace_died(tid, now);
+    gputrace_died(tid, now, 1);
 }
 
-/// [`died`] once the state was flushed.
+/// As [`died`], from another thread's context (its name is not the current one's).
+#[inline(always)]
+pub fn ended(tid: u32, now: u64) {
+    gputrace_flush(tid);
+    gputrace_died(tid, now, 0);
+}
+
+/// [`died`] once the state was flushed; `own`: 1 when `tid` is the current thread.
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn gputrace_died(tid: u32, now: u64) -> u32 {
+pub extern "C" fn gputrace_died(tid: u32, now: u64, own: u32) -> u32 {
     if stopped() {
         return 0;
     }
@@ -284,12 +291,15 @@ pub extern "C" fn gputrace_died(tid: u32, now: u64) -> u32 {
         tid,
         _pad: 0,
     };
-    // Its final switch-out runs in its own context.
     let val = LifeVal {
         died_ns: now,
         tgid: st.tgid,
         _pad: 0,
-        comm: aya_ebpf::helpers::bpf_get_current_comm().unwrap_or([0; 16]),
+        comm: if own != 0 {
+            aya_ebpf::helpers::bpf_get_current_comm().unwrap_or([0; 16])
+        } else {
+            [0; 16]
+        },
     };
     if LIFE.insert(&key, &val, 0).is_err() {
         count_drop(Drop::ThreadStateFull);

@@ -108,11 +108,12 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn exec_moved(old: u32, tgid: u32, now: u64) {
     use crate::account;
+    // Ended from here: the current name is the new image's, not theirs.
     if account::state(old).is_some() {
-        account::died(old, now);
+        account::ended(old, now);
     }
     if account::state(tgid).is_some() {
-        account::died(tgid, now);
+        account::ended(tgid, now);
     }
     account::born(tgid, tgid, now);
     if let Some(st) = account::state(tgid) {

@@ -366,7 +366,9 @@ fn switch_out<C: StackIdContext, K: Kernel>(
     let st = match state(tid) {
         Some(st) => st,
         None => {
-            if !is_traced(tgid) {
+            // A thread never seen alive that is dying: no life to count (the old leader's
+            // final switch-out after a thread's exec took its id, under that thread's old id).
+            if !is_traced(tgid) || prev_state & 0xff & EXIT_BITS != 0 {
                 return;
             }
             // A thread we never saw start (created between the attach and the seeding, its

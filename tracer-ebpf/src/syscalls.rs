@@ -556,7 +556,8 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         // dup2/dup3 close the file the new fd had, if any, and put another one there.
         next_gen(tgid, ret as i32);
     }
-    // A call on an fd with no file (EBADF) did no file's I/O: no row of a file never opened.
+    // A call refused with EBADF (no file under the fd, or one not open for this call) did no
+    // I/O: no row, which would be a file never opened.
     if per_fd(nr) && ret != -EBADF {
         let fd = st.sys_arg0 as i32;
         let epoch = crate::maps::counter(&FD_EPOCH);

@@ -249,8 +249,9 @@ pub fn descendants(roots: &[u32]) -> Vec<u32> {
         .into_iter()
         .filter(|&pid| pid != me)
         .filter_map(|pid| stat(pid).map(|s| (pid, s)))
-        // An unreaped child died before the trace (its own children went to a reaper).
-        .filter(|(_, s)| !s.is_dead())
+        // An unreaped child died before the trace (its own children went to a reaper). A
+        // process whose leader left by pthread_exit reads dead too, and lives on.
+        .filter(|(pid, s)| !s.is_dead() || is_alive(*pid))
         .map(|(pid, s)| (pid, s.ppid))
         .collect();
     descendants_from(&parents, roots)

@@ -590,27 +590,35 @@ fn drop_rows(drops: Vec<(Drop, u64, Vec<u64>)>, skips: Vec<(String, u64)>) -> Ve
 }
 
 /// The first SIGINT or SIGTERM while the report is written: said, and the next one aborts.
+/// Both are blocked while it runs (`sa_mask`), so a second cannot count as a first.
 extern "C" fn first_signal_in_report(_sig: libc::c_int) {
     const MSG: &[u8] = b"gputrace: writing the report; interrupt again to abort\n";
-    // SAFETY: write and sigaction are async-signal-safe; the message is static.
+    // SAFETY: sigaction and write are async-signal-safe; the message is static; errno is
+    // put back as it was for the code this interrupted.
     unsafe {
-        libc::write(2, MSG.as_ptr().cast(), MSG.len());
+        let errno = *libc::__errno_location();
         for sig in [libc::SIGINT, libc::SIGTERM] {
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = libc::SIG_DFL;
             libc::sigaction(sig, &act, std::ptr::null_mut());
         }
+        libc::write(2, MSG.as_ptr().cast(), MSG.len());
+        *libc::__errno_location() = errno;
     }
 }
 
 /// Installs [`first_signal_in_report`] for SIGINT and SIGTERM (over tokio's, which nothing
-/// reads once the event loop has ended).
+/// reads once the event loop has ended), restarting the syscalls it interrupts.
 fn spare_the_report_one_signal() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: a plain handler that only calls async-signal-safe functions.
         unsafe {
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = first_signal_in_report as extern "C" fn(libc::c_int) as usize;
+            act.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaddset(&mut act.sa_mask, libc::SIGINT);
+            libc::sigaddset(&mut act.sa_mask, libc::SIGTERM);
             libc::sigaction(sig, &act, std::ptr::null_mut());
         }
     }
@@ -701,6 +709,18 @@ fn bound_report(data: &mut report::ReportData, tracker: &Tracker) {
             tracker.untracked
         ));
     }
+    if !tracker.pids_reused.is_empty() {
+        report.warnings.push(format!(
+            "pid(s) {} exited and were taken by new traced processes during the trace: each \
+             pid's figures are the two processes' together, under the later one's name",
+            tracker
+                .pids_reused
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     if tracker.maps_evicted > 0 {
         report.warnings.push(format!(
             "to bound memory, {} exited processes lost their memory maps (their samples are not \
@@ -732,8 +752,10 @@ fn symbolize_samples(
     let mut out = Vec::with_capacity(samples.len());
     for s in samples {
         let pid = s.key.pid;
-        let maps = tracker.maps_for_image(pid, s.key.exec_id);
-        let alive = tracker.procs.get(&pid).is_some_and(|t| !t.info.exited);
+        let (maps, earlier) = tracker.maps_for_image(pid, s.key.exec_id);
+        // An earlier image's files are not behind the process's map_files now (another image
+        // maps those ranges): they are read as an exited process's are.
+        let alive = !earlier && tracker.procs.get(&pid).is_some_and(|t| !t.info.exited);
         let mut frames = Vec::new();
         if let Some(ips) = stacks.get(s.key.user_stack_id).map(<[u64]>::to_vec) {
             let mut user = sym.user(pid, maps, alive, &ips);

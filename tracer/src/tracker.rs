@@ -40,6 +40,9 @@ pub struct Tracked {
     pub parent_start: Option<u64>,
     /// Its image's `self_exec_id` (`ProcEvent::arg` of its last exec), when an exec was seen.
     pub exec_id: Option<u32>,
+    /// When its maps were last read (CLOCK_MONOTONIC ns): maps read after an exec whose event
+    /// is handled later are the new image's, not the old one's.
+    pub maps_read_ns: u64,
     /// The maps of the images it exec'd from, by their `self_exec_id`, oldest first (at most
     /// [`MAX_IMAGES`]): CPU samples taken before an exec are symbolised with them.
     pub images: Vec<(u32, Vec<Mapping>)>,
@@ -49,14 +52,28 @@ pub struct Tracked {
 pub const MAX_IMAGES: usize = 4;
 
 /// Code files held open (by their /proc/PID/map_files link, as each was first read in a
-/// process's maps) for symbolisation after their processes exit: beyond this, an exited
-/// process's files are opened by path, and used only if the path still has their inode.
+/// process's maps) for symbolisation after their processes exit, at most (and at most a
+/// quarter of the open-files limit): beyond it, an exited process's files are opened by path,
+/// and used only if the path still has their inode.
 pub const MAX_HELD_FILES: usize = 4096;
 
 /// The code files held open, by (inode, path) as a process's maps name them.
 #[derive(Debug, Default)]
 pub struct HeldFiles {
     files: std::collections::HashMap<(u64, String), std::fs::File>,
+    /// How many may be held: [`MAX_HELD_FILES`], or a quarter of the open-files limit where
+    /// that is lower, so that the probes always have fds (read at the first hold).
+    cap: Option<usize>,
+}
+
+/// A quarter of the soft open-files limit.
+fn open_files_quarter() -> usize {
+    // SAFETY: a plain syscall on a local struct.
+    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 0;
+    }
+    (r.rlim_cur / 4).min(usize::MAX as u64) as usize
 }
 
 impl HeldFiles {
@@ -64,15 +81,18 @@ impl HeldFiles {
     /// Through map_files: the file the process mapped, in its own mount namespace, even
     /// once that path holds another file or none.
     fn hold(&mut self, pid: u32, maps: &[Mapping]) {
+        let cap = *self
+            .cap
+            .get_or_insert_with(|| MAX_HELD_FILES.min(open_files_quarter()));
         for m in maps.iter().filter(|m| m.is_file() && m.is_exec()) {
-            if self.files.len() >= MAX_HELD_FILES {
+            if self.files.len() >= cap {
                 return;
             }
             let key = (m.inode, m.path.clone());
             if self.files.contains_key(&key) {
                 continue;
             }
-            if let Ok(f) = std::fs::File::open(procfs::map_file_path(pid, m)) {
+            if let Ok(f) = std::fs::File::open(procfs::map_file_path(procfs::mm_pid(pid), m)) {
                 self.files.insert(key, f);
             }
         }
@@ -116,6 +136,8 @@ pub struct Tracker {
     exited_with_maps: VecDeque<u32>,
     /// The code files of the maps read so far, open.
     pub held: HeldFiles,
+    /// Pids a traced process exited from and a new traced process took.
+    pub pids_reused: Vec<u32>,
     /// Latest exit seen (CLOCK_MONOTONIC ns).
     last_exit_ns: u64,
     /// Refreshes of all processes so far (every [`FULL_MAPS_EVERY`]th reads every map).
@@ -278,6 +300,17 @@ impl Tracker {
         }
         match ProcEventKind::from_u32(ev.kind) {
             Some(ProcEventKind::Fork) => {
+                // A pid a traced process had before it exited, taken by a new one (wrapped
+                // pids, clone3's set_tid): the new process starts afresh, not as the exited
+                // one (which kept its name and maps, stayed exited, and was never handed to
+                // the CUDA probes). The report is by pid: the two share its figures.
+                if self.procs.get(&ev.pid).is_some_and(|t| t.info.exited) {
+                    self.procs.remove(&ev.pid);
+                    self.exited_with_maps.retain(|p| *p != ev.pid);
+                    if !self.pids_reused.contains(&ev.pid) {
+                        self.pids_reused.push(ev.pid);
+                    }
+                }
                 let reused = self.pid_reused_since(ev);
                 self.add_with(ev.pid, Some(ev.ppid), !reused);
                 // For a first read put off (its /proc could not be read just now).
@@ -310,7 +343,8 @@ impl Tracker {
                 // told the images apart.
                 let old = std::mem::take(&mut t.maps);
                 if ev.arg != 0 {
-                    if !old.is_empty() {
+                    // Read after the exec (a tick between it and this event): the new image's.
+                    if !old.is_empty() && t.maps_read_ns < ev.ts_ns {
                         t.images.push((ev.arg.wrapping_sub(1), old));
                         if t.images.len() > MAX_IMAGES {
                             t.images.remove(0);
@@ -400,19 +434,21 @@ impl Tracker {
     }
 
     /// The maps to symbolise `pid`'s addresses with in a sample of its image `exec_id` (the
-    /// sample's `self_exec_id`, 0 when unknown): an earlier image's where it exec'd since
-    /// (none where that image's maps were never read), else [`Tracker::maps_for`].
-    pub fn maps_for_image(&self, pid: u32, exec_id: u32) -> &[Mapping] {
+    /// sample's `self_exec_id`, 0 when unknown), and whether they are an earlier image's: an
+    /// earlier image's where it exec'd since (none where that image's maps were never read),
+    /// else [`Tracker::maps_for`].
+    pub fn maps_for_image(&self, pid: u32, exec_id: u32) -> (&[Mapping], bool) {
         if let Some(t) = self.procs.get(&pid) {
             if exec_id != 0 && t.exec_id.is_some_and(|now| now != exec_id) {
-                return t
+                let maps = t
                     .images
                     .iter()
                     .find(|(id, _)| *id == exec_id)
-                    .map_or(&[], |(_, m)| m.as_slice());
+                    .map_or(&[][..], |(_, m)| m.as_slice());
+                return (maps, true);
             }
         }
-        self.maps_for(pid)
+        (self.maps_for(pid), false)
     }
 
     /// The maps to symbolise `pid`'s addresses with: its own, or for a child that never exec'd
@@ -501,6 +537,7 @@ impl Tracker {
                 };
                 t.maps_stale = false;
                 t.exec_sizes = sizes;
+                t.maps_read_ns = crate::probes::ktime_now();
                 true
             }
             _ => false,
@@ -753,6 +790,23 @@ mod tests {
         assert_eq!(t.maps_for(BASE + 11).len(), 1);
     }
 
+    /// A pid an exited process left and a new child took is the new process's, alive.
+    #[test]
+    fn a_reused_pid_starts_a_new_process() {
+        let mut t = Tracker::new(&[BASE]);
+        t.add(BASE, None);
+        let child = BASE + 1;
+        t.on_event(&ev(ProcEventKind::Fork, child, BASE));
+        t.procs.get_mut(&child).unwrap().info.comm = "alpha".into();
+        t.on_event(&ev(ProcEventKind::Exit, child, 0));
+        assert!(t.procs[&child].info.exited);
+        t.on_event(&ev(ProcEventKind::Fork, child, BASE));
+        assert!(!t.procs[&child].info.exited);
+        assert_ne!(t.procs[&child].info.comm, "alpha");
+        assert_eq!(t.seen, 3);
+        assert_eq!(t.pids_reused, vec![child]);
+    }
+
     /// A child that execs and exits before /proc is read takes the new image's name from
     /// the exec event, not its parent's.
     #[test]
@@ -781,16 +835,29 @@ mod tests {
         t.on_event(&ev(ProcEventKind::Fork, child, BASE));
         let mut exec = ev(ProcEventKind::Exec, child, 0);
         exec.arg = 7;
+        exec.ts_ns = 1;
         t.on_event(&exec);
         // The child's maps could not be read (no such process here): none, not its parent's.
         assert!(t.maps_for(child).is_empty());
-        assert_eq!(t.maps_for_image(child, 6), &[mapping()][..]);
-        assert!(t.maps_for_image(child, 7).is_empty());
+        assert_eq!(t.maps_for_image(child, 6), (&[mapping()][..], true));
+        assert!(t.maps_for_image(child, 7).0.is_empty());
         // An image never seen, and a sample with no id, get the current maps.
-        assert!(t.maps_for_image(child, 3).is_empty());
+        assert!(t.maps_for_image(child, 3).0.is_empty());
         t.procs.get_mut(&child).unwrap().maps = vec![mapping(), mapping()];
-        assert_eq!(t.maps_for_image(child, 0).len(), 2);
-        assert_eq!(t.maps_for_image(child, 7).len(), 2);
+        assert_eq!(t.maps_for_image(child, 0).0.len(), 2);
+        assert_eq!(
+            t.maps_for_image(child, 7),
+            (&t.procs[&child].maps[..], false)
+        );
+        // Maps read after the exec (before its event was handled) are not the old image's.
+        let late = BASE + 3;
+        t.on_event(&ev(ProcEventKind::Fork, late, BASE));
+        t.procs.get_mut(&late).unwrap().maps_read_ns = 10;
+        let mut exec = ev(ProcEventKind::Exec, late, 0);
+        (exec.arg, exec.ts_ns) = (7, 5);
+        t.on_event(&exec);
+        assert!(t.procs[&late].images.is_empty());
+        assert!(t.maps_for_image(late, 6).0.is_empty());
         // Where the kernel could not tell images apart, the old maps are dropped all the same.
         let other = BASE + 2;
         t.on_event(&ev(ProcEventKind::Fork, other, BASE));

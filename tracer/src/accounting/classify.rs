@@ -59,6 +59,8 @@ pub const STACK_RULES: &[(&str, Category)] = &[
 pub const PAIR_RULES: &[(&str, &str, Category)] = &[
     ("wait_for_vfork_done", "", Category::Ipc),
     ("wait_for_completion", "kernel_clone", Category::Ipc),
+    // Before Linux 5.10.
+    ("wait_for_completion", "_do_fork", Category::Ipc),
 ];
 
 /// The category of frame `i` of `frames` (innermost first) by [`PAIR_RULES`], if any.

@@ -767,9 +767,23 @@ fn kernel_name(
         }
     }
     let runtime = table::func(fid).is_some_and(|f| f.layer == Layer::Runtime);
-    if runtime && crate::symbolize::find_mapping(maps, func).is_some() {
+    let mapping = crate::symbolize::find_mapping(maps, func);
+    if let Some(m) = mapping.filter(|_| runtime) {
         let f = sym.user(pid, maps, alive, &[func]);
         if let Some(f) = f.into_iter().next() {
+            // A library's code no symbol covers is one `[library]` frame for the profile;
+            // a kernel there is told from the others by its offset.
+            let placeholder = f
+                .module
+                .as_deref()
+                .is_some_and(|md| crate::symbolize::module_label(md) == f.name);
+            if placeholder {
+                return format!(
+                    "{}+{:#x}",
+                    f.module.unwrap_or_default(),
+                    func - m.start + m.offset
+                );
+            }
             if f.name != "[unknown]" {
                 return aggregate::demangle(&f.name);
             }
