@@ -974,3 +974,53 @@ fn libraries_probed_after_their_mapping_are_named() {
     let seen = count(&cuda_of(&r, "workload"), "cudaMemcpy");
     assert!(seen > 200 && seen <= 300, "{seen}");
 }
+
+/// Two kernels whose names differ only past what the kernel side reads of a name (255
+/// bytes): two rows with their own launch counts, named from their host stubs' symbols. They
+/// were one row, the cut mangled name, with both kernels' launches.
+#[test]
+fn kernels_with_long_names_cut_alike_stay_apart() {
+    let _g = serial();
+    if !require_root("kernels_with_long_names_cut_alike_stay_apart") {
+        return;
+    }
+    let dir = fake_cuda();
+    let bin = dir.join("long_kernel_names");
+    let cudart = dir.join("libcudart.so.12");
+    let st = Command::new("gcc")
+        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&bin)
+        .arg(repo_root().join("tests/workloads/long_kernel_names.c"))
+        .arg(&cudart)
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .status()
+        .expect("run gcc");
+    assert!(st.success());
+    let out = out_dir("long-kernel-names");
+    // Probed from the first call: the registrations come right at the start.
+    let run = gputrace(&[
+        "--max-overhead",
+        "100%",
+        "--libcudart",
+        cudart.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let r = run.report(&out);
+    let kernels = &r["processes"][0]["cuda"]["kernels"];
+    let launches = |name: &str| {
+        kernels
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["name"] == name)
+            .unwrap_or_else(|| panic!("no kernel {name} in {kernels:#}"))["launches"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(launches("long_stub_x"), 30, "{kernels:#}");
+    assert_eq!(launches("long_stub_y"), 10, "{kernels:#}");
+}

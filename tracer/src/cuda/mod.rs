@@ -386,7 +386,12 @@ impl CudaFamily {
                     let name = &item[EVENT_HEADER_BYTES..];
                     let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
                     if end > 0 {
-                        let name = String::from_utf8_lossy(&name[..end]).into_owned();
+                        let mut name = String::from_utf8_lossy(&name[..end]).into_owned();
+                        // The kernel side reads at most NAME_BYTES - 1 bytes: a longer name
+                        // (templated kernels') is cut, and two cut alike are not one kernel.
+                        if end + 1 >= tracer_common::cuda::NAME_BYTES {
+                            name.push(TRUNCATED_NAME);
+                        }
                         self.raw.names.insert((pid, addr), name);
                     }
                 }
@@ -757,9 +762,16 @@ fn kernel_name(
     func: u64,
 ) -> String {
     let mut handle = func;
+    let mut cut = None;
     for _ in 0..4 {
         if let Some(n) = raw.names.get(&(pid, handle)) {
-            return aggregate::demangle(n);
+            if !n.ends_with(TRUNCATED_NAME) {
+                return aggregate::demangle(n);
+            }
+            // A cut name: the stub's own symbol has all of it (below), else the cut name
+            // and the handle, which tells it from another kernel cut alike.
+            cut = Some(format!("{n} [{HANDLE_NAME}{func:x}]"));
+            break;
         }
         match raw.aliases.get(&(pid, handle)) {
             Some(&k) => handle = k,
@@ -777,23 +789,26 @@ fn kernel_name(
                 .module
                 .as_deref()
                 .is_some_and(|md| crate::symbolize::module_label(md) == f.name);
-            if placeholder {
+            if f.name != "[unknown]" && !placeholder {
+                return aggregate::demangle(&f.name);
+            }
+            if placeholder && cut.is_none() {
                 return format!(
                     "{}+{:#x}",
                     f.module.unwrap_or_default(),
                     func - m.start + m.offset
                 );
             }
-            if f.name != "[unknown]" {
-                return aggregate::demangle(&f.name);
-            }
         }
     }
-    format!("{HANDLE_NAME}{func:x}")
+    cut.unwrap_or_else(|| format!("{HANDLE_NAME}{func:x}"))
 }
 
 /// How a kernel no name was found for is shown: its launch handle or pointer.
 const HANDLE_NAME: &str = "handle 0x";
+
+/// The end of a kernel name the kernel side cut at `NAME_BYTES - 1` bytes.
+const TRUNCATED_NAME: char = '…';
 
 #[cfg(test)]
 mod tests {
