@@ -600,18 +600,17 @@ impl ProbeFamily for PythonFamily {
         let total: u64 = stats.values().sum();
         if total > 0 {
             let m = st.merge;
+            let others = stats
+                .iter()
+                .filter(|(k, v)| **v > 0 && k.as_str() != "Walked")
+                .map(|(k, v)| format!("{k} {v}; "))
+                .collect::<String>();
             lines.push(format!(
-                "python: {} of {total} Python stack walks succeeded ({}; the kernel walks at \
+                "python: {} of {total} Python stack walks succeeded ({others}the kernel walks at \
                  CPU samples, blocking switch-outs and CUDA calls); of the distinct native \
                  stacks they joined, merged exactly {}, approximately {}, without an eval \
                  frame {}, with unresolved code objects {}",
                 stats.get("Walked").copied().unwrap_or(0),
-                stats
-                    .iter()
-                    .filter(|(k, v)| **v > 0 && k.as_str() != "Walked")
-                    .map(|(k, v)| format!("{k} {v}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
                 m.exact,
                 m.approximate,
                 m.no_eval_frame,
