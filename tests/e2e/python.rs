@@ -526,3 +526,48 @@ fn python_exec_into_another_version() {
         "{folded}"
     );
 }
+
+/// Waits the kernel cannot tell apart (one clock's sleeps) from two Python lines, 1 ms and
+/// 30 ms in turn: each line gets its own share of the sleep. A walk reused for the same
+/// syscall and argument charged 92-99% of it to the 1 ms line.
+#[test]
+fn alike_waits_from_two_lines_keep_their_lines() {
+    let _g = serial();
+    let test = "alike_waits_from_two_lines_keep_their_lines";
+    if !require_root(test) || !interpreter(DEBIAN_311, test) {
+        return;
+    }
+    let dir = out_dir("py-naps");
+    let w = repo_root().join("tests/workloads/py_naps.py");
+    let run = gputrace(&[
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        DEBIAN_311,
+        w.to_str().unwrap(),
+        "40",
+    ]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let report = run.report(&dir);
+    let sites: Vec<&serde_json::Value> = report["processes"][0]["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["python_sites"].as_array().into_iter().flatten())
+        .filter(|s| s["category"] == "sleep")
+        .collect();
+    let ns = |f: &str| -> f64 {
+        sites
+            .iter()
+            .filter(|s| s["frame"].as_str().unwrap().starts_with(f))
+            .map(|s| s["ns"].as_f64().unwrap())
+            .sum()
+    };
+    let (long, short) = (ns("long_nap"), ns("short_nap"));
+    // 40 x 30 ms against 40 x ~1.1 ms.
+    assert!(
+        long > 0.85 * (long + short),
+        "long {long}, short {short}: {sites:#?}"
+    );
+    assert!(short > 0.0, "{sites:#?}");
+}
