@@ -1,5 +1,6 @@
 //! CPU profile: merged stacks per thread, top functions by self and total samples.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
@@ -114,16 +115,32 @@ pub fn is_python(f: &Frame) -> bool {
     f.python && !f.kernel
 }
 
-/// Functions ranked by total samples (anywhere on the stack, counted once per stack).
+/// Functions ranked by total samples (anywhere on the stack, counted once per stack). A
+/// Python function counts as one, whichever of its lines the stack was at (`main (hot.py)`):
+/// a function's total split by line never ranked as the function it is.
 pub fn top_total(samples: &[&StackSample], n: usize) -> Vec<FnStat> {
-    rank(samples, n, |s, add| {
-        let mut seen: HashSet<(&str, Option<&str>)> = HashSet::new();
+    rank_by(samples, n, function_of, |s, add| {
+        let mut seen: HashSet<(Cow<str>, Option<&str>)> = HashSet::new();
         for f in &s.frames {
-            if seen.insert((f.name.as_str(), f.module.as_deref())) {
+            if seen.insert((function_of(f), f.module.as_deref())) {
                 add(f);
             }
         }
     })
+}
+
+/// A frame's function: its name, less the line for a Python frame (`main (hot.py:54)` ->
+/// `main (hot.py)`).
+fn function_of(f: &Frame) -> Cow<'_, str> {
+    if is_python(f) {
+        if let Some((head, line)) = f.name.rsplit_once(':') {
+            let digits = line.strip_suffix(')').unwrap_or("");
+            if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Cow::Owned(format!("{head})"));
+            }
+        }
+    }
+    Cow::Borrowed(&f.name)
 }
 
 fn rank<'a>(
@@ -131,13 +148,21 @@ fn rank<'a>(
     n: usize,
     visit: impl Fn(&'a StackSample, &mut dyn FnMut(&'a Frame)),
 ) -> Vec<FnStat> {
+    rank_by(samples, n, |f| Cow::Borrowed(&f.name), visit)
+}
+
+/// [`rank`] with frames counted under `name(frame)`.
+fn rank_by<'a>(
+    samples: &[&'a StackSample],
+    n: usize,
+    name: impl Fn(&'a Frame) -> Cow<'a, str>,
+    visit: impl Fn(&'a StackSample, &mut dyn FnMut(&'a Frame)),
+) -> Vec<FnStat> {
     let total: u64 = samples.iter().map(|s| s.count).sum();
-    let mut counts: HashMap<(&str, Option<&str>), u64> = HashMap::new();
+    let mut counts: HashMap<(Cow<'a, str>, Option<&'a str>), u64> = HashMap::new();
     for s in samples {
         visit(s, &mut |f: &'a Frame| {
-            *counts
-                .entry((f.name.as_str(), f.module.as_deref()))
-                .or_default() += s.count;
+            *counts.entry((name(f), f.module.as_deref())).or_default() += s.count;
         });
     }
     let mut v: Vec<FnStat> = counts
@@ -213,6 +238,32 @@ pub(crate) mod tests {
         assert!((totals[0].percent - 100.0).abs() < 1e-9);
         assert_eq!(totals[1].function, "r");
         assert_eq!(totals[1].samples, 10);
+    }
+
+    /// A Python function's total counts all its lines: `main` at lines 54 and 55 is one
+    /// function on every stack, and recursion through two of its lines counts once.
+    #[test]
+    fn python_functions_total_over_their_lines() {
+        let py = |name: &str| Frame::python(name, "/w/hot.py");
+        let sample = |frames: Vec<Frame>, count: u64| StackSample {
+            pid: 1,
+            tid: 1,
+            comm: "python".into(),
+            frames,
+            count,
+            kernel_mode: false,
+        };
+        let p = CpuProfile::from_samples(vec![
+            sample(vec![py("main (hot.py:54)"), py("a (hot.py:3)")], 6),
+            sample(vec![py("main (hot.py:55)"), py("b (hot.py:9)")], 4),
+            sample(vec![py("main (hot.py:55)"), py("main (hot.py:54)")], 2),
+        ]);
+        let totals = top_total(&p.of_process(1), 3);
+        assert_eq!(totals[0].function, "main (hot.py)");
+        assert_eq!(totals[0].samples, 12);
+        assert_eq!(totals[1].function, "a (hot.py)");
+        // The self ranking keeps the lines.
+        assert_eq!(top_self(&p.of_process(1), 1)[0].function, "a (hot.py:3)");
     }
 
     /// Each sample goes to its innermost Python frame, whatever native code ran under it.
