@@ -571,3 +571,45 @@ fn alike_waits_from_two_lines_keep_their_lines() {
     );
     assert!(short > 0.0, "{sites:#?}");
 }
+
+/// A Python stack deeper than the kernel walks (64 frames) is rooted at `[truncated]`, as a
+/// native one the kernel cut is, and the walk summary counts it once, as cut; one that fits
+/// is not marked.
+#[test]
+fn python_stacks_the_kernel_cut_are_marked() {
+    let _g = serial();
+    let test = "python_stacks_the_kernel_cut_are_marked";
+    if !require_root(test) || !interpreter(DEBIAN_311, test) {
+        return;
+    }
+    let w = repo_root().join("tests/workloads/py_deep.py");
+    let trace = |depth: &str| {
+        let dir = out_dir(&format!("py-deep-{depth}"));
+        let run = gputrace(&[
+            "-o",
+            dir.to_str().unwrap(),
+            "--",
+            DEBIAN_311,
+            w.to_str().unwrap(),
+            depth,
+            "1",
+        ]);
+        assert_eq!(run.code(), 0, "{}", run.stderr);
+        let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+        (run.report(&dir), folded)
+    };
+    let (r, folded) = trace("150");
+    let bottom: Vec<&str> = folded
+        .lines()
+        .filter(|l| l.contains("bottom (py_deep.py:"))
+        .collect();
+    let cut = bottom
+        .iter()
+        .filter(|l| l.split(';').nth(1) == Some("[truncated]"))
+        .count();
+    assert!(!bottom.is_empty() && cut == bottom.len(), "{folded}");
+    let warnings = r["warnings"].to_string();
+    assert!(warnings.contains("cut at 64 frames"), "{warnings}");
+    let (_, folded) = trace("20");
+    assert!(!folded.contains("[truncated]"), "{folded}");
+}

@@ -97,6 +97,8 @@ pub struct PyState {
     procs: HashMap<u32, ProcState>,
     /// Symbolised stacks by their `PY_STACKS` key, with their process.
     stacks: HashMap<u64, (u32, Vec<PyFrameSym>)>,
+    /// Keys of the stacks the kernel cut at `PY_MAX_FRAMES` (their root frames are missing).
+    cut: HashSet<u64>,
     /// Stacks that could not be symbolised yet, and how often that was tried.
     attempts: HashMap<u64, u32>,
     /// Code objects read, by (pid, address), with what they were: an address freed and taken
@@ -145,11 +147,16 @@ impl Python {
             st.merge.unresolved += 1;
             return native;
         };
-        let (out, how) = merge::merge(&native, &py);
+        let (mut out, how) = merge::merge(&native, &py);
         match how {
             Merge::Exact => st.merge.exact += 1,
             Merge::Approximate => st.merge.approximate += 1,
             Merge::NoEvalFrame => st.merge.no_eval_frame += 1,
+        }
+        // Its outermost Python frames are missing: the stack's root is not its root.
+        let truncated = crate::symbolize::TRUNCATED;
+        if st.cut.contains(&key) && out.first().is_none_or(|f| f.name != truncated) {
+            out.insert(0, Frame::native(truncated, None));
         }
         out
     }
@@ -447,6 +454,9 @@ impl PyState {
                     Some(frames) => {
                         self.attempts.remove(&k);
                         self.stacks.insert(k, (st.pid, frames));
+                        if st.status & tracer_common::python::PY_STACK_TRUNCATED != 0 {
+                            self.cut.insert(k);
+                        }
                     }
                     None => {
                         *self.attempts.entry(k).or_default() += 1;
@@ -597,14 +607,23 @@ impl ProbeFamily for PythonFamily {
         }
         let mut lines = st.notes.clone();
         let stats = walk_stats(ebpf)?;
-        let total: u64 = stats.values().sum();
+        // A truncated walk is a walk too (counted in Walked as well).
+        let cut = stats.get("Truncated").copied().unwrap_or(0);
+        let total: u64 = stats.values().sum::<u64>() - cut;
         if total > 0 {
             let m = st.merge;
-            let others = stats
+            let mut others = stats
                 .iter()
-                .filter(|(k, v)| **v > 0 && k.as_str() != "Walked")
+                .filter(|(k, v)| **v > 0 && !["Walked", "Truncated"].contains(&k.as_str()))
                 .map(|(k, v)| format!("{k} {v}; "))
                 .collect::<String>();
+            if cut > 0 {
+                others.push_str(&format!(
+                    "{cut} of them cut at {} frames, rooted at `{}`; ",
+                    tracer_common::python::PY_MAX_FRAMES,
+                    crate::symbolize::TRUNCATED
+                ));
+            }
             lines.push(format!(
                 "python: {} of {total} Python stack walks succeeded ({others}the kernel walks at \
                  CPU samples, blocking switch-outs and CUDA calls); of the distinct native \
