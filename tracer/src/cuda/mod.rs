@@ -369,7 +369,12 @@ impl CudaFamily {
             let u64_at = |o: usize| u64::from_ne_bytes(item[o..o + 8].try_into().unwrap());
             let (kind, pid, fid) = (u32_at(0), u32_at(4), u32_at(12));
             let (ts, addr, size) = (u64_at(16), u64_at(24), u64_at(32));
+            // Pinned host memory is the host's: 500 MB of cudaMallocHost buffers never freed
+            // read as GPU memory leaked, and a pinned buffer as the job's first GPU
+            // allocation.
+            let host = table::func(fid).is_some_and(|f| f.is_host_memory());
             match EventKind::from_u32(kind) {
+                Some(EventKind::Alloc | EventKind::Free) if host => {}
                 Some(EventKind::Alloc) => self.raw.mem.entry(pid).or_default().add(&MemEvent {
                     ts_ns: ts,
                     fid,

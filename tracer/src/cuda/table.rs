@@ -34,6 +34,19 @@ pub struct Func {
 }
 
 impl Func {
+    /// Allocates or frees page-locked host memory (`cudaMallocHost`, `cudaHostAlloc`,
+    /// `cuMemAllocHost`): not GPU memory, and not in the GPU memory figures.
+    pub fn is_host_memory(&self) -> bool {
+        matches!(
+            self.name,
+            "cudaMallocHost"
+                | "cudaHostAlloc"
+                | "cudaFreeHost"
+                | "cuMemAllocHost_v2"
+                | "cuMemFreeHost"
+        )
+    }
+
     pub fn is_launch(&self) -> bool {
         matches!(
             self.shape,
@@ -202,6 +215,26 @@ pub fn of_layer(layer: Layer) -> impl Iterator<Item = usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pinned_host_memory_is_told_apart() {
+        for n in [
+            "cudaMallocHost",
+            "cudaHostAlloc",
+            "cudaFreeHost",
+            "cuMemAllocHost_v2",
+        ] {
+            assert!(by_name(n).unwrap().is_host_memory(), "{n}");
+        }
+        for n in [
+            "cudaMalloc",
+            "cudaFree",
+            "cudaMallocManaged",
+            "cuMemAlloc_v2",
+        ] {
+            assert!(!by_name(n).unwrap().is_host_memory(), "{n}");
+        }
+    }
 
     #[test]
     fn names_are_unique_and_ids_fit() {
