@@ -318,10 +318,18 @@ pub fn transfer_bound(r: &Report) -> Vec<Finding> {
             .sum::<u64>()
             .max(api(c, is_memcpy).map(|a| a.total_ns).sum());
         let (pct, tid, who) = share(r, p, "cuda_memcpy", copy_ns);
-        if pct < MEMCPY_MIN {
+        // The cuda_memcpy category also holds time that moves nothing across the link:
+        // memsets, and tiny synchronous read-backs (`.item()`), which wait for the GPU and
+        // are sync points (sync-heavy counts them). Only the rest is transfer time: a loop of
+        // 4-byte read-backs read "transfer-bound (1.2 KB at 1.9 KB/s)", memsets "(0 B at -)".
+        let memset_ns: u64 = api(c, |f| f.contains("Memset")).map(|a| a.total_ns).sum();
+        let readback_ns = syncs(c).tiny_copies_ns;
+        let moving_ns = copy_ns.saturating_sub(readback_ns);
+        let pct = pct * moving_ns as f64 / (copy_ns + memset_ns).max(1) as f64;
+        let bytes: u64 = c.copies.iter().map(|k| k.bytes).sum();
+        if pct < MEMCPY_MIN || bytes == 0 {
             continue;
         }
-        let bytes: u64 = c.copies.iter().map(|k| k.bytes).sum();
         let mut evidence: Vec<String> = c
             .copies
             .iter()

@@ -350,6 +350,40 @@ fn transfer_bound_spots_pageable_memory() {
     assert!(fs[0].suggestions[0].contains("pin_memory=True"));
 }
 
+/// Time in the cuda_memcpy category that moves nothing across the link is not a transfer:
+/// memsets, and tiny synchronous read-backs (`.item()`), which wait for the GPU.
+#[test]
+fn transfer_bound_needs_bytes_moving() {
+    let readbacks = ProcessCuda {
+        api: vec![api("cudaMemcpy", 300, 2 * SEC)],
+        copies: vec![CopyStat {
+            direction: "D2H".into(),
+            mode: "sync".into(),
+            count: 300,
+            bytes: 1200,
+            total_ns: 2 * SEC,
+            gbps: 0.0,
+        }],
+        ..Default::default()
+    };
+    let r = cuda_job(&[("cuda_memcpy", 67.0), ("cpu", 30.0)], readbacks);
+    assert!(
+        !rules(&r).contains(&"transfer-bound".into()),
+        "{:?}",
+        rules(&r)
+    );
+    let memsets = ProcessCuda {
+        api: vec![api("cudaMemset", 200, 2 * SEC)],
+        ..Default::default()
+    };
+    let r = cuda_job(&[("cuda_memcpy", 67.0), ("cpu", 30.0)], memsets);
+    assert!(
+        !rules(&r).contains(&"transfer-bound".into()),
+        "{:?}",
+        rules(&r)
+    );
+}
+
 #[test]
 fn allocation_churn_and_memory_not_freed() {
     let c = ProcessCuda {
