@@ -1317,3 +1317,35 @@ fn a_library_replaced_on_disk_keeps_its_own_names() {
         .sum();
     assert!(spin >= 60, "{spin} samples in hot_spin\n{folded}");
 }
+
+/// A command that fails or is killed says so in the summary's first line, and trace.json's
+/// exit events carry the kernel's status (they all said code 0).
+#[test]
+fn a_failed_command_says_how_it_ended() {
+    let _g = serial();
+    if !require_root("a_failed_command_says_how_it_ended") {
+        return;
+    }
+    for (script, summary, arg, value) in [
+        ("exit 3", "exit status 3", "status", "3"),
+        ("kill -SEGV $$", "killed by signal 11", "signal", "11"),
+    ] {
+        let dir = out_dir("failed-command");
+        let run = gputrace(&["-o", dir.to_str().unwrap(), "--", "/bin/sh", "-c", script]);
+        assert_eq!(run.code(), 0, "{}", run.stderr);
+        assert!(run.stdout.contains(summary), "{script}: {}", run.stdout);
+        let trace: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("trace.json")).unwrap())
+                .unwrap();
+        let exits: Vec<&serde_json::Value> = trace["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "exit")
+            .collect();
+        assert!(
+            exits.iter().any(|e| e["args"][arg] == value),
+            "{script}: {exits:#?}"
+        );
+    }
+}

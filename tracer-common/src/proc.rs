@@ -70,7 +70,8 @@ pub struct ProcEvent {
     pub ppid: u32,
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) at the event.
     pub ts_ns: u64,
-    /// Exit code (`task->exit_code` is not readable here; 0 unless known).
+    /// `Exit`: the process's wait status (`task_struct.exit_code`: exit status << 8, or the
+    /// signal that killed it), -1 where it could not be read; else 0.
     pub exit_code: i32,
     /// `SyscallStorm`: the µs the block of syscalls took; `Exec`: the process's
     /// `task_struct.self_exec_id` after the exec (0 when unknown); else 0.

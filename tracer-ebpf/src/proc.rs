@@ -35,6 +35,9 @@ static OFF_EXIT_GROUP_DEAD: Global<u32> = Global::new(32);
 // sched/sched_process_exec (0: no such field, the thread's move is not followed)
 #[no_mangle]
 static OFF_EXEC_OLD_PID: Global<u32> = Global::new(0);
+/// `task_struct.exit_code`, from the kernel's BTF (0: unknown, not read).
+#[no_mangle]
+static OFF_TASK_EXIT_CODE: Global<u32> = Global::new(0);
 /// `task_struct.self_exec_id`, from the kernel's BTF (0: unknown, not read).
 #[no_mangle]
 static OFF_TASK_SELF_EXEC_ID: Global<u32> = Global::new(0);
@@ -133,7 +136,7 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
         // Removed here, not by user space later, so a recycled pid is never traced by mistake.
         let _ = TRACED.remove(&tgid);
         crate::cuda::forget_runtime_text(tgid);
-        emit(ProcEventKind::Exit, tgid, tid, 0);
+        emit_exit(tgid, tid);
     } else {
         emit(ProcEventKind::ThreadExit, tgid, tid, 0);
     }
@@ -143,6 +146,20 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn emit(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32) {
     emit_arg(kind, pid, tid, ppid, 0);
+}
+
+/// The process `tgid` ends (its last thread, `tid`, exits): with its wait status (set before
+/// this tracepoint), -1 where the kernel's BTF did not give its place.
+#[inline(always)]
+fn emit_exit(tgid: u32, tid: u32) {
+    let off = OFF_TASK_EXIT_CODE.load();
+    let code: i32 = if off == 0 {
+        -1
+    } else {
+        let task = unsafe { aya_ebpf::helpers::bpf_get_current_task() };
+        <crate::kread::Probe as crate::kread::Kernel>::read(task, off)
+    };
+    emit_full(ProcEventKind::Exit, tgid, tid, 0, 0, code);
 }
 
 /// Thread `tid` of `tgid` made a block of syscalls in `took_ns`, too few for the budget: user
@@ -167,6 +184,11 @@ pub fn mapped_exec(tgid: u32, tid: u32) {
 
 #[inline(always)]
 fn emit_arg(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32, arg: u32) {
+    emit_full(kind, pid, tid, ppid, arg, 0);
+}
+
+#[inline(always)]
+fn emit_full(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32, arg: u32, exit_code: i32) {
     let Some(mut entry) = PROC_EVENTS.reserve::<ProcEvent>(0) else {
         count_drop(Drop::ProcEventsFull);
         return;
@@ -177,7 +199,7 @@ fn emit_arg(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32, arg: u32) {
         tid,
         ppid,
         ts_ns: unsafe { bpf_ktime_get_ns() },
-        exit_code: 0,
+        exit_code,
         arg,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });

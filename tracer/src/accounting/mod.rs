@@ -367,6 +367,11 @@ impl Offsets {
         let mut v = vec![
             ("OFF_TASK_PID", *raw.as_ref().unwrap_or(&0)),
             ("OFF_TASK_SELF_EXEC_ID", exec_id.unwrap_or(0)),
+            // A process's wait status at its exit (the eBPF crate's `proc::emit_exit`).
+            (
+                "OFF_TASK_EXIT_CODE",
+                on_btf(&btf, |b| b.member_offset("task_struct", "exit_code")).unwrap_or(0),
+            ),
             ("OFFCPU_STACKS", stacks),
             ("OFF_SW_PREV_STATE", sw.offset("prev_state")?),
             ("OFF_SW_NEXT_PID", sw.offset("next_pid")?),

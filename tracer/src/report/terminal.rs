@@ -92,10 +92,16 @@ fn render_header(o: &mut String, r: &Report, st: Style) {
                 .join(", ")
         ),
     };
+    // A command that failed or crashed says so first: the trace may be of a job that died.
+    let status = match r.target.exit_code {
+        Some(c) if c > 128 => format!(", killed by signal {}", c - 128),
+        Some(c) if c != 0 => format!(", exit status {c}"),
+        _ => String::new(),
+    };
     line(
         o,
         &st.bold(&clip(&format!(
-            "gputrace: traced {what} for {:.2}s ({}), {} process(es)",
+            "gputrace: traced {what} for {:.2}s ({}{status}), {} process(es)",
             r.window.duration_ns as f64 / 1e9,
             r.window.ended_by,
             r.processes.len()

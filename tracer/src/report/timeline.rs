@@ -184,11 +184,7 @@ pub fn add_lifecycle(
                 vec![("child".to_string(), ev.pid.to_string())],
             ),
             Some(K::Exec) => (format!("exec {comm}"), ev.pid, vec![]),
-            Some(K::Exit) => (
-                "exit".to_string(),
-                ev.pid,
-                vec![("code".to_string(), ev.exit_code.to_string())],
-            ),
+            Some(K::Exit) => ("exit".to_string(), ev.pid, exit_status(ev.exit_code)),
             Some(K::ThreadExit) | Some(K::SyscallStorm) | Some(K::MappedExec) | None => continue,
         };
         t.push(TimelineEvent {
@@ -204,6 +200,21 @@ pub fn add_lifecycle(
             name,
             args,
         });
+    }
+}
+
+/// A process's exit as the kernel had it (`task_struct.exit_code`, a wait status, read at its
+/// exit): `status` (its exit status) or `signal` (what killed it); nothing where the kernel
+/// side could not read it (-1).
+fn exit_status(code: i32) -> Vec<(String, String)> {
+    if code < 0 {
+        return vec![];
+    }
+    let sig = code & 0x7f;
+    if sig == 0 {
+        vec![("status".to_string(), ((code >> 8) & 0xff).to_string())]
+    } else {
+        vec![("signal".to_string(), sig.to_string())]
     }
 }
 
