@@ -37,11 +37,27 @@ pub(super) fn kernel_frames(
             .map(|name| Frame::kernel(name.clone(), None))
             .collect();
     }
-    stacks
+    let mut frames = stacks
         .get(k.kstack)
         .map(<[u64]>::to_vec)
         .map(|ips| sym.kernel(&ips))
-        .unwrap_or_default()
+        .unwrap_or_default();
+    // Walked from inside gputrace's own switch program: its frames and the tracepoint's
+    // (`bpf_prog_*`, `bpf_trace_run4`, `__traceiter_sched_switch`) sat at the tip of every
+    // off-CPU stack, where offcputime's stacks end at `__schedule`.
+    let ours = frames
+        .iter()
+        .take_while(|f| is_tracing_frame(&f.name))
+        .count();
+    frames.drain(..ours);
+    frames
+}
+
+/// A frame of the kernel's tracing machinery or of a BPF program.
+fn is_tracing_frame(name: &str) -> bool {
+    ["bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_"]
+        .iter()
+        .any(|p| name.starts_with(p))
 }
 
 /// The category frame under each thread in the flame graphs.
@@ -189,5 +205,24 @@ impl Exporter for WallSvg {
             &data.time.wall,
             out,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracing_frames_are_told() {
+        for n in [
+            "bpf_prog_00c02ab7060b6013_sched_switch_btf",
+            "bpf_trace_run4",
+            "__traceiter_sched_switch",
+            "__bpf_trace_sched_switch",
+        ] {
+            assert!(is_tracing_frame(n), "{n}");
+        }
+        assert!(!is_tracing_frame("__schedule"));
+        assert!(!is_tracing_frame("bpf_map_lookup_elem"));
     }
 }
