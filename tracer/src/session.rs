@@ -200,6 +200,18 @@ fn trace(
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
+    if !args.verbose && !args.json {
+        // Nothing else is printed until the trace ends: say that it runs and how it ends.
+        crate::note!(
+            "gputrace: tracing {} process(es){}",
+            initial.len(),
+            match (args.duration, args.command.is_empty()) {
+                (Some(d), _) => format!(" for {}s (Ctrl-C to stop sooner)", d.as_secs_f64()),
+                (None, true) => " until they exit (Ctrl-C to stop)".into(),
+                (None, false) => " until the command exits (Ctrl-C to stop)".into(),
+            }
+        );
+    }
     if args.verbose {
         crate::note!(
             "gputrace: attached in {attach_ms:.1} ms to {} process(es) on {cpus} CPUs",
@@ -366,7 +378,7 @@ fn trace(
         serde_json::to_writer_pretty(&mut out, &data.report)?;
         writeln!(out)?;
     } else {
-        let color = std::io::IsTerminal::is_terminal(&std::io::stdout());
+        let color = report::terminal::wants_color();
         write!(out, "{}", report::terminal::render(&data.report, color))?;
     }
     if let Some((dir, res)) = written {

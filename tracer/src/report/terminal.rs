@@ -61,6 +61,13 @@ impl Style {
     }
 }
 
+/// Whether the summary on stdout is coloured: a terminal, unless `NO_COLOR` is set
+/// (no-color.org).
+pub fn wants_color() -> bool {
+    std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+        && std::io::IsTerminal::is_terminal(&std::io::stdout())
+}
+
 pub fn render(r: &Report, color: bool) -> String {
     let st = Style { color };
     let mut o = String::new();
