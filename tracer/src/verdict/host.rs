@@ -243,6 +243,13 @@ pub fn data_loading(r: &Report) -> Vec<(Finding, Vec<u32>)> {
                 "More DataLoader workers (num_workers) overlap more reads, up to what the disk \
                  can serve.",
             );
+        } else if cpu_demand(r, all_cpu_ns(r)) + 0.5 >= r.sampling.cpus as f64 {
+            sugg.push(
+                "Loading is CPU-bound in the workers (decoding, augmentation), and the job \
+                 keeps every core busy: more workers would not help. Cache decoded samples, \
+                 make decoding cheaper, or move augmentation to the GPU (e.g. DALI, \
+                 torchvision.transforms.v2 on tensors).",
+            );
         } else {
             sugg.push(
                 "Loading is CPU-bound in the workers (decoding, augmentation): raise \
@@ -566,11 +573,7 @@ pub fn cpu_contention(r: &Report) -> Vec<Finding> {
         return vec![];
     }
     let tb = t.time.as_ref().expect("filtered on time");
-    // The cpu category leaves out CPU time inside CUDA calls (charged to their categories,
-    // all of a launch storm's), where the CPU samples count it: the larger of the two.
-    let window_s = r.window.duration_ns.max(1) as f64 / 1e9;
-    let sampled = r.sampling.samples as f64 / r.sampling.frequency_hz.max(1) as f64 / window_s;
-    let demand = (cpu_ns as f64 / r.window.duration_ns.max(1) as f64).max(sampled);
+    let demand = cpu_demand(r, cpu_ns);
     let life = of_life(r, tb);
     let evidence = vec![
         format!(
@@ -596,15 +599,51 @@ pub fn cpu_contention(r: &Report) -> Vec<Finding> {
             rq
         ),
         evidence,
+        contention_advice(demand, r.sampling.cpus),
+        Some(p.pid),
+        Some(t.tid),
+    )]
+}
+
+/// cpu-category time of every traced thread.
+fn all_cpu_ns(r: &Report) -> u64 {
+    r.processes
+        .iter()
+        .flat_map(|p| &p.threads)
+        .filter_map(|t| t.time.as_ref())
+        .map(|tb| cat_ns(tb, &["cpu"]))
+        .sum()
+}
+
+/// How many CPUs the traced threads kept busy on average, from their `cpu_ns` of cpu-category
+/// time. That category leaves out CPU time inside CUDA calls (charged to their categories,
+/// all of a launch storm's), where the CPU samples count it: the larger of the two.
+fn cpu_demand(r: &Report, cpu_ns: u64) -> f64 {
+    let window_s = r.window.duration_ns.max(1) as f64 / 1e9;
+    let sampled = r.sampling.samples as f64 / r.sampling.frequency_hz.max(1) as f64 / window_s;
+    (cpu_ns as f64 / r.window.duration_ns.max(1) as f64).max(sampled)
+}
+
+/// What to do about waits for a CPU, by who holds the CPUs: the job itself, when it keeps
+/// most of them busy, else something outside it (another job, a CPU quota), where fewer
+/// threads in the job would not help.
+fn contention_advice(demand: f64, cpus: usize) -> Vec<&'static str> {
+    if demand >= 0.5 * cpus as f64 {
         vec![
             "Fewer runnable threads than cores: lower DataLoader num_workers, OMP_NUM_THREADS / \
              torch.set_num_threads, or intra-op thread pools.",
             "Check the container's CPU quota (cpu.max) and other jobs on the machine; pin the \
              trainer to its own cores (taskset, numactl).",
-        ],
-        Some(p.pid),
-        Some(t.tid),
-    )]
+        ]
+    } else {
+        vec![
+            "The traced threads keep under half the CPUs busy: the CPUs go to something else. \
+             Look for other jobs on the machine (top, pidstat) and the container's CPU quota \
+             (cpu.max, throttling in cpu.stat).",
+            "Pin the trainer to cores of its own (taskset, numactl, a cpuset), away from the \
+             other work.",
+        ]
+    }
 }
 
 /// gil-contention: a Python thread waits a large share of its life for the GIL. Names the

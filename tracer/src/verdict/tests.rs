@@ -76,6 +76,14 @@ fn cpu_heavy_workers_get_cpu_advice() {
         !fs.iter().any(|f| f.rule == "cpu-bound"),
         "workers explained: {fs:#?}"
     );
+    // With every core busy, more workers is not the advice.
+    let free = fs[0].suggestions[0].clone();
+    assert!(free.contains("raise DataLoader num_workers"), "{free}");
+    r.sampling.cpus = 2;
+    r.sampling.samples = (2.0 * r.window.duration_ns as f64 / 1e9
+        * r.sampling.frequency_hz as f64) as u64;
+    let busy = evaluate(&r)[0].suggestions[0].clone();
+    assert!(busy.contains("every core busy") && !busy.contains("raise"), "{busy}");
 }
 
 #[test]
@@ -194,6 +202,35 @@ fn contention_counts_runnable_time() {
         "{:?}",
         fs[0].evidence
     );
+}
+
+/// Waits for a CPU while the job keeps few of them busy: the advice looks outside the job,
+/// not at its thread counts.
+#[test]
+fn contention_from_outside_the_job_points_outside() {
+    let mut r = report();
+    r.processes.push(process(
+        100,
+        None,
+        "python",
+        vec![thread(
+            100,
+            "python",
+            &[("sleep", 55.0), ("runqueue", 35.0), ("cpu", 10.0)],
+        )],
+    ));
+    r.sampling.samples = 0;
+    let fs = evaluate(&r);
+    let f = fs
+        .iter()
+        .find(|f| f.rule == "cpu-contention")
+        .expect("fires");
+    assert!(
+        f.suggestions[0].contains("something else"),
+        "{:?}",
+        f.suggestions
+    );
+    assert!(!f.suggestions.iter().any(|s| s.contains("num_workers")));
 }
 
 /// Threads busy inside CUDA launch calls (their time in cuda_launch, not cpu) still keep
