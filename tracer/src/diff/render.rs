@@ -49,6 +49,11 @@ pub fn text(d: &Diff, before: &str, after: &str) -> String {
         units::dur(d.before_duration_ns),
         units::dur(d.after_duration_ns),
         match d.run_time_speedup {
+            // Two runs of one length (`demo --seconds`, a loop with a time limit) finish
+            // together whatever they did: their rates below tell them apart.
+            Some(s) if (s - 1.0).abs() < 0.02 => {
+                format!("  speedup {s:.2}x (a fixed-length run? compare the rates)")
+            }
             Some(s) => format!("  speedup {s:.2}x"),
             None => "  (no speedup: a run did not end with its target)".into(),
         }
@@ -174,5 +179,14 @@ mod tests {
         assert!(t.contains("-40.0pt"));
         assert!(t.contains("gone:    data-loading-bound (55%, critical)"));
         assert!(t.lines().all(|l| l.chars().count() <= 100));
+        // Equal run times: flagged, not passed off as no change.
+        let same = Diff {
+            run_time_speedup: Some(1.0),
+            after_duration_ns: 10_000_000_000,
+            ..d
+        };
+        let t = text(&same, "a.json", "b.json");
+        assert!(t.contains("speedup 1.00x (a fixed-length run?"), "{t}");
+        assert!(t.lines().all(|l| l.chars().count() <= 100), "{t}");
     }
 }

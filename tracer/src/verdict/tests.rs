@@ -80,10 +80,13 @@ fn cpu_heavy_workers_get_cpu_advice() {
     let free = fs[0].suggestions[0].clone();
     assert!(free.contains("raise DataLoader num_workers"), "{free}");
     r.sampling.cpus = 2;
-    r.sampling.samples = (2.0 * r.window.duration_ns as f64 / 1e9
-        * r.sampling.frequency_hz as f64) as u64;
+    r.sampling.samples =
+        (2.0 * r.window.duration_ns as f64 / 1e9 * r.sampling.frequency_hz as f64) as u64;
     let busy = evaluate(&r)[0].suggestions[0].clone();
-    assert!(busy.contains("every core busy") && !busy.contains("raise"), "{busy}");
+    assert!(
+        busy.contains("every core busy") && !busy.contains("raise"),
+        "{busy}"
+    );
 }
 
 #[test]
