@@ -1024,3 +1024,48 @@ fn kernels_with_long_names_cut_alike_stay_apart() {
     assert_eq!(launches("long_stub_x"), 30, "{kernels:#}");
     assert_eq!(launches("long_stub_y"), 10, "{kernels:#}");
 }
+
+/// A CUDA program that exits within a millisecond, before gputrace reads its maps: its
+/// library was never probed, and a blind spot says so and how to get its calls (it left no
+/// trace at all).
+#[test]
+fn a_cuda_program_gone_before_its_maps_are_read_is_named() {
+    let _g = serial();
+    if !require_root("a_cuda_program_gone_before_its_maps_are_read_is_named") {
+        return;
+    }
+    let dir = fake_cuda();
+    let bin = dir.join("cuda_fail_fast");
+    let cudart = dir.join("libcudart.so.12");
+    let st = Command::new("gcc")
+        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&bin)
+        .arg(repo_root().join("tests/workloads/cuda_fail_fast.c"))
+        .arg(&cudart)
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .status()
+        .expect("run gcc");
+    assert!(st.success());
+    // Several tries: the process must be gone before its maps are read, which it is
+    // nearly always (it lives well under a millisecond).
+    for attempt in 0..5 {
+        let out = out_dir("cuda-fail-fast");
+        let run = gputrace(&["-o", out.to_str().unwrap(), "--", bin.to_str().unwrap()]);
+        assert_eq!(run.code(), 0, "{}", run.stderr);
+        let r = run.report(&out);
+        let probed = r["processes"][0]["cuda"]["libraries"]
+            .as_array()
+            .is_some_and(|l| !l.is_empty());
+        if probed {
+            eprintln!("attempt {attempt}: its maps were read in time; again");
+            continue;
+        }
+        let blind = r["blind_spots"].to_string();
+        assert!(
+            blind.contains("libcudart.so.12") && blind.contains("exited before gputrace saw it"),
+            "{blind}"
+        );
+        return;
+    }
+    panic!("the process outlived the look at its maps 5 times in 5");
+}

@@ -148,6 +148,9 @@ pub struct Tracker {
     /// Processes that mapped a file executable since the families last looked
     /// (`ProcEventKind::MappedExec`), with the first such mapping's time (ktime ns).
     pub mapped: BTreeMap<u32, u64>,
+    /// Every process that mapped a file executable during the trace: the CUDA family names
+    /// those that exited with a CUDA library it never saw in their maps.
+    pub mapped_ever: std::collections::BTreeSet<u32>,
 }
 
 /// Storms kept for the accounting between two of its looks.
@@ -292,6 +295,7 @@ impl Tracker {
         }
         if ev.kind == ProcEventKind::MappedExec as u32 {
             self.mapped.entry(ev.pid).or_insert(ev.ts_ns);
+            self.mapped_ever.insert(ev.pid);
             return;
         }
         self.events += 1;

@@ -715,6 +715,23 @@ impl ProbeFamily for CudaFamily {
                  the CUDA calls made through it in between were not seen"
             ));
         }
+        for (pid, path, layer) in unprobed_openers(ebpf, ctx.tracker, &self.users) {
+            let comm = ctx
+                .tracker
+                .procs
+                .get(&pid)
+                .map(|t| format!(" ({})", t.info.comm))
+                .unwrap_or_default();
+            let option = match layer {
+                Layer::Runtime => "--libcudart",
+                Layer::Driver => "--libcuda",
+            };
+            data.report.blind_spots.push(format!(
+                "pid {pid}{comm} opened {path} and exited before gputrace saw it in its maps: \
+                 the library was not probed for it, and its calls through it were not seen \
+                 ({option} {path} probes it from the first call)"
+            ));
+        }
         for l in self.libs.iter().filter(|l| l.found.embedded) {
             data.report.blind_spots.push(format!(
                 "{} carries its own CUDA runtime (statically linked); probed through its \
@@ -807,6 +824,44 @@ fn kernel_name(
         }
     }
     cut.unwrap_or_else(|| format!("{HANDLE_NAME}{func:x}"))
+}
+
+/// Exited processes that mapped code and opened a CUDA library (by the paths the syscall
+/// programs kept, `FD_NAMES`) that no scan of their maps found: a CUDA program that failed and
+/// exited within milliseconds (an nvcc binary on a box without a driver) left no trace.
+fn unprobed_openers(
+    ebpf: &Ebpf,
+    tracker: &Tracker,
+    users: &BTreeMap<u32, HashSet<usize>>,
+) -> Vec<(u32, String, Layer)> {
+    let gone: HashSet<u32> = tracker
+        .mapped_ever
+        .iter()
+        .copied()
+        .filter(|pid| !users.contains_key(pid))
+        .filter(|pid| tracker.procs.get(pid).is_none_or(|t| t.info.exited))
+        .collect();
+    if gone.is_empty() {
+        return Vec::new();
+    }
+    let Some(names) = ebpf
+        .map(tracer_common::wall::FD_NAMES_MAP)
+        .and_then(|m| aya::maps::Array::<_, tracer_common::wall::FdName>::try_from(m).ok())
+    else {
+        return Vec::new();
+    };
+    let mut out: Vec<(u32, String, Layer)> = names
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|n| gone.contains(&n.key.tgid))
+        .filter_map(|n| {
+            let path = String::from_utf8_lossy(n.bytes()).into_owned();
+            discover::classify(&path).map(|layer| (n.key.tgid, path, layer))
+        })
+        .collect();
+    out.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    out.dedup_by(|a, b| (a.0, &a.1) == (b.0, &b.1));
+    out
 }
 
 /// How a kernel no name was found for is shown: its launch handle or pointer.
