@@ -200,18 +200,6 @@ fn trace(
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
-    if !args.verbose && !args.json {
-        // Nothing else is printed until the trace ends: say that it runs and how it ends.
-        crate::note!(
-            "gputrace: tracing {} process(es){}",
-            initial.len(),
-            match (args.duration, args.command.is_empty()) {
-                (Some(d), _) => format!(" for {}s (Ctrl-C to stop sooner)", d.as_secs_f64()),
-                (None, true) => " until they exit (Ctrl-C to stop)".into(),
-                (None, false) => " until the command exits (Ctrl-C to stop)".into(),
-            }
-        );
-    }
     if args.verbose {
         crate::note!(
             "gputrace: attached in {attach_ms:.1} ms to {} process(es) on {cpus} CPUs",
@@ -234,6 +222,19 @@ fn trace(
         l.release(&args.command[0])?;
         // The exec replaced the names we read before it.
         tracker.add(roots[0], None);
+    }
+    // After the release: a command that cannot be executed gets its one-line error alone.
+    if !args.verbose && !args.json {
+        // Nothing else is printed until the trace ends: say that it runs and how it ends.
+        crate::note!(
+            "gputrace: tracing {} process(es){}",
+            initial.len(),
+            match (args.duration, args.command.is_empty()) {
+                (Some(d), _) => format!(" for {}s (Ctrl-C to stop sooner)", d.as_secs_f64()),
+                (None, true) => " until they exit (Ctrl-C to stop)".into(),
+                (None, false) => " until the command exits (Ctrl-C to stop)".into(),
+            }
+        );
     }
     tracker.refresh_maps(true);
 

@@ -312,14 +312,7 @@ fn gpu_bound_with_busy_gpu_or_long_waits() {
 fn frequent_short_syncs_are_sync_heavy() {
     // 5000 syncs of 0.8 ms: 500/s.
     let mut c = sync_cuda(5000, 4 * SEC);
-    c.copies = vec![CopyStat {
-        direction: "D2H".into(),
-        mode: "sync".into(),
-        count: 2000,
-        bytes: 8000,
-        total_ns: SEC / 2,
-        gbps: 0.0,
-    }];
+    c.copies = vec![copy("D2H", 2000, 8000, SEC / 2, 0.0)];
     let r = cuda_job(&[("cuda_sync", 40.0), ("cpu", 40.0)], c);
     let fs = evaluate(&r);
     assert_eq!(fs[0].rule, "sync-heavy", "{fs:#?}");
@@ -364,18 +357,23 @@ fn launch_bound_counts_tiny_kernels() {
     assert!(!rules(&r).contains(&"launch-bound".into()));
 }
 
+/// A row of synchronous copies in `direction`.
+fn copy(direction: &str, count: u64, bytes: u64, total_ns: u64, gbps: f64) -> CopyStat {
+    CopyStat {
+        direction: direction.into(),
+        mode: "sync".into(),
+        count,
+        bytes,
+        total_ns,
+        gbps,
+    }
+}
+
 #[test]
 fn transfer_bound_spots_pageable_memory() {
     let c = ProcessCuda {
         api: vec![api("cudaMemcpy", 1000, 5 * SEC)],
-        copies: vec![CopyStat {
-            direction: "H2D".into(),
-            mode: "sync".into(),
-            count: 1000,
-            bytes: 10_000_000_000,
-            total_ns: 5 * SEC,
-            gbps: 2.0,
-        }],
+        copies: vec![copy("H2D", 1000, 10_000_000_000, 5 * SEC, 2.0)],
         ..Default::default()
     };
     let r = cuda_job(&[("cuda_memcpy", 50.0), ("cpu", 30.0)], c);
@@ -396,14 +394,7 @@ fn transfer_bound_spots_pageable_memory() {
 fn transfer_bound_needs_bytes_moving() {
     let readbacks = ProcessCuda {
         api: vec![api("cudaMemcpy", 300, 2 * SEC)],
-        copies: vec![CopyStat {
-            direction: "D2H".into(),
-            mode: "sync".into(),
-            count: 300,
-            bytes: 1200,
-            total_ns: 2 * SEC,
-            gbps: 0.0,
-        }],
+        copies: vec![copy("D2H", 300, 1200, 2 * SEC, 0.0)],
         ..Default::default()
     };
     let r = cuda_job(&[("cuda_memcpy", 67.0), ("cpu", 30.0)], readbacks);
@@ -486,12 +477,8 @@ fn several_rules_fire_and_rank_by_impact() {
     r.processes[0].cuda = Some(ProcessCuda {
         api: vec![api("cudaMemcpy", 1000, 2 * SEC)],
         copies: vec![CopyStat {
-            direction: "H2D".into(),
             mode: "async".into(),
-            count: 1000,
-            bytes: 20_000_000_000,
-            total_ns: 2 * SEC,
-            gbps: 10.0,
+            ..copy("H2D", 1000, 20_000_000_000, 2 * SEC, 10.0)
         }],
         ..Default::default()
     });
