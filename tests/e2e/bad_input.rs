@@ -472,3 +472,24 @@ fn programs_the_kernel_refuses_exit_7() {
     );
     assert_no_orphans();
 }
+
+/// A CUDA library named on the command line that is not there is a usage error, said in one
+/// line before anything is loaded (it was found only after the eBPF load, exit 1).
+#[test]
+fn a_named_library_that_is_not_there() {
+    let _g = serial();
+    if !require_root("a_named_library_that_is_not_there") {
+        return;
+    }
+    for opt in ["--libcudart", "--libcuda"] {
+        let r = run_with_backtraces(Command::new(GPUTRACE).args([
+            opt,
+            "/nonexistent/libcudart.so.12",
+            "--",
+            "true",
+        ]));
+        assert_one_line(&r, 2, "/nonexistent/libcudart.so.12: no such file");
+        let r = run_with_backtraces(Command::new(GPUTRACE).args([opt, "/tmp", "--", "true"]));
+        assert_one_line(&r, 2, "/tmp is not a file");
+    }
+}

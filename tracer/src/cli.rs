@@ -69,8 +69,9 @@ pub struct TraceArgs {
     #[arg(short = 'F', long, default_value_t = 99, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub frequency: u64,
 
-    /// Write report.json, report.html, trace.json (Perfetto), cpu.folded, cpu.svg and CSV tables
-    /// into this directory (created if missing).
+    /// Write report.json, report.html, trace.json (Perfetto), the CPU, off-CPU and wall-time
+    /// flame graphs (cpu/offcpu.folded and .svg, wall.svg) and CSV tables into this directory
+    /// (created if missing).
     #[arg(short = 'o', long, value_name = "DIR")]
     pub output: Option<PathBuf>,
 
@@ -95,12 +96,13 @@ pub struct TraceArgs {
     #[arg(short = 'v', long)]
     pub verbose: bool,
 
-    /// Probe this CUDA runtime library instead of (and besides) the ones found in the processes.
-    #[arg(long, value_name = "PATH")]
+    /// Probe this CUDA runtime library from the first call, as well as the ones found in the
+    /// processes.
+    #[arg(long, value_name = "PATH", value_parser = existing_file)]
     pub libcudart: Option<PathBuf>,
 
     /// Probe this CUDA driver library (libcuda.so) as well as the ones found in the processes.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", value_parser = existing_file)]
     pub libcuda: Option<PathBuf>,
 
     /// How often NVML is sampled (e.g. 100ms, 1s).
@@ -128,6 +130,19 @@ pub struct TraceArgs {
     /// The command to launch and trace from its first instruction.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+/// A library named on the command line must be there: said as a usage error (exit 2) before
+/// anything is loaded, not as a failure after the eBPF load.
+fn existing_file(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    if p.is_file() {
+        Ok(p)
+    } else if p.exists() {
+        Err(format!("{s} is not a file"))
+    } else {
+        Err(format!("{s}: no such file"))
+    }
 }
 
 /// Parses `10s`, `500ms`, `2m`, `1h` or a plain number of seconds.
