@@ -6,6 +6,7 @@
 //! Each section is one `render_*` function called from [`render`], so a new section is one
 //! function and one call line.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::{
@@ -73,7 +74,15 @@ pub fn render(r: &Report, color: bool) -> String {
     let mut o = String::new();
     render_header(&mut o, r, st);
     render_verdict(&mut o, r, st);
-    for p in &r.processes {
+    let (helpers, shown): (Vec<&ProcessReport>, Vec<&ProcessReport>) =
+        r.processes.iter().partition(|p| is_helper(r, p));
+    // Folded only beside a process that is shown: a trace of nothing but helpers shows them.
+    let (helpers, shown) = if shown.is_empty() {
+        (vec![], helpers)
+    } else {
+        (helpers, shown)
+    };
+    for p in shown {
         render_process_header(&mut o, p, st);
         render_time(&mut o, p, st);
         render_functions(&mut o, p);
@@ -81,9 +90,56 @@ pub fn render(r: &Report, color: bool) -> String {
         render_syscalls(&mut o, r, p);
         render_block_io(&mut o, r, p);
     }
+    render_helpers(&mut o, &helpers);
     render_nvml(&mut o, r);
     render_footer(&mut o, r, st);
     o
+}
+
+/// A short-lived helper process (a pyenv shim's readlink, a wrapper's shell): no CPU
+/// samples, no CUDA, not a target, alive under 1% of the window. Forty of them buried the one
+/// process that mattered under hundreds of lines of empty sections.
+fn is_helper(r: &Report, p: &ProcessReport) -> bool {
+    p.samples == 0
+        && p.cuda.is_none()
+        && !r.target.pids.contains(&p.pid)
+        && p.time
+            .as_ref()
+            .is_none_or(|t| t.alive_ns * 100 < r.window.duration_ns)
+}
+
+/// The helpers in one line: how many, and their names with counts.
+fn render_helpers(o: &mut String, helpers: &[&ProcessReport]) {
+    if helpers.is_empty() {
+        return;
+    }
+    let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+    for p in helpers {
+        *names.entry(p.comm.as_str()).or_default() += 1;
+    }
+    let mut names: Vec<(&str, usize)> = names.into_iter().collect();
+    names.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let list: Vec<String> = names
+        .iter()
+        .map(|(n, c)| {
+            let n = clip(n);
+            if *c > 1 {
+                format!("{n} x{c}")
+            } else {
+                n
+            }
+        })
+        .collect();
+    line(o, "");
+    let text = format!(
+        "{} short-lived helper process(es) (no samples, each alive under 1% of the window; in \
+         report.json): {}",
+        helpers.len(),
+        list.join(", ")
+    );
+    for l in wrap(&text, 100) {
+        line(o, &l);
+    }
 }
 
 fn render_header(o: &mut String, r: &Report, st: Style) {

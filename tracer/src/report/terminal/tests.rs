@@ -255,3 +255,36 @@ fn gpu_section_shows_the_utilisation_the_verdicts_judge() {
         .for_each(|c| c.memory.live_bytes_series.clear());
     assert!(!render(&r, false).contains("since the job's first GPU allocation"));
 }
+
+/// Short-lived helpers (no samples, no CUDA, alive under 1% of the window) are one line after
+/// the processes that matter, not a section each.
+#[test]
+fn short_helpers_are_folded_into_one_line() {
+    let mut r = full_report();
+    let shown = r.processes.len();
+    for i in 0..3 {
+        let mut p = process(
+            900 + i,
+            Some(100),
+            if i < 2 { "readlink" } else { "bash" },
+            vec![],
+        );
+        p.time = Some(time(SEC / 1000, &[("cpu", 100.0)]));
+        r.processes.push(p);
+    }
+    let out = render(&r, false);
+    assert!(!out.contains("pid 900 "), "{out}");
+    assert!(
+        out.contains("3 short-lived helper process(es)") && out.contains("readlink x2, bash"),
+        "{out}"
+    );
+    assert_eq!(out.matches("\npid ").count(), shown, "{out}");
+    // Alone, they are shown.
+    r.processes.drain(..shown);
+    r.target.pids = vec![];
+    let out = render(&r, false);
+    assert!(
+        out.contains("pid 900 ") && !out.contains("short-lived helper"),
+        "{out}"
+    );
+}
