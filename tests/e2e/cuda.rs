@@ -975,6 +975,24 @@ fn libraries_probed_after_their_mapping_are_named() {
     assert!(seen > 200 && seen <= 300, "{seen}");
 }
 
+/// Builds `tests/workloads/NAME.c` linked to the fake libcudart (found through its rpath):
+/// the program and the runtime's path.
+fn linked_to_fake_cudart(name: &str) -> (PathBuf, PathBuf) {
+    let dir = fake_cuda();
+    let bin = dir.join(name);
+    let cudart = dir.join("libcudart.so.12");
+    let st = Command::new("gcc")
+        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&bin)
+        .arg(repo_root().join(format!("tests/workloads/{name}.c")))
+        .arg(&cudart)
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .status()
+        .expect("run gcc");
+    assert!(st.success(), "gcc failed building {name}");
+    (bin, cudart)
+}
+
 /// Two kernels whose names differ only past what the kernel side reads of a name (255
 /// bytes): two rows with their own launch counts, named from their host stubs' symbols. They
 /// were one row, the cut mangled name, with both kernels' launches.
@@ -984,18 +1002,7 @@ fn kernels_with_long_names_cut_alike_stay_apart() {
     if !require_root("kernels_with_long_names_cut_alike_stay_apart") {
         return;
     }
-    let dir = fake_cuda();
-    let bin = dir.join("long_kernel_names");
-    let cudart = dir.join("libcudart.so.12");
-    let st = Command::new("gcc")
-        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&bin)
-        .arg(repo_root().join("tests/workloads/long_kernel_names.c"))
-        .arg(&cudart)
-        .arg(format!("-Wl,-rpath,{}", dir.display()))
-        .status()
-        .expect("run gcc");
-    assert!(st.success());
+    let (bin, cudart) = linked_to_fake_cudart("long_kernel_names");
     let out = out_dir("long-kernel-names");
     // Probed from the first call: the registrations come right at the start.
     let run = gputrace(&[
@@ -1034,18 +1041,7 @@ fn a_cuda_program_gone_before_its_maps_are_read_is_named() {
     if !require_root("a_cuda_program_gone_before_its_maps_are_read_is_named") {
         return;
     }
-    let dir = fake_cuda();
-    let bin = dir.join("cuda_fail_fast");
-    let cudart = dir.join("libcudart.so.12");
-    let st = Command::new("gcc")
-        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&bin)
-        .arg(repo_root().join("tests/workloads/cuda_fail_fast.c"))
-        .arg(&cudart)
-        .arg(format!("-Wl,-rpath,{}", dir.display()))
-        .status()
-        .expect("run gcc");
-    assert!(st.success());
+    let (bin, _) = linked_to_fake_cudart("cuda_fail_fast");
     // Several tries: the process must be gone before its maps are read, which it is
     // nearly always (it lives well under a millisecond).
     for attempt in 0..5 {

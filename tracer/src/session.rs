@@ -641,16 +641,23 @@ fn spare_the_report_one_signal() {
 /// and links take a few hundred, and the code files held for symbolisation
 /// (`tracker::MAX_HELD_FILES`) up to 4,096 more, past a 1,024 soft limit.
 fn raise_open_files_limit() {
-    // SAFETY: plain syscalls on a local struct.
+    let Some(mut r) = open_files_limit() else {
+        return;
+    };
+    let want = r.rlim_max.min(1 << 20);
+    if r.rlim_cur < want {
+        r.rlim_cur = want;
+        // SAFETY: a plain syscall on a local struct.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
+    }
+}
+
+/// gputrace's limits on open files (soft and hard), if it can read them.
+pub(crate) fn open_files_limit() -> Option<libc::rlimit> {
+    // SAFETY: a plain syscall on a local struct.
     unsafe {
         let mut r: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
-            let want = r.rlim_max.min(1 << 20);
-            if r.rlim_cur < want {
-                r.rlim_cur = want;
-                libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-            }
-        }
+        (libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0).then_some(r)
     }
 }
 

@@ -81,6 +81,12 @@ pub fn module_label(module: &str) -> String {
     }
 }
 
+/// Whether a frame named `name` in `module` is the one frame of that module's code no symbol
+/// covers (`[libcrypto.so.3]`), named by nothing but its module.
+pub fn names_only_its_module(name: &str, module: Option<&str>) -> bool {
+    module.is_some_and(|m| module_label(m) == name)
+}
+
 /// The most frames the kernel keeps of a stack (`PERF_MAX_STACK_DEPTH`, the stack map's value
 /// size, and the default `kernel.perf_event_max_stack`): a user stack that long was cut.
 pub const MAX_STACK_FRAMES: usize = 127;
@@ -263,7 +269,7 @@ impl Symbolizer {
                         // under 3%, and the top functions named something else.
                         self.stats.unknown += 1;
                         Frame::native(
-                            format!("[{}]", module.as_deref().unwrap_or("?")),
+                            module_label(module.as_deref().unwrap_or("?")),
                             module.clone(),
                         )
                     }

@@ -66,14 +66,10 @@ pub struct HeldFiles {
     cap: Option<usize>,
 }
 
-/// A quarter of the soft open-files limit.
+/// A quarter of the soft open-files limit (0 when it cannot be read).
 fn open_files_quarter() -> usize {
-    // SAFETY: a plain syscall on a local struct.
-    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
-        return 0;
-    }
-    (r.rlim_cur / 4).min(usize::MAX as u64) as usize
+    crate::session::open_files_limit()
+        .map_or(0, |r| (r.rlim_cur / 4).min(usize::MAX as u64) as usize)
 }
 
 impl HeldFiles {

@@ -200,6 +200,11 @@ pub const FD_SYSCALLS: &[&str] = &[
     "flock",
 ];
 
+/// Whether syscall `nr` is one of [`FD_SYSCALLS`] (a negative `nr` is none).
+pub fn takes_fd_first(nr: i32) -> bool {
+    nr >= 0 && FD_SYSCALLS.contains(&syscall_names::name(nr as i64).as_str())
+}
+
 /// The syscalls of [`FD_SYSCALLS`] numbered under 64, as a bit mask (the eBPF crate's
 /// `FD_SYSCALL_MASK`): the x86-64 numbers (`syscall_names`); elsewhere none.
 pub fn fd_syscall_mask() -> u64 {
@@ -259,8 +264,7 @@ pub fn blocked_with_file(
         };
     }
     let by_file = file
-        .filter(|_| kernel_frames.is_empty() && sys_nr >= 0)
-        .filter(|_| FD_SYSCALLS.contains(&syscall_names::name(sys_nr as i64).as_str()))
+        .filter(|_| kernel_frames.is_empty() && takes_fd_first(sys_nr))
         .and_then(file_category);
     let reason = if sys_nr >= 0 {
         syscall_names::name(sys_nr as i64)

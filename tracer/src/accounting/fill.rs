@@ -56,7 +56,7 @@ pub(super) fn fd_gens(ebpf: &Ebpf) -> Result<BTreeMap<(u32, i32), u32>> {
 }
 
 /// The paths files were opened by (`FD_NAMES`), for `file_name`.
-pub(super) fn opened_paths(ebpf: &Ebpf) -> Option<aya::maps::Array<&MapData, FdName>> {
+pub(crate) fn opened_paths(ebpf: &Ebpf) -> Option<aya::maps::Array<&MapData, FdName>> {
     ebpf.map(FD_NAMES_MAP)
         .and_then(|m| aya::maps::Array::try_from(m).ok())
 }

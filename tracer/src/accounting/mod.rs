@@ -7,7 +7,7 @@
 pub mod aggregate;
 pub mod classify;
 mod crosscheck;
-mod fill;
+pub(crate) mod fill;
 pub mod render;
 mod retire;
 pub mod sites;
@@ -713,9 +713,8 @@ fn seed_threads(
         }
         let own = seeding == Seeding::Release;
         let fd_wait = phase != PHASE_ONCPU
-            && nr >= 0
-            && arg0 < 1 << 20
-            && classify::FD_SYSCALLS.contains(&syscall_names::name(nr as i64).as_str());
+            && arg0 >> tracer_common::wall::FD1_LIMIT_BITS == 0
+            && classify::takes_fd_first(nr);
         if fd_wait && !own {
             // Generation 0: the fd's first file of the trace.
             let key = tracer_common::wall::FdKey {

@@ -807,10 +807,7 @@ fn kernel_name(
         if let Some(f) = f.into_iter().next() {
             // A library's code no symbol covers is one `[library]` frame for the profile;
             // a kernel there is told from the others by its offset.
-            let placeholder = f
-                .module
-                .as_deref()
-                .is_some_and(|md| crate::symbolize::module_label(md) == f.name);
+            let placeholder = crate::symbolize::names_only_its_module(&f.name, f.module.as_deref());
             if f.name != "[unknown]" && !placeholder {
                 return aggregate::demangle(&f.name);
             }
@@ -844,10 +841,7 @@ fn unprobed_openers(
     if gone.is_empty() {
         return Vec::new();
     }
-    let Some(names) = ebpf
-        .map(tracer_common::wall::FD_NAMES_MAP)
-        .and_then(|m| aya::maps::Array::<_, tracer_common::wall::FdName>::try_from(m).ok())
-    else {
+    let Some(names) = crate::accounting::fill::opened_paths(ebpf) else {
         return Vec::new();
     };
     let mut out: Vec<(u32, String, Layer)> = names

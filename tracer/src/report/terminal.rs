@@ -750,9 +750,8 @@ fn fn_line(f: &crate::aggregate::cpu::FnStat) -> String {
     let module = f
         .module
         .as_deref()
-        .map(crate::symbolize::module_label)
-        .filter(|m| *m != f.function)
-        .map(|m| format!("  {m}"))
+        .filter(|m| !crate::symbolize::names_only_its_module(&f.function, Some(m)))
+        .map(|m| format!("  {}", crate::symbolize::module_label(m)))
         .unwrap_or_default();
     clip(&format!(
         "    {:>5.1}% {:>7}  {}{}",

@@ -480,9 +480,8 @@ pub fn cpu_bound(r: &Report, explained: &[u32]) -> Vec<Finding> {
                 f.function,
                 f.module
                     .as_deref()
-                    .map(crate::symbolize::module_label)
-                    .filter(|m| *m != f.function)
-                    .map(|m| format!(" {m}"))
+                    .filter(|m| !crate::symbolize::names_only_its_module(&f.function, Some(m)))
+                    .map(|m| format!(" {}", crate::symbolize::module_label(m)))
                     .unwrap_or_default()
             )
         }));
