@@ -115,7 +115,11 @@ fn check_job(mode: &str, workers: usize) -> Arc<DemoRun> {
             "workers are the trainer's children"
         );
     }
-    assert!(r["sampling"]["samples"].as_u64().unwrap() > 0);
+    // The gpu mode keeps the CPU nearly idle by design (1-6 samples in 2 s here): a run of
+    // it with none is chance (CI run 73), and demo_gpu_profile bounds its samples instead.
+    if mode != "gpu" {
+        assert!(r["sampling"]["samples"].as_u64().unwrap() > 0);
+    }
     assert!(steps_per_second(&d) > 0.0);
     assert!(
         d.run

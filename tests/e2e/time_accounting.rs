@@ -1448,13 +1448,21 @@ fn a_read_that_never_returns_is_told_by_its_file() {
         .find(|p| p["pid"] == sh.id())
         .unwrap_or_else(|| panic!("no process {pid}: {:#}", report["processes"]));
     let reasons = p["time"]["reasons"].as_array().unwrap();
+    // cat's read of the pipe, seconds long, is ipc. The exec'd cat's loader also reads its
+    // libraries with read(): a page-cache miss there is disk I/O (CI run 74 had one of
+    // 0.28 ms), never a wait of the pipe's length.
     let read_ns: u64 = reasons
         .iter()
         .filter(|r| r["reason"] == "read")
-        .map(|r| {
-            assert_eq!(r["category"], "ipc", "a read of a pipe: {reasons:#?}");
-            r["ns"].as_u64().unwrap()
+        .filter(|r| {
+            let ns = r["ns"].as_u64().unwrap();
+            assert!(
+                r["category"] == "ipc" || ns < 100_000_000,
+                "a read of a pipe: {reasons:#?}"
+            );
+            r["category"] == "ipc"
         })
+        .map(|r| r["ns"].as_u64().unwrap())
         .sum();
     assert!(read_ns >= 1_000_000_000, "cat's read: {reasons:#?}");
 }
