@@ -257,7 +257,9 @@ pub struct Walked {
     /// `STACKS` ids of the kernel and user stacks (negative: none).
     pub kstack: i32,
     pub ustack: i32,
-    pub _pad: u32,
+    /// How many walks in a row for this wait found the stacks the one before had: each
+    /// doubles how long these are reused ([`Walked::reuse_ns`]), up to [`STEADY_MAX`].
+    pub steady: u32,
     /// The Python stack (`PY_STACKS` key) walked with them, 0 for none.
     pub pystack: u64,
 }
@@ -269,7 +271,7 @@ impl Walked {
         sys_nr: NO_SYSCALL,
         kstack: -1,
         ustack: -1,
-        _pad: 0,
+        steady: 0,
         pystack: 0,
     };
 
@@ -285,8 +287,41 @@ impl Walked {
     #[inline(always)]
     pub fn reusable(&self, sys_nr: i32, arg0: u64, now: u64, seen: u64) -> bool {
         self.is_for(sys_nr, arg0)
-            && now.saturating_sub(self.ns) < STACK_REUSE_NS * seen
+            && now.saturating_sub(self.ns) < self.reuse_ns() * seen
             && (self.kstack >= 0 || lasting_walk_error(self.kstack))
+    }
+
+    /// How long after their walk these stacks are reused: [`STACK_REUSE_NS`], doubled for
+    /// each walk in a row that found what the one before had.
+    #[inline(always)]
+    pub fn reuse_ns(&self) -> u64 {
+        let steady = if self.steady < STEADY_MAX {
+            self.steady
+        } else {
+            STEADY_MAX
+        };
+        STACK_REUSE_NS << steady
+    }
+
+    /// [`Walked::steady`] for a new walk for the wait in syscall `sys_nr` on `arg0` that
+    /// found stacks `kstack` and `ustack`, taking the place of these: one more when these
+    /// were that wait's and found the same, 0 otherwise (another wait, other stacks, a
+    /// failed walk).
+    #[inline(always)]
+    pub fn steady_after(&self, sys_nr: i32, arg0: u64, kstack: i32, ustack: i32) -> u32 {
+        if self.is_for(sys_nr, arg0)
+            && kstack >= 0
+            && self.kstack == kstack
+            && self.ustack == ustack
+        {
+            if self.steady < STEADY_MAX {
+                self.steady + 1
+            } else {
+                STEADY_MAX
+            }
+        } else {
+            0
+        }
     }
 }
 
@@ -626,8 +661,14 @@ pub fn report_state(preempt: bool, raw: u32) -> u32 {
 /// How many waits' walked stacks a thread keeps (`ThreadState::walked`).
 pub const WALK_SLOTS: usize = 3;
 
-/// How long walked stacks are reused for the same wait (ns).
+/// How long walked stacks are reused for the same wait (ns), at first.
 pub const STACK_REUSE_NS: u64 = 50_000_000;
+
+/// The most doublings of [`STACK_REUSE_NS`] for a wait whose walks keep finding the same
+/// stacks: a walk at least every 0.4 s, so a wait that changes (a read that starts blocking
+/// on a lock where it blocked on the disk) is told apart again within that. A walk cost ~15
+/// us on the development VM: a loader looping on one read walked ~20 times a second at 50 ms.
+pub const STEADY_MAX: u32 = 3;
 
 /// One row of the time sums.
 #[repr(C)]
@@ -1066,6 +1107,38 @@ mod tests {
         assert!(!walked(-17).reusable(17, 5, 1_000 + STACK_REUSE_NS, 1));
         assert!(!walked(-17).reusable(17, 6, soon, 1));
         assert!(!walked(42).reusable(17, 5, soon, 0));
+    }
+
+    #[test]
+    fn a_wait_whose_walks_agree_is_walked_less_often() {
+        use super::{Walked, STACK_REUSE_NS, STEADY_MAX};
+        let mut w = Walked {
+            ns: 1_000,
+            arg0: 5,
+            sys_nr: 17,
+            kstack: 42,
+            ustack: 7,
+            ..Walked::NONE
+        };
+        assert_eq!(w.reuse_ns(), STACK_REUSE_NS);
+        // The same stacks again: twice as long, up to 2^STEADY_MAX times.
+        for n in 1..=STEADY_MAX + 2 {
+            w.steady = w.steady_after(17, 5, 42, 7);
+            assert_eq!(w.steady, n.min(STEADY_MAX));
+        }
+        assert_eq!(w.reuse_ns(), STACK_REUSE_NS << STEADY_MAX);
+        assert_eq!(w.reuse_ns(), 400_000_000);
+        assert!(w.reusable(17, 5, 1_000 + STACK_REUSE_NS * 7, 1));
+        assert!(!w.reusable(17, 5, 1_000 + STACK_REUSE_NS * 8, 1));
+        // Still never for an unseen syscall.
+        assert!(!w.reusable(17, 5, 2_000, 0));
+        // Other stacks, another wait, a failed walk: back to the first limit.
+        assert_eq!(w.steady_after(17, 5, 43, 7), 0);
+        assert_eq!(w.steady_after(17, 5, 42, 8), 0);
+        assert_eq!(w.steady_after(17, 6, 42, 7), 0);
+        assert_eq!(w.steady_after(1, 5, 42, 7), 0);
+        let failed = Walked { kstack: -17, ..w };
+        assert_eq!(failed.steady_after(17, 5, -17, 7), 0);
     }
 
     #[test]

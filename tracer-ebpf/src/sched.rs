@@ -32,7 +32,7 @@ use crate::{
     kread::{Direct, Kernel, Probe},
     maps::{by_path, count_drop, current_ids, is_traced, maybe_traced, stack_id, traced},
 };
-use tracer_common::{drops::Drop, hits::Prog};
+use tracer_common::{drops::Drop, hits::Prog, python::PY_STACK_PENDING};
 
 #[no_mangle]
 static OFF_SW_PREV_STATE: Global<u32> = Global::new(32);
@@ -426,10 +426,11 @@ fn switch_out<C: StackIdContext, K: Kernel>(
     // Stack walks are most of this program's cost: only for blocking switch-outs, whose
     // kernel stack says what the thread waits for. A preempted thread is simply runnable. A
     // thread that blocks again in one of its last WALK_SLOTS waits (same syscall on the same
-    // fd or futex word) within STACK_REUSE_NS of that wait's walk reuses its stacks: a thread
-    // looping on a read, or cycling through a few waits (a trainer reading two loaders'
-    // pipes in turn with a sync between), then costs one walk per wait per 50 ms, not one
-    // per switch.
+    // fd or futex word) within `Walked::reuse_ns` of that wait's walk reuses its stacks: a
+    // thread looping on a read, or cycling through a few waits (a trainer reading two
+    // loaders' pipes in turn with a sync between), then costs one walk per wait per 50 ms,
+    // not one per switch, and a wait whose walks keep finding the same stacks one per 0.4 s
+    // (`STEADY_MAX`).
     if st.phase == PHASE_BLOCKED && OFFCPU_STACKS.load() != 0 {
         let (nr, arg0) = (sys_nr, st.sys_arg0);
         let mut found = WALK_SLOTS;
@@ -452,12 +453,22 @@ fn switch_out<C: StackIdContext, K: Kernel>(
             found = victim;
             if let Some(w) = st.walked.get_mut(victim) {
                 // Field by field: a whole `Walked` built first goes through the stack.
+                let kstack = stack_id(ctx, 0);
+                let ustack = stack_id(ctx, BPF_F_USER_STACK as u64);
+                let pystack = crate::python::python_stack(tgid, tid);
+                // A process not classified yet is walked again at the first reuse limit: its
+                // slot's pending Python stack costs a lookup at every reuse until then.
+                w.steady = if pystack == PY_STACK_PENDING {
+                    0
+                } else {
+                    w.steady_after(nr, arg0, kstack, ustack)
+                };
                 w.ns = now;
                 w.arg0 = arg0;
                 w.sys_nr = nr;
-                w.kstack = stack_id(ctx, 0);
-                w.ustack = stack_id(ctx, BPF_F_USER_STACK as u64);
-                w.pystack = crate::python::python_stack(tgid, tid);
+                w.kstack = kstack;
+                w.ustack = ustack;
+                w.pystack = pystack;
             }
         }
         if let Some(w) = st.walked.get(found) {

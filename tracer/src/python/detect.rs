@@ -44,6 +44,24 @@ pub fn candidate(path: &str) -> bool {
     name.starts_with("libpython3") || name.starts_with("python3")
 }
 
+/// Whether the dynamic loader has mapped the libraries the program was linked against: the
+/// GNU C library is mapped (the linker lists it after the program's other libraries, and the
+/// loader maps them in that order, so a libpython it needs is there too), or no loader is (a
+/// static executable). Until then, a process that is not CPython by its maps may map
+/// libpython still: it was read between its exec and the loader's work.
+pub fn libraries_loaded(maps: &[Mapping]) -> bool {
+    let name = |m: &Mapping| {
+        Path::new(&m.path)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
+    let files = || maps.iter().filter(|m| m.is_file()).map(name);
+    files().any(|n| n == "libc.so.6" || (n.starts_with("libc-2.") && n.ends_with(".so")))
+        || (maps.iter().any(Mapping::is_file)
+            && !files().any(|n| n.starts_with("ld-linux") || n.starts_with("ld-musl")))
+}
+
 /// `(3, 11)` from `libpython3.11.so.1.0` or `python3.11`.
 pub fn version_from_name(path: &str) -> Option<(u8, u8)> {
     let name = Path::new(path).file_name()?.to_string_lossy().into_owned();
@@ -237,6 +255,45 @@ mod tests {
             inode: 1,
             path: path.into(),
         }
+    }
+
+    #[test]
+    fn the_loader_is_done_once_libc_is_mapped_or_there_is_no_loader() {
+        let m = |path: &str| mapping(0x1000, 0x2000, 0, path);
+        let anon = Mapping {
+            inode: 0,
+            ..m("[stack]")
+        };
+        // Just exec'd: the program and its loader, nothing else yet.
+        let exec = vec![
+            m("/usr/bin/app"),
+            m("/usr/lib64/ld-linux-x86-64.so.2"),
+            anon.clone(),
+        ];
+        assert!(!libraries_loaded(&exec));
+        let mut loaded = exec.clone();
+        loaded.push(m("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+        assert!(libraries_loaded(&loaded));
+        // glibc before 2.34 named its file by version.
+        let mut old = exec.clone();
+        old.push(m("/lib/x86_64-linux-gnu/libc-2.31.so"));
+        assert!(libraries_loaded(&old));
+        // Static: no loader was ever mapped.
+        assert!(libraries_loaded(&[
+            m("/usr/local/bin/static-app"),
+            anon.clone()
+        ]));
+        // musl's loader is its C library: mapped at the exec, so it tells nothing.
+        assert!(!libraries_loaded(&[
+            m("/usr/bin/app"),
+            m("/lib/ld-musl-x86_64.so.1")
+        ]));
+        // Nothing read (the process is gone): not known.
+        assert!(!libraries_loaded(&[anon]));
+        assert!(!libraries_loaded(&[
+            m("/usr/lib/libcuda.so.1"),
+            m("/x/ld-linux.so.2")
+        ]));
     }
 
     #[test]

@@ -81,6 +81,20 @@ const MAX_ATTEMPTS: u32 = 3;
 /// Ticks (100 ms each) during which a process not yet found to be CPython is re-checked.
 const YOUNG_CHECKS: u32 = 30;
 
+/// The checks a process found not CPython by `maps` counts after `checks` before: young
+/// ones are re-checked each tick, and until the verdict is final (`mark_not_python`) each of
+/// its blocking waits costs the kernel three hash lookups for a Python stack that may come
+/// (a data loader's waits ~100 ns more each). Final at once where the loader has mapped the
+/// program's libraries ([`detect::libraries_loaded`]): a libpython mapped later (a
+/// `dlopen`) changes the maps, which brings a check again.
+fn not_python_checks(checks: u32, maps: &[procfs::Mapping]) -> u32 {
+    if detect::libraries_loaded(maps) {
+        YOUNG_CHECKS.max(checks + 1)
+    } else {
+        checks + 1
+    }
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 pub struct MergeStats {
     pub exact: u64,
@@ -221,7 +235,7 @@ impl PyState {
             let mem = ProcessMemory(pid);
             let det = detect::detect(pid, maps, &mem);
             let state = match det {
-                Ok(None) => ProcState::NotPython(t.maps.len(), checks + 1),
+                Ok(None) => ProcState::NotPython(t.maps.len(), not_python_checks(checks, maps)),
                 Err(e) => {
                     self.notes.push(format!("python: pid {pid}: {e}"));
                     ProcState::Unsupported
@@ -663,6 +677,31 @@ mod tests {
         linetable::LineTable,
         offsets::{PY310, PY311},
     };
+
+    #[test]
+    fn a_native_process_is_final_at_once_when_its_libraries_are_mapped() {
+        let m = |path: &str| procfs::Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            offset: 0,
+            perms: "r-xp".into(),
+            inode: 7,
+            path: path.into(),
+        };
+        let exec = [m("/usr/bin/app"), m("/lib64/ld-linux-x86-64.so.2")];
+        let loaded = [
+            m("/usr/bin/app"),
+            m("/lib64/ld-linux-x86-64.so.2"),
+            m("/lib/libc.so.6"),
+        ];
+        // Read before the loader's work: young, checked again next tick.
+        assert_eq!(not_python_checks(0, &exec), 1);
+        assert_eq!(not_python_checks(5, &exec), 6);
+        // After it: final (marked in PY_NOT at this tick), and stays so when checked again
+        // on a change of its maps.
+        assert!(not_python_checks(0, &loaded) >= YOUNG_CHECKS);
+        assert!(not_python_checks(YOUNG_CHECKS, &loaded) > YOUNG_CHECKS);
+    }
 
     #[test]
     fn frame_names_with_lines() {
