@@ -476,6 +476,36 @@ fn python_on_for_a_native_process() {
     assert!(folded.contains(";hot_a;"), "native frames lost:\n{folded}");
 }
 
+/// A shell that execs Python a second after it started: the shell is found not to be CPython
+/// at its first check (its C library is mapped), and its exec must bring a check again.
+#[test]
+fn a_shell_that_execs_python_later_gets_python_frames() {
+    let _g = serial();
+    let test = "a_shell_that_execs_python_later_gets_python_frames";
+    if !require_root(test) || !interpreter(DEBIAN_311, test) {
+        return;
+    }
+    let dir = out_dir("py-late-exec");
+    let run = gputrace(&[
+        "-F",
+        "499",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!("sleep 1; exec {DEBIAN_311} {} 3", workload()),
+    ]);
+    assert_eq!(run.code(), 0, "stderr: {}", run.stderr);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    let (a, _) = py_samples(&folded, "hot_a");
+    let (b, _) = py_samples(&folded, "hot_b");
+    assert!(
+        a + b > 300,
+        "no Python frames after the exec: a={a} b={b}\n{folded}"
+    );
+}
+
 /// A Python 3.11 process that execs Python 3.12: frames of both images, each with its own names.
 #[test]
 fn python_exec_into_another_version() {

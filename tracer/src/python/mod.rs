@@ -57,10 +57,11 @@ pub enum PythonMode {
 }
 
 enum ProcState {
-    /// Not CPython as of the maps with this many entries, checked this many times: re-checked
-    /// every tick while young (the dynamic loader maps libpython after exec), then only when the
-    /// tracker's maps change.
-    NotPython(usize, u32),
+    /// Not CPython as of the maps with this many entries, checked this many times, in the
+    /// image of this exec (`Tracker`'s `exec_id`): re-checked every tick while young (the
+    /// dynamic loader maps libpython after exec), then only when the tracker's maps change or
+    /// the process execs (a shell that execs python may leave as many maps as it had).
+    NotPython(usize, u32, Option<u32>),
     Unsupported,
     Python {
         interp: Interpreter,
@@ -222,7 +223,11 @@ impl PyState {
             }
             let checks = match self.procs.get(&pid) {
                 None => 0,
-                Some(ProcState::NotPython(n, c)) if *n != t.maps.len() || *c < YOUNG_CHECKS => *c,
+                // Another image: young again.
+                Some(ProcState::NotPython(_, _, image)) if *image != t.exec_id => 0,
+                Some(ProcState::NotPython(n, c, _)) if *n != t.maps.len() || *c < YOUNG_CHECKS => {
+                    *c
+                }
                 Some(_) => continue,
             };
             let fresh;
@@ -235,7 +240,9 @@ impl PyState {
             let mem = ProcessMemory(pid);
             let det = detect::detect(pid, maps, &mem);
             let state = match det {
-                Ok(None) => ProcState::NotPython(t.maps.len(), not_python_checks(checks, maps)),
+                Ok(None) => {
+                    ProcState::NotPython(t.maps.len(), not_python_checks(checks, maps), t.exec_id)
+                }
                 Err(e) => {
                     self.notes.push(format!("python: pid {pid}: {e}"));
                     ProcState::Unsupported
@@ -247,8 +254,10 @@ impl PyState {
                     let checked = off.map(|o| verify_at_runtime(pid, maps, &mem, &mut interp, o));
                     let off = match checked {
                         Some(Err(Unverified::NotYet(_))) if checks + 1 < YOUNG_CHECKS => {
-                            self.procs
-                                .insert(pid, ProcState::NotPython(t.maps.len(), checks + 1));
+                            self.procs.insert(
+                                pid,
+                                ProcState::NotPython(t.maps.len(), checks + 1, t.exec_id),
+                            );
                             continue;
                         }
                         Some(Err(Unverified::NotYet(e) | Unverified::Refused(e))) => {
@@ -370,7 +379,7 @@ impl PyState {
             // pending until then.
             let not = match state {
                 ProcState::Python { .. } => false,
-                ProcState::NotPython(_, checks) => *checks >= YOUNG_CHECKS,
+                ProcState::NotPython(_, checks, _) => *checks >= YOUNG_CHECKS,
                 ProcState::Unsupported => true,
             };
             // Re-inserted each tick while unsupported: an exec may have removed it, and the
