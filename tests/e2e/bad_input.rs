@@ -2,7 +2,7 @@
 //! (docs/report.md, "Exit codes"), never a panic, and leaves nothing in the kernel.
 
 use std::{
-    process::Command,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -492,4 +492,77 @@ fn a_named_library_that_is_not_there() {
         let r = run_with_backtraces(Command::new(GPUTRACE).args([opt, "/tmp", "--", "true"]));
         assert_one_line(&r, 2, "/tmp is not a file");
     }
+}
+
+/// A `--pid` target that exits while gputrace loads its programs, its pid taken at once by
+/// another process: that process is not traced as the target (it was, with a confident
+/// verdict on the wrong program), and the report says what happened.
+#[test]
+fn a_pid_taken_over_during_the_attach_is_not_traced_as_the_target() {
+    let _g = serial();
+    if !require_root("a_pid_taken_over_during_the_attach_is_not_traced_as_the_target") {
+        return;
+    }
+    let spin = build_c("spin", &[]);
+    let dir = out_dir("pid-taken-over");
+    let mut target = Command::new("sleep")
+        .arg("0.1")
+        .spawn()
+        .expect("spawn sleep");
+    let pid = target.id();
+    let tracer = Command::new(GPUTRACE)
+        .args([
+            "-d",
+            "3s",
+            "-o",
+            dir.to_str().unwrap(),
+            "--pid",
+            &pid.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run gputrace");
+    let _ = target.wait();
+    // The next pid the kernel hands out is the one after ns_last_pid: retried where another
+    // process forked in between.
+    let mut newcomer = None;
+    for _ in 0..100 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
+        let mut c = Command::new(&spin)
+            .arg("4")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn spin");
+        if c.id() == pid {
+            newcomer = Some(c);
+            break;
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let mut newcomer = newcomer.expect("no process could take the target's pid");
+    let run = tracer.wait_with_output().expect("wait for gputrace");
+    let _ = newcomer.kill();
+    let _ = newcomer.wait();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{stderr}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let warnings = r["warnings"].to_string();
+    assert!(
+        warnings.contains(&format!("pid {pid} exited while gputrace attached"))
+            && warnings.contains("another process's (spin)"),
+        "{warnings}"
+    );
+    let spun: u64 = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["comm"] == "spin")
+        .map(|p| p["samples"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(spun, 0, "the newcomer was traced: {:#}", r["processes"]);
+    assert_eq!(r["window"]["ended_by"], "target-exited");
 }

@@ -1349,3 +1349,118 @@ fn a_failed_command_says_how_it_ended() {
         );
     }
 }
+
+/// A job that outlives the trace, holding none of gputrace's output pipes (the harness reads
+/// them to their end).
+const QUIET_SLEEP: &str = "exec sleep 5 </dev/null >/dev/null 2>&1";
+
+/// The pid the "runs on, untraced" line names, alive and still `comm`: the job gputrace
+/// released outlives a report it could not write.
+fn runs_on_untraced(stderr: &str, comm: &str) -> u32 {
+    let pid: u32 = stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("gputrace: pid ")?
+                .strip_suffix(" (the command) runs on, untraced")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no 'runs on, untraced' line:\n{stderr}"));
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let alive = stat.contains(&format!("({comm})")) && !stat.contains(") Z ");
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    assert!(alive, "pid {pid} is not a live {comm}: {stat}");
+    pid
+}
+
+/// An error after the command was released (the report's files do not fit; stdout is a full
+/// file) ends gputrace, not the user's job: it was SIGKILLed as though never released.
+#[test]
+fn a_report_that_cannot_be_written_leaves_the_command_running() {
+    let _g = serial();
+    if !require_root("a_report_that_cannot_be_written_leaves_the_command_running") {
+        return;
+    }
+    let fs = Tmpfs::mount("job-outlives-report", "size=64k,mode=0755");
+    let out = fs.0.join("out");
+    let run = gputrace(&[
+        "-d",
+        "1s",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        QUIET_SLEEP,
+    ]);
+    assert_eq!(run.code(), 6, "{}", run.stderr);
+    assert!(run.stderr.contains("disk full"), "{}", run.stderr);
+    runs_on_untraced(&run.stderr, "sleep");
+    // The summary on stdout cannot be written either.
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let run = Command::new(GPUTRACE)
+        .args(["-d", "1s", "--", "sh", "-c", QUIET_SLEEP])
+        .stdin(Stdio::null())
+        .stdout(full)
+        .output()
+        .expect("run gputrace");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_ne!(run.status.code(), Some(0), "{stderr}");
+    runs_on_untraced(&stderr, "sleep");
+}
+
+/// A reader that is gone is no error: `| head` closed stdout, or the terminal hung up. The
+/// report's files are written and the job runs on.
+#[test]
+fn a_closed_stdout_costs_neither_the_files_nor_the_job() {
+    let _g = serial();
+    if !require_root("a_closed_stdout_costs_neither_the_files_nor_the_job") {
+        return;
+    }
+    let dir = out_dir("closed-stdout");
+    let mut child = Command::new(GPUTRACE)
+        .args([
+            "-d",
+            "1s",
+            "-o",
+            dir.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            QUIET_SLEEP,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run gputrace");
+    drop(child.stdout.take());
+    let run = child.wait_with_output().expect("wait for gputrace");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{stderr}");
+    assert!(dir.join("report.json").exists(), "{stderr}");
+    // Exit 0: no "runs on" line; the job is left as at any trace's end.
+    let pids: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|p: &u32| {
+            std::fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c == "sleep\u{0}5\u{0}")
+        })
+        .collect();
+    let live: Vec<u32> = pids
+        .iter()
+        .copied()
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !s.contains(") Z "))
+        })
+        .collect();
+    for p in &pids {
+        unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+    }
+    assert!(!live.is_empty(), "the job was killed: {stderr}");
+}

@@ -321,3 +321,73 @@ fn timeline_threshold_leaves_out_shorter_waits() {
         .count();
     assert_eq!(syncs, SYNCS);
 }
+
+/// A job stopped (SIGSTOP) for the whole trace, and a sleeper whose sleep began before the
+/// attach and ends inside the window: each wait is on the thread's track. Neither was (the
+/// stop has no switch-out or switch-in in the window; the seeded sleep no switch-out), so a
+/// hung or stopped job, the one being looked at, had an empty timeline.
+#[test]
+fn waits_under_way_at_the_attach_or_the_end_are_drawn() {
+    use std::process::{Command, Stdio};
+    let _g = serial();
+    if !require_root("waits_under_way_at_the_attach_or_the_end_are_drawn") {
+        return;
+    }
+    let spin = build_c("spin", &[]);
+    let mut stopped = Command::new(&spin)
+        .arg("30")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn spin");
+    unsafe { libc::kill(stopped.id() as i32, libc::SIGSTOP) };
+    let mut sleeper = Command::new("sleep")
+        .arg("1.5")
+        .spawn()
+        .expect("spawn sleep");
+    let (sp, sl) = (stopped.id(), sleeper.id());
+    let dir = out_dir("timeline-open-waits");
+    let run = gputrace(&[
+        "-d",
+        "3s",
+        "-o",
+        dir.to_str().unwrap(),
+        "--pid",
+        &sp.to_string(),
+        "--pid",
+        &sl.to_string(),
+    ]);
+    unsafe { libc::kill(sp as i32, libc::SIGCONT) };
+    let _ = stopped.kill();
+    let _ = stopped.wait();
+    let _ = sleeper.wait();
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let text = std::fs::read_to_string(dir.join("trace.json")).expect("trace.json");
+    let evs = validate(&text);
+    let off = |pid: u32| -> Vec<&Value> {
+        evs.iter()
+            .filter(|e| e["cat"] == "off_cpu" && e["pid"] == pid)
+            .collect()
+    };
+    let window_us = run.report(&dir)["window"]["duration_ns"].as_f64().unwrap() / 1e3;
+    let stop: f64 = off(sp)
+        .iter()
+        .filter(|e| e["name"].as_str().unwrap().contains("stopped"))
+        .map(|e| e["dur"].as_f64().unwrap())
+        .sum();
+    assert!(
+        stop > 0.9 * window_us && stop <= window_us * 1.01,
+        "stopped {stop} us of a {window_us} us window: {:#?}",
+        off(sp)
+    );
+    // The sleep began ~0.3 s before the window and ends ~1.2 s into it.
+    let slept: Vec<&Value> = off(sl)
+        .into_iter()
+        .filter(|e| e["name"].as_str().unwrap().starts_with("sleep"))
+        .collect();
+    assert!(
+        slept.iter().any(|e| e["ts"].as_f64().unwrap() < 50_000.0
+            && e["dur"].as_f64().unwrap() > 500_000.0),
+        "{:#?}",
+        off(sl)
+    );
+}

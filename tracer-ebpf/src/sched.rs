@@ -218,6 +218,9 @@ fn switch<C: StackIdContext, K: Kernel>(
 /// it was queued to run, from the scheduler's own accounting ([`queued_ns`]).
 #[inline(always)]
 fn arrive<K: Kernel>(tid: u32, st: &mut ThreadState, task: u64, split: bool, now: u64) {
+    // A wait under way when the thread was seeded has no switch-out: on the timeline it
+    // begins where the seeded state does (the window's start), before the split below.
+    let seeded_from = st.start_ns;
     if split && st.phase == PHASE_BLOCKED {
         // Blocked until it was queued to run, runnable since: what `sched_wakeup` would have
         // closed, told now.
@@ -225,7 +228,7 @@ fn arrive<K: Kernel>(tid: u32, st: &mut ThreadState, task: u64, split: bool, now
         close(tid, st, now.saturating_sub(queued).max(st.start_ns));
         st.phase = PHASE_RUNNABLE;
     }
-    crate::timeline::offcpu(tid, st, now);
+    crate::timeline::offcpu(tid, st, now, seeded_from);
     close(tid, st, now);
     st.phase = PHASE_ONCPU;
 }

@@ -81,13 +81,20 @@ fn send_with(
 }
 
 /// At switch-in, before the interval is closed: the whole off-CPU interval since the
-/// switch-out, with what the thread was doing when it left.
+/// switch-out, with what the thread was doing when it left. `seeded_from`: where the wait
+/// began for a thread seeded in it (no switch-out seen: `off_ns` 0), the state's start
+/// before this switch-in moved it.
 #[inline(always)]
-pub fn offcpu(tid: u32, st: &ThreadState, now: u64) {
-    if !enabled() || st.off_ns == 0 {
+pub fn offcpu(tid: u32, st: &ThreadState, now: u64, seeded_from: u64) {
+    let began = if st.off_ns != 0 {
+        st.off_ns
+    } else {
+        seeded_from
+    };
+    if !enabled() || began == 0 {
         return;
     }
-    let dur = now.saturating_sub(st.off_ns);
+    let dur = now.saturating_sub(began);
     if dur < TL_MIN_NS.load() {
         return;
     }
@@ -97,7 +104,7 @@ pub fn offcpu(tid: u32, st: &ThreadState, now: u64) {
     } else {
         0
     };
-    send_with(TL_OFFCPU, st.tgid, tid, st.off_state, st.off_ns, dur, |a| {
+    send_with(TL_OFFCPU, st.tgid, tid, st.off_state, began, dur, |a| {
         *a = [0; 9];
         a[0] = st.off_sys_nr as i64 as u64;
         a[1] = st.override_cat as u64;

@@ -232,7 +232,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Demo(a)) => return crate::demo::run(&a),
         None => {}
     }
-    let args = cli.trace;
+    let mut args = cli.trace;
+    // `--pid A --pid B --pid A` is two targets, not three (each warning said twice).
+    let mut seen = std::collections::HashSet::new();
+    args.pids.retain(|p| seen.insert(*p));
     if args.pids.is_empty() && args.command.is_empty() {
         let _ = writeln!(
             std::io::stderr(),

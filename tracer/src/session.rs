@@ -2,7 +2,7 @@
 //! events until the target exits / the duration ends / Ctrl-C, then read, symbolise, report.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     io::Write,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -59,7 +59,11 @@ pub fn run(args: &TraceArgs) -> Result<()> {
     if !procfs::is_privileged() {
         return Err(TraceError::NotPrivileged.into());
     }
+    let mut started_at: HashMap<u32, u64> = HashMap::new();
     for &pid in &args.pids {
+        if let Some(st) = procfs::stat(pid) {
+            started_at.insert(pid, st.starttime);
+        }
         if pid == std::process::id() {
             return Err(TraceError::SelfTarget(pid).into());
         }
@@ -97,10 +101,29 @@ pub fn run(args: &TraceArgs) -> Result<()> {
         Some(l) => vec![l.pid],
         None => args.pids.clone(),
     };
-    let result = trace(args, output.as_ref(), &roots, launched, follow, started);
-    if result.is_err() {
-        // A launched command must not be left waiting for a release that never comes.
-        if !args.command.is_empty() {
+    let released = std::cell::Cell::new(false);
+    let result = trace(
+        args,
+        output.as_ref(),
+        &Roots {
+            pids: &roots,
+            started: &started_at,
+        },
+        launched,
+        &released,
+        follow,
+        started,
+    );
+    if result.is_err() && !args.command.is_empty() {
+        if released.get() {
+            // Released, it is the user's job: an error after that (a full disk, a closed
+            // stdout) loses the report, not the job, which runs on untraced as it would at
+            // the trace's end. It may also have exited and been reaped, its pid another's.
+            if procfs::is_alive(roots[0]) && target::try_reap(roots[0]).is_none() {
+                crate::note!("gputrace: pid {} (the command) runs on, untraced", roots[0]);
+            }
+        } else {
+            // A launched command must not be left waiting for a release that never comes.
             for &pid in &roots {
                 unsafe { libc::kill(pid as i32, libc::SIGKILL) };
                 target::try_reap(pid);
@@ -110,14 +133,36 @@ pub fn run(args: &TraceArgs) -> Result<()> {
     result
 }
 
+/// The trace's root processes, and when each `--pid` target started (`/proc/PID/stat`'s
+/// start time, read as it was checked): a pid whose process exits while gputrace attaches
+/// may be taken by another before the probes are on.
+struct Roots<'a> {
+    pids: &'a [u32],
+    started: &'a HashMap<u32, u64>,
+}
+
+impl Roots<'_> {
+    /// Whether `pid` is still the process that was checked at the start (a launched command,
+    /// not checked so, always is while alive).
+    fn same(&self, pid: u32) -> bool {
+        procfs::is_alive(pid)
+            && self
+                .started
+                .get(&pid)
+                .is_none_or(|&t| procfs::stat(pid).is_some_and(|s| s.starttime == t))
+    }
+}
+
 fn trace(
     args: &TraceArgs,
     output: Option<&report::OutputDir>,
-    roots: &[u32],
+    root_set: &Roots<'_>,
     launched: Option<Launched>,
+    released: &std::cell::Cell<bool>,
     follow: bool,
     started: Instant,
 ) -> Result<()> {
+    let roots = root_set.pids;
     let mut families = probes::families(args);
     let python = crate::python::Python::new(args.python);
     families.push(python.family());
@@ -145,12 +190,23 @@ fn trace(
         crate::note!("gputrace: {}", uprobes.describe());
     }
     let mut tracker = Tracker::new(roots);
-    let mut initial: Vec<u32> = roots.to_vec();
+    // A target gone while the programs loaded, its pid perhaps another's by now: that other
+    // process is not traced (nor its children), and the target reads as gone before the
+    // window (below).
+    let (live, replaced): (Vec<u32>, Vec<u32>) = if launched.is_none() {
+        roots.iter().partition(|&&p| root_set.same(p))
+    } else {
+        (roots.to_vec(), Vec::new())
+    };
+    let mut initial: Vec<u32> = live.clone();
     if follow && launched.is_none() {
-        initial.extend(procfs::descendants(roots));
+        initial.extend(procfs::descendants(&live));
     }
     for &pid in &initial {
         tracker.add(pid, None);
+    }
+    for &pid in &replaced {
+        tracker.mark_exited(pid);
     }
     bpf::trace_pids(&mut ebpf, &initial)?;
     bpf::attach_tracepoint(&mut ebpf, "task_newtask", "task", "task_newtask")?;
@@ -190,11 +246,15 @@ fn trace(
         roots
             .iter()
             .copied()
-            .filter(|&p| !procfs::is_alive(p))
+            .filter(|&p| replaced.contains(&p) || !root_set.same(p))
             .collect()
     } else {
         Vec::new()
     };
+    for &pid in &gone_before {
+        // Its pid may be another process's now: that one's exit must not be waited for.
+        tracker.mark_exited(pid);
+    }
     let window_start = Instant::now();
     let start_unix_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -220,6 +280,7 @@ fn trace(
                 .with_context(|| format!("prepare the {} probes for the command", f.name()))?;
         }
         l.release(&args.command[0])?;
+        released.set(true);
         // The exec replaced the names we read before it.
         tracker.add(roots[0], None);
     }
@@ -330,9 +391,18 @@ fn trace(
         warnings: gone_before
             .iter()
             .map(|pid| {
+                let taken = procfs::stat(*pid)
+                    .filter(|s| procfs::is_alive(*pid) && !s.comm.is_empty())
+                    .map(|s| {
+                        format!(
+                            "; pid {pid} is now another process's ({}), not traced as the target",
+                            s.comm
+                        )
+                    })
+                    .unwrap_or_default();
                 format!(
                     "pid {pid} exited while gputrace attached ({attach_ms:.0} ms), before the \
-                     trace's window opened: nothing of it was traced"
+                     trace's window opened: nothing of it was traced{taken}"
                 )
             })
             .chain(truncated_stacks(&cpu))
@@ -374,22 +444,27 @@ fn trace(
 
     // Files first: a reader that closes stdout early (`| head`) must not cost the report.
     let written = output.map(|dir| (dir.path(), report::write_all(dir, &data)));
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &data.report)?;
-        writeln!(out)?;
+    let mut text = if args.json {
+        let mut t = serde_json::to_string_pretty(&data.report).context("render report.json")?;
+        t.push('\n');
+        t
     } else {
-        let color = report::terminal::wants_color();
-        write!(out, "{}", report::terminal::render(&data.report, color))?;
-    }
+        report::terminal::render(&data.report, report::terminal::wants_color())
+    };
+    let mut files_failed = None;
     if let Some((dir, res)) = written {
-        let written = res?;
-        if !args.json {
-            writeln!(out, "Wrote {} files to {}", written.len(), dir.display())?;
+        match res {
+            Ok(w) if !args.json => {
+                text.push_str(&format!("Wrote {} files to {}\n", w.len(), dir.display()));
+            }
+            Ok(_) => {}
+            Err(e) => files_failed = Some(e),
         }
     }
-    out.flush()?;
-    drop(out);
+    print_report(&text)?;
+    if let Some(e) = files_failed {
+        return Err(e);
+    }
     if args.verbose {
         crate::note!(
             "gputrace: report in {:.1} ms",
@@ -402,6 +477,22 @@ fn trace(
     drop(ebpf);
     drop(families);
     Ok(())
+}
+
+/// Prints the report on stdout. A reader that is gone is not an error: `| head` closed the
+/// pipe, or the terminal hung up (the on-call's ssh session dropped: EIO), and the files in
+/// `--output` are written already.
+fn print_report(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if !reader_gone(&e) => Err(e).context("print the report on standard output"),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a write to stdout failed because nothing reads it any more.
+fn reader_gone(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::BrokenPipe || e.raw_os_error() == Some(libc::EIO)
 }
 
 /// Runs until the end condition; returns why it ended and a launched command's exit code.

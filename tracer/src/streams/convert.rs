@@ -5,7 +5,7 @@ use tracer_common::{
     cuda::{Cookie, Shape},
     time::{Category, NO_OVERRIDE},
     timeline::{TlEvent, TL_BLOCK, TL_CUDA, TL_OFFCPU, TL_SYSCALL},
-    wall::NO_SYSCALL,
+    wall::{ThreadState, NO_SYSCALL, PHASE_ONCPU, PHASE_RUNNABLE},
 };
 
 use crate::{
@@ -45,6 +45,45 @@ pub fn convert(
 
 fn arg(out: &mut TimelineEvent, k: &str, v: impl ToString) {
     out.args.push((k.to_string(), v.to_string()));
+}
+
+/// The off-CPU record the switch-in of a thread still off CPU as the window ended (state
+/// `st`, at `end`) would have sent, when it is at least `min_ns` long: a job hung in a
+/// read, stopped, or blocked in a CUDA sync for the whole trace is the one being looked at,
+/// and its track must not be empty. A wait seeded at the attach (`off_ns` 0) began, for the
+/// window, where its state did.
+pub fn open_wait(tid: u32, st: &ThreadState, end: u64, min_ns: u64) -> Option<TlEvent> {
+    if st.phase == PHASE_ONCPU {
+        return None;
+    }
+    let began = if st.off_ns != 0 {
+        st.off_ns
+    } else {
+        st.start_ns
+    };
+    let dur = end.checked_sub(began)?;
+    if began == 0 || dur < min_ns.max(1) {
+        return None;
+    }
+    let woke = if st.phase == PHASE_RUNNABLE && st.off_state & 0xff != 0 {
+        st.start_ns
+    } else {
+        0
+    };
+    let mut args = [0u64; 9];
+    args[0] = st.off_sys_nr as i64 as u64;
+    args[1] = st.override_cat as u64;
+    args[2] = woke;
+    args[3] = st.off_kstack as i64 as u64;
+    Some(TlEvent {
+        kind: TL_OFFCPU,
+        tgid: st.tgid,
+        tid,
+        a32: st.off_state,
+        start_ns: began,
+        dur_ns: dur,
+        args,
+    })
 }
 
 /// Off-CPU kernel stack id of a record (negative: none, or not an off-CPU record).
@@ -246,6 +285,42 @@ mod tests {
         assert_eq!((e.pid, e.tid, e.kind), (10, 11, EventKind::OffCpu));
         assert_eq!(e.name, "sleep (clock_nanosleep)");
         assert_eq!(get(&e, "runqueue_us"), Some("1000"));
+    }
+
+    #[test]
+    fn a_wait_under_way_at_the_end_is_drawn_to_it() {
+        use tracer_common::wall::PHASE_BLOCKED;
+        let nr = syscall_names::nr("read").unwrap();
+        // Switched out at 5 ms into a read; the window ends at 30 ms.
+        let mut st = ThreadState::new(1, 11, 10, PHASE_BLOCKED);
+        st.off_ns = 5_000_000;
+        st.start_ns = 5_000_000;
+        st.off_state = 1;
+        st.off_sys_nr = nr as i32;
+        let ev = open_wait(11, &st, 30_000_000, 1_000_000).unwrap();
+        assert_eq!(
+            (ev.start_ns, ev.dur_ns, ev.tgid, ev.tid),
+            (5_000_000, 25_000_000, 10, 11)
+        );
+        let e = convert(&ev, 1_000_000, &[]).unwrap();
+        assert_eq!(e.kind, EventKind::OffCpu);
+        assert!(e.name.contains("(read)"), "{}", e.name);
+        // Stopped (SIGSTOP) since it was seeded at the window's start (no switch-out seen).
+        let mut stopped = ThreadState::new(1, 11, 10, PHASE_BLOCKED);
+        stopped.start_ns = 1_000_000;
+        stopped.off_state = 4;
+        stopped.off_sys_nr = NO_SYSCALL;
+        let ev = open_wait(11, &stopped, 30_000_000, 1_000_000).unwrap();
+        assert_eq!((ev.start_ns, ev.dur_ns), (1_000_000, 29_000_000));
+        // On CPU, or shorter than the threshold: nothing.
+        let running = ThreadState::new(1, 11, 10, PHASE_ONCPU);
+        assert!(open_wait(11, &running, 30_000_000, 1_000_000).is_none());
+        assert!(open_wait(11, &st, 5_500_000, 1_000_000).is_none());
+        // Woken, waiting for a CPU since 29 ms.
+        st.phase = PHASE_RUNNABLE;
+        st.start_ns = 29_000_000;
+        let ev = open_wait(11, &st, 30_000_000, 1_000_000).unwrap();
+        assert_eq!(ev.args[2], 29_000_000);
     }
 
     #[test]

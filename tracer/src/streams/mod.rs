@@ -139,14 +139,28 @@ impl ProbeFamily for TimelineFamily {
     ) -> Result<()> {
         self.drain();
         self.open_bursts(ebpf);
+        if self.enabled != 0 {
+            // Waits still under way as the window ended (the accounting stopped the states
+            // then): a hung or stopped job's whole trace.
+            let open = crate::accounting::States::open(ebpf)
+                .and_then(|s| s.all(ebpf))
+                .context("read the thread states for the waits under way")?;
+            for (tid, st) in &open {
+                if let Some(ev) = convert::open_wait(*tid, st, ctx.window_end_ktime, self.min_ns) {
+                    self.keep(ev);
+                }
+            }
+        }
         let t = &mut data.timeline;
         t.cut_events += self.cut;
         let mut stacks = Stacks::new(ebpf)?;
         let mut kframes: HashMap<i32, Vec<String>> = HashMap::new();
-        for ev in self.raw.drain(..) {
+        for mut ev in self.raw.drain(..) {
             if ev.start_ns >= ctx.window_end_ktime {
                 continue;
             }
+            // What ran past the window's end (an open wait's record reaches it exactly).
+            ev.dur_ns = ev.dur_ns.min(ctx.window_end_ktime - ev.start_ns);
             let id = convert::kernel_stack(&ev);
             let frames = kframes.entry(id).or_insert_with(|| {
                 stacks
