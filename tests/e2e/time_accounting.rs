@@ -1617,3 +1617,84 @@ fn a_thread_that_execs_ends_its_old_life_there() {
     let findings = report["findings"].to_string();
     assert!(!findings.contains("on CPU 9"), "{findings}");
 }
+
+/// 20,000 short children, each closing an fd (one fd generation each, in a map of 16,384),
+/// then the parent reads two files in turn on one fd number: each file keeps its own name and
+/// figures. The generations of exited processes were never forgotten, so the map was full by
+/// then, the parent's closes started no new generation, and both files' I/O went under one
+/// row named `<closed fd 5>`, with no drop counted.
+#[test]
+fn files_keep_their_names_after_many_short_processes() {
+    let _g = serial();
+    if !require_root("files_keep_their_names_after_many_short_processes") {
+        return;
+    }
+    let bin = build_c("fd_churn", &[]);
+    let work = tmp_dir().join("fd-churn-files");
+    std::fs::create_dir_all(&work).unwrap();
+    let dir = out_dir("fd-churn");
+    let run = gputrace(&[
+        "--max-overhead",
+        "100%",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "20000",
+        work.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let report = run.report(&dir);
+    // The parent (its children have its name).
+    let pid = report["target"]["pids"][0].clone();
+    let p = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .expect("the parent in the report");
+    let listed = p["files"].as_array().expect("files");
+    // Each file: written once in 64 KiB writes, then read 10 times to its end.
+    for (name, bytes, calls) in [
+        ("a.dat", 100_000u64, 2 + 10 * 3),
+        ("b.dat", 300_000, 5 + 10 * 6),
+    ] {
+        let path = format!("{}/{name}", work.display());
+        let f = listed
+            .iter()
+            .find(|f| f["file"] == path.as_str())
+            .unwrap_or_else(|| panic!("{path} not named: {listed:#?}"));
+        assert_eq!(f["bytes"].as_u64(), Some(11 * bytes), "{f}");
+        assert_eq!(f["calls"].as_u64(), Some(calls), "{f}");
+    }
+    let drops = report["drops"].to_string();
+    assert!(!drops.contains("FileMapFull"), "{drops}");
+}
+
+/// `rt_sigreturn` returns the register it restored (here pause's -EINTR), not a result: it
+/// never counts as failing. Every one of 40 did, under errno EINTR.
+#[test]
+fn signal_returns_are_not_errors() {
+    let _g = serial();
+    if !require_root("signal_returns_are_not_errors") {
+        return;
+    }
+    let (dir, run) = trace_workload("signal_loop", &["40"]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let report = run.report(&dir);
+    let pid = report["target"]["pids"][0].clone();
+    let p = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .expect("the target in the report");
+    let row = p["syscalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "rt_sigreturn")
+        .unwrap_or_else(|| panic!("no rt_sigreturn row: {:#}", p["syscalls"]));
+    assert!(row["count"].as_u64().unwrap() >= 40, "{row:#}");
+    assert_eq!(row["errors"].as_u64(), Some(0), "{row:#}");
+}

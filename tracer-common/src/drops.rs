@@ -55,12 +55,18 @@ pub enum Drop {
     /// new): timed from its allocation, its queueing in its latency; with no allocation stamp
     /// either, not counted at all.
     BlockIssueUnstamped = 15,
+    /// The per-file I/O map (`FILEIO`) or the fd generations (`FD_GEN`) were full: a file's
+    /// I/O row was lost, or a closed fd's next file adds to its row.
+    FileMapFull = 16,
+    /// Every slot of a file-name set (`FD_NAMES`) held a file still open: the oldest name was
+    /// overwritten, and that file's I/O reads `<closed fd N>` unless /proc named it first.
+    FileNameLost = 17,
 }
 
 impl Drop {
-    pub const COUNT: u32 = 16;
+    pub const COUNT: u32 = 18;
 
-    pub const ALL: [Drop; 16] = [
+    pub const ALL: [Drop; 18] = [
         Drop::CpuCountsFull,
         Drop::StackMapFull,
         Drop::StackCollision,
@@ -70,6 +76,8 @@ impl Drop {
         Drop::ThreadStateFull,
         Drop::TimeMapFull,
         Drop::SyscallMapFull,
+        Drop::FileMapFull,
+        Drop::FileNameLost,
         Drop::BlockMapFull,
         Drop::BlockNoCompletion,
         Drop::BlockIssueUnstamped,
@@ -93,6 +101,10 @@ impl Drop {
             Drop::SyscallMapFull => {
                 "sys_enter, sys_exit (and the switch-out or death that writes out a held row)"
             }
+            Drop::FileMapFull => {
+                "sys_exit (and the switch-out or death that writes out a held row)"
+            }
+            Drop::FileNameLost => "sys_exit (an open, pipe, socket or accept naming its fd)",
             Drop::BlockMapFull => "block_rq_issue, block_rq_complete, block_bio_queue",
             Drop::BlockNoCompletion => "block_rq_issue",
             Drop::BlockIssueUnstamped => "block_rq_complete",
@@ -126,6 +138,14 @@ impl Drop {
             Drop::ThreadStateFull => "threads whose time could not be accounted (thread map full)",
             Drop::TimeMapFull => "time-accounting entries lost (map full)",
             Drop::SyscallMapFull => "syscall statistics lost (map full)",
+            Drop::FileMapFull => {
+                "per-file I/O incomplete (file map full): a file's row lost, or a later file \
+                 on a closed fd counted under the earlier one's"
+            }
+            Drop::FileNameLost => {
+                "open files whose opening path was overwritten (name sets full): their I/O \
+                 reads `<closed fd N>` unless /proc named them first"
+            }
             Drop::BlockMapFull => "block I/O requests not tracked (map full)",
             Drop::BlockNoCompletion => {
                 "block I/O requests issued but never seen completing (no block_rq_complete run \

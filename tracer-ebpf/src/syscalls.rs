@@ -161,6 +161,10 @@ static SYS_CREAT: Global<u32> = Global::new(85);
 static SYS_OPENAT: Global<u32> = Global::new(257);
 #[no_mangle]
 static SYS_OPENAT2: Global<u32> = Global::new(437);
+/// `rt_sigreturn` (set by user space per architecture): its return value is the register it
+/// restored, which may read as a negative errno.
+#[no_mangle]
+static SYS_RT_SIGRETURN: Global<u32> = Global::new(15);
 /// Pipes and sockets, named `<pipe>` and `<socket>` when closed before /proc showed them.
 #[no_mangle]
 static SYS_PIPE: Global<u32> = Global::new(22);
@@ -350,7 +354,16 @@ fn name_slot(tgid: u32, fd: i32) -> Option<(&'static mut FdName, FdKey)> {
         }
         i += 1;
     }
-    Some((unsafe { &mut *FD_NAMES.get_ptr_mut(pick)? }, key))
+    let slot = unsafe { &mut *FD_NAMES.get_ptr_mut(pick)? };
+    // Every way of the set is taken: the home slot's name goes. Lost only if its file is
+    // still open under that fd (a closed file's row was named by then, an exited process's
+    // too): it then reads `<closed fd N>` unless /proc named it first.
+    if !free && slot.key.tgid != 0 && crate::maps::is_traced(slot.key.tgid) {
+        if fd_gen(slot.key.tgid, slot.key.fd) == slot.key.gen {
+            count_drop(Drop::FileNameLost);
+        }
+    }
+    Some((slot, key))
 }
 
 /// Records the path `path` (user address) that opened `fd`.
@@ -415,7 +428,10 @@ fn next_gen(tgid: u32, fd: i32) {
     match FD_GEN.get_ptr_mut(&gk) {
         Some(g) => unsafe { *g += 1 },
         None => {
-            let _ = FD_GEN.insert(&gk, &1, 0);
+            // Full: the fd's next file would add to this one's row under its name.
+            if FD_GEN.insert(&gk, &1, 0).is_err() {
+                count_drop(Drop::FileMapFull);
+            }
         }
     }
     crate::maps::counter_add(&FD_EPOCH, 1);
@@ -511,7 +527,7 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
     if b < HIST_BUCKETS {
         s.hist[b] += 1;
     }
-    if ret < 0 {
+    if ret < 0 && nr != SYS_RT_SIGRETURN.load() as i32 {
         s.errors += 1;
         let ek = ErrnoKey {
             tgid,
@@ -698,7 +714,7 @@ fn add_file(tgid: u32, fd: i32, gen: u32, v: &FdStat) {
         },
         None => {
             if FILEIO.insert(&fk, v, 1).is_err() {
-                count_drop(Drop::SyscallMapFull);
+                count_drop(Drop::FileMapFull);
             }
         }
     }

@@ -16,7 +16,7 @@ pub mod syscall_gate;
 pub mod syscall_names;
 mod take;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, Result};
 use aya::{programs::Program, Ebpf, EbpfLoader};
@@ -402,6 +402,8 @@ impl Offsets {
             ("SYS_CLOSE_RANGE", sys_close_range),
             ("SYS_EXECVE", sys_execve),
             ("SYS_EXECVEAT", sys_execveat),
+            // Returns the restored register, not a result: never an error.
+            ("SYS_RT_SIGRETURN", if arm { 139 } else { 15 }),
             ("SYS_PIPE", sys_pipe),
             ("SYS_PIPE2", sys_pipe2),
             ("SYS_SOCKET", sys_socket),
@@ -490,6 +492,12 @@ pub struct Accounting {
     attached: Vec<&'static str>,
     /// What dead threads left in the maps, taken out as the trace runs.
     retired: retire::Retired,
+    /// Processes seen exited at the last files pass, whose files the next one forgets
+    /// (`retire::Retired::files_pass`).
+    exited_seen: BTreeSet<u32>,
+    /// How many exited processes the tracker knew at the last files pass: more at a due tick
+    /// bring a pass though no file was closed.
+    exited_at_pass: usize,
     /// Why taking dead threads' rows out stopped, if it did.
     retire_failed: Option<String>,
     ticks: u64,
@@ -555,6 +563,8 @@ impl Accounting {
             fds: BTreeMap::new(),
             attached: Vec::new(),
             retired: retire::Retired::default(),
+            exited_seen: BTreeSet::new(),
+            exited_at_pass: 0,
             retire_failed: None,
             ticks: 0,
             stats: None,
@@ -1510,7 +1520,7 @@ impl ProbeFamily for Accounting {
         )
     }
 
-    fn tick(&mut self, ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
+    fn tick(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
         self.ticks += 1;
         if self.poll_halt(ebpf) {
             if let Err(e) = self.take_off_syscalls(ebpf) {
@@ -1541,14 +1551,30 @@ impl ProbeFamily for Accounting {
                 self.retire_failed = Some(format!("{e:#}"));
             }
         }
+        let due = self.ticks.is_multiple_of(RETIRE_EVERY_TICKS);
+        let exited_now = if due {
+            exited_processes(tracker).count()
+        } else {
+            self.exited_at_pass
+        };
         if self.retire_failed.is_none()
-            && self
-                .retired
-                .files_wanted(ebpf, self.ticks.is_multiple_of(RETIRE_EVERY_TICKS))
+            && (self.retired.files_wanted(ebpf, due)
+                || !self.exited_seen.is_empty() && due
+                || exited_now != self.exited_at_pass)
         {
-            if let Err(e) = self.retired.files_pass(ebpf, &self.fds) {
-                self.retire_failed = Some(format!("{e:#}"));
+            // Gone a pass ago and still (a pid taken since by a traced process is that one's):
+            // what their dying threads held is written by now.
+            let now_exited: BTreeSet<u32> = exited_processes(tracker).collect();
+            let gone: BTreeSet<u32> = std::mem::take(&mut self.exited_seen)
+                .intersection(&now_exited)
+                .copied()
+                .collect();
+            match self.retired.files_pass(ebpf, &self.fds, &gone) {
+                Ok((_, forgotten)) => self.fds.retain(|k, _| !forgotten.contains(&k.tgid)),
+                Err(e) => self.retire_failed = Some(format!("{e:#}")),
             }
+            self.exited_seen = now_exited.difference(&gone).copied().collect();
+            self.exited_at_pass = now_exited.len();
         }
         Ok(())
     }
@@ -1663,6 +1689,16 @@ impl ProbeFamily for Accounting {
         }
         Ok(())
     }
+}
+
+/// The traced processes that have exited, as the tracker knows them (an exited one it forgot
+/// to make room is not listed: its rows stay until the end, as before).
+fn exited_processes(tracker: &Tracker) -> impl Iterator<Item = u32> + '_ {
+    tracker
+        .procs
+        .iter()
+        .filter(|(_, t)| t.info.exited)
+        .map(|(pid, _)| *pid)
 }
 
 #[cfg(test)]

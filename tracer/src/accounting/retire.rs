@@ -26,8 +26,9 @@ use aya::{
     Ebpf,
 };
 use tracer_common::wall::{
-    ErrnoKey, FdGenKey, FdKey, FdStat, LifeKey, LifeVal, SysKey, SysStat, WallKey, WallVal,
-    DEATHS_MAP, ERRNOS_MAP, FD_EPOCH_MAP, FD_GEN_MAP, FILEIO_MAP, LIFE_MAP, SYSCALLS_MAP, WALL_MAP,
+    ErrnoKey, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysKey, SysStat, WallKey, WallVal,
+    DEATHS_MAP, ERRNOS_MAP, FD_EPOCH_MAP, FD_GEN_MAP, FD_NAMES_MAP, FD_NAME_WAYS, FILEIO_MAP,
+    LIFE_MAP, SYSCALLS_MAP, WALL_MAP,
 };
 
 use super::aggregate::{FoldedLives, Row, FOLDED_TID};
@@ -138,6 +139,30 @@ pub(super) fn next_fd_generations(ebpf: &mut Ebpf) -> Result<()> {
         .with_context(|| format!("set {FD_EPOCH_MAP}"))
 }
 
+/// Frees the `FD_NAMES` slots of the files `keys` (named already), so that their sets have
+/// room for the live processes' opens.
+fn forget_names(ebpf: &mut Ebpf, keys: &[FdKey]) -> Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let mut names: aya::maps::Array<&mut MapData, FdName> = aya::maps::Array::try_from(
+        ebpf.map_mut(FD_NAMES_MAP)
+            .with_context(|| format!("map {FD_NAMES_MAP} missing"))?,
+    )?;
+    for k in keys {
+        let set = FdName::set(k);
+        for i in set..set + FD_NAME_WAYS {
+            if let Ok(mut n) = names.get(&i, 0) {
+                if n.key == *k {
+                    n.key.tgid = 0;
+                    let _ = names.set(i, n, 0);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Where a closed file's I/O goes once `MAX_CLOSED_FILES` names are held: its directory's
 /// entry, or one for all unnamed ones.
 fn folded_name(name: &str) -> String {
@@ -236,16 +261,32 @@ impl Retired {
     /// path that opened it (`FD_NAMES`, whose slots later opens take). A thread may still
     /// hold I/O of such a file in its state; it writes a new row when it flushes, taken out
     /// by a later pass under the same name.
-    pub fn files_pass(&mut self, ebpf: &mut Ebpf, fds: &BTreeMap<FdKey, String>) -> Result<usize> {
+    ///
+    /// `gone`: processes that exited at least a pass ago (their dying threads' last rows are
+    /// written by then). All their rows are final: taken too, and their fd generations and
+    /// names are forgotten. Nothing else removes them, and a job that starts processes (every
+    /// exec'd program's loader closes an fd) filled `FD_GEN`'s 16,384 entries: a later
+    /// process's closes then started no new generation, and its files' I/O went under one
+    /// unnamed row. Returns the rows taken and the processes forgotten.
+    pub fn files_pass(
+        &mut self,
+        ebpf: &mut Ebpf,
+        fds: &BTreeMap<FdKey, String>,
+        gone: &BTreeSet<u32>,
+    ) -> Result<(usize, BTreeSet<u32>)> {
         self.seen_closes = counter(ebpf, FD_EPOCH_MAP)?;
         let gens = super::fill::fd_gens(ebpf)?;
         let rows: Vec<(FdKey, FdStat)> = take(ebpf, FILEIO_MAP, |k: &FdKey| {
-            gens.get(&(k.tgid, k.fd)).is_some_and(|g| k.gen < *g)
+            gone.contains(&k.tgid) || gens.get(&(k.tgid, k.fd)).is_some_and(|g| k.gen < *g)
         })?;
         let names = super::fill::opened_paths(ebpf);
         let n = rows.len();
+        let mut named_gone: Vec<FdKey> = Vec::new();
         for (k, v) in rows {
             let mut name = super::fill::file_name(fds, names.as_ref(), &k);
+            if gone.contains(&k.tgid) {
+                named_gone.push(k);
+            }
             if self.files.len() >= MAX_CLOSED_FILES
                 && !self.files.contains_key(&(k.tgid, name.clone()))
             {
@@ -254,7 +295,14 @@ impl Retired {
             }
             self.files.entry((k.tgid, name)).or_default().add(&v);
         }
-        Ok(n)
+        let forgotten: BTreeSet<u32> = gens
+            .keys()
+            .map(|(tgid, _)| *tgid)
+            .filter(|t| gone.contains(t))
+            .collect();
+        let _ = take::<FdGenKey, u32>(ebpf, FD_GEN_MAP, |k| forgotten.contains(&k.tgid))?;
+        forget_names(ebpf, &named_gone)?;
+        Ok((n, forgotten))
     }
 
     /// Dead threads' lives and time rows; `fold`: summed into their processes' (the per-thread
