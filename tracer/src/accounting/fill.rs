@@ -247,6 +247,13 @@ pub fn fill(
         comms.get(&tid).map(|c| c.1.clone()).unwrap_or_default()
     });
     let closed = std::mem::take(&mut retired.files);
+    // Names the files passes gave: a row a thread wrote later (the rest of a file's I/O it
+    // held) may have lost its `FD_NAMES` slot since. /proc's names come first.
+    let mut fds = fds.clone();
+    for (k, n) in retired.take_recent_names() {
+        fds.entry(k).or_insert(n);
+    }
+    let fds = &fds;
     fill_syscalls(ebpf, data, retired)?;
     fill_files(ebpf, data, fds, ctx.args.top, &open, &closed)?;
     fill_block(ebpf, data, &open)?;

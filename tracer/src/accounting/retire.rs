@@ -89,7 +89,16 @@ pub struct Retired {
     pub files_folded: u64,
     /// `FD_EPOCH` at the last files pass.
     seen_closes: u64,
+    /// The names files passes gave, by file, the latest [`RECENT_NAMES`]: a thread holds the
+    /// I/O of its last file in its state and writes it as a row of its own at its next file,
+    /// perhaps after the file's `FD_NAMES` slot went to another open (20,000 short children
+    /// took it between a file's first write and the rest of its writes).
+    recent: StdHashMap<FdKey, String>,
+    recent_order: std::collections::VecDeque<FdKey>,
 }
+
+/// Names kept for a closed file's later rows (~100 bytes each).
+pub const RECENT_NAMES: usize = 65_536;
 
 /// The shared counter in map `name` (an array of one `u64`).
 pub(super) fn counter(ebpf: &Ebpf, name: &str) -> Result<u64> {
@@ -137,6 +146,28 @@ pub(super) fn next_fd_generations(ebpf: &mut Ebpf) -> Result<()> {
     )?;
     map.set(0, epoch + 1, 0)
         .with_context(|| format!("set {FD_EPOCH_MAP}"))
+}
+
+impl Retired {
+    /// The names files passes gave (see `recent`), for the rows left at the end.
+    pub fn take_recent_names(&mut self) -> StdHashMap<FdKey, String> {
+        self.recent_order.clear();
+        std::mem::take(&mut self.recent)
+    }
+
+    /// Keeps the name a pass gave file `k` (not a `<closed fd N>`) for its later rows.
+    fn remember(&mut self, k: FdKey, name: &str) {
+        if name.starts_with("<closed fd") || self.recent.contains_key(&k) {
+            return;
+        }
+        if self.recent_order.len() >= RECENT_NAMES {
+            if let Some(old) = self.recent_order.pop_front() {
+                self.recent.remove(&old);
+            }
+        }
+        self.recent.insert(k, name.to_string());
+        self.recent_order.push_back(k);
+    }
 }
 
 /// Frees the `FD_NAMES` slots of the files `keys` (named already), so that their sets have
@@ -283,7 +314,11 @@ impl Retired {
         let n = rows.len();
         let mut named_gone: Vec<FdKey> = Vec::new();
         for (k, v) in rows {
-            let mut name = super::fill::file_name(fds, names.as_ref(), &k);
+            let mut name = match self.recent.get(&k).filter(|_| !fds.contains_key(&k)) {
+                Some(n) => n.clone(),
+                None => super::fill::file_name(fds, names.as_ref(), &k),
+            };
+            self.remember(k, &name);
             if gone.contains(&k.tgid) {
                 named_gone.push(k);
             }
