@@ -506,11 +506,11 @@ fn a_pid_taken_over_during_the_attach_is_not_traced_as_the_target() {
     let spin = build_c("spin", &[]);
     let dir = out_dir("pid-taken-over");
     let mut target = Command::new("sleep")
-        .arg("0.1")
+        .arg("30")
         .spawn()
         .expect("spawn sleep");
     let pid = target.id();
-    let tracer = Command::new(GPUTRACE)
+    let mut tracer = Command::new(GPUTRACE)
         .args([
             "-d",
             "3s",
@@ -524,6 +524,25 @@ fn a_pid_taken_over_during_the_attach_is_not_traced_as_the_target() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run gputrace");
+    // The target ends once gputrace checked it and is loading its programs (its first BPF
+    // object is an fd of its own), long before they are attached.
+    let loading = Instant::now();
+    let has_bpf_fd = |p: u32| {
+        std::fs::read_dir(format!("/proc/{p}/fd")).is_ok_and(|d| {
+            d.flatten().any(|e| {
+                std::fs::read_link(e.path())
+                    .is_ok_and(|l| l.to_string_lossy().starts_with("anon_inode:bpf"))
+            })
+        })
+    };
+    while !has_bpf_fd(tracer.id()) {
+        assert!(
+            loading.elapsed() < Duration::from_secs(30) && tracer.try_wait().unwrap().is_none(),
+            "gputrace never loaded its programs"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let _ = target.kill();
     let _ = target.wait();
     // The next pid the kernel hands out is the one after ns_last_pid: retried where another
     // process forked in between.
