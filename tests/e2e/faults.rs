@@ -1464,3 +1464,43 @@ fn a_closed_stdout_costs_neither_the_files_nor_the_job() {
     }
     assert!(!live.is_empty(), "the job was killed: {stderr}");
 }
+
+/// A storm of short processes (one thread each, ~20 syscall rows each) past the retired
+/// syscall rows' cap: folding threads into their processes bounds nothing there, and
+/// gputrace's memory grew with every process that came and went (230 MB in 30 s of
+/// `while :; do /bin/true; done`). Past the cap a new process's rows are not kept, and the
+/// report says how many and how many calls they held.
+#[test]
+fn a_storm_of_short_processes_keeps_its_syscall_rows_bounded() {
+    let _g = serial();
+    if !require_root("a_storm_of_short_processes_keeps_its_syscall_rows_bounded") {
+        return;
+    }
+    let dir = out_dir("process-storm-rows");
+    let run = gputrace_env(
+        &[
+            "--max-overhead",
+            "100%",
+            "--output",
+            dir.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 2500 ]; do /bin/true; i=$((i+1)); done",
+        ],
+        &[("GPUTRACE_MAX_SYSCALL_ROWS", "500")],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr);
+    let r = run.report(&dir);
+    let warnings = r["warnings"].to_string();
+    let said = warnings
+        .split("to bound memory, ")
+        .find(|w| w.contains("syscall rows of processes that exited"))
+        .unwrap_or_else(|| panic!("the rows left out are not said: {warnings}"));
+    let rows: u64 = said
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(rows > 1000, "{said}");
+}

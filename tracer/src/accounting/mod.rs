@@ -1661,6 +1661,15 @@ impl ProbeFamily for Accounting {
                 retire::MAX_THREAD_SYSCALL_ROWS
             ));
         }
+        if retired.syscall_rows_dropped > 0 {
+            data.report.warnings.push(format!(
+                "to bound memory, {} syscall rows of processes that exited ({} calls) were not \
+                 kept, past {} retired rows: those processes' syscall tables are incomplete",
+                retired.syscall_rows_dropped,
+                retired.syscall_calls_dropped,
+                retire::max_syscall_rows()
+            ));
+        }
         if retired.files_folded > 0 {
             data.report.warnings.push(format!(
                 "to bound memory, {} closed files past {} names were counted under their \

@@ -61,6 +61,20 @@ pub fn max_wall_rows() -> usize {
 /// process's.
 pub const MAX_THREAD_SYSCALL_ROWS: usize = 100_000;
 
+/// Retired syscall rows kept at most, folded ones included (~70 MB). Folding a thread's rows
+/// into its process's bounds a thread storm, not a process storm: each short process has
+/// one thread, and `while :; do /bin/true; done` left ~20 rows per process, 230 MB in 30 s.
+/// Past it, an exited process's rows that are not there yet are not kept (counted, and said
+/// in the report). `GPUTRACE_MAX_SYSCALL_ROWS` lowers it, for tests.
+pub const MAX_SYSCALL_ROWS: usize = 200_000;
+
+pub fn max_syscall_rows() -> usize {
+    std::env::var("GPUTRACE_MAX_SYSCALL_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(MAX_SYSCALL_ROWS, |n: usize| n.min(MAX_SYSCALL_ROWS))
+}
+
 /// (tgid, tid) pairs.
 type Threads = BTreeSet<(u32, u32)>;
 
@@ -89,6 +103,10 @@ pub struct Retired {
     pub files_folded: u64,
     /// `FD_EPOCH` at the last files pass.
     seen_closes: u64,
+    /// Syscall rows of exited processes not kept past [`MAX_SYSCALL_ROWS`], and the calls
+    /// they held.
+    pub syscall_rows_dropped: u64,
+    pub syscall_calls_dropped: u64,
     /// The names files passes gave, by file, the latest [`RECENT_NAMES`]: a thread holds the
     /// I/O of its last file in its state and writes it as a row of its own at its next file,
     /// perhaps after the file's `FD_NAMES` slot went to another open (20,000 short children
@@ -381,23 +399,41 @@ impl Retired {
     /// cap.
     fn add_syscalls(&mut self, rows: Vec<(SysKey, SysStat)>, fold: bool) {
         let mut folded = BTreeSet::new();
+        let full = self.syscalls.len() >= max_syscall_rows();
         for (mut k, v) in rows {
             if fold {
                 folded.insert((k.tgid, k.tid));
                 k.tid = FOLDED_TID;
             }
-            self.syscalls.entry(k).or_default().add(&v);
+            match self.syscalls.get_mut(&k) {
+                Some(s) => s.add(&v),
+                None if full => {
+                    self.syscall_rows_dropped += 1;
+                    self.syscall_calls_dropped += v.count;
+                }
+                None => {
+                    self.syscalls.insert(k, v);
+                }
+            }
         }
         self.folded_threads += folded.len() as u64;
     }
 
     /// The errno rows of the threads whose syscall rows `add_syscalls` took with `fold`.
     fn add_errnos(&mut self, errs: Vec<(ErrnoKey, u64)>, fold: bool) {
+        // Their rows go where the syscall rows went: not kept once those are not.
+        let full = self.syscalls.len() >= max_syscall_rows();
         for (mut k, n) in errs {
             if fold {
                 k.tid = FOLDED_TID;
             }
-            *self.errnos.entry(k).or_default() += n;
+            match self.errnos.get_mut(&k) {
+                Some(e) => *e += n,
+                None if full => {}
+                None => {
+                    self.errnos.insert(k, n);
+                }
+            }
         }
     }
 
@@ -587,5 +623,21 @@ mod tests {
         assert_eq!(r.syscalls[&key(3, 0, 39)].count, 2);
         assert!(!r.syscalls.contains_key(&key(3, 7, 39)));
         assert_eq!(r.errnos.keys().next().map(|k| k.tid), Some(0));
+
+        // Full of rows altogether (a storm of short processes): a row already kept still
+        // adds up; a new process's are not kept, and counted.
+        for tgid in 0..MAX_SYSCALL_ROWS as u32 {
+            r.syscalls.insert(key(100 + tgid, 0, 1), stat(1, 1, 1, 0));
+        }
+        r.add_syscalls(
+            vec![
+                (key(3, 8, 39), stat(3, 10, 10, 4)),
+                (key(999_999, 5, 2), stat(7, 10, 10, 4)),
+            ],
+            true,
+        );
+        assert_eq!(r.syscalls[&key(3, 0, 39)].count, 5);
+        assert!(!r.syscalls.contains_key(&key(999_999, 0, 2)));
+        assert_eq!((r.syscall_rows_dropped, r.syscall_calls_dropped), (1, 7));
     }
 }
