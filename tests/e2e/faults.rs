@@ -507,7 +507,7 @@ fn a_storm_of_busy_children_lists_the_heaviest_and_counts_the_rest() {
 /// counted. The report lists the heaviest (`MAX_LISTED_THREADS`, 128) and counts the rest,
 /// whose time and syscalls stay in the process's totals.
 /// The report's target process: (pid, its entry).
-fn target_process(r: &serde_json::Value) -> (u64, &serde_json::Value) {
+pub fn target_process(r: &serde_json::Value) -> (u64, &serde_json::Value) {
     let pid = r["target"]["pids"][0].as_u64().expect("target pid");
     let p = r["processes"]
         .as_array()

@@ -1646,13 +1646,7 @@ fn files_keep_their_names_after_many_short_processes() {
     assert_eq!(run.code(), 0, "{}", run.stderr);
     let report = run.report(&dir);
     // The parent (its children have its name).
-    let pid = report["target"]["pids"][0].clone();
-    let p = report["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .expect("the parent in the report");
+    let (_, p) = crate::faults::target_process(&report);
     let listed = p["files"].as_array().expect("files");
     // Each file: written once in 64 KiB writes, then read 10 times to its end.
     for (name, bytes, calls) in [
@@ -1682,13 +1676,7 @@ fn signal_returns_are_not_errors() {
     let (dir, run) = trace_workload("signal_loop", &["40"]);
     assert_eq!(run.code(), 0, "{}", run.stderr);
     let report = run.report(&dir);
-    let pid = report["target"]["pids"][0].clone();
-    let p = report["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .expect("the target in the report");
+    let (_, p) = crate::faults::target_process(&report);
     let row = p["syscalls"]
         .as_array()
         .unwrap()
