@@ -893,27 +893,30 @@ fn symbolize_samples(
 }
 
 /// A warning when CPU samples had user stacks the kernel cut (deeper than it keeps).
-fn truncated_stacks(cpu: &CpuProfile) -> Option<String> {
-    let cut: u64 = cpu
-        .samples
-        .iter()
-        .filter(|s| {
-            s.frames
-                .iter()
-                .any(|f| f.name == crate::symbolize::TRUNCATED)
-        })
-        .map(|s| s.count)
-        .sum();
-    (cut > 0).then(|| {
+fn truncated_stacks(cpu: &CpuProfile) -> impl Iterator<Item = String> {
+    let (deep, garbage) = cpu.cut_stacks();
+    let deep = (deep > 0).then(|| {
         format!(
-            "{cut} of {} CPU samples had user stacks deeper than the kernel keeps ({} frames): \
+            "{deep} of {} CPU samples had user stacks deeper than the kernel keeps ({} frames): \
              their outermost frames are cut, and they sit under `{}` in the flame graphs and \
              outside their callers' totals",
             cpu.total(),
             crate::symbolize::MAX_STACK_FRAMES,
             crate::symbolize::TRUNCATED
         )
-    })
+    });
+    // Not deep stacks: a frame-pointer walk through code built without them (it stops only
+    // at the kernel's limit when the chain happens to stay in mapped memory).
+    let garbage = (garbage > 0).then(|| {
+        format!(
+            "{garbage} of {} CPU samples had user stacks walked {} frames into addresses no \
+             code covers (`[unknown]`): a frame-pointer walk through code built without frame \
+             pointers; only their innermost named frames mean anything",
+            cpu.total(),
+            crate::symbolize::MAX_STACK_FRAMES
+        )
+    });
+    deep.into_iter().chain(garbage)
 }
 
 pub fn comm_str(c: &[u8; 16]) -> String {

@@ -37,6 +37,31 @@ pub struct FnStat {
 }
 
 impl CpuProfile {
+    /// Samples whose user stacks the kernel cut at its frame limit (a `[truncated]` root):
+    /// (deep ones, walks into garbage). A walk that ran the limit through addresses no code
+    /// covers (most frames `[unknown]`) followed a frame-pointer chain through code built
+    /// without frame pointers; it is not a deep stack, and its frames past the first unknown
+    /// ones mean nothing.
+    pub fn cut_stacks(&self) -> (u64, u64) {
+        let (mut deep, mut garbage) = (0, 0);
+        for s in &self.samples {
+            if !s
+                .frames
+                .iter()
+                .any(|f| f.name == crate::symbolize::TRUNCATED)
+            {
+                continue;
+            }
+            let unknown = s.frames.iter().filter(|f| f.name == "[unknown]").count();
+            if unknown * 2 > s.frames.len() {
+                garbage += s.count;
+            } else {
+                deep += s.count;
+            }
+        }
+        (deep, garbage)
+    }
+
     /// Merges samples that share (pid, tid, comm, frames), e.g. after symbolisation folded
     /// several addresses into one function. Output is sorted for stable reports.
     pub fn from_samples(samples: impl IntoIterator<Item = StackSample>) -> Self {
@@ -193,6 +218,26 @@ pub(crate) mod tests {
 
     pub fn f(name: &str) -> Frame {
         Frame::native(name, Some("app".into()))
+    }
+
+    #[test]
+    fn cut_stacks_tell_a_deep_stack_from_a_walk_into_garbage() {
+        let cut = |names: Vec<&str>, count| StackSample {
+            frames: std::iter::once(crate::symbolize::TRUNCATED)
+                .chain(names)
+                .map(f)
+                .collect(),
+            ..s(1, 1, &[], count)
+        };
+        let deep = cut(vec!["recurse"; 127], 5);
+        let mut junk = vec!["[unknown]"; 126];
+        junk.push("spin");
+        let garbage = cut(junk, 3);
+        let whole = s(1, 2, &["main", "spin"], 7);
+        let p = CpuProfile {
+            samples: vec![deep, garbage, whole],
+        };
+        assert_eq!(p.cut_stacks(), (5, 3));
     }
 
     pub fn s(pid: u32, tid: u32, frames: &[&str], count: u64) -> StackSample {
