@@ -295,12 +295,7 @@ impl Walked {
     /// each walk in a row that found what the one before had.
     #[inline(always)]
     pub fn reuse_ns(&self) -> u64 {
-        let steady = if self.steady < STEADY_MAX {
-            self.steady
-        } else {
-            STEADY_MAX
-        };
-        STACK_REUSE_NS << steady
+        STACK_REUSE_NS << self.steady.min(STEADY_MAX)
     }
 
     /// [`Walked::steady`] for a new walk for the wait in syscall `sys_nr` on `arg0` that
@@ -314,11 +309,7 @@ impl Walked {
             && self.kstack == kstack
             && self.ustack == ustack
         {
-            if self.steady < STEADY_MAX {
-                self.steady + 1
-            } else {
-                STEADY_MAX
-            }
+            (self.steady + 1).min(STEADY_MAX)
         } else {
             0
         }

@@ -61,15 +61,19 @@ pub(crate) fn opened_paths(ebpf: &Ebpf) -> Option<aya::maps::Array<&MapData, FdN
         .and_then(|m| aya::maps::Array::try_from(m).ok())
 }
 
-/// The name of the file `k`: resolved while it was open (an absolute path), else the path it
-/// was opened by (`FD_NAMES`, if its set still holds it), or none: a later file under the same
-/// fd number must not lend it its name.
+/// The name of the file `k`: resolved while it was open (an absolute path), else the name a
+/// files pass gave an earlier row of it (`recent`: a thread writes the rest of a file's I/O
+/// it held as a row of its own, perhaps after the file's `FD_NAMES` slot went to another
+/// open), else the path it was opened by (`FD_NAMES`, if its set still holds it), or none: a
+/// later file under the same fd number must not lend it its name.
 pub(super) fn file_name(
     fds: &BTreeMap<FdKey, String>,
+    recent: &StdHashMap<FdKey, String>,
     opened: Option<&aya::maps::Array<&MapData, FdName>>,
     k: &FdKey,
 ) -> String {
     fds.get(k)
+        .or_else(|| recent.get(k))
         .cloned()
         .or_else(|| opened.and_then(|m| opened_path(m, k)))
         .unwrap_or_else(|| format!("<closed fd {}>", k.fd))
@@ -247,15 +251,9 @@ pub fn fill(
         comms.get(&tid).map(|c| c.1.clone()).unwrap_or_default()
     });
     let closed = std::mem::take(&mut retired.files);
-    // Names the files passes gave: a row a thread wrote later (the rest of a file's I/O it
-    // held) may have lost its `FD_NAMES` slot since. /proc's names come first.
-    let mut fds = fds.clone();
-    for (k, n) in retired.take_recent_names() {
-        fds.entry(k).or_insert(n);
-    }
-    let fds = &fds;
+    let recent = retired.take_recent_names();
     fill_syscalls(ebpf, data, retired)?;
-    fill_files(ebpf, data, fds, ctx.args.top, &open, &closed)?;
+    fill_files(ebpf, data, (fds, &recent), ctx.args.top, &open, &closed)?;
     fill_block(ebpf, data, &open)?;
     data.time = render::folded(&rows, &verdicts, ctx, data, comms, seeded, &mut stacks);
     Ok(())
@@ -479,10 +477,11 @@ fn fill_syscalls(
     Ok(())
 }
 
+/// `names`: what /proc named while the files were open, and what the files passes named.
 fn fill_files(
     ebpf: &Ebpf,
     data: &mut ReportData,
-    fds: &BTreeMap<FdKey, String>,
+    (fds, recent): (&BTreeMap<FdKey, String>, &StdHashMap<FdKey, String>),
     top: usize,
     open: &[(u32, ThreadState)],
     closed: &BTreeMap<(u32, String), FdStat>,
@@ -497,7 +496,7 @@ fn fill_files(
         let in_maps = rows
             .iter()
             .filter(|(k, _)| k.tgid == p.pid)
-            .map(|(k, s)| (file_name(fds, opened.as_ref(), k), s));
+            .map(|(k, s)| (file_name(fds, recent, opened.as_ref(), k), s));
         // Closed files taken out of the map during the trace, named then.
         let taken = closed
             .range((p.pid, String::new())..)

@@ -166,28 +166,6 @@ pub(super) fn next_fd_generations(ebpf: &mut Ebpf) -> Result<()> {
         .with_context(|| format!("set {FD_EPOCH_MAP}"))
 }
 
-impl Retired {
-    /// The names files passes gave (see `recent`), for the rows left at the end.
-    pub fn take_recent_names(&mut self) -> StdHashMap<FdKey, String> {
-        self.recent_order.clear();
-        std::mem::take(&mut self.recent)
-    }
-
-    /// Keeps the name a pass gave file `k` (not a `<closed fd N>`) for its later rows.
-    fn remember(&mut self, k: FdKey, name: &str) {
-        if name.starts_with("<closed fd") || self.recent.contains_key(&k) {
-            return;
-        }
-        if self.recent_order.len() >= RECENT_NAMES {
-            if let Some(old) = self.recent_order.pop_front() {
-                self.recent.remove(&old);
-            }
-        }
-        self.recent.insert(k, name.to_string());
-        self.recent_order.push_back(k);
-    }
-}
-
 /// Frees the `FD_NAMES` slots of the files `keys` (named already), so that their sets have
 /// room for the live processes' opens.
 fn forget_names(ebpf: &mut Ebpf, keys: &[FdKey]) -> Result<()> {
@@ -235,6 +213,26 @@ fn take<K: aya::Pod, V: aya::Pod>(
 }
 
 impl Retired {
+    /// The names files passes gave (see `recent`), for the rows left at the end.
+    pub fn take_recent_names(&mut self) -> StdHashMap<FdKey, String> {
+        self.recent_order.clear();
+        std::mem::take(&mut self.recent)
+    }
+
+    /// Keeps the name a pass gave file `k` (not a `<closed fd N>`) for its later rows.
+    fn remember(&mut self, k: FdKey, name: &str) {
+        if name.starts_with("<closed fd") || self.recent.contains_key(&k) {
+            return;
+        }
+        if self.recent_order.len() >= RECENT_NAMES {
+            if let Some(old) = self.recent_order.pop_front() {
+                self.recent.remove(&old);
+            }
+        }
+        self.recent.insert(k, name.to_string());
+        self.recent_order.push_back(k);
+    }
+
     /// Whether `DEATHS_PER_PASS` threads died since the last pass, or any did (or some wait
     /// in `pending`) and `due`.
     pub fn wanted(&self, ebpf: &Ebpf, due: bool) -> bool {
@@ -332,10 +330,7 @@ impl Retired {
         let n = rows.len();
         let mut named_gone: Vec<FdKey> = Vec::new();
         for (k, v) in rows {
-            let mut name = match self.recent.get(&k).filter(|_| !fds.contains_key(&k)) {
-                Some(n) => n.clone(),
-                None => super::fill::file_name(fds, names.as_ref(), &k),
-            };
+            let mut name = super::fill::file_name(fds, &self.recent, names.as_ref(), &k);
             self.remember(k, &name);
             if gone.contains(&k.tgid) {
                 named_gone.push(k);
