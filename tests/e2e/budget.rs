@@ -851,3 +851,127 @@ fn a_late_library_with_a_refused_probe_gets_the_others_at_its_first_window() {
     }
     panic!("in three runs the late library never loaded between two windows");
 }
+
+/// A reader making thousands of small direct reads a second: past the sampling threshold
+/// (lowered here so that a slow CI disk passes it too) the block programs count 1 request in
+/// `2^k`, each `2^k` times. The report says so, its row's estimates hold the truth within their
+/// error, and the programs did the counted work for a fraction of the requests only. At
+/// `--max-overhead 100%` every request is counted.
+#[test]
+fn block_requests_past_the_threshold_are_sampled_and_estimated() {
+    let _g = serial();
+    if !require_root("block_requests_past_the_threshold_are_sampled_and_estimated") {
+        return;
+    }
+    // On the root disk: O_DIRECT there reaches the block layer.
+    let file = common::tmp_dir().join(format!("sampled-{}.bin", std::process::id()));
+    let reads: u64 = 16_384;
+    std::fs::write(&file, vec![3u8; (reads * 4096) as usize]).unwrap();
+    std::process::Command::new("sync").status().unwrap();
+    let dd = |budget: &str, name: &str| {
+        let out = common::out_dir(name);
+        let run = common::gputrace_env(
+            &[
+                "--max-overhead",
+                budget,
+                "-o",
+                out.to_str().unwrap(),
+                "--",
+                "/usr/bin/dd",
+                &format!("if={}", file.display()),
+                "of=/dev/null",
+                "bs=4k",
+                "iflag=direct",
+            ],
+            &[("GPUTRACE_BLOCK_SAMPLE_KEEP", "500")],
+        );
+        assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+        let r = run.report(&out);
+        (r, run)
+    };
+    let (r, run) = dd("2%", "sampled");
+    let (exact, _) = dd("100%", "sampled-exact");
+    let _ = std::fs::remove_file(&file);
+
+    let s = &r["overhead"]["block_sampled"];
+    assert!(
+        s["one_in_max"].as_u64().unwrap_or(0) >= 2 && s["sampled_s"].as_f64().unwrap_or(0.0) > 0.0,
+        "not sampled: {:#}\nblock rows: {:#}",
+        r["overhead"],
+        r["processes"][0]["block_io"]
+    );
+    assert!(
+        run.stdout.contains("ESTIMATED: traced block requests"),
+        "stdout:\n{}",
+        run.stdout
+    );
+    let rows = &r["processes"][0]["block_io"];
+    let requests = common::sum_of(rows, "requests") as f64;
+    let seen: u64 = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["sampled"]["seen"].as_u64().unwrap_or(0))
+        .sum();
+    let err: f64 = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["sampled"]["requests_error"].as_f64().unwrap_or(0.0))
+        .sum();
+    // Two 95% bounds (four standard deviations), and a few requests of the file system's own.
+    let slack = 2.0 * err + 0.02 * reads as f64 + 8.0;
+    assert!(
+        seen > 0 && (seen as f64) < requests * 0.8 && err > 0.0,
+        "{seen} seen of {requests} (error {err}): {rows:#}"
+    );
+    assert!(
+        (requests - reads as f64).abs() <= slack,
+        "{requests} requests estimated for {reads} reads (error {err}): {rows:#}"
+    );
+    let bytes = common::sum_of(rows, "read_bytes") as f64;
+    let truth = (reads * 4096) as f64;
+    assert!(
+        (bytes - truth).abs() <= slack / reads as f64 * truth,
+        "{bytes} bytes estimated for {truth}: {rows:#}"
+    );
+    // The counted work ran for the picked requests only.
+    let progs = r["overhead"]["programs"].as_array().unwrap();
+    let (hits, counted) = progs
+        .iter()
+        .filter(|p| {
+            p["program"]
+                .as_str()
+                .unwrap()
+                .starts_with("block_rq_complete")
+        })
+        .fold((0, 0), |(h, c), p| {
+            (
+                h + p["hits"].as_u64().unwrap(),
+                c + p["traced_hits"].as_u64().unwrap_or(0),
+            )
+        });
+    assert!(
+        hits >= reads && counted * 5 < hits * 4,
+        "{counted} counted completions of {hits}: {progs:#?}"
+    );
+
+    // Every request counted at 100%.
+    assert!(
+        exact["overhead"]["block_sampled"].is_null(),
+        "{:#}",
+        exact["overhead"]
+    );
+    let rows = &exact["processes"][0]["block_io"];
+    let requests = common::sum_of(rows, "requests");
+    assert!(
+        requests * 1000 >= reads * 995
+            && requests <= reads + 8
+            && rows
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|b| b["sampled"].is_null()),
+        "{requests} requests for {reads} reads: {rows:#}"
+    );
+}

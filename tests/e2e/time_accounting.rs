@@ -330,6 +330,19 @@ fn steal_points(before: &[(u64, u64)], after: &[(u64, u64)]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The largest relative error at 95% of a sampled block I/O row's request count (its
+/// `sampled.requests_error` over its `requests`), 0 where every request was counted.
+fn sampled_error(rows: &serde_json::Value) -> f64 {
+    rows.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let err = r["sampled"]["requests_error"].as_f64()?;
+            Some(err / r["requests"].as_f64()?.max(1.0))
+        })
+        .fold(0.0, f64::max)
+}
+
 fn ground_truth(name: &str, env: &[(&str, &str)]) {
     let _g = serial();
     if !require_root(name) {
@@ -462,7 +475,10 @@ fn ground_truth(name: &str, env: &[(&str, &str)]) {
         .as_array()
         .map(|a| a.iter().map(|d| d["read_bytes"].as_f64().unwrap()).sum())
         .unwrap_or(0.0);
-    if (block_read - direct_bytes).abs() > 0.01 * direct_bytes {
+    // Block requests come fast enough here to be sampled on a fast disk (past 4,000 a
+    // second): the rows are then estimates, each with its error.
+    let rel = sampled_error(&main["block_io"]);
+    if (block_read - direct_bytes).abs() > (0.01f64).max(1.5 * rel) * direct_bytes {
         failures.push(format!(
             "block layer read {block_read} bytes, the workload read {direct_bytes} with O_DIRECT"
         ));
@@ -484,14 +500,24 @@ fn ground_truth(name: &str, env: &[(&str, &str)]) {
     let completed = sum("completed_bytes");
     let told = blind_spot_names(&report, &main["pid"]);
     let short = submitted - completed;
-    if completed > submitted || (short * 1000.0 > submitted && !told) || short * 4.0 > submitted {
+    let over = if rel > 0.0 {
+        submitted * 1.5 * rel
+    } else {
+        0.0
+    };
+    if completed > submitted + over
+        || (short * 1000.0 > submitted && short > over && !told)
+        || short * 4.0 > submitted
+    {
         failures.push(format!(
             "{completed} bytes seen completing of {submitted} submitted: {:#}",
             main["block_io"]
         ));
     }
     let (requests, total_ns) = (sum("requests"), sum("total_ns"));
-    if requests < 0.5 * direct_calls || (requests < 0.95 * direct_calls && !told) || total_ns <= 0.0
+    if requests < 0.5 * direct_calls
+        || (requests < (0.95 - 1.5 * rel) * direct_calls && !told)
+        || total_ns <= 0.0
     {
         failures.push(format!(
             "{requests} block requests taking {total_ns} ns for {direct_calls} O_DIRECT preads"
@@ -1346,9 +1372,13 @@ fn block_requests_at_one_sector_of_two_disks_keep_their_owners() {
     ];
     for env in envs {
         let out = out_dir("mirror");
+        // Every request counted (none sampled on a machine fast enough to pass 4,000 a
+        // second): this is about whose each one is.
         let run = gputrace_env(
             &[
                 "-v",
+                "--max-overhead",
+                "100%",
                 "-o",
                 out.to_str().unwrap(),
                 "--",

@@ -34,6 +34,29 @@ pub const RENAMES_MAP: &str = "RENAMES";
 pub const FD_EPOCH_MAP: &str = "FD_EPOCH";
 pub const FD_NAMES_MAP: &str = "FD_NAMES";
 pub const BLOCK_MAP: &str = "BLOCK_IO";
+/// One [`BlockSample`]: how block requests are sampled. User space sets it from the rate of
+/// [`BLOCK_COUNTED_MAP`] (`accounting::block_sample`).
+pub const BLOCK_SAMPLE_MAP: &str = "BLOCK_SAMPLE";
+/// Per CPU, one `u64`: the traced block requests counted so far, each by its weight (an
+/// estimate of all of them while they are sampled).
+pub const BLOCK_COUNTED_MAP: &str = "BLOCK_COUNTED";
+/// The largest sampling shift: 1 request in 64.
+pub const BLOCK_SHIFT_MAX: u32 = 6;
+
+/// How block requests are sampled: 0 `shift`, every request is counted; else those
+/// [`block_selected`] picks, 1 in `2^shift`, each counted `2^shift` times. A request is picked
+/// by its first sector and the salt of when its bio was queued: user space draws a new `salt`
+/// every few seconds (keeping the last as `prev_salt`, which the completions of requests
+/// queued under it still try), so a workload that rereads a few hot sectors is not stuck with
+/// whichever of them one draw picked. A map value, where a clock would do: the clock (or
+/// `jiffies`) cost the completion's early return ~40 ns more here.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockSample {
+    pub shift: u64,
+    pub salt: u64,
+    pub prev_salt: u64,
+}
 /// Two `u32`s: [`STOPPED_SLOT`] non-zero once user space has stopped the accounting to read it
 /// (see `account::stopped` in the eBPF crate), [`SEEDED_SLOT`] once it has seeded the threads
 /// that existed at the attach (`account::seeded`).
@@ -96,6 +119,20 @@ pub const FD_NAME_WAYS: u32 = 4;
 pub const FD_NAME_LEN: usize = 256;
 pub const BLOCK_ENTRIES: u32 = 4_096;
 pub const BLOCK_INFLIGHT_ENTRIES: u32 = 16_384;
+
+/// Whether the block request at `sector`, its bio queued under `salt`, is one of those
+/// sampled at shift `shift` (1 in `2^shift`, see [`BlockSample`]). The picks of a larger shift
+/// are among those of a smaller one, so a request picked at the shift its bio was queued under
+/// is still picked where the shift fell since. Fibonacci hashing: the top bits of the product
+/// mix every bit of the sector (sequential reads' sectors differ only in their low bits).
+#[inline(always)]
+pub fn block_selected(sector: u64, salt: u64, shift: u32) -> bool {
+    if shift == 0 {
+        return true;
+    }
+    let h = (sector ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h >> (64 - shift.min(BLOCK_SHIFT_MAX)) == 0
+}
 
 /// Buckets of the log2 latency histograms (bucket i: [2^i, 2^(i+1)) ns; the last is open).
 pub const HIST_BUCKETS: usize = 32;
@@ -948,6 +985,12 @@ pub struct BlkStat {
     /// submitted and never seen completing.
     pub done_bytes: u64,
     pub hist: [u64; HIST_BUCKETS],
+    /// The requests counted, each once: `requests` counts each by its weight (`2^shift` while
+    /// they are sampled), so this is what was seen of them.
+    pub seen: u64,
+    /// The sum over the counted requests of `w * (w - 1)` (`w` their weight): an unbiased
+    /// estimate of the variance of `requests` as an estimate of all of them (0: exact).
+    pub var: u64,
 }
 
 impl BlkStat {
@@ -961,6 +1004,8 @@ impl BlkStat {
         self.total_ns += o.total_ns;
         self.queue_ns += o.queue_ns;
         self.done_bytes += o.done_bytes;
+        self.seen += o.seen;
+        self.var += o.var;
         for (a, b) in self.hist.iter_mut().zip(o.hist.iter()) {
             *a += b;
         }
@@ -982,7 +1027,8 @@ crate::user_pod!(
     FdStat,
     FdName,
     BlkKey,
-    BlkStat
+    BlkStat,
+    BlockSample
 );
 
 /// log2 bucket of a latency, without loops (the verifier wants bounded code).
@@ -1022,6 +1068,54 @@ pub fn log2_bucket(v: u64) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use super::{block_selected, BLOCK_SHIFT_MAX};
+
+    /// Sequential 32 KiB reads' sectors (multiples of 64), as a data loader makes them.
+    fn sectors() -> impl Iterator<Item = u64> {
+        (0..65_536u64).map(|i| 1_000_000 + i * 64)
+    }
+
+    #[test]
+    fn block_sampling_picks_its_share_of_sequential_sectors() {
+        for shift in 1..=BLOCK_SHIFT_MAX {
+            let n = sectors().filter(|&s| block_selected(s, 7, shift)).count() as f64;
+            let want = 65_536.0 / (1u64 << shift) as f64;
+            // Binomial: within 5 standard deviations.
+            assert!(
+                (n - want).abs() < 5.0 * want.sqrt(),
+                "shift {shift}: {n} of 65,536"
+            );
+        }
+        assert_eq!(
+            sectors().filter(|&s| block_selected(s, 7, 0)).count(),
+            65_536
+        );
+    }
+
+    #[test]
+    fn a_larger_shift_picks_among_a_smaller_ones_picks() {
+        let six = sectors().filter(|&s| block_selected(s, 3, 6)).count();
+        assert!(six > 0);
+        assert!(sectors()
+            .filter(|&s| block_selected(s, 3, 6))
+            .all(|s| block_selected(s, 3, 4)));
+    }
+
+    #[test]
+    fn another_salt_is_another_draw() {
+        let (x, y) = (0x1234_5678_9abc_def0, 0x0fed_cba9_8765_4321);
+        let a = sectors().filter(|&s| block_selected(s, x, 4)).count() as f64;
+        let both = sectors()
+            .filter(|&s| block_selected(s, x, 4) && block_selected(s, y, 4))
+            .count() as f64;
+        // Independent draws share ~1/16 of their picks.
+        let want = a / 16.0;
+        assert!(
+            (both - want).abs() < 5.0 * want.sqrt() + 5.0,
+            "{both} shared of {a}"
+        );
+    }
+
     #[test]
     fn an_fd_is_kept_for_blocked_waits_without_a_stack() {
         use super::{unwalked_fd1, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, SYSCALL_UNSEEN};

@@ -195,6 +195,7 @@ pub fn block(
     write: u32,
     sector: u64,
     queued: u64,
+    weight: u64,
 ) {
     if !enabled() {
         return;
@@ -228,8 +229,11 @@ pub fn block(
                 }
                 b.args[0] += bytes;
                 b.args[3] += queued;
-                b.args[4] += 1;
-                b.args[5] += lat;
+                b.args[4] += weight;
+                b.args[5] += lat * weight;
+                if weight > b.args[7] {
+                    b.args[7] = weight;
+                }
                 if lat > b.args[6] {
                     b.args[6] = lat;
                 }
@@ -257,5 +261,15 @@ pub fn block(
     b.a32 = dev;
     b.start_ns = start_ns;
     b.dur_ns = lat;
-    b.args = [bytes, write as u64, sector, queued, 1, lat, lat, 0, 0];
+    b.args = [
+        bytes,
+        write as u64,
+        sector,
+        queued,
+        weight,
+        lat * weight,
+        lat,
+        weight,
+        0,
+    ];
 }

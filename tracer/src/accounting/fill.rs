@@ -658,6 +658,10 @@ fn fill_block(ebpf: &Ebpf, data: &mut ReportData, open: &[(u32, ThreadState)]) -
                 total_ns: s.total_ns,
                 queue_ns: s.queue_ns,
                 completed_bytes: s.done_bytes,
+                sampled: (s.var > 0).then(|| crate::report::model::time::BlockSampled {
+                    seen: s.seen,
+                    requests_error: (2.0 * (s.var as f64).sqrt()).ceil() as u64,
+                }),
             });
         }
     }
@@ -794,12 +798,25 @@ fn unseen_completions(
     request_based: impl Fn(u32) -> bool,
     exited: impl Fn(u32) -> bool,
 ) -> Vec<Unseen> {
-    by_disk(rows, disk_of, request_based)
+    // Sampled rows' bytes are estimates, submitted and completed alike, from bios and
+    // requests picked apart (a request's merged bios each by its own pick): short by less
+    // than three standard deviations of the request count's estimate, relative, is noise.
+    let mut noise: BTreeMap<(u32, u32), (f64, u64)> = BTreeMap::new();
+    for (k, s) in rows {
+        let e = noise.entry((k.tgid, disk_of(k.dev))).or_default();
+        e.0 += s.var as f64;
+        e.1 += s.requests;
+    }
+    by_disk(rows, &disk_of, request_based)
         .into_iter()
-        .filter(|((tgid, _), (sub, done))| {
+        .filter(|(key, (sub, done))| {
             let short = sub.saturating_sub(*done);
-            let floor = if exited(*tgid) { 0 } else { 1 << 20 };
-            short > floor && short * 1000 > *sub
+            let floor = if exited(key.0) { 0 } else { 1 << 20 };
+            let rel = noise
+                .get(key)
+                .filter(|(_, n)| *n > 0)
+                .map_or(0.0, |(var, n)| 3.0 * var.sqrt() / *n as f64);
+            short > floor && short * 1000 > *sub && short as f64 > rel * *sub as f64
         })
         .map(|((tgid, disk), (submitted, completed))| Unseen {
             tgid,
@@ -907,6 +924,34 @@ mod tests {
                     completed: 4 * MIB - MIB / 2,
                 }
             ]
+        );
+    }
+
+    #[test]
+    fn sampled_rows_fall_short_within_their_noise_unsaid() {
+        const MIB: u64 = 1 << 20;
+        // 1,000 requests of 128 KiB counted 1 in 16: var = 1,000 x 16 x 15, sd ~490 requests
+        // of ~16,000 (~3%): 3 sd is ~9%.
+        let row = |tgid, done| {
+            (
+                BlkKey { tgid, dev: 20 },
+                BlkStat {
+                    read_bytes: 2000 * MIB,
+                    done_bytes: done,
+                    requests: 16_000,
+                    seen: 1_000,
+                    var: 1_000 * 16 * 15,
+                    ..Default::default()
+                },
+            )
+        };
+        let rows = [row(1, 1900 * MIB), row(2, 1700 * MIB)];
+        let unseen = unseen_completions(&rows, |d| d, |_| true, |_| false);
+        // 5% short is noise; 15% is not.
+        assert_eq!(
+            unseen.iter().map(|u| u.tgid).collect::<Vec<_>>(),
+            vec![2],
+            "{unseen:?}"
         );
     }
 

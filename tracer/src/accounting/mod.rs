@@ -5,6 +5,7 @@
 //! off-CPU time ([`classify`]), aggregates it ([`aggregate`]) and fills the report.
 
 pub mod aggregate;
+pub mod block_sample;
 pub mod classify;
 mod crosscheck;
 pub(crate) mod fill;
@@ -529,6 +530,11 @@ pub struct Accounting {
     fd_bump_failed: Option<String>,
     /// The seeded threads' run times, to check the accounting against at the end.
     run_times: crosscheck::RunTimes,
+    /// Block requests sampled at high rates: None where every one counts (`--max-overhead
+    /// 100%`, the classic block set, no block programs).
+    block_sampler: Option<block_sample::BlockSampler>,
+    /// Why setting the sampling shift failed, if it did.
+    block_sample_failed: Option<String>,
     /// What a syscall tracepoint hit costs outside its program, measured as they attach.
     sys_trap: crate::overhead::SharedSyscallTrap,
     /// The kernel frames of the waits seeded threads were in (`KSTACK_SEEDED`).
@@ -574,6 +580,8 @@ impl Accounting {
             sys_gate_failed: None,
             storm_comms: BTreeMap::new(),
             run_times: crosscheck::RunTimes::default(),
+            block_sampler: None,
+            block_sample_failed: None,
         }
     }
 
@@ -1181,6 +1189,54 @@ impl Accounting {
     }
 
     /// What the budget did to the syscall programs, in the report.
+    /// Sets the block requests' sampling shift from their rate (`block_sample`).
+    fn sample_block(&mut self, ebpf: &mut Ebpf) {
+        if self.block_sample_failed.is_some() || self.stopped_at.is_some() {
+            return;
+        }
+        let Some(s) = self.block_sampler.as_mut() else {
+            return;
+        };
+        let counted = match sum_per_cpu(ebpf, tracer_common::wall::BLOCK_COUNTED_MAP) {
+            Ok(n) => n,
+            Err(e) => {
+                self.block_sample_failed = Some(format!("{e:#}"));
+                return;
+            }
+        };
+        let Some(v) = s.look(ktime_now(), counted) else {
+            return;
+        };
+        if let Err(e) = set_block_sample(ebpf, v) {
+            self.block_sample_failed = Some(format!("{e:#}"));
+        }
+    }
+
+    /// What the block sampling did, for the report: the overhead section's account of it.
+    fn report_block_sampling(&mut self, ctx: &FinishCtx<'_>, data: &mut ReportData) {
+        if let Some(e) = self.block_sample_failed.take() {
+            data.report.warnings.push(format!(
+                "setting how many block requests are counted failed ({e}): from then on the \
+                 sampling stayed as it was"
+            ));
+        }
+        let Some(s) = self.block_sampler.as_mut() else {
+            return;
+        };
+        s.finish(ctx.window_end_ktime);
+        let Some(first) = s.first_ns else {
+            return;
+        };
+        let o = data.report.overhead.get_or_insert_with(Default::default);
+        o.block_sampled = Some(crate::report::model::overhead::BlockSampling {
+            one_in_max: 1u64 << s.max_shift,
+            sampled_s: s.sampled_ns as f64 / 1e9,
+            first_s: first.saturating_sub(ctx.window_start_ktime) as f64 / 1e9,
+            above_per_s: 4 * s.keep,
+            keep_per_s: s.keep,
+        });
+    }
+
     fn report_syscalls_off(&mut self, ebpf: &Ebpf, ctx: &FinishCtx<'_>, data: &mut ReportData) {
         if let Some(e) = self.sys_gate_failed.take() {
             data.report.warnings.push(format!(
@@ -1250,6 +1306,30 @@ impl Accounting {
             halted_calls: halted_calls(ebpf),
         });
     }
+}
+
+/// The sum of a one-slot per-CPU `u64` array's copies.
+fn sum_per_cpu(ebpf: &Ebpf, name: &str) -> Result<u64> {
+    let m = ebpf
+        .map(name)
+        .with_context(|| format!("no map {name}"))
+        .and_then(|m| {
+            aya::maps::PerCpuArray::<_, u64>::try_from(m).with_context(|| format!("open {name}"))
+        })?;
+    let v = m.get(&0, 0).with_context(|| format!("read {name}"))?;
+    Ok(v.iter().sum())
+}
+
+/// Sets how block requests are sampled (`tracer_common::wall::BLOCK_SAMPLE_MAP`).
+fn set_block_sample(ebpf: &mut Ebpf, v: tracer_common::wall::BlockSample) -> Result<()> {
+    let name = tracer_common::wall::BLOCK_SAMPLE_MAP;
+    let mut m = aya::maps::Array::<_, tracer_common::wall::BlockSample>::try_from(
+        ebpf.map_mut(name)
+            .with_context(|| format!("no map {name}"))?,
+    )
+    .with_context(|| format!("open {name}"))?;
+    m.set(0, v, 0)
+        .with_context(|| format!("set {name} to {v:?}"))
 }
 
 /// Traced threads' syscalls made while the programs were stopped and still attached
@@ -1448,6 +1528,17 @@ impl ProbeFamily for Accounting {
                 }
             }
         }
+        // The classic set counts every request: it has no sampling.
+        let sampled_set = self
+            .attached
+            .iter()
+            .any(|p| p.starts_with("block_rq_complete") && !p.ends_with("_tp"));
+        if sampled_set && self.budget < 1.0 {
+            self.block_sampler = Some(block_sample::BlockSampler::new(
+                ktime_now() ^ u64::from(std::process::id()) << 32,
+                block_sample::keep_per_s(),
+            ));
+        }
         // The launched command is seeded at its release (see `before_release`): until then it
         // only waits on our pipe. The rest as the window starts (`attached`).
         self.existing = ctx
@@ -1541,6 +1632,7 @@ impl ProbeFamily for Accounting {
         if self.ticks.is_multiple_of(5) {
             self.learn(ebpf);
         }
+        self.sample_block(ebpf);
         // A failed pass costs room in the maps, not the trace: said at the end, not retried.
         if self.retire_failed.is_none()
             && self
@@ -1644,6 +1736,7 @@ impl ProbeFamily for Accounting {
             unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
         }
         self.report_syscalls_off(ebpf, ctx, data);
+        self.report_block_sampling(ctx, data);
         // The Python stacks of the switch-outs since the session's last read.
         ctx.python.sync(ebpf)?;
         if let Some(e) = &self.retire_failed {

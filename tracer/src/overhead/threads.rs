@@ -147,13 +147,15 @@ fn stopped_syscalls(o: &Overhead, tid: u32) -> u64 {
 }
 
 /// One thread's cost by what caused it (ns), largest first; parts with no cost are left out.
-/// `requests`: the block requests charged to it (submitted in its context, bar the completion).
+/// `requests`: the block requests charged to it (submitted in its context, bar the completion),
+/// and of them those `seen`, counted: while requests are sampled the others ran the block
+/// programs' early returns only.
 fn thread_parts(
     r: &Report,
     o: &Overhead,
     pid: u32,
     t: &ThreadReport,
-    requests: f64,
+    (requests, seen): (f64, f64),
     launches: &[&str],
 ) -> Vec<ThreadCostPart> {
     let scale = o.sampled.as_ref().map_or(1.0, |s| s.scale.max(1.0));
@@ -177,19 +179,17 @@ fn thread_parts(
                 + wakeups as f64 * per_hit(o, "sched_wakeup"),
         ),
         ("CPU sampler", t.samples as f64 * per_hit(o, "cpu_sample")),
-        (
-            "block I/O tracepoints",
-            requests
-                * [
-                    "block_bio_queue",
-                    "block_rq_insert",
-                    "block_rq_issue",
-                    "block_rq_complete",
-                ]
-                .iter()
-                .map(|n| per_hit(o, n))
-                .sum::<f64>(),
-        ),
+        ("block I/O tracepoints", {
+            let progs = [
+                "block_bio_queue",
+                "block_rq_insert",
+                "block_rq_issue",
+                "block_rq_complete",
+            ];
+            let counted: f64 = progs.iter().map(|n| per_hit(o, n)).sum();
+            let passed: f64 = progs.iter().map(|n| early_per_hit(o, n)).sum();
+            seen * counted + (requests - seen).max(0.0) * passed
+        }),
         ("CUDA probes", cuda),
         (
             "syscall tracepoints, stopped",
@@ -216,17 +216,23 @@ pub fn costliest_thread(r: &Report, launches: &[&str], min_alive_ns: u64) -> Opt
     let mut best: Option<(f64, ThreadCost)> = None;
     for p in &r.processes {
         let requests: u64 = p.block_io.iter().map(|b| b.requests).sum();
+        let seen: u64 = p
+            .block_io
+            .iter()
+            .map(|b| b.sampled.as_ref().map_or(b.requests, |s| s.seen))
+            .sum();
         let waits: u64 = p.threads.iter().map(io_waits).sum();
         for t in &p.threads {
             let alive = t.time.as_ref().map_or(0, |tb| tb.alive_ns);
             if alive < min_alive_ns.max(1) {
                 continue;
             }
-            let mine = if waits == 0 {
+            let share = if waits == 0 {
                 0.0
             } else {
-                requests as f64 * io_waits(t) as f64 / waits as f64
+                io_waits(t) as f64 / waits as f64
             };
+            let mine = (requests as f64 * share, seen as f64 * share);
             let parts = thread_parts(r, o, p.pid, t, mine, launches);
             let ns: u64 = parts.iter().map(|p| p.ns).sum();
             let stretch = t.time.as_ref().map_or(1.0, contention);
@@ -430,7 +436,7 @@ mod tests {
             r.overhead.as_ref().unwrap(),
             10,
             &r.processes[0].threads[0],
-            0.0,
+            (0.0, 0.0),
             &[],
         );
         assert!(quiet
@@ -520,6 +526,43 @@ mod tests {
             .find(|p| p.what == "block I/O tracepoints")
             .unwrap();
         assert_eq!(block.ns, 30_000 * 4_000);
+    }
+
+    #[test]
+    fn sampled_block_requests_cost_their_early_returns_but_those_counted() {
+        let mut r = report(vec![thread(1, 10.0, 0, 100, 0)]);
+        let t = &mut r.processes[0].threads[0];
+        t.samples = 0;
+        t.time
+            .as_mut()
+            .unwrap()
+            .reasons
+            .retain(|x| x.category == "io");
+        // 16,000 requests estimated from 1,000 counted.
+        r.processes[0].block_io = vec![crate::report::model::time::BlockIo {
+            requests: 16_000,
+            sampled: Some(crate::report::model::time::BlockSampled {
+                seen: 1_000,
+                requests_error: 980,
+            }),
+            ..Default::default()
+        }];
+        let o = r.overhead.as_mut().unwrap();
+        for n in ["block_bio_queue", "block_rq_complete"] {
+            let mut p = prog(n, 16_000, 200.0, 30.0);
+            p.traced_hits = Some(1_000);
+            p.traced_bpf_ns_per_hit = Some(370.0);
+            p.early_bpf_ns_per_hit = Some(70.0);
+            o.programs.push(p);
+        }
+        let c = costliest_thread(&r, &[], 0).unwrap();
+        let block = c
+            .parts
+            .iter()
+            .find(|p| p.what == "block I/O tracepoints")
+            .unwrap();
+        // Two programs: 1,000 counted at 400 ns a hit, 15,000 passed at 100.
+        assert_eq!(block.ns, 2 * (1_000 * 400 + 15_000 * 100));
     }
 
     #[test]

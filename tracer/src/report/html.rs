@@ -345,7 +345,15 @@ fn process(o: &mut String, r: &Report, p: &ProcessReport) {
         .map(|b| {
             vec![
                 b.device.clone(),
-                b.requests.to_string(),
+                match &b.sampled {
+                    Some(s) => format!(
+                        "~{} (+/-{:.1}%, {} counted)",
+                        b.requests,
+                        b.requests_rel_error() * 100.0,
+                        s.seen
+                    ),
+                    None => b.requests.to_string(),
+                },
                 units::bytes(b.read_bytes),
                 units::bytes(b.write_bytes),
                 units::rate(b.read_bytes, r.window.duration_ns),
@@ -498,9 +506,13 @@ pub fn render(data: &ReportData) -> Result<String> {
     o.push_str("<h2>Limits of this trace</h2><ul>");
     if let Some(ov) = &r.overhead {
         let _ = write!(o, "<li>{}</li>", esc(&ov.summary()));
-        for l in [ov.sampling_line(), ov.syscalls_off_line()]
-            .into_iter()
-            .flatten()
+        for l in [
+            ov.sampling_line(),
+            ov.syscalls_off_line(),
+            ov.block_sampled_line(),
+        ]
+        .into_iter()
+        .flatten()
         {
             let _ = write!(o, "<li><b>{}</b></li>", esc(&l));
         }

@@ -614,12 +614,16 @@ fn render_block_io(o: &mut String, r: &Report, p: &ProcessReport) {
         ),
     );
     for b in &p.block_io {
+        let requests = match &b.sampled {
+            Some(_) => format!("~{}", b.requests),
+            None => b.requests.to_string(),
+        };
         line(
             o,
             &format!(
                 "    {:<16} {:>9} {:>11} {:>11} {:>12} {:>11} {:>11}",
                 cut(&b.device, 16),
-                b.requests,
+                requests,
                 units::bytes(b.read_bytes),
                 units::bytes(b.write_bytes),
                 units::rate(b.read_bytes, r.window.duration_ns),
@@ -627,6 +631,16 @@ fn render_block_io(o: &mut String, r: &Report, p: &ProcessReport) {
                 units::dur(b.queue_ns.checked_div(b.requests).unwrap_or(0))
             ),
         );
+        if let Some(s) = &b.sampled {
+            line(
+                o,
+                &format!(
+                    "      ~ estimated from {} requests counted: requests +/-{:.1}% (95%)",
+                    s.seen,
+                    b.requests_rel_error() * 100.0
+                ),
+            );
+        }
     }
 }
 
@@ -682,9 +696,13 @@ fn render_footer(o: &mut String, r: &Report, st: Style) {
         for (i, l) in wrap(&ov.summary(), WIDTH - 2).iter().enumerate() {
             line(o, &if i == 0 { l.clone() } else { format!("  {l}") });
         }
-        for l in [ov.sampling_line(), ov.syscalls_off_line()]
-            .into_iter()
-            .flatten()
+        for l in [
+            ov.sampling_line(),
+            ov.syscalls_off_line(),
+            ov.block_sampled_line(),
+        ]
+        .into_iter()
+        .flatten()
         {
             for w in wrap(&l, WIDTH) {
                 line(o, &st.severity("medium", &w));

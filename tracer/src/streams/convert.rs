@@ -145,7 +145,15 @@ fn block(ev: &TlEvent, out: &mut TimelineEvent) {
     let dev = format!("{}:{}", ev.a32 >> 20, ev.a32 & 0xf_ffff);
     // A burst of requests (see `tracer_common::timeline::BLOCK_BURST_MAX_NS`).
     let requests = ev.args[4].max(1);
-    out.name = if requests > 1 {
+    // While requests are sampled (`tracer_common::wall::BLOCK_SAMPLE_MAP`) a burst is of the
+    // picked ones, each counted as many as it stands for: its figures are estimates.
+    let one_in = ev.args[7];
+    out.name = if one_in > 1 {
+        format!(
+            "{rw} ~{} (~{requests} requests, 1 in {one_in} seen)",
+            human_bytes(ev.args[0])
+        )
+    } else if requests > 1 {
         format!("{rw} {} ({requests} requests)", human_bytes(ev.args[0]))
     } else {
         format!("{rw} {}", human_bytes(ev.args[0]))
@@ -158,6 +166,9 @@ fn block(ev: &TlEvent, out: &mut TimelineEvent) {
     arg(out, "latency_us", ev.args[5] / requests / 1000);
     arg(out, "max_latency_us", ev.args[6] / 1000);
     arg(out, "queued_us", ev.args[3] / requests / 1000);
+    if one_in > 1 {
+        arg(out, "sampled_one_in", one_in);
+    }
 }
 
 fn human_bytes(b: u64) -> String {
@@ -447,5 +458,23 @@ mod tests {
         assert_eq!(get(&e, "max_latency_us"), Some("150"));
         assert_eq!(get(&e, "queued_us"), Some("2"));
         assert_eq!(get(&e, "first_sector"), Some("64"));
+        assert_eq!(get(&e, "sampled_one_in"), None);
+    }
+
+    #[test]
+    fn a_sampled_burst_says_it_is_an_estimate() {
+        // Two reads of 32 KiB counted 1 in 16: they stand for 32 of 1 MiB.
+        let ev = rec(
+            TL_BLOCK,
+            (8 << 20) | 16,
+            0,
+            2_000_000,
+            &[32 << 15, 0, 64, 0, 32, 3_200_000, 120_000, 16],
+        );
+        let e = convert(&ev, 0, &[]).unwrap();
+        assert_eq!(e.name, "read ~1.0 MiB (~32 requests, 1 in 16 seen)");
+        assert_eq!(get(&e, "requests"), Some("32"));
+        assert_eq!(get(&e, "latency_us"), Some("100"));
+        assert_eq!(get(&e, "sampled_one_in"), Some("16"));
     }
 }

@@ -51,6 +51,26 @@ pub struct Overhead {
     /// Set when the budget took the syscall tracepoints off a syscall storm.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub syscalls_off: Option<SyscallsOff>,
+    /// Set when block requests came fast enough to be sampled (`accounting::block_sample`):
+    /// the block I/O rows are then estimates (each row's `sampled` says from how many).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_sampled: Option<BlockSampling>,
+}
+
+/// Block requests counted 1 in `2^k` while traced requests came at over `above_per_s` a
+/// second, each counted `2^k` times (the picks are a hash of the request's first sector and
+/// of the second it was made in).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct BlockSampling {
+    /// The sparsest sampling used: 1 request in this many.
+    pub one_in_max: u64,
+    /// How long requests were sampled, and from when (s since the window's start).
+    pub sampled_s: f64,
+    pub first_s: f64,
+    /// The rate (traced requests a second) above which they are sampled, and the counted
+    /// rate kept at the least.
+    pub above_per_s: u64,
+    pub keep_per_s: u64,
 }
 
 /// The syscall tracepoints taken off threads that paid more than the budget for them, and put
@@ -311,6 +331,18 @@ impl Overhead {
         ))
     }
 
+    /// Said when block requests were sampled: what the block I/O rows then are.
+    pub fn block_sampled_line(&self) -> Option<String> {
+        let b = self.block_sampled.as_ref()?;
+        Some(format!(
+            "ESTIMATED: traced block requests came at over {} a second, so for {:.1} s from \
+             {:.1} s on 1 in up to {} was counted, each for as many (at least {} a second \
+             counted): block I/O requests, bytes and latencies are estimates, with their error \
+             under each table (--max-overhead 100% counts every request)",
+            b.above_per_s, b.sampled_s, b.first_s, b.one_in_max, b.keep_per_s,
+        ))
+    }
+
     /// What the syscall tables' headings add when the tracepoints were off part of the trace.
     pub fn syscalls_partial(&self) -> Option<String> {
         let g = self.syscalls_off.as_ref()?;
@@ -462,9 +494,31 @@ mod tests {
     }
 
     #[test]
+    fn sampled_block_requests_say_what_the_rows_are() {
+        let o = Overhead {
+            block_sampled: Some(BlockSampling {
+                one_in_max: 16,
+                sampled_s: 3.4,
+                first_s: 0.35,
+                above_per_s: 4000,
+                keep_per_s: 1000,
+            }),
+            ..Default::default()
+        };
+        let l = o.block_sampled_line().unwrap();
+        assert!(
+            l.starts_with("ESTIMATED: traced block requests came at over 4000 a second")
+                && l.contains("for 3.4 s from 0.3 s on 1 in up to 16")
+                && l.contains("--max-overhead 100% counts every request"),
+            "{l}"
+        );
+    }
+
+    #[test]
     fn syscalls_taken_off_say_what_the_figures_cover() {
         let mut o = costly(0.01);
         assert_eq!(o.syscalls_off_line(), None);
+        assert_eq!(o.block_sampled_line(), None);
         let t = |tid, share| StormThread {
             pid: 7,
             tid,

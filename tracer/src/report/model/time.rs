@@ -108,4 +108,27 @@ pub struct BlockIo {
     /// completing (the report's blind spots say so past 0.1% and 1 MiB).
     #[serde(default)]
     pub completed_bytes: u64,
+    /// Set when some of its requests were sampled (`Overhead::block_sampled`): its figures
+    /// are then estimates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled: Option<BlockSampled>,
+}
+
+/// What a sampled block I/O row was estimated from.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct BlockSampled {
+    /// The requests counted (`requests` counts each by its weight).
+    pub seen: u64,
+    /// `requests`' error at 95% (two standard deviations of its estimate), in requests.
+    pub requests_error: u64,
+}
+
+impl BlockIo {
+    /// `requests`' relative error at 95%, 0 for an exact row.
+    pub fn requests_rel_error(&self) -> f64 {
+        match &self.sampled {
+            Some(s) if self.requests > 0 => s.requests_error as f64 / self.requests as f64,
+            _ => 0.0,
+        }
+    }
 }
