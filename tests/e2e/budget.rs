@@ -975,3 +975,94 @@ fn block_requests_past_the_threshold_are_sampled_and_estimated() {
         "{requests} requests for {reads} reads: {rows:#}"
     );
 }
+
+/// A thread making one syscall over and over, each call within 200 µs of the last (nanosleeps
+/// of ~60-90 µs): past 16 such calls, each is timed with a chance of 1 in 8 and a timed one
+/// counts 8 times in the latency sums. Its count stays exact; its total time, estimated, holds
+/// what the workload measured itself; the report says what is estimated. At `--max-overhead
+/// 100%` every call is timed.
+#[test]
+fn a_fast_runs_syscalls_are_timed_one_in_eight_and_estimated() {
+    let _g = serial();
+    if !require_root("a_fast_runs_syscalls_are_timed_one_in_eight_and_estimated") {
+        return;
+    }
+    let bin = build_c("fast_sleeps", &[]);
+    let calls: u64 = 20_000;
+    let run = |budget: &str, name: &str| {
+        let out = common::out_dir(name);
+        let run = common::gputrace(&[
+            "--max-overhead",
+            budget,
+            "-o",
+            out.to_str().unwrap(),
+            "--",
+            bin.to_str().unwrap(),
+            &calls.to_string(),
+        ]);
+        assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+        let truth: f64 = run
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("calls {calls} total_ns ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no total in:\n{}", run.stdout));
+        let r = run.report(&out);
+        let row = r["processes"][0]["threads"][0]["syscalls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == "clock_nanosleep" || s["name"] == "nanosleep")
+            .cloned()
+            .unwrap_or_else(|| panic!("no sleep row: {:#}", r["processes"][0]["threads"]));
+        (r, row, truth, run.stdout)
+    };
+    let (r, row, truth, stdout) = run("2%", "fast-sleeps");
+    let count = row["count"].as_u64().unwrap();
+    let timed = row["timed"].as_u64().unwrap_or(count);
+    let total = row["total_ns"].as_f64().unwrap();
+    let hist: u64 = row["hist_log2_ns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_u64().unwrap())
+        .sum();
+    assert_eq!(count, calls, "{row:#}");
+    // ~1 in 8 once the run is fast; its first calls, and any after a slow stretch, all timed.
+    assert!(
+        timed * 3 < count && timed * 12 > count,
+        "{timed} of {count} timed: {row:#}"
+    );
+    // The estimate: within 10% of the workload's own clock (which also holds the vDSO
+    // reads and the loop around each call: the estimate comes out below it).
+    assert!(
+        total > 0.75 * truth && total < 1.1 * truth,
+        "{total} ns estimated for {truth} measured: {row:#}"
+    );
+    assert!(
+        (hist as f64 - count as f64).abs() < 0.1 * count as f64,
+        "{hist} in the histogram for {count} calls: {row:#}"
+    );
+    assert!(
+        r["overhead"]["syscalls_timed"]["untimed_calls"]
+            .as_u64()
+            .unwrap_or(0)
+            >= count - timed,
+        "{:#}",
+        r["overhead"]
+    );
+    assert!(
+        stdout.contains("syscalls of fast runs"),
+        "stdout:\n{stdout}"
+    );
+
+    let (exact, row, truth, _) = run("100%", "fast-sleeps-exact");
+    assert!(exact["overhead"]["syscalls_timed"].is_null());
+    assert_eq!(row["count"].as_u64(), Some(calls), "{row:#}");
+    assert!(row["timed"].is_null(), "{row:#}");
+    let total = row["total_ns"].as_f64().unwrap();
+    assert!(
+        total > 0.75 * truth && total <= truth,
+        "{total} ns timed for {truth} measured: {row:#}"
+    );
+}

@@ -1271,8 +1271,11 @@ fn block_requests_without_issue_stamps_are_timed_from_their_allocation() {
     // once in CI 24 of these 128: why is not established). What was not seen completing is
     // said in the blind spots, never lost silently.
     let told = blind_spot_names(&report, &dd["pid"]);
+    // dd's own reads of other files (its libraries' or locale's pages, when another test's I/O
+    // pushed them out of the cache: 9 of 4 KiB once in a whole e2e run) are its requests too.
+    let others = sum_of(rows, "read_bytes").saturating_sub(reads * 32 * 1024) / 4096;
     assert!(
-        requests >= reads / 2 && requests <= reads + 8 && (requests >= reads || told),
+        requests >= reads / 2 && requests <= reads + others + 8 && (requests >= reads || told),
         "{requests} requests for {reads} direct reads: {rows:#}\ndrops: {:#}\nblind spots: {:#}",
         report["drops"],
         report["blind_spots"]

@@ -296,7 +296,42 @@ fn enter<K: Kernel>(regs: u64, id: i64, p: Prog) {
     } else {
         0
     };
+    // A fast run's call goes untimed but 1 in `2^SYS_TIME_SHIFT`, drawn for each
+    // (`tracer_common::wall::SYS_TIME_GAP_NS`): its start then reads as seen since the
+    // programs last came on (`seen_since`), and marks it untimed for the exit.
+    if sampled_run(st, id as i32) {
+        // Drawn from a hash of the last timed exit's clock (its low bits are noise) and the
+        // calls since: a helper's random number cost a call (~35 ns here), about what the
+        // clock read saved. SplitMix64's mixing: the draws of consecutive calls are
+        // independent (a plain product's top bits step by a constant, and timed ~1 call in
+        // 4.5 where the weights assumed 8).
+        let h = tracer_common::wall::mix64(
+            st.sys_timed_ns
+                .wrapping_add((st.sys_since as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        );
+        if (h >> (64 - time_shift())) != 0 {
+            st.sys_start_ns = off_at();
+            return;
+        }
+    }
     st.sys_start_ns = unsafe { bpf_ktime_get_ns() };
+}
+
+/// `tracer_common::wall::SYS_TIME_SHIFT` where user space samples fast runs' timing, else 0.
+#[no_mangle]
+static SYS_TIME_SHIFT: Global<u32> = Global::new(0);
+
+/// [`SYS_TIME_SHIFT`], bounded (the verifier wants shifts it can see are in range).
+#[inline(always)]
+fn time_shift() -> u32 {
+    SYS_TIME_SHIFT.load().min(10)
+}
+
+/// Whether the thread's call of syscall `nr` is one of a fast run's, timed 1 in
+/// `2^SYS_TIME_SHIFT` (the same at its entry and its exit: only the exit's `pace` changes it).
+#[inline(always)]
+fn sampled_run(st: &ThreadState, nr: i32) -> bool {
+    st.sys_fast != 0 && st.sys_held_nr == nr && time_shift() != 0
 }
 
 /// The process and time of this CPU's last `MappedExec` event.
@@ -462,14 +497,35 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         return;
     }
     traced(p);
-    let now = unsafe { bpf_ktime_get_ns() };
-    let lat = now.saturating_sub(st.sys_start_ns);
+    // Untimed at its entry (`enter`): no clock read here either, unless the storm gate's
+    // block needs one.
+    let sampled = sampled_run(st, nr);
+    let timed = !sampled || st.sys_start_ns != off_at;
+    // A timed call of a fast run stands for `2^SYS_TIME_SHIFT` calls in the latency sums
+    // (each was timed with that chance): the sums are estimates, the counts exact.
+    let weight = if sampled { 1u64 << time_shift() } else { 1 };
+    let mut now = if timed {
+        unsafe { bpf_ktime_get_ns() }
+    } else {
+        0
+    };
+    let lat = if timed {
+        now.saturating_sub(st.sys_start_ns)
+    } else {
+        0
+    };
+    if time_shift() != 0 && st.sys_held_nr == nr {
+        pace(st, timed, now);
+    }
     // Timed in blocks: a thread whose block of syscalls took less than the storm window pays
     // more than the budget for these programs, and user space takes them off. A block begun
     // before they last came off (or none yet) starts here.
     let block = crate::maps::counter(&SYS_STORM_CALLS);
     if block != 0 {
         if st.sys_block_ns <= off_at {
+            if now == 0 {
+                now = unsafe { bpf_ktime_get_ns() };
+            }
             // Timed from this exit: the block's first call is the next one.
             st.sys_calls = 0;
             st.sys_block_ns = now;
@@ -477,6 +533,9 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
             st.sys_calls += 1;
         }
         if st.sys_calls as u64 >= block {
+            if now == 0 {
+                now = unsafe { bpf_ktime_get_ns() };
+            }
             let took = now.saturating_sub(st.sys_block_ns);
             if took < SYS_STORM_WINDOW_NS {
                 halt(now);
@@ -487,7 +546,9 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         }
     }
     let ret: i64 = ctx.arg(1);
-    crate::timeline::syscall(tgid, tid, nr, st.sys_start_ns, lat, ret, st.sys_arg0);
+    if timed {
+        crate::timeline::syscall(tgid, tid, nr, st.sys_start_ns, lat, ret, st.sys_arg0);
+    }
     let key = SysKey {
         tgid,
         tid,
@@ -515,17 +576,20 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
     };
     // Keyed by thread: only this thread updates the row, so no atomics are needed.
     let s = unsafe { &mut *stat };
-    if s.count == 0 || lat < s.min_ns {
-        s.min_ns = lat;
-    }
-    if lat > s.max_ns {
-        s.max_ns = lat;
-    }
     s.count += 1;
-    s.total_ns += lat;
-    let b = log2_bucket(lat);
-    if b < HIST_BUCKETS {
-        s.hist[b] += 1;
+    if timed {
+        if s.timed == 0 || lat < s.min_ns {
+            s.min_ns = lat;
+        }
+        if lat > s.max_ns {
+            s.max_ns = lat;
+        }
+        s.timed += 1;
+        s.total_ns += lat * weight;
+        let b = log2_bucket(lat);
+        if b < HIST_BUCKETS {
+            s.hist[b] += weight;
+        }
     }
     if ret < 0 && nr != SYS_RT_SIGRETURN.load() as i32 {
         s.errors += 1;
@@ -560,6 +624,9 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         let fd: u64 = Probe::read(regs, OFF_REGS_ARG4.load());
         // The kernel takes the fd as an int, whatever the upper half of the register holds.
         if prot & PROT_EXEC != 0 && flags & MAP_ANONYMOUS == 0 && (fd as i32) >= 0 {
+            if now == 0 {
+                now = unsafe { bpf_ktime_get_ns() };
+            }
             mapped_exec(tgid, tid, now);
         }
     }
@@ -596,18 +663,57 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         };
         if new_file {
             let v = FdStat {
-                ns: lat,
+                ns: lat * weight,
                 bytes,
                 calls: 1,
+                timed: timed as u64,
             };
             add_file(tgid, fd, st.fd_gen, &v);
         } else {
-            st.held_file.ns += lat;
+            st.held_file.ns += lat * weight;
             st.held_file.bytes += bytes;
             st.held_file.calls += 1;
+            st.held_file.timed += timed as u64;
         }
     }
 }
+
+/// Paces the timing of a thread's held syscall (`tracer_common::wall::SYS_TIME_GAP_NS`).
+/// Timing every call, it counts the calls in a row that came within the gap of the one before
+/// (`sys_since`); past `FAST_CALLS` of them, its next calls are timed 1 in
+/// `2^SYS_TIME_SHIFT`. Then, at each timed exit (`now`), the calls since the last timed one
+/// must have come within the gap each on average, or every call is timed again. A thread
+/// that makes a few quick calls between long waits (a trainer reading its loaders' pipes)
+/// keeps its calls timed.
+#[inline(always)]
+fn pace(st: &mut ThreadState, timed: bool, now: u64) {
+    if !timed {
+        st.sys_since += 1;
+        return;
+    }
+    // Sampling, the calls since the last timed one; else this one.
+    let calls = if st.sys_fast != 0 {
+        st.sys_since as u64 + 1
+    } else {
+        1
+    };
+    let gap = tracer_common::wall::SYS_TIME_GAP_NS;
+    let fast = st.sys_timed_ns != 0 && now.saturating_sub(st.sys_timed_ns) < calls * gap;
+    st.sys_timed_ns = now;
+    if st.sys_fast != 0 {
+        st.sys_since = 0;
+        st.sys_fast = fast as u32;
+        return;
+    }
+    st.sys_since = if fast { st.sys_since + 1 } else { 0 };
+    if st.sys_since >= FAST_CALLS {
+        st.sys_since = 0;
+        st.sys_fast = 1;
+    }
+}
+
+/// Calls in a row within the gap, each timed, before a run's calls are sampled.
+const FAST_CALLS: u32 = 16;
 
 /// The row `key`'s thread holds for its syscall (`SysHeld`), taken for `key` when the thread
 /// made it `SYS_HOLD_RUN` times running; None for the calls of its other syscalls, and for a
@@ -674,6 +780,7 @@ fn write_out_sys(h: &mut SysHeld) {
     h.stat.min_ns = 0;
     h.stat.max_ns = 0;
     h.stat.bytes = 0;
+    h.stat.timed = 0;
     let mut i = 0;
     while i < HIST_BUCKETS {
         h.stat.hist[i] = 0;
@@ -711,6 +818,7 @@ fn add_file(tgid: u32, fd: i32, gen: u32, v: &FdStat) {
             crate::maps::atomic_add(&mut (*f).ns, v.ns);
             crate::maps::atomic_add(&mut (*f).bytes, v.bytes);
             crate::maps::atomic_add(&mut (*f).calls, v.calls);
+            crate::maps::atomic_add(&mut (*f).timed, v.timed);
         },
         None => {
             if FILEIO.insert(&fk, v, 1).is_err() {
@@ -730,6 +838,7 @@ pub fn flush_file(st: &mut ThreadState) {
             ns: 0,
             bytes: 0,
             calls: 0,
+            timed: 0,
         };
     }
 }

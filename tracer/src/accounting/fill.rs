@@ -413,6 +413,7 @@ fn to_stat(nr: i32, s: &SysStat, errnos: &BTreeMap<i32, u64>) -> SyscallStat {
         hist_log2_ns: hist,
         bytes: s.bytes,
         errnos,
+        timed: (s.timed < s.count).then_some(s.timed),
     }
 }
 
@@ -446,6 +447,18 @@ fn fill_syscalls(
             .or_default() += n;
     }
     let empty = BTreeMap::new();
+    let untimed: u64 = stats
+        .values()
+        .map(|s| s.count.saturating_sub(s.timed))
+        .sum();
+    if untimed > 0 {
+        let o = data.report.overhead.get_or_insert_with(Default::default);
+        o.syscalls_timed = Some(crate::report::model::overhead::SyscallTiming {
+            one_in: 1 << tracer_common::wall::SYS_TIME_SHIFT,
+            untimed_calls: untimed,
+            gap_us: tracer_common::wall::SYS_TIME_GAP_NS / 1000,
+        });
+    }
     let mut by_process: StdHashMap<u32, Vec<(&SysKey, &SysStat)>> = StdHashMap::new();
     for row in &stats {
         by_process.entry(row.0.tgid).or_default().push(row);
@@ -995,6 +1008,7 @@ mod tests {
     fn merges_syscall_stats_of_threads() {
         let mut a = SysStat {
             count: 2,
+            timed: 2,
             min_ns: 10,
             max_ns: 50,
             total_ns: 60,
@@ -1003,6 +1017,7 @@ mod tests {
         a.hist[1] = 1;
         let mut b = SysStat {
             count: 1,
+            timed: 1,
             min_ns: 5,
             max_ns: 5,
             total_ns: 5,

@@ -459,6 +459,7 @@ mod tests {
     fn stat(count: u64, min: u64, max: u64, bucket: usize) -> SysStat {
         let mut s = SysStat {
             count,
+            timed: count,
             min_ns: min,
             max_ns: max,
             total_ns: count * min,

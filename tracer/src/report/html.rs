@@ -510,6 +510,7 @@ pub fn render(data: &ReportData) -> Result<String> {
             ov.sampling_line(),
             ov.syscalls_off_line(),
             ov.block_sampled_line(),
+            ov.syscalls_timed_line(),
         ]
         .into_iter()
         .flatten()

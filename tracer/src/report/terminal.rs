@@ -700,6 +700,7 @@ fn render_footer(o: &mut String, r: &Report, st: Style) {
             ov.sampling_line(),
             ov.syscalls_off_line(),
             ov.block_sampled_line(),
+            ov.syscalls_timed_line(),
         ]
         .into_iter()
         .flatten()

@@ -55,6 +55,22 @@ pub struct Overhead {
     /// the block I/O rows are then estimates (each row's `sampled` says from how many).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_sampled: Option<BlockSampling>,
+    /// Set when some syscalls went untimed (a thread's fast run of one syscall): their
+    /// latency figures are then estimates (`SyscallStat::timed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub syscalls_timed: Option<SyscallTiming>,
+}
+
+/// A thread's run of one syscall, each call within `gap_us` of the last (16 in a row, then on
+/// average), has each call timed with a chance of 1 in `one_in`, and a timed one counts that
+/// many times in the latency sums and histograms: an untimed call reads no clock at its entry
+/// and exit. Counts, bytes and errors stay exact.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SyscallTiming {
+    pub one_in: u64,
+    /// Calls that went untimed.
+    pub untimed_calls: u64,
+    pub gap_us: u64,
 }
 
 /// Block requests counted 1 in `2^k` while traced requests came at over `above_per_s` a
@@ -331,6 +347,19 @@ impl Overhead {
         ))
     }
 
+    /// Said when a fast run's syscalls were timed 1 in N: what the latencies then are.
+    pub fn syscalls_timed_line(&self) -> Option<String> {
+        let t = self.syscalls_timed.as_ref()?;
+        Some(format!(
+            "ESTIMATED: {} syscalls of fast runs (a thread making one syscall over and over, \
+             within {} µs of the last) went untimed, 1 in {} timed at random: syscall and file \
+             times and latency histograms are estimates (each timed call counted {} times), \
+             min and max are the timed calls'; counts, bytes and errors are exact \
+             (--max-overhead 100% times every call)",
+            t.untimed_calls, t.gap_us, t.one_in, t.one_in
+        ))
+    }
+
     /// Said when block requests were sampled: what the block I/O rows then are.
     pub fn block_sampled_line(&self) -> Option<String> {
         let b = self.block_sampled.as_ref()?;
@@ -510,6 +539,24 @@ mod tests {
             l.starts_with("ESTIMATED: traced block requests came at over 4000 a second")
                 && l.contains("for 3.4 s from 0.3 s on 1 in up to 16")
                 && l.contains("--max-overhead 100% counts every request"),
+            "{l}"
+        );
+    }
+
+    #[test]
+    fn untimed_syscalls_say_what_is_estimated() {
+        let mut o = Overhead::default();
+        assert_eq!(o.syscalls_timed_line(), None);
+        o.syscalls_timed = Some(SyscallTiming {
+            one_in: 8,
+            untimed_calls: 68_000,
+            gap_us: 200,
+        });
+        let l = o.syscalls_timed_line().unwrap();
+        assert!(
+            l.starts_with("ESTIMATED: 68000 syscalls of fast runs")
+                && l.contains("within 200 µs of the last")
+                && l.contains("1 in 8 timed"),
             "{l}"
         );
     }

@@ -54,6 +54,12 @@ pub struct SyscallStat {
     pub bytes: u64,
     /// Errors by errno name (e.g. EAGAIN), largest first.
     pub errnos: Vec<ErrnoCount>,
+    /// Set when not every call was timed (a thread's fast run of one syscall, see
+    /// `Overhead::syscalls_timed`): the calls timed, each of which counts for as many as it
+    /// stands for in `total_ns` and `hist_log2_ns` (estimates then); `min_ns` and `max_ns`
+    /// are theirs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timed: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
