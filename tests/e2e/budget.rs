@@ -951,8 +951,9 @@ fn block_requests_past_the_threshold_are_sampled_and_estimated() {
                 c + p["traced_hits"].as_u64().unwrap_or(0),
             )
         });
+    // (A few completions may run no program: see the time accounting's block tests.)
     assert!(
-        hits >= reads && counted * 5 < hits * 4,
+        hits * 10 >= reads * 9 && counted * 5 < hits * 4,
         "{counted} counted completions of {hits}: {progs:#?}"
     );
 
@@ -977,7 +978,7 @@ fn block_requests_past_the_threshold_are_sampled_and_estimated() {
 }
 
 /// A thread making one syscall over and over, each call within 200 µs of the last (nanosleeps
-/// of ~60-90 µs): past 16 such calls, each is timed with a chance of 1 in 8 and a timed one
+/// of ~60-90 µs): after a window of 256 such calls, each is timed with a chance of 1 in 8 and a timed one
 /// counts 8 times in the latency sums. Its count stays exact; its total time, estimated, holds
 /// what the workload measured itself; the report says what is estimated. At `--max-overhead
 /// 100%` every call is timed.
@@ -1028,7 +1029,8 @@ fn a_fast_runs_syscalls_are_timed_one_in_eight_and_estimated() {
         .map(|b| b.as_u64().unwrap())
         .sum();
     assert_eq!(count, calls, "{row:#}");
-    // ~1 in 8 once the run is fast; its first calls, and any after a slow stretch, all timed.
+    // ~1 in 8 once the run is fast; its first window's calls, and those of any slower window,
+    // all timed.
     assert!(
         timed * 3 < count && timed * 12 > count,
         "{timed} of {count} timed: {row:#}"

@@ -282,15 +282,16 @@ pub struct ThreadState {
     pub held_api_count: u64,
     pub sys_block_ns: u64,
     /// 1 while the held syscall's (`sys_held_nr`) calls come fast and are timed 1 in
-    /// `2^SYS_TIME_SHIFT`; its calls since its last timed exit, and when that was (see
+    /// `2^SYS_TIME_SHIFT`; its calls in the pacing window under way, and when that began (see
     /// [`SYS_TIME_GAP_NS`]).
     pub sys_fast: u32,
     pub sys_since: u32,
     pub sys_timed_ns: u64,
 }
 
-/// A thread whose held syscall (`ThreadState::sys_held_nr`, a run of one syscall) comes
-/// faster than once in this many ns, timed exit to timed exit, has each of those calls timed
+/// A thread whose held syscall (`ThreadState::sys_held_nr`, a run of one syscall) came
+/// faster than once in this many ns on average over its last 256 calls or more (`pace` in the
+/// eBPF crate's syscalls.rs) has each of its next calls timed
 /// with a chance of 1 in `2^SYS_TIME_SHIFT` (an eBPF global, 0: all timed), drawn at its entry:
 /// an untimed call is counted (and its bytes, errors and file) but reads no clock at its
 /// entry or exit (~40 ns each on the development VM), and a timed one adds its latency
@@ -1140,28 +1141,32 @@ mod tests {
     }
 
     #[test]
-    fn a_fast_runs_draws_time_one_call_in_eight() {
+    fn a_fast_runs_draws_time_one_call_in_eight_independently() {
         use super::mix64;
-        // As `sys_enter` draws: a stretch of calls after a timed exit at `t` ends at the
-        // first call whose hash's top 3 bits are 0. Over many stretches, 1 call in 8 is timed.
-        let (mut calls, mut timed) = (0u64, 0u64);
+        // As `sys_enter` draws: call k of a pacing window begun at clock `t` is timed when
+        // the top 3 bits of its hash are 0. Over many windows, 1 call in 8 is timed, and two
+        // calls in a row 1 pair in 64 (consecutive draws independent).
+        let (mut calls, mut timed, mut pairs) = (0u64, 0u64, 0u64);
         let mut t = 1_234_567_891_011u64;
-        for _ in 0..20_000 {
-            let mut k = 0u64;
-            loop {
+        for _ in 0..2_000 {
+            let mut last = false;
+            for k in 0..256u64 {
+                let hit = mix64(t.wrapping_add(k.wrapping_mul(0x9E37_79B9_7F4A_7C15))) >> 61 == 0;
                 calls += 1;
-                let h = mix64(t.wrapping_add(k.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-                if h >> 61 == 0 {
-                    timed += 1;
-                    break;
-                }
-                k += 1;
+                timed += hit as u64;
+                pairs += (hit && last) as u64;
+                last = hit;
             }
-            // The next timed exit's clock: ~110 us later, with noise in its low bits.
-            t += 110_000 + (mix64(t) & 0xfff);
+            // The next window's start: ~28 ms later, with noise in its low bits.
+            t += 28_000_000 + (mix64(t) & 0xfff);
         }
         let share = timed as f64 / calls as f64;
-        assert!((share - 0.125).abs() < 0.005, "{timed} of {calls}");
+        assert!((share - 0.125).abs() < 0.004, "{timed} of {calls}");
+        let pair_share = pairs as f64 / calls as f64;
+        assert!(
+            (pair_share - 1.0 / 64.0).abs() < 0.002,
+            "{pairs} pairs of {calls}"
+        );
     }
 
     #[test]

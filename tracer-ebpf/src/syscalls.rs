@@ -300,8 +300,8 @@ fn enter<K: Kernel>(regs: u64, id: i64, p: Prog) {
     // (`tracer_common::wall::SYS_TIME_GAP_NS`): its start then reads as seen since the
     // programs last came on (`seen_since`), and marks it untimed for the exit.
     if sampled_run(st, id as i32) {
-        // Drawn from a hash of the last timed exit's clock (its low bits are noise) and the
-        // calls since: a helper's random number cost a call (~35 ns here), about what the
+        // Drawn from a hash of the clock at the window's start (its low bits are noise) and
+        // the calls since: a helper's random number cost a call (~35 ns here), about what the
         // clock read saved. SplitMix64's mixing: the draws of consecutive calls are
         // independent (a plain product's top bits step by a constant, and timed ~1 call in
         // 4.5 where the weights assumed 8).
@@ -678,42 +678,34 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
     }
 }
 
-/// Paces the timing of a thread's held syscall (`tracer_common::wall::SYS_TIME_GAP_NS`).
-/// Timing every call, it counts the calls in a row that came within the gap of the one before
-/// (`sys_since`); past `FAST_CALLS` of them, its next calls are timed 1 in
-/// `2^SYS_TIME_SHIFT`. Then, at each timed exit (`now`), the calls since the last timed one
-/// must have come within the gap each on average, or every call is timed again. A thread
-/// that makes a few quick calls between long waits (a trainer reading its loaders' pipes)
-/// keeps its calls timed.
+/// Paces the timing of a thread's held syscall (`tracer_common::wall::SYS_TIME_GAP_NS`), in
+/// windows of at least `WINDOW_CALLS` of its calls, each ended by a timed exit (`now`): where
+/// the window's calls came within the gap each on average, the next window's are timed 1 in
+/// `2^SYS_TIME_SHIFT`, else all of them. An average over hundreds of calls: a data loader's
+/// run of reads with a pipe write after each batch of 256 (a gap of milliseconds), or a slow
+/// read now and then, stays sampled, and a process's start (~60-130 `rt_sigaction`s in a
+/// row, a few µs each) is not sampled at all.
 #[inline(always)]
 fn pace(st: &mut ThreadState, timed: bool, now: u64) {
-    if !timed {
-        st.sys_since += 1;
+    if timed && st.sys_timed_ns == 0 {
+        // The first window starts at this exit.
+        st.sys_timed_ns = now;
+        st.sys_since = 0;
         return;
     }
-    // Sampling, the calls since the last timed one; else this one.
-    let calls = if st.sys_fast != 0 {
-        st.sys_since as u64 + 1
-    } else {
-        1
-    };
-    let gap = tracer_common::wall::SYS_TIME_GAP_NS;
-    let fast = st.sys_timed_ns != 0 && now.saturating_sub(st.sys_timed_ns) < calls * gap;
+    st.sys_since += 1;
+    if !timed || st.sys_since < WINDOW_CALLS {
+        return;
+    }
+    let calls = st.sys_since as u64;
+    st.sys_fast =
+        (now.saturating_sub(st.sys_timed_ns) < calls * tracer_common::wall::SYS_TIME_GAP_NS) as u32;
+    st.sys_since = 0;
     st.sys_timed_ns = now;
-    if st.sys_fast != 0 {
-        st.sys_since = 0;
-        st.sys_fast = fast as u32;
-        return;
-    }
-    st.sys_since = if fast { st.sys_since + 1 } else { 0 };
-    if st.sys_since >= FAST_CALLS {
-        st.sys_since = 0;
-        st.sys_fast = 1;
-    }
 }
 
-/// Calls in a row within the gap, each timed, before a run's calls are sampled.
-const FAST_CALLS: u32 = 16;
+/// The calls of a pacing window (see [`pace`]).
+const WINDOW_CALLS: u32 = 256;
 
 /// The row `key`'s thread holds for its syscall (`SysHeld`), taken for `key` when the thread
 /// made it `SYS_HOLD_RUN` times running; None for the calls of its other syscalls, and for a

@@ -61,8 +61,8 @@ pub struct Overhead {
     pub syscalls_timed: Option<SyscallTiming>,
 }
 
-/// A thread's run of one syscall, each call within `gap_us` of the last (16 in a row, then on
-/// average), has each call timed with a chance of 1 in `one_in`, and a timed one counts that
+/// A thread's run of one syscall whose calls came within `gap_us` of each other on average
+/// over a window of 256 has each call of the next window timed with a chance of 1 in `one_in`, and a timed one counts that
 /// many times in the latency sums and histograms: an untimed call reads no clock at its entry
 /// and exit. Counts, bytes and errors stay exact.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -352,7 +352,7 @@ impl Overhead {
         let t = self.syscalls_timed.as_ref()?;
         Some(format!(
             "ESTIMATED: {} syscalls of fast runs (a thread making one syscall over and over, \
-             within {} µs of the last) went untimed, 1 in {} timed at random: syscall and file \
+             each within {} µs on average) went untimed, 1 in {} timed at random: syscall and file \
              times and latency histograms are estimates (each timed call counted {} times), \
              min and max are the timed calls'; counts, bytes and errors are exact \
              (--max-overhead 100% times every call)",
@@ -555,7 +555,7 @@ mod tests {
         let l = o.syscalls_timed_line().unwrap();
         assert!(
             l.starts_with("ESTIMATED: 68000 syscalls of fast runs")
-                && l.contains("within 200 µs of the last")
+                && l.contains("each within 200 µs on average")
                 && l.contains("1 in 8 timed"),
             "{l}"
         );
