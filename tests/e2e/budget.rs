@@ -965,8 +965,10 @@ fn block_requests_past_the_threshold_are_sampled_and_estimated() {
     );
     let rows = &exact["processes"][0]["block_io"];
     let requests = common::sum_of(rows, "requests");
+    // Completions that ran no program (0-0.7% of a reader's here) are allowed: said in the
+    // blind spots past 0.1%, tested with the time accounting's block tests.
     assert!(
-        requests * 1000 >= reads * 995
+        requests * 100 >= reads * 98
             && requests <= reads + 8
             && rows
                 .as_array()

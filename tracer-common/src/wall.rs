@@ -56,6 +56,10 @@ pub struct BlockSample {
     pub shift: u64,
     pub salt: u64,
     pub prev_salt: u64,
+    /// The shift before the last change, for a look after it (~250 ms): a request picked at
+    /// a smaller shift than the one set since is still tried at its own (the picks of a
+    /// smaller shift include a larger one's).
+    pub prev_shift: u64,
 }
 /// Two `u32`s: [`STOPPED_SLOT`] non-zero once user space has stopped the accounting to read it
 /// (see `account::stopped` in the eBPF crate), [`SEEDED_SLOT`] once it has seeded the threads

@@ -128,15 +128,16 @@ fn picked_now(sector: u64) -> (u32, bool) {
     }
 }
 
-/// Whether the request whose first sector is `sector` was picked when its first bio was
-/// queued: under this salt or the last (a request queued two salts ago, seconds, then goes
-/// uncounted).
+/// Whether the request whose first sector is `sector` may have been picked when its first
+/// bio was queued: under this salt or the last (a request queued two salts ago, seconds, then
+/// goes uncounted), at this shift or the last (a request in flight as the shift rose). Only a
+/// picked bio left an owner: a request tried here that was not picked finds none.
 #[inline(always)]
 fn picked_at(sector: u64) -> bool {
     match sampling() {
         None => true,
         Some(b) => {
-            let shift = shift_of(b);
+            let shift = shift_of(b).min(b.prev_shift as u32);
             block_selected(sector, b.salt, shift) || block_selected(sector, b.prev_salt, shift)
         }
     }

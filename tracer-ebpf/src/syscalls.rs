@@ -309,8 +309,13 @@ fn enter<K: Kernel>(regs: u64, id: i64, p: Prog) {
             st.sys_timed_ns
                 .wrapping_add((st.sys_since as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
         );
-        if (h >> (64 - time_shift())) != 0 {
-            st.sys_start_ns = off_at();
+        // Not while the programs stop themselves (`halt` on another CPU since this run's
+        // `stopped_enter`): that `off_at` is far ahead, and a start stamped with it would
+        // read as seen ever after (`seen_since`'s wrapping compare), where a clock stamp
+        // reads as unseen once user space writes the detach time.
+        let off = off_at();
+        if (h >> (64 - time_shift())) != 0 && off < STOPPED_OFF_AT {
+            st.sys_start_ns = off;
             return;
         }
     }
@@ -704,6 +709,16 @@ fn pace(st: &mut ThreadState, timed: bool, now: u64) {
     st.sys_timed_ns = now;
 }
 
+/// A new held syscall starts unpaced: a fast run of reads whose thread turns to a run of
+/// pipe writes (which may block for ms) must not have those sampled before a window of their
+/// own says they come fast, nor an exec's new program its start's burst of `rt_sigaction`s.
+#[inline(always)]
+fn unpace(st: &mut ThreadState) {
+    st.sys_fast = 0;
+    st.sys_since = 0;
+    st.sys_timed_ns = 0;
+}
+
 /// The calls of a pacing window (see [`pace`]).
 const WINDOW_CALLS: u32 = 256;
 
@@ -723,6 +738,7 @@ fn held_row(st: &mut ThreadState, key: &SysKey) -> Option<*mut SysStat> {
         // Out of step with the slot (never expected): taken again below once its run is
         // long enough, this call's included.
         st.sys_held_nr = NO_SYSCALL;
+        unpace(st);
     }
     st.sys_run = if st.sys_last_nr == key.nr {
         st.sys_run + 1
@@ -741,6 +757,7 @@ fn held_row(st: &mut ThreadState, key: &SysKey) -> Option<*mut SysStat> {
     h.tid = key.tid;
     h.nr = key.nr;
     st.sys_held_nr = key.nr;
+    unpace(st);
     Some(&mut h.stat)
 }
 

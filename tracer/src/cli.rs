@@ -115,9 +115,9 @@ pub struct TraceArgs {
     /// storm) gets the syscall tracepoints taken off, for all threads, and put back on trial;
     /// those figures are then marked partial. The other probes stay on: a thread that pays more
     /// than this for them is named in a warning. Block requests are counted 1 in N past 4,000 a
-    /// second (at least 1,000 a second kept), and a thread's fast run of one syscall (each call
-    /// within 200 µs) is timed 1 call in 8: those figures are estimated. 100% never samples:
-    /// every count is exact and every call timed.
+    /// second (~1,000 a second kept), and a thread's fast run of one syscall (its calls 200 µs
+    /// apart or less on average) is timed 1 call in 8: those figures are estimated. 100% never
+    /// samples: every count is exact and every call timed.
     #[arg(long, default_value = crate::budget::DEFAULT_BUDGET_ARG, value_parser = crate::budget::parse_budget, value_name = "PERCENT")]
     pub max_overhead: f64,
 

@@ -114,8 +114,14 @@ impl BlockSampler {
         let resalt =
             next != 0 && (self.shift == 0 || now.saturating_sub(self.salted) >= SALT_EVERY_NS);
         if next == self.shift && !resalt {
+            // A look after a change: the requests in flight across it have completed.
+            if self.value.prev_shift != self.value.shift {
+                self.value.prev_shift = self.value.shift;
+                return Some(self.value);
+            }
             return None;
         }
+        self.value.prev_shift = self.value.shift;
         if next != self.shift {
             self.set(now, next);
         }
@@ -217,9 +223,14 @@ mod tests {
         assert_eq!(s.look(100 * ms, 5_000), None);
         // 18,500 a second over 0.5 s.
         let on = s.look(500 * ms, 9_250).unwrap();
-        assert_eq!(on.shift, 4);
+        assert_eq!((on.shift, on.prev_shift), (4, 0));
         assert_ne!(on.salt, 0);
-        assert_eq!(s.look(1_000 * ms, 18_500), None);
+        // The next look: the requests picked before the change have completed.
+        let settled = s.look(1_000 * ms, 18_500).unwrap();
+        assert_eq!(
+            (settled.shift, settled.prev_shift, settled.salt),
+            (4, 4, on.salt)
+        );
         // A new salt 2 s after the first, the first kept for the requests in flight.
         assert_eq!(s.look(2_000 * ms, 46_250), None);
         let resalted = s.look(2_500 * ms, 55_500).unwrap();

@@ -523,6 +523,10 @@ fn fill_files(
             f.ns += s.ns;
             f.bytes += s.bytes;
             f.calls += s.calls;
+            f.timed = Some(f.timed.unwrap_or(0) + s.timed);
+        }
+        for f in files.values_mut() {
+            f.timed = f.timed.filter(|&t| t < f.calls);
         }
         let mut files: Vec<FileIo> = files.into_values().collect();
         p.dirs = rollup_dirs(&files, top.max(1));
@@ -654,6 +658,11 @@ fn fill_block(ebpf: &Ebpf, data: &mut ReportData, open: &[(u32, ThreadState)]) -
         Err(_) => return Ok(()),
     };
     add_held_bio(&mut rows, open);
+    let sampling = data
+        .report
+        .overhead
+        .as_ref()
+        .is_some_and(|o| o.block_sampled.is_some());
     for p in data.report.processes.iter_mut() {
         for (k, s) in rows.iter().filter(|(k, _)| k.tgid == p.pid) {
             let mut hist = s.hist.to_vec();
@@ -671,9 +680,13 @@ fn fill_block(ebpf: &Ebpf, data: &mut ReportData, open: &[(u32, ThreadState)]) -
                 total_ns: s.total_ns,
                 queue_ns: s.queue_ns,
                 completed_bytes: s.done_bytes,
-                sampled: (s.var > 0).then(|| crate::report::model::time::BlockSampled {
-                    seen: s.seen,
-                    requests_error: (2.0 * (s.var as f64).sqrt()).ceil() as u64,
+                // A stacked device's row (a device mapper's: bytes, no requests of its own)
+                // has its bios' bytes counted by their picks too, while requests are sampled.
+                sampled: (s.var > 0 || sampling && s.requests == 0).then(|| {
+                    crate::report::model::time::BlockSampled {
+                        seen: s.seen,
+                        requests_error: (2.0 * (s.var as f64).sqrt()).ceil() as u64,
+                    }
                 }),
             });
         }
@@ -851,6 +864,7 @@ mod tests {
             ns,
             bytes: 10,
             calls: 2,
+            timed: None,
         };
         let files = vec![
             f("/data/train/a.jpg", 5),

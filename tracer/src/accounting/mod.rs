@@ -1188,7 +1188,6 @@ impl Accounting {
         }
     }
 
-    /// What the budget did to the syscall programs, in the report.
     /// Sets the block requests' sampling shift from their rate (`block_sample`).
     fn sample_block(&mut self, ebpf: &mut Ebpf) {
         if self.block_sample_failed.is_some() || self.stopped_at.is_some() {
@@ -1237,6 +1236,7 @@ impl Accounting {
         });
     }
 
+    /// What the budget did to the syscall programs, in the report.
     fn report_syscalls_off(&mut self, ebpf: &Ebpf, ctx: &FinishCtx<'_>, data: &mut ReportData) {
         if let Some(e) = self.sys_gate_failed.take() {
             data.report.warnings.push(format!(

@@ -73,7 +73,10 @@ pub fn functions(r: &Report, out: &mut dyn Write) -> Result<()> {
 pub fn syscalls(r: &Report, out: &mut dyn Write) -> Result<()> {
     row(
         out,
-        cells!["pid", "tid", "syscall", "count", "errors", "total_ns", "min_ns", "max_ns", "bytes"],
+        cells![
+            "pid", "tid", "syscall", "count", "errors", "total_ns", "min_ns", "max_ns", "bytes",
+            "timed"
+        ],
     )?;
     for p in &r.processes {
         let threads = p.threads.iter().map(|t| (t.tid.to_string(), &t.syscalls));
@@ -82,8 +85,17 @@ pub fn syscalls(r: &Report, out: &mut dyn Write) -> Result<()> {
                 row(
                     out,
                     cells![
-                        p.pid, tid, s.name, s.count, s.errors, s.total_ns, s.min_ns, s.max_ns,
-                        s.bytes
+                        p.pid,
+                        tid,
+                        s.name,
+                        s.count,
+                        s.errors,
+                        s.total_ns,
+                        s.min_ns,
+                        s.max_ns,
+                        s.bytes,
+                        // The calls timed where not all were (total_ns is then an estimate).
+                        s.timed.unwrap_or(s.count)
                     ],
                 )?;
             }

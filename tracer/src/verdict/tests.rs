@@ -103,6 +103,7 @@ fn io_bound_cites_devices_and_files() {
         ns: 5 * SEC,
         bytes: 500_000_000,
         calls: 4000,
+        timed: None,
     }];
     p.block_io = data_loading_job().processes[1].block_io.clone();
     r.processes.push(p);

@@ -75,7 +75,7 @@ pub struct SyscallTiming {
 
 /// Block requests counted 1 in `2^k` while traced requests came at over `above_per_s` a
 /// second, each counted `2^k` times (the picks are a hash of the request's first sector and
-/// of the second it was made in).
+/// of a salt redrawn every 2 s).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct BlockSampling {
     /// The sparsest sampling used: 1 request in this many.
@@ -365,8 +365,8 @@ impl Overhead {
         let b = self.block_sampled.as_ref()?;
         Some(format!(
             "ESTIMATED: traced block requests came at over {} a second, so for {:.1} s from \
-             {:.1} s on 1 in up to {} was counted, each for as many (at least {} a second \
-             counted): block I/O requests, bytes and latencies are estimates, with their error \
+             {:.1} s on 1 in up to {} was counted, each for as many (~{} a second counted): \
+             block I/O requests, bytes and latencies are estimates, with their error \
              under each table (--max-overhead 100% counts every request)",
             b.above_per_s, b.sampled_s, b.first_s, b.one_in_max, b.keep_per_s,
         ))

@@ -78,6 +78,10 @@ pub struct FileIo {
     pub ns: u64,
     pub bytes: u64,
     pub calls: u64,
+    /// Set when not every call was timed (a fast run's, see `SyscallStat::timed`): the calls
+    /// timed; `ns` is then an estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timed: Option<u64>,
 }
 
 /// I/O time per directory, summed over the files in it that `files` names (all of them, not
