@@ -979,11 +979,11 @@ fn block_requests_past_the_threshold_are_sampled_and_estimated() {
     );
 }
 
-/// A thread making one syscall over and over, each call within 200 µs of the last (nanosleeps
-/// of ~60-90 µs): after a window of 256 such calls, each is timed with a chance of 1 in 8 and a timed one
-/// counts 8 times in the latency sums. Its count stays exact; its total time, estimated, holds
-/// what the workload measured itself; the report says what is estimated. At `--max-overhead
-/// 100%` every call is timed.
+/// A thread making one syscall over and over, its calls under 200 µs apart on average
+/// (nanosleeps of ~60-90 µs): after a window of 256 of them, each is timed with a chance of 1
+/// in 8 and a timed one counts 8 times in the latency sums. Its count stays exact; its total
+/// time, estimated, holds what the workload measured itself; the report says what is
+/// estimated. At `--max-overhead 100%` every call is timed.
 #[test]
 fn a_fast_runs_syscalls_are_timed_one_in_eight_and_estimated() {
     let _g = serial();

@@ -506,15 +506,7 @@ pub fn render(data: &ReportData) -> Result<String> {
     o.push_str("<h2>Limits of this trace</h2><ul>");
     if let Some(ov) = &r.overhead {
         let _ = write!(o, "<li>{}</li>", esc(&ov.summary()));
-        for l in [
-            ov.sampling_line(),
-            ov.syscalls_off_line(),
-            ov.block_sampled_line(),
-            ov.syscalls_timed_line(),
-        ]
-        .into_iter()
-        .flatten()
-        {
+        for l in ov.limit_lines() {
             let _ = write!(o, "<li><b>{}</b></li>", esc(&l));
         }
     }

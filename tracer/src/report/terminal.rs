@@ -696,15 +696,7 @@ fn render_footer(o: &mut String, r: &Report, st: Style) {
         for (i, l) in wrap(&ov.summary(), WIDTH - 2).iter().enumerate() {
             line(o, &if i == 0 { l.clone() } else { format!("  {l}") });
         }
-        for l in [
-            ov.sampling_line(),
-            ov.syscalls_off_line(),
-            ov.block_sampled_line(),
-            ov.syscalls_timed_line(),
-        ]
-        .into_iter()
-        .flatten()
-        {
+        for l in ov.limit_lines() {
             for w in wrap(&l, WIDTH) {
                 line(o, &st.severity("medium", &w));
             }

@@ -347,6 +347,21 @@ impl Overhead {
         ))
     }
 
+    /// What the budget and the samplings did to the figures, a line each, for every report's
+    /// footer: the launch windows, the syscall tracepoints taken off, sampled block requests,
+    /// untimed syscalls.
+    pub fn limit_lines(&self) -> Vec<String> {
+        [
+            self.sampling_line(),
+            self.syscalls_off_line(),
+            self.block_sampled_line(),
+            self.syscalls_timed_line(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
     /// Said when a fast run's syscalls were timed 1 in N: what the latencies then are.
     pub fn syscalls_timed_line(&self) -> Option<String> {
         let t = self.syscalls_timed.as_ref()?;
