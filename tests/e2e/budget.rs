@@ -839,7 +839,16 @@ fn a_late_library_with_a_refused_probe_gets_the_others_at_its_first_window() {
         );
         let blind = r["blind_spots"].to_string();
         assert!(blind.contains("cuLaunchKernelEx"), "{blind}");
-        assert!(calls(&r, "cuLaunchKernel") > 0, "{:#}", r["overhead"]);
+        // On a loaded host the gate may open no window after the driver loads (one window in
+        // the whole trace in one CI run): the scenario did not happen, as below. Three runs
+        // in a row counting none fail.
+        if calls(&r, "cuLaunchKernel") == 0 {
+            eprintln!(
+                "attempt {attempt}: no window counted the late library's launches; again: {:#}",
+                r["overhead"]["sampled"]
+            );
+            continue;
+        }
         let waited = run
             .stderr
             .lines()
@@ -849,7 +858,10 @@ fn a_late_library_with_a_refused_probe_gets_the_others_at_its_first_window() {
         }
         eprintln!("attempt {attempt}: the late library loaded while a window was open; again");
     }
-    panic!("in three runs the late library never loaded between two windows");
+    panic!(
+        "in three runs the late library never loaded between two windows, or no window counted \
+         its launches"
+    );
 }
 
 /// A reader making thousands of small direct reads a second: past the sampling threshold
