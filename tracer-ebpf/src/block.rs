@@ -115,15 +115,16 @@ fn shift_of(b: &BlockSample) -> u32 {
     (b.shift as u32).min(BLOCK_SHIFT_MAX)
 }
 
-/// The sampling shift now (0: every request counts), and whether the bio being queued (or
-/// split, or remapped) now at `sector` is one to count.
+/// The sampling shift now (0: every request counts) when the bio being queued (or split, or
+/// remapped) now at the sector `sector` reads is one to count, else None. The sector is read
+/// only while sampling.
 #[inline(always)]
-fn picked_now(sector: u64) -> (u32, bool) {
+fn picked_now(sector: impl FnOnce() -> u64) -> Option<u32> {
     match sampling() {
-        None => (0, true),
+        None => Some(0),
         Some(b) => {
             let shift = shift_of(b);
-            (shift, block_selected(sector, b.salt, shift))
+            block_selected(sector(), b.salt, shift).then_some(shift)
         }
     }
 }
@@ -387,16 +388,8 @@ fn bio_queue<K: Kernel>(bio: u64, p: Prog) {
     if account::stopped() {
         return;
     }
-    // The sector read only while sampling.
-    let shift = match sampling() {
-        None => 0,
-        Some(b) => {
-            let shift = shift_of(b);
-            if !block_selected(K::read(bio, OFF_K_BIO_SECTOR.load()), b.salt, shift) {
-                return;
-            }
-            shift
-        }
+    let Some(shift) = picked_now(|| K::read(bio, OFF_K_BIO_SECTOR.load())) else {
+        return;
     };
     let (tgid, tid) = current_ids();
     // The submitter's own state when it has one: its bytes are then summed there, with no
@@ -579,10 +572,9 @@ fn split_raw<K: Kernel>(bio: u64) {
 /// queueing it (splits run in the submitter's context).
 #[inline(always)]
 fn pass_owner(from: Option<*mut OwnerSlot>, sector: u64, disk: u32) {
-    let (shift, picked) = picked_now(sector);
-    if !picked {
+    let Some(shift) = picked_now(|| sector) else {
         return;
-    }
+    };
     let tgid = match from {
         Some(o) => unsafe { (*o).tgid },
         None if shift != 0 => {

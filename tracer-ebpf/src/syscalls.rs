@@ -528,20 +528,14 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
     let block = crate::maps::counter(&SYS_STORM_CALLS);
     if block != 0 {
         if st.sys_block_ns <= off_at {
-            if now == 0 {
-                now = unsafe { bpf_ktime_get_ns() };
-            }
             // Timed from this exit: the block's first call is the next one.
             st.sys_calls = 0;
-            st.sys_block_ns = now;
+            st.sys_block_ns = clock(&mut now);
         } else {
             st.sys_calls += 1;
         }
         if st.sys_calls as u64 >= block {
-            if now == 0 {
-                now = unsafe { bpf_ktime_get_ns() };
-            }
-            let took = now.saturating_sub(st.sys_block_ns);
+            let took = clock(&mut now).saturating_sub(st.sys_block_ns);
             if took < SYS_STORM_WINDOW_NS {
                 halt(now);
                 crate::proc::syscall_storm(tgid, tid, took);
@@ -629,10 +623,7 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         let fd: u64 = Probe::read(regs, OFF_REGS_ARG4.load());
         // The kernel takes the fd as an int, whatever the upper half of the register holds.
         if prot & PROT_EXEC != 0 && flags & MAP_ANONYMOUS == 0 && (fd as i32) >= 0 {
-            if now == 0 {
-                now = unsafe { bpf_ktime_get_ns() };
-            }
-            mapped_exec(tgid, tid, now);
+            mapped_exec(tgid, tid, clock(&mut now));
         }
     }
     if nr == SYS_CLOSE.load() as i32 && ret == 0 {
@@ -681,6 +672,15 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
             st.held_file.timed += timed as u64;
         }
     }
+}
+
+/// `now`, read from the clock first if it was not (0: an untimed call's exit).
+#[inline(always)]
+fn clock(now: &mut u64) -> u64 {
+    if *now == 0 {
+        *now = unsafe { bpf_ktime_get_ns() };
+    }
+    *now
 }
 
 /// Paces the timing of a thread's held syscall (`tracer_common::wall::SYS_TIME_GAP_NS`), in

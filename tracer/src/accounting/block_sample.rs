@@ -7,7 +7,7 @@
 //! estimates, with the variance of their request counts (`BlkStat::var`), and the report says
 //! so. `--max-overhead 100%` counts every request.
 
-use tracer_common::wall::{BlockSample, BLOCK_SHIFT_MAX};
+use tracer_common::wall::{mix64, BlockSample, BLOCK_SHIFT_MAX};
 
 /// Traced requests a second from which they are sampled (1 in 4, from `KEEP_PER_S`): 4 times
 /// the rate kept, whatever that is.
@@ -69,8 +69,8 @@ pub fn next_shift(current: u32, rate: f64, keep: u64) -> u32 {
 /// The sampler's course over a trace: what it set and for how long.
 #[derive(Debug, Default, Clone)]
 pub struct BlockSampler {
-    shift: u32,
-    /// The map value last set, and when its salt was drawn (ns).
+    /// The map value last set (its `shift` the one in force), and when its salt was drawn
+    /// (ns).
     value: BlockSample,
     salted: u64,
     /// SplitMix64's state, for the salts.
@@ -84,7 +84,6 @@ pub struct BlockSampler {
     pub sampled_ns: u64,
     pub first_ns: Option<u64>,
     pub max_shift: u32,
-    pub changes: u32,
 }
 
 impl BlockSampler {
@@ -110,10 +109,10 @@ impl BlockSampler {
         }
         self.last = Some((now, counted));
         let rate = counted.saturating_sub(before) as f64 * 1e9 / dt as f64;
-        let next = next_shift(self.shift, rate, self.keep);
-        let resalt =
-            next != 0 && (self.shift == 0 || now.saturating_sub(self.salted) >= SALT_EVERY_NS);
-        if next == self.shift && !resalt {
+        let shift = self.value.shift as u32;
+        let next = next_shift(shift, rate, self.keep);
+        let resalt = next != 0 && (shift == 0 || now.saturating_sub(self.salted) >= SALT_EVERY_NS);
+        if next == shift && !resalt {
             // A look after a change: the requests in flight across it have completed.
             if self.value.prev_shift != self.value.shift {
                 self.value.prev_shift = self.value.shift;
@@ -122,7 +121,7 @@ impl BlockSampler {
             return None;
         }
         self.value.prev_shift = self.value.shift;
-        if next != self.shift {
+        if next != shift {
             self.set(now, next);
         }
         if resalt {
@@ -138,10 +137,7 @@ impl BlockSampler {
     /// SplitMix64: salts need only differ from each other.
     fn draw(&mut self) -> u64 {
         self.seed = self.seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.seed;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        mix64(self.seed)
     }
 
     fn set(&mut self, now: u64, shift: u32) {
@@ -153,8 +149,6 @@ impl BlockSampler {
             self.first_ns.get_or_insert(now);
         }
         self.max_shift = self.max_shift.max(shift);
-        self.shift = shift;
-        self.changes += 1;
     }
 
     /// Closes the course at `now`: the time sampled is complete.
@@ -162,10 +156,6 @@ impl BlockSampler {
         if let Some(s) = self.since.take() {
             self.sampled_ns += now.saturating_sub(s);
         }
-    }
-
-    pub fn shift(&self) -> u32 {
-        self.shift
     }
 }
 

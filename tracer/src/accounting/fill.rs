@@ -750,22 +750,20 @@ pub(super) fn makes_requests(dir: &std::path::Path) -> bool {
     dir.join("mq").is_dir()
 }
 
-/// (submitted, completed) bytes per (process, request-based disk): a partition's submitted
-/// bytes under its disk, where its requests complete.
+/// Each (process, request-based disk)'s rows summed: a partition's submitted bytes under its
+/// disk, where its requests complete.
 fn by_disk(
     rows: &[(BlkKey, BlkStat)],
     disk_of: impl Fn(u32) -> u32,
     request_based: impl Fn(u32) -> bool,
-) -> BTreeMap<(u32, u32), (u64, u64)> {
-    let mut by_disk: BTreeMap<(u32, u32), (u64, u64)> = BTreeMap::new();
+) -> BTreeMap<(u32, u32), BlkStat> {
+    let mut by_disk: BTreeMap<(u32, u32), BlkStat> = BTreeMap::new();
     for (k, s) in rows {
         let disk = disk_of(k.dev);
         if !request_based(disk) {
             continue;
         }
-        let e = by_disk.entry((k.tgid, disk)).or_default();
-        e.0 += s.read_bytes + s.write_bytes;
-        e.1 += s.done_bytes;
+        by_disk.entry((k.tgid, disk)).or_default().add(s);
     }
     by_disk
 }
@@ -789,11 +787,16 @@ pub(super) fn block_in_flight(ebpf: &Ebpf, open: &[(u32, ThreadState)]) -> Optio
         .filter_map(|(_, s)| s.hist.iter().rposition(|&n| n != 0))
         .max()
         .map_or(0, |b| 1u64 << (b + 1).min(63));
-    let (short, done) = by_disk(&rows, disk_of, request_based)
-        .values()
-        .fold((0, 0), |(short, done), (s, d)| {
-            (short + s.saturating_sub(*d), done + d)
-        });
+    let (short, done) =
+        by_disk(&rows, disk_of, request_based)
+            .values()
+            .fold((0, 0), |(short, done), s| {
+                let submitted = s.read_bytes + s.write_bytes;
+                (
+                    short + submitted.saturating_sub(s.done_bytes),
+                    done + s.done_bytes,
+                )
+            });
     Some(InFlight {
         short,
         done,
@@ -824,32 +827,32 @@ fn unseen_completions(
     request_based: impl Fn(u32) -> bool,
     exited: impl Fn(u32) -> bool,
 ) -> Vec<Unseen> {
-    // Sampled rows' bytes are estimates, submitted and completed alike, from bios and
-    // requests picked apart (a request's merged bios each by its own pick): short by less
-    // than three standard deviations of the request count's estimate, relative, is noise.
-    let mut noise: BTreeMap<(u32, u32), (f64, u64)> = BTreeMap::new();
-    for (k, s) in rows {
-        let e = noise.entry((k.tgid, disk_of(k.dev))).or_default();
-        e.0 += s.var as f64;
-        e.1 += s.requests;
-    }
-    by_disk(rows, &disk_of, request_based)
+    by_disk(rows, disk_of, request_based)
         .into_iter()
-        .filter(|(key, (sub, done))| {
-            let short = sub.saturating_sub(*done);
-            let floor = if exited(key.0) { 0 } else { 1 << 20 };
-            let rel = noise
-                .get(key)
-                .filter(|(_, n)| *n > 0)
-                .map_or(0.0, |(var, n)| 3.0 * var.sqrt() / *n as f64);
-            short > floor && short * 1000 > *sub && short as f64 > rel * *sub as f64
+        .map(|((tgid, disk), s)| {
+            let unseen = Unseen {
+                tgid,
+                disk,
+                submitted: s.read_bytes + s.write_bytes,
+                completed: s.done_bytes,
+            };
+            // Sampled rows' bytes are estimates, submitted and completed alike, from bios and
+            // requests picked apart (a request's merged bios each by its own pick): short by
+            // less than three standard deviations of the request count's estimate, relative,
+            // is noise.
+            let noise = if s.requests > 0 {
+                3.0 * (s.var as f64).sqrt() / s.requests as f64
+            } else {
+                0.0
+            };
+            (unseen, noise)
         })
-        .map(|((tgid, disk), (submitted, completed))| Unseen {
-            tgid,
-            disk,
-            submitted,
-            completed,
+        .filter(|(u, noise)| {
+            let short = u.submitted.saturating_sub(u.completed);
+            let floor = if exited(u.tgid) { 0 } else { 1 << 20 };
+            short > floor && short * 1000 > u.submitted && short as f64 > noise * u.submitted as f64
         })
+        .map(|(u, _)| u)
         .collect()
 }
 

@@ -1338,10 +1338,7 @@ fn set_block_sample(ebpf: &mut Ebpf, v: tracer_common::wall::BlockSample) -> Res
 /// Traced threads' syscalls made while the programs were stopped and still attached
 /// (`SYS_HALTED_MAP`); 0 when it cannot be read.
 fn halted_calls(ebpf: &Ebpf) -> u64 {
-    ebpf.map(tracer_common::wall::SYS_HALTED_MAP)
-        .and_then(|m| aya::maps::PerCpuArray::<_, u64>::try_from(m).ok())
-        .and_then(|m| m.get(&0, 0).ok())
-        .map_or(0, |v| v.iter().sum())
+    sum_per_cpu(ebpf, tracer_common::wall::SYS_HALTED_MAP).unwrap_or(0)
 }
 
 impl ProbeFamily for Accounting {
