@@ -566,6 +566,7 @@ async fn pump(
                     f.tick(ebpf, tracker)
                         .with_context(|| format!("{} probes", f.name()))?;
                 }
+                tracker.ticked();
             }
         }
         if tracker.all_roots_exited() {
@@ -824,12 +825,7 @@ fn bound_report(data: &mut report::ReportData, tracker: &Tracker) {
         report.warnings.push(format!(
             "pid(s) {} exited and were taken by new traced processes during the trace: each \
              pid's figures are the two processes' together, under the later one's name",
-            tracker
-                .pids_reused
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
+            report::units::some_of(&tracker.pids_reused, PIDS_NAMED)
         ));
     }
     if tracker.maps_evicted > 0 {
@@ -840,6 +836,10 @@ fn bound_report(data: &mut report::ReportData, tracker: &Tracker) {
         ));
     }
 }
+
+/// Pids named in one warning at most: a shell loop traced for minutes wraps the pids, and
+/// named all 7,741 it reused in one 52 KB line.
+const PIDS_NAMED: usize = 20;
 
 fn drain(ring: &mut RingBuf<MapData>, tracker: &mut Tracker) {
     while let Some(item) = ring.next() {

@@ -108,7 +108,25 @@ impl HeldFiles {
 }
 
 /// Processes known by name and parent; beyond this new ones are counted, not stored.
+/// `GPUTRACE_MAX_TRACKED` lowers it, for tests.
 pub const MAX_TRACKED: usize = 16_384;
+
+fn max_tracked() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("GPUTRACE_MAX_TRACKED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(MAX_TRACKED, |n: usize| n.clamp(1, MAX_TRACKED))
+    })
+}
+
+/// A traced process's start or end, as the families learn of it at their next tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Life {
+    Forked(u32),
+    Exited(u32),
+}
 /// Exited processes whose maps snapshot is kept for symbolisation (the oldest are evicted).
 pub const MAX_EXITED_MAPS: usize = 256;
 
@@ -133,7 +151,7 @@ pub struct Tracker {
     /// The code files of the maps read so far, open.
     pub held: HeldFiles,
     /// Pids a traced process exited from and a new traced process took.
-    pub pids_reused: Vec<u32>,
+    pub pids_reused: std::collections::BTreeSet<u32>,
     /// Latest exit seen (CLOCK_MONOTONIC ns).
     last_exit_ns: u64,
     /// Refreshes of all processes so far (every [`FULL_MAPS_EVERY`]th reads every map).
@@ -147,6 +165,13 @@ pub struct Tracker {
     /// Every process that mapped a file executable during the trace: the CUDA family names
     /// those that exited with a CUDA library it never saw in their maps.
     pub mapped_ever: std::collections::BTreeSet<u32>,
+    /// Forks and exits since the last tick ([`Tracker::ticked`]), of every traced process,
+    /// remembered or not: the accounting forgets an exited process's file rows by them. From
+    /// `procs`, a storm past [`MAX_TRACKED`] (whose exited processes are forgotten first, the
+    /// lowest pid first: just after the pids wrap, those just gone) left most processes' rows
+    /// in `FD_GEN` for good; full, it lost the later processes' files (a 10 minute shell
+    /// loop: 279,451 `FileMapFull`).
+    pub lives: Vec<Life>,
 }
 
 /// Storms kept for the accounting between two of its looks.
@@ -174,7 +199,7 @@ impl Tracker {
     fn add_with(&mut self, pid: u32, ppid: Option<u32>, read_proc: bool) {
         if !self.procs.contains_key(&pid) {
             self.seen += 1;
-            if self.procs.len() >= MAX_TRACKED && !self.evict_one_exited() {
+            if self.procs.len() >= max_tracked() && !self.evict_one_exited() {
                 self.untracked += 1;
                 return;
             }
@@ -300,6 +325,7 @@ impl Tracker {
         }
         match ProcEventKind::from_u32(ev.kind) {
             Some(ProcEventKind::Fork) => {
+                self.lives.push(Life::Forked(ev.pid));
                 // A pid a traced process had before it exited, taken by a new one (wrapped
                 // pids, clone3's set_tid): the new process starts afresh, not as the exited
                 // one (which kept its name and maps, stayed exited, and was never handed to
@@ -307,9 +333,7 @@ impl Tracker {
                 if self.procs.get(&ev.pid).is_some_and(|t| t.info.exited) {
                     self.procs.remove(&ev.pid);
                     self.exited_with_maps.retain(|p| *p != ev.pid);
-                    if !self.pids_reused.contains(&ev.pid) {
-                        self.pids_reused.push(ev.pid);
-                    }
+                    self.pids_reused.insert(ev.pid);
                 }
                 let reused = self.pid_reused_since(ev);
                 self.add_with(ev.pid, Some(ev.ppid), !reused);
@@ -367,6 +391,7 @@ impl Tracker {
                 Self::read_maps_of(ev.pid, t, &mut self.held);
             }
             Some(ProcEventKind::Exit) => {
+                self.lives.push(Life::Exited(ev.pid));
                 self.mark_exited_at(ev.pid, ev.ts_ns);
             }
             Some(ProcEventKind::ThreadExit)
@@ -378,7 +403,15 @@ impl Tracker {
 
     /// An exit found by polling: it happened by now.
     pub fn mark_exited(&mut self, pid: u32) {
+        if self.procs.get(&pid).is_some_and(|t| !t.info.exited) {
+            self.lives.push(Life::Exited(pid));
+        }
         self.mark_exited_at(pid, crate::probes::ktime_now());
+    }
+
+    /// The families have seen this tick's [`Tracker::lives`].
+    pub fn ticked(&mut self) {
+        self.lives.clear();
     }
 
     /// An exit at `ts_ns` (CLOCK_MONOTONIC).
@@ -804,7 +837,7 @@ mod tests {
         assert!(!t.procs[&child].info.exited);
         assert_ne!(t.procs[&child].info.comm, "alpha");
         assert_eq!(t.seen, 3);
-        assert_eq!(t.pids_reused, vec![child]);
+        assert_eq!(t.pids_reused, [child].into());
     }
 
     /// A child that execs and exits before /proc is read takes the new image's name from

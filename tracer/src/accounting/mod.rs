@@ -34,7 +34,7 @@ use crate::{
     procfs,
     report::ReportData,
     tracefs::{self, Format},
-    tracker::Tracker,
+    tracker::{Life, Tracker},
 };
 
 /// Folded stacks for the off-CPU and wall-clock flame graphs (weights in µs).
@@ -496,9 +496,10 @@ pub struct Accounting {
     /// Processes seen exited at the last files pass, whose files the next one forgets
     /// (`retire::Retired::files_pass`).
     exited_seen: BTreeSet<u32>,
-    /// How many exited processes the tracker knew at the last files pass: more at a due tick
-    /// bring a pass though no file was closed.
-    exited_at_pass: usize,
+    /// Processes that exited since the last files pass (net of a pid forked again since),
+    /// and pids forked since: one of `exited_seen` forked again is another process's now.
+    exited_since: BTreeSet<u32>,
+    forked_since: BTreeSet<u32>,
     /// Why taking dead threads' rows out stopped, if it did.
     retire_failed: Option<String>,
     ticks: u64,
@@ -570,7 +571,8 @@ impl Accounting {
             attached: Vec::new(),
             retired: retire::Retired::default(),
             exited_seen: BTreeSet::new(),
-            exited_at_pass: 0,
+            exited_since: BTreeSet::new(),
+            forked_since: BTreeSet::new(),
             retire_failed: None,
             ticks: 0,
             stats: None,
@@ -1647,30 +1649,34 @@ impl ProbeFamily for Accounting {
                 self.retire_failed = Some(format!("{e:#}"));
             }
         }
+        for life in &tracker.lives {
+            match *life {
+                Life::Exited(pid) => {
+                    self.exited_since.insert(pid);
+                }
+                Life::Forked(pid) => {
+                    self.exited_since.remove(&pid);
+                    self.forked_since.insert(pid);
+                }
+            }
+        }
         let due = self.ticks.is_multiple_of(RETIRE_EVERY_TICKS);
-        let exited_now = if due {
-            exited_processes(tracker).count()
-        } else {
-            self.exited_at_pass
-        };
         if self.retire_failed.is_none()
             && (self.retired.files_wanted(ebpf, due)
-                || !self.exited_seen.is_empty() && due
-                || exited_now != self.exited_at_pass)
+                || due && !(self.exited_seen.is_empty() && self.exited_since.is_empty()))
         {
             // Gone a pass ago and still (a pid taken since by a traced process is that one's):
             // what their dying threads held is written by now.
-            let now_exited: BTreeSet<u32> = exited_processes(tracker).collect();
             let gone: BTreeSet<u32> = std::mem::take(&mut self.exited_seen)
-                .intersection(&now_exited)
+                .difference(&self.forked_since)
                 .copied()
                 .collect();
             match self.retired.files_pass(ebpf, &self.fds, &gone) {
                 Ok((_, forgotten)) => self.fds.retain(|k, _| !forgotten.contains(&k.tgid)),
                 Err(e) => self.retire_failed = Some(format!("{e:#}")),
             }
-            self.exited_seen = now_exited.difference(&gone).copied().collect();
-            self.exited_at_pass = now_exited.len();
+            self.exited_seen = std::mem::take(&mut self.exited_since);
+            self.forked_since.clear();
         }
         Ok(())
     }
@@ -1799,14 +1805,6 @@ impl ProbeFamily for Accounting {
 
 /// The traced processes that have exited, as the tracker knows them (an exited one it forgot
 /// to make room is not listed: its rows stay until the end, as before).
-fn exited_processes(tracker: &Tracker) -> impl Iterator<Item = u32> + '_ {
-    tracker
-        .procs
-        .iter()
-        .filter(|(_, t)| t.info.exited)
-        .map(|(pid, _)| *pid)
-}
-
 #[cfg(test)]
 mod tests {
     use super::{parse_syscall, stacked_devices, wbt_on};

@@ -101,18 +101,28 @@ impl CpuProfile {
         set.into_iter().collect()
     }
 
-    /// Samples grouped by thread, for one process.
-    pub fn threads_of(&self, pid: u32) -> BTreeMap<u32, Vec<&StackSample>> {
-        let mut m: BTreeMap<u32, Vec<&StackSample>> = BTreeMap::new();
-        for s in self.samples.iter().filter(|s| s.pid == pid) {
-            m.entry(s.tid).or_default().push(s);
-        }
-        m
-    }
-
     pub fn of_process(&self, pid: u32) -> Vec<&StackSample> {
         self.samples.iter().filter(|s| s.pid == pid).collect()
     }
+
+    /// Samples grouped by process, in one pass: a fork storm has tens of thousands of
+    /// processes, and a filter per process went over every sample for each.
+    pub fn by_process(&self) -> BTreeMap<u32, Vec<&StackSample>> {
+        let mut m: BTreeMap<u32, Vec<&StackSample>> = BTreeMap::new();
+        for s in &self.samples {
+            m.entry(s.pid).or_default().push(s);
+        }
+        m
+    }
+}
+
+/// `samples` (one process's) grouped by thread.
+pub fn by_thread<'a>(samples: &[&'a StackSample]) -> BTreeMap<u32, Vec<&'a StackSample>> {
+    let mut m: BTreeMap<u32, Vec<&StackSample>> = BTreeMap::new();
+    for s in samples {
+        m.entry(s.tid).or_default().push(*s);
+    }
+    m
 }
 
 /// Functions ranked by self samples (the leaf frame).
@@ -390,7 +400,10 @@ pub(crate) mod tests {
             s(2, 3, &["c"], 1),
         ]);
         assert_eq!(p.pids(), vec![1, 2]);
-        assert_eq!(p.threads_of(1).len(), 2);
         assert_eq!(p.of_process(2).len(), 1);
+        let grouped = p.by_process();
+        assert_eq!(grouped.keys().copied().collect::<Vec<_>>(), p.pids());
+        assert_eq!(grouped[&2].len(), 1);
+        assert_eq!(by_thread(&grouped[&1]).len(), 2);
     }
 }

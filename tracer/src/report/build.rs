@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::aggregate::cpu::{top_python, top_self, top_total, CpuProfile};
+use crate::aggregate::cpu::{by_thread, top_python, top_self, top_total, CpuProfile};
 
 use super::model::*;
 
@@ -29,13 +29,13 @@ pub struct BuildInput<'a> {
 }
 
 pub fn build(input: BuildInput<'_>) -> Report {
-    let mut pids: Vec<u32> = input.processes.keys().copied().collect();
-    for pid in input.cpu.pids() {
-        if !pids.contains(&pid) {
-            pids.push(pid);
-        }
-    }
-    pids.sort_unstable();
+    let mut by_pid = input.cpu.by_process();
+    let pids: std::collections::BTreeSet<u32> = input
+        .processes
+        .keys()
+        .chain(by_pid.keys())
+        .copied()
+        .collect();
     let processes = pids
         .into_iter()
         .map(|pid| {
@@ -43,10 +43,8 @@ pub fn build(input: BuildInput<'_>) -> Report {
                 pid,
                 ..Default::default()
             });
-            let all = input.cpu.of_process(pid);
-            let threads = input
-                .cpu
-                .threads_of(pid)
+            let all = by_pid.remove(&pid).unwrap_or_default();
+            let threads = by_thread(&all)
                 .into_iter()
                 .map(|(tid, samples)| ThreadReport {
                     tid,

@@ -59,9 +59,31 @@ pub fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
+/// The first `most` of `items` joined by ", ", and how many more there are: `1, 2 and 3 more`.
+pub fn some_of<T: std::fmt::Display>(
+    items: impl IntoIterator<Item = T, IntoIter: ExactSizeIterator>,
+    most: usize,
+) -> String {
+    let items = items.into_iter();
+    let more = items.len().saturating_sub(most);
+    let named: Vec<String> = items.take(most).map(|i| i.to_string()).collect();
+    match more {
+        0 => named.join(", "),
+        n => format!("{} and {n} more", named.join(", ")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn some_of_names_at_most_so_many_and_counts_the_rest() {
+        assert_eq!(some_of([1, 2, 3], 5), "1, 2, 3");
+        assert_eq!(some_of([1, 2, 3], 3), "1, 2, 3");
+        assert_eq!(some_of([1, 2, 3, 4, 5], 2), "1, 2 and 3 more");
+        assert_eq!(some_of(Vec::<u32>::new(), 2), "");
+    }
 
     #[test]
     fn formats() {
