@@ -233,6 +233,48 @@ fn samples_around_an_exec_are_named_from_their_own_image() {
     assert!(named * 10 >= all * 8, "{named} of {all} named\n{folded}");
 }
 
+/// Programs a job runs and that exit while the trace goes on (a shell-out every few seconds),
+/// more of them than gputrace keeps the maps of (lowered to 10 here from 256): their samples
+/// are named all the same, taken and symbolised as they exit. Read at the end, only the last
+/// 10 programs' samples had names (~17%), the rest `[unknown]`. Not all: the first such pass
+/// loads the symbols (~0.3 s in this debug build), and a program that runs and exits while the
+/// event loop waits has its maps read too late.
+#[test]
+fn programs_that_exit_long_before_the_end_are_named() {
+    let _g = serial();
+    if !require_root("programs_that_exit_long_before_the_end_are_named") {
+        return;
+    }
+    let spin = build_c("exec_after", &[]);
+    let dir = out_dir("exited-programs");
+    let script = format!(
+        "i=0; while [ $i -lt 60 ]; do {} 30; i=$((i+1)); done",
+        spin.display()
+    );
+    let run = gputrace_env(
+        &["-o", dir.to_str().unwrap(), "--", "/bin/sh", "-c", &script],
+        &[("GPUTRACE_MAX_EXITED_MAPS", "10")],
+    );
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    let programs: String = folded
+        .lines()
+        .filter(|l| l.starts_with("exec_after-"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (named, all) = leaf_samples(&programs, "spin_after_exec");
+    let pids: std::collections::BTreeSet<&str> = programs
+        .lines()
+        .filter_map(|l| l.split('/').next())
+        .collect();
+    assert!(
+        all >= 60 && pids.len() >= 40,
+        "{} programs\n{folded}",
+        pids.len()
+    );
+    assert!(named * 10 >= all * 8, "{named} of {all} named\n{folded}");
+}
+
 /// A library loaded with dlopen mid-trace by a process that exits 1.3 s later, before the
 /// every-2-s read of all maps: its samples are named from the read the mapping itself set
 /// off, not left `[unknown]`.

@@ -22,6 +22,7 @@ pub mod budget;
 pub mod check;
 pub mod cli;
 pub mod collect;
+pub mod cpu_samples;
 pub mod cuda;
 pub mod demo;
 pub mod diff;

@@ -19,10 +19,10 @@ use tracer_common::{
 };
 
 use crate::{
-    aggregate::cpu::{CpuProfile, StackSample},
+    aggregate::cpu::CpuProfile,
     bpf,
     cli::TraceArgs,
-    collect,
+    collect, cpu_samples,
     error::TraceError,
     probes::{self, AttachCtx, FinishCtx, ProbeFamily},
     procfs,
@@ -32,7 +32,6 @@ use crate::{
         model::{DropCount, Sampling, Target, Window},
         ReportData,
     },
-    symbolize::Symbolizer,
     target::{self, Launched},
     tracker::Tracker,
 };
@@ -308,11 +307,13 @@ fn trace(
         .build()
         .context("start the event loop")?;
     let launched_pid = (!args.command.is_empty()).then(|| roots[0]);
+    let mut exited = cpu_samples::Exited::new(python.clone());
     let (end, exit_code) = rt.block_on(pump(
         ring,
         &mut tracker,
         &mut ebpf,
         &mut families,
+        &mut exited,
         args.duration,
         launched_pid,
     ))?;
@@ -352,10 +353,11 @@ fn trace(
     let samples = collect::cpu_counts(&ebpf)?;
     let drops = collect::drops(&ebpf)?;
     let skips = collect::kernel_skips(&ebpf);
-    let mut symbolizer = Symbolizer::new();
+    let (exited_samples, mut symbolizer, exited_failed) = exited.finish();
     symbolizer.use_held(tracker.held.paths());
     python.sync(&mut ebpf)?;
-    let cpu = symbolize_samples(&ebpf, &tracker, &samples, &mut symbolizer, &python)?;
+    let cpu = cpu_samples::symbolize(&ebpf, &tracker, &samples, &mut symbolizer, &python)?;
+    let cpu = CpuProfile::from_samples(cpu.samples.into_iter().chain(exited_samples));
 
     let mut infos: BTreeMap<u32, ProcessInfo> = tracker.infos();
     // A launched command that exited before /proc gave its command line after the exec has
@@ -406,6 +408,13 @@ fn trace(
                 )
             })
             .chain(truncated_stacks(&cpu))
+            .chain(exited_failed.map(|e| {
+                format!(
+                    "CPU samples of exited processes were read at the end only (taking them \
+                     as they exited failed: {e}); those whose maps were dropped by then are \
+                     not symbolised"
+                )
+            }))
             .collect(),
         top: args.top,
     });
@@ -501,6 +510,7 @@ async fn pump(
     tracker: &mut Tracker,
     ebpf: &mut Ebpf,
     families: &mut [Box<dyn ProbeFamily>],
+    exited: &mut cpu_samples::Exited,
     duration: Option<Duration>,
     launched: Option<u32>,
 ) -> Result<(EndReason, Option<i32>)> {
@@ -566,6 +576,7 @@ async fn pump(
                     f.tick(ebpf, tracker)
                         .with_context(|| format!("{} probes", f.name()))?;
                 }
+                exited.tick(ebpf, tracker);
                 tracker.ticked();
             }
         }
@@ -830,8 +841,8 @@ fn bound_report(data: &mut report::ReportData, tracker: &Tracker) {
     }
     if tracker.maps_evicted > 0 {
         report.warnings.push(format!(
-            "to bound memory, {} exited processes lost their memory maps (their samples are not \
-             symbolised)",
+            "to bound memory, {} exited processes lost their memory maps (their samples counted \
+             after that, or past the samples kept of exited processes, are not symbolised)",
             tracker.maps_evicted
         ));
     }
@@ -849,47 +860,6 @@ fn drain(ring: &mut RingBuf<MapData>, tracker: &mut Tracker) {
             tracker.on_event(&ev);
         }
     }
-}
-
-/// Turns the kernel's (pid, tid, stack ids) counts into symbolised stacks.
-fn symbolize_samples(
-    ebpf: &Ebpf,
-    tracker: &Tracker,
-    samples: &[collect::RawSample],
-    sym: &mut Symbolizer,
-    python: &crate::python::Python,
-) -> Result<CpuProfile> {
-    let mut stacks = collect::Stacks::new(ebpf)?;
-    let mut out = Vec::with_capacity(samples.len());
-    for s in samples {
-        let pid = s.key.pid;
-        let (maps, earlier) = tracker.maps_for_image(pid, s.key.exec_id);
-        // An earlier image's files are not behind the process's map_files now (another image
-        // maps those ranges): they are read as an exited process's are.
-        let alive = !earlier && tracker.procs.get(&pid).is_some_and(|t| !t.info.exited);
-        let mut frames = Vec::new();
-        if let Some(ips) = stacks.get(s.key.user_stack_id).map(<[u64]>::to_vec) {
-            let mut user = sym.user(pid, maps, alive, &ips);
-            user.reverse();
-            frames.extend(user);
-        }
-        let mut frames = python.merge(pid, s.key.py_stack, frames);
-        let kernel_mode = s.key.kernel_stack_id >= 0;
-        if let Some(ips) = stacks.get(s.key.kernel_stack_id).map(<[u64]>::to_vec) {
-            let mut k = sym.kernel(&ips);
-            k.reverse();
-            frames.extend(k);
-        }
-        out.push(StackSample {
-            pid,
-            tid: s.key.tid,
-            comm: comm_str(&s.key.comm),
-            frames,
-            count: s.count,
-            kernel_mode,
-        });
-    }
-    Ok(CpuProfile::from_samples(out))
 }
 
 /// A warning when CPU samples had user stacks the kernel cut (deeper than it keeps).

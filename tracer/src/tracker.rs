@@ -127,8 +127,20 @@ pub enum Life {
     Forked(u32),
     Exited(u32),
 }
-/// Exited processes whose maps snapshot is kept for symbolisation (the oldest are evicted).
+/// Exited processes whose maps snapshot is kept for symbolisation (the oldest are evicted;
+/// their samples counted by then were taken and symbolised: `cpu_samples::Exited`).
+/// `GPUTRACE_MAX_EXITED_MAPS` lowers it, for tests.
 pub const MAX_EXITED_MAPS: usize = 256;
+
+pub fn max_exited_maps() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("GPUTRACE_MAX_EXITED_MAPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(MAX_EXITED_MAPS, |n: usize| n.min(MAX_EXITED_MAPS))
+    })
+}
 
 #[derive(Debug, Default)]
 pub struct Tracker {
@@ -425,7 +437,7 @@ impl Tracker {
                 }
             }
         }
-        while self.exited_with_maps.len() > MAX_EXITED_MAPS {
+        while self.exited_with_maps.len() > max_exited_maps() {
             let Some(old) = self.exited_with_maps.pop_front() else {
                 break;
             };

@@ -15,7 +15,7 @@ pub mod sites;
 mod states;
 pub mod syscall_gate;
 pub mod syscall_names;
-mod take;
+pub mod take;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,0 +1,167 @@
+//! CPU samples from the kernel's counts (`CPU_COUNTS`) to symbolised stacks: at the end of
+//! the trace, and while it runs for the processes that exited.
+//!
+//! An exited process is symbolised with the maps the tracker kept of it, and it keeps those
+//! of the last [`crate::tracker::MAX_EXITED_MAPS`] to exit only. Read at the end, the samples
+//! of a job that runs a program every few seconds (a shell-out, `nvidia-smi`) had user
+//! frames for the last 256 such programs, and `[unknown]` for the others. So each tick that
+//! saw a process exit takes the rows of the exited processes out of the map and symbolises
+//! them at once (`Exited`), which also leaves the map's 65,536 rows to the processes still
+//! running.
+
+use std::collections::BTreeSet;
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{HashMap, MapData},
+    Ebpf,
+};
+use tracer_common::{
+    cpu::{SampleKey, CPU_COUNTS_MAP},
+    python::PY_STACK_PENDING,
+};
+
+use crate::{
+    aggregate::cpu::{CpuProfile, StackSample},
+    collect::{self, RawSample},
+    symbolize::Symbolizer,
+    tracker::{max_exited_maps, Life, Tracker},
+};
+
+/// Rows of exited processes' samples kept symbolised at most (~2 KB each, ~35 MB). Past it,
+/// the rows stay in the kernel's map and are read at the end, as all were before.
+/// `GPUTRACE_MAX_EXITED_SAMPLES` lowers it, for tests.
+pub const MAX_EXITED_ROWS: usize = 16_384;
+
+fn max_exited_rows() -> usize {
+    std::env::var("GPUTRACE_MAX_EXITED_SAMPLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(MAX_EXITED_ROWS, |n: usize| n.min(MAX_EXITED_ROWS))
+}
+
+/// The samples of exited processes taken so far, and the symboliser the trace keeps (its
+/// caches serve the end's symbolisation too).
+pub struct Exited {
+    samples: Vec<StackSample>,
+    sym: Symbolizer,
+    python: crate::python::Python,
+    /// Exits since the last pass.
+    exits: usize,
+    max_rows: usize,
+    /// Why a pass failed, if one did: the later ones are not tried, and the rows are read at
+    /// the end.
+    failed: Option<String>,
+}
+
+impl Exited {
+    pub fn new(python: crate::python::Python) -> Self {
+        Self {
+            samples: Vec::new(),
+            sym: Symbolizer::new(),
+            exits: 0,
+            python,
+            max_rows: max_exited_rows(),
+            failed: None,
+        }
+    }
+
+    /// At a tick: once half as many processes exited since the last pass as the tracker keeps
+    /// the maps of, takes the rows of every exited process it knows (those that exited
+    /// before too, for samples counted as they exited) and symbolises them. Not sooner: the
+    /// first pass loads the kernel's symbols and the programs' (~30 ms here, ~300 ms in a
+    /// debug build), and a program that execs and exits while the event loop waits for it
+    /// has its maps read too late; a trace with few exits never pays that. Rows with a
+    /// Python stack stay: their frames are merged at the end, from what the Python family
+    /// read by then. (A process gone before it was classified has `PY_STACK_PENDING`: native
+    /// frames only, as at the end.)
+    pub fn tick(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) {
+        self.exits += tracker
+            .lives
+            .iter()
+            .filter(|l| matches!(l, Life::Exited(_)))
+            .count();
+        if self.failed.is_some()
+            || self.samples.len() >= self.max_rows
+            || self.exits < (max_exited_maps() / 2).max(1)
+        {
+            return;
+        }
+        self.exits = 0;
+        if let Err(e) = self.pass(ebpf, tracker) {
+            self.failed = Some(format!("{e:#}"));
+        }
+    }
+
+    fn pass(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
+        let exited: BTreeSet<u32> = tracker
+            .procs
+            .iter()
+            .filter(|(_, t)| t.info.exited)
+            .map(|(pid, _)| *pid)
+            .collect();
+        let mut map: HashMap<&mut MapData, SampleKey, u64> = HashMap::try_from(
+            ebpf.map_mut(CPU_COUNTS_MAP)
+                .context("map CPU_COUNTS missing")?,
+        )?;
+        let rows: Vec<RawSample> = crate::accounting::take::take(&mut map, |k| {
+            (k.py_stack == 0 || k.py_stack == PY_STACK_PENDING) && exited.contains(&k.pid)
+        })
+        .into_iter()
+        .map(|(key, count)| RawSample { key, count })
+        .collect();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.sym.use_held(tracker.held.paths());
+        let cpu = symbolize(ebpf, tracker, &rows, &mut self.sym, &self.python)?;
+        self.samples.extend(cpu.samples);
+        Ok(())
+    }
+
+    /// The samples taken, the symboliser, and why the passes stopped if they failed.
+    pub fn finish(self) -> (Vec<StackSample>, Symbolizer, Option<String>) {
+        (self.samples, self.sym, self.failed)
+    }
+}
+
+/// Turns the kernel's (pid, tid, stack ids) counts into symbolised stacks.
+pub fn symbolize(
+    ebpf: &Ebpf,
+    tracker: &Tracker,
+    samples: &[RawSample],
+    sym: &mut Symbolizer,
+    python: &crate::python::Python,
+) -> Result<CpuProfile> {
+    let mut stacks = collect::Stacks::new(ebpf)?;
+    let mut out = Vec::with_capacity(samples.len());
+    for s in samples {
+        let pid = s.key.pid;
+        let (maps, earlier) = tracker.maps_for_image(pid, s.key.exec_id);
+        // An earlier image's files are not behind the process's map_files now (another image
+        // maps those ranges): they are read as an exited process's are.
+        let alive = !earlier && tracker.procs.get(&pid).is_some_and(|t| !t.info.exited);
+        let mut frames = Vec::new();
+        if let Some(ips) = stacks.get(s.key.user_stack_id).map(<[u64]>::to_vec) {
+            let mut user = sym.user(pid, maps, alive, &ips);
+            user.reverse();
+            frames.extend(user);
+        }
+        let mut frames = python.merge(pid, s.key.py_stack, frames);
+        let kernel_mode = s.key.kernel_stack_id >= 0;
+        if let Some(ips) = stacks.get(s.key.kernel_stack_id).map(<[u64]>::to_vec) {
+            let mut k = sym.kernel(&ips);
+            k.reverse();
+            frames.extend(k);
+        }
+        out.push(StackSample {
+            pid,
+            tid: s.key.tid,
+            comm: crate::session::comm_str(&s.key.comm),
+            frames,
+            count: s.count,
+            kernel_mode,
+        });
+    }
+    Ok(CpuProfile::from_samples(out))
+}
