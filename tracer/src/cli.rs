@@ -53,8 +53,9 @@ pub struct DiffArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct TraceArgs {
-    /// Trace this running process (repeat for several). Its children are followed too.
-    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    /// Trace this running process (repeat, or separate by commas, for several: `-p 12,34` as
+    /// perf takes it). Its children are followed too.
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
     pub pids: Vec<u32>,
 
     /// Do not follow child processes (fork/clone) of the targets.
@@ -320,6 +321,13 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn pids_repeat_or_come_comma_separated() {
+        let cli = Cli::try_parse_from(["gputrace", "-p", "12,34", "--pid", "56"]).unwrap();
+        assert_eq!(cli.trace.pids, vec![12, 34, 56]);
+        assert!(Cli::try_parse_from(["gputrace", "-p", "12,x"]).is_err());
     }
 
     #[test]
