@@ -462,7 +462,7 @@ fn fill_syscalls(
     // Moved out of the map, and dropped process by process as its tables are made: a storm of
     // short processes holds 200,000 retired rows (~100 MB), which stayed whole beside the
     // tables made from them (~140 MB) until the last process's.
-    let mut by_process: StdHashMap<u32, Vec<(SysKey, SysStat)>> = StdHashMap::new();
+    let mut by_process: StdHashMap<u32, Vec<(SysKey, super::retire::SysRow)>> = StdHashMap::new();
     for row in stats {
         by_process.entry(row.0.tgid).or_default().push(row);
     }
@@ -471,6 +471,7 @@ fn fill_syscalls(
         let mut per_proc: BTreeMap<i32, (SysStat, BTreeMap<i32, u64>)> = BTreeMap::new();
         let place = places(&p.threads);
         for (k, s) in by_process.remove(&p.pid).into_iter().flatten() {
+            let s = s.whole();
             let errnos = by_call.get(&(k.tgid, k.tid, k.nr)).unwrap_or(&empty);
             let (sum, sum_errnos) = per_proc.entry(k.nr).or_default();
             sum.add(&s);

@@ -78,12 +78,77 @@ pub fn max_syscall_rows() -> usize {
 /// (tgid, tid) pairs.
 type Threads = BTreeSet<(u32, u32)>;
 
+/// A syscall row kept in gputrace's memory: a [`SysStat`] with its histogram cut to the
+/// buckets from its first used to its last (a row uses 3-6 of its 32 buckets, typically). A
+/// storm of short processes keeps [`MAX_SYSCALL_ROWS`] retired rows: ~330 bytes each whole,
+/// ~130 cut.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SysRow {
+    pub count: u64,
+    pub errors: u64,
+    pub total_ns: u64,
+    pub min_ns: u64,
+    pub max_ns: u64,
+    pub bytes: u64,
+    pub timed: u64,
+    /// The bucket `hist[0]` is.
+    first: u8,
+    hist: Box<[u64]>,
+}
+
+impl SysRow {
+    pub fn whole(&self) -> SysStat {
+        let mut s = SysStat {
+            count: self.count,
+            errors: self.errors,
+            total_ns: self.total_ns,
+            min_ns: self.min_ns,
+            max_ns: self.max_ns,
+            bytes: self.bytes,
+            timed: self.timed,
+            ..SysStat::default()
+        };
+        let first = usize::from(self.first);
+        s.hist[first..first + self.hist.len()].copy_from_slice(&self.hist);
+        s
+    }
+
+    /// Adds another row of the same syscall (`SysStat::add`).
+    pub fn add(&mut self, o: &SysStat) {
+        let mut w = self.whole();
+        w.add(o);
+        *self = SysRow::from(&w);
+    }
+}
+
+impl From<&SysStat> for SysRow {
+    fn from(s: &SysStat) -> Self {
+        let first = s.hist.iter().position(|&n| n != 0).unwrap_or(0);
+        let last = s
+            .hist
+            .iter()
+            .rposition(|&n| n != 0)
+            .map_or(first, |l| l + 1);
+        SysRow {
+            count: s.count,
+            errors: s.errors,
+            total_ns: s.total_ns,
+            min_ns: s.min_ns,
+            max_ns: s.max_ns,
+            bytes: s.bytes,
+            timed: s.timed,
+            first: first as u8,
+            hist: s.hist[first..last].into(),
+        }
+    }
+}
+
 /// What dead threads left, taken out of the maps.
 #[derive(Default)]
 pub struct Retired {
     pub deaths: Vec<(LifeKey, LifeVal)>,
     pub wall: Vec<Row>,
-    pub syscalls: BTreeMap<SysKey, SysStat>,
+    pub syscalls: BTreeMap<SysKey, SysRow>,
     pub errnos: BTreeMap<ErrnoKey, u64>,
     /// Dead threads whose syscall rows were folded into their process's.
     pub folded_threads: u64,
@@ -407,7 +472,7 @@ impl Retired {
                     self.syscall_calls_dropped += v.count;
                 }
                 None => {
-                    self.syscalls.insert(k, v);
+                    self.syscalls.insert(k, SysRow::from(&v));
                 }
             }
         }
@@ -433,9 +498,9 @@ impl Retired {
     }
 
     /// Adds the retired rows to those read from the maps at the end (and gives them up).
-    /// (A map, not a vector: after a thread storm it holds ~100,000 rows of ~330 bytes, and
-    /// a copy would double that at the report's peak.)
-    pub fn syscalls_with(&mut self, rows: Vec<(SysKey, SysStat)>) -> BTreeMap<SysKey, SysStat> {
+    /// (A map, not a vector: after a thread storm it holds ~100,000 rows, and a copy would
+    /// double that at the report's peak.)
+    pub fn syscalls_with(&mut self, rows: Vec<(SysKey, SysStat)>) -> BTreeMap<SysKey, SysRow> {
         let mut all = std::mem::take(&mut self.syscalls);
         for (k, v) in rows {
             all.entry(k).or_default().add(&v);
@@ -581,6 +646,26 @@ mod tests {
     }
 
     #[test]
+    fn a_kept_row_cuts_its_histogram_and_gives_it_back_whole() {
+        let mut s = stat(3, 500, 900, 9);
+        s.hist[12] = 4;
+        s.count += 4;
+        let row = SysRow::from(&s);
+        assert_eq!((row.first, row.hist.len()), (9, 4));
+        assert_eq!(row.whole(), s);
+        let mut grown = row.clone();
+        grown.add(&stat(2, 200, 400, 2));
+        let mut want = s;
+        want.add(&stat(2, 200, 400, 2));
+        assert_eq!((grown.first, grown.whole()), (2, want));
+        let empty = SysRow::from(&SysStat::default());
+        assert_eq!((empty.hist.len(), empty.whole()), (0, SysStat::default()));
+        let mut from_empty = SysRow::default();
+        from_empty.add(&s);
+        assert_eq!(from_empty, row);
+    }
+
+    #[test]
     fn retired_and_live_rows_add_up_and_fold_past_the_cap() {
         let mut r = Retired::default();
         r.add_syscalls(vec![(key(1, 5, 39), stat(4, 100, 100, 7))], false);
@@ -593,7 +678,8 @@ mod tests {
 
         // Full: a dead thread's rows go to its process's (tid 0), and are counted.
         for tid in 0..MAX_THREAD_SYSCALL_ROWS as u32 {
-            r.syscalls.insert(key(2, 1000 + tid, 0), stat(1, 1, 1, 0));
+            r.syscalls
+                .insert(key(2, 1000 + tid, 0), SysRow::from(&stat(1, 1, 1, 0)));
         }
         let fold = r.syscalls.len() >= MAX_THREAD_SYSCALL_ROWS;
         r.add_syscalls(
@@ -623,7 +709,8 @@ mod tests {
         // Full of rows altogether (a storm of short processes): a row already kept still
         // adds up; a new process's are not kept, and counted.
         for tgid in 0..MAX_SYSCALL_ROWS as u32 {
-            r.syscalls.insert(key(100 + tgid, 0, 1), stat(1, 1, 1, 0));
+            r.syscalls
+                .insert(key(100 + tgid, 0, 1), SysRow::from(&stat(1, 1, 1, 0)));
         }
         r.add_syscalls(
             vec![
