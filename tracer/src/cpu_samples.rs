@@ -4,12 +4,14 @@
 //! An exited process is symbolised with the maps the tracker kept of it, and it keeps those
 //! of the last [`crate::tracker::MAX_EXITED_MAPS`] to exit only. Read at the end, the samples
 //! of a job that runs a program every few seconds (a shell-out, `nvidia-smi`) had user
-//! frames for the last 256 such programs, and `[unknown]` for the others. So each tick that
-//! saw a process exit takes the rows of the exited processes out of the map and symbolises
-//! them at once (`Exited`), which also leaves the map's 65,536 rows to the processes still
-//! running.
+//! frames for the last 256 such programs, and `[unknown]` for the others. So once 128
+//! processes exited since the last look, the rows of the exited processes are taken out of
+//! the map and symbolised at once (`Exited`), which also leaves the map's 65,536 rows to the
+//! processes still running. What this misses is symbolised at the end as before, or not at
+//! all: more than ~128 exits in one tick (100 ms) before a look, rows past the 16,384 kept,
+//! and rows with a Python stack, of processes whose maps were dropped by then.
 
-use std::collections::BTreeSet;
+use std::{cell::Cell, collections::BTreeSet};
 
 use anyhow::{Context, Result};
 use aya::{
@@ -68,44 +70,60 @@ impl Exited {
 
     /// At a tick: once half as many processes exited since the last pass as the tracker keeps
     /// the maps of, takes the rows of every exited process it knows (those that exited
-    /// before too, for samples counted as they exited) and symbolises them. Not sooner: the
-    /// first pass loads the kernel's symbols and the programs' (~30 ms here, ~300 ms in a
-    /// debug build), and a program that execs and exits while the event loop waits for it
-    /// has its maps read too late; a trace with few exits never pays that. Rows with a
-    /// Python stack stay: their frames are merged at the end, from what the Python family
-    /// read by then. (A process gone before it was classified has `PY_STACK_PENDING`: native
-    /// frames only, as at the end.)
-    pub fn tick(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) {
-        self.exits += tracker
-            .lives
-            .iter()
-            .filter(|l| matches!(l, Life::Exited(_)))
-            .count();
+    /// before too, for samples counted as they exited) and symbolises them; returns whether
+    /// it ran `drain` (the process events the ring holds), which it does between the two.
+    /// Not sooner: the first pass loads the kernel's symbols and the programs' (~30 ms here,
+    /// ~300 ms in a debug build), and a program that execs and exits while the event loop
+    /// waits for it has its maps read too late; a trace with few exits never pays that. Rows
+    /// with a Python stack stay: their frames are merged at the end, from what the Python
+    /// family read by then. (A process gone before it was classified has
+    /// `PY_STACK_PENDING`: native frames only, as at the end.)
+    pub fn tick(
+        &mut self,
+        ebpf: &mut Ebpf,
+        tracker: &mut Tracker,
+        drain: impl FnOnce(&mut Tracker),
+    ) -> bool {
+        self.exits += exits(&tracker.lives);
         if self.failed.is_some()
             || self.samples.len() >= self.max_rows
             || self.exits < (max_exited_maps() / 2).max(1)
         {
-            return;
+            return false;
         }
         self.exits = 0;
-        if let Err(e) = self.pass(ebpf, tracker) {
+        if let Err(e) = self.pass(ebpf, tracker, drain) {
             self.failed = Some(format!("{e:#}"));
         }
+        true
     }
 
-    fn pass(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
+    fn pass(
+        &mut self,
+        ebpf: &mut Ebpf,
+        tracker: &mut Tracker,
+        drain: impl FnOnce(&mut Tracker),
+    ) -> Result<()> {
         let exited: BTreeSet<u32> = tracker
             .procs
             .iter()
             .filter(|(_, t)| t.info.exited)
             .map(|(pid, _)| *pid)
             .collect();
+        // At most the room left: one pass could take the whole map (65,536 rows).
+        let room = Cell::new(self.max_rows.saturating_sub(self.samples.len()));
         let mut map: HashMap<&mut MapData, SampleKey, u64> = HashMap::try_from(
             ebpf.map_mut(CPU_COUNTS_MAP)
                 .context("map CPU_COUNTS missing")?,
         )?;
         let rows: Vec<RawSample> = crate::accounting::take::take(&mut map, |k| {
-            (k.py_stack == 0 || k.py_stack == PY_STACK_PENDING) && exited.contains(&k.pid)
+            let pick = room.get() > 0
+                && (k.py_stack == 0 || k.py_stack == PY_STACK_PENDING)
+                && exited.contains(&k.pid);
+            if pick {
+                room.set(room.get() - 1);
+            }
+            pick
         })
         .into_iter()
         .map(|(key, count)| RawSample { key, count })
@@ -113,6 +131,12 @@ impl Exited {
         if rows.is_empty() {
             return Ok(());
         }
+        // A pid the tracker had as exited may have been taken by a new process since the ring
+        // was last read (the pids wrapped): its rows went with the old one's. With its fork
+        // read now, they are symbolised as the new process's, as at the end.
+        let before = tracker.lives.len();
+        drain(tracker);
+        self.exits += exits(&tracker.lives[before..]);
         self.sym.use_held(tracker.held.paths());
         let cpu = symbolize(ebpf, tracker, &rows, &mut self.sym, &self.python)?;
         self.samples.extend(cpu.samples);
@@ -123,6 +147,13 @@ impl Exited {
     pub fn finish(self) -> (Vec<StackSample>, Symbolizer, Option<String>) {
         (self.samples, self.sym, self.failed)
     }
+}
+
+fn exits(lives: &[Life]) -> usize {
+    lives
+        .iter()
+        .filter(|l| matches!(l, Life::Exited(_)))
+        .count()
 }
 
 /// Turns the kernel's (pid, tid, stack ids) counts into symbolised stacks.

@@ -410,9 +410,10 @@ fn trace(
             .chain(truncated_stacks(&cpu))
             .chain(exited_failed.map(|e| {
                 format!(
-                    "CPU samples of exited processes were read at the end only (taking them \
-                     as they exited failed: {e}); those whose maps were dropped by then are \
-                     not symbolised"
+                    "CPU samples of exited processes were read at the end only after a pass \
+                     that took them as they exited failed ({e}): the rows that pass took are \
+                     lost, and those of processes whose maps were dropped by the end are not \
+                     symbolised"
                 )
             }))
             .collect(),
@@ -570,13 +571,17 @@ async fn pump(
                 if ticks.is_multiple_of(5) {
                     tracker.poll_liveness();
                 }
+                // Right after the drain, with the exits it read (a pid the tracker has as
+                // exited may be a new process's by now: the pass reads the ring again).
+                if exited.tick(ebpf, tracker, |t| drain(ring.get_mut(), t)) {
+                    hand_drained(tracker, ebpf, families, &mut mapped_due);
+                }
                 // New processes and execs right away; everything every 2 s (dlopen'd libraries).
                 tracker.refresh_maps(ticks.is_multiple_of(20));
                 for f in families.iter_mut() {
                     f.tick(ebpf, tracker)
                         .with_context(|| format!("{} probes", f.name()))?;
                 }
-                exited.tick(ebpf, tracker);
                 tracker.ticked();
             }
         }
@@ -841,8 +846,8 @@ fn bound_report(data: &mut report::ReportData, tracker: &Tracker) {
     }
     if tracker.maps_evicted > 0 {
         report.warnings.push(format!(
-            "to bound memory, {} exited processes lost their memory maps (their samples counted \
-             after that, or past the samples kept of exited processes, are not symbolised)",
+            "to bound memory, {} exited processes lost their memory maps (their samples not \
+             taken before that, ~128 exits at a time, are not symbolised)",
             tracker.maps_evicted
         ));
     }

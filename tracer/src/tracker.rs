@@ -128,7 +128,8 @@ pub enum Life {
     Exited(u32),
 }
 /// Exited processes whose maps snapshot is kept for symbolisation (the oldest are evicted;
-/// their samples counted by then were taken and symbolised: `cpu_samples::Exited`).
+/// `cpu_samples::Exited` takes and symbolises the samples of exited processes every half
+/// of this many exits, so most are symbolised before).
 /// `GPUTRACE_MAX_EXITED_MAPS` lowers it, for tests.
 pub const MAX_EXITED_MAPS: usize = 256;
 

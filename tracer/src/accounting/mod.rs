@@ -1649,7 +1649,11 @@ impl ProbeFamily for Accounting {
                 self.retire_failed = Some(format!("{e:#}"));
             }
         }
-        for life in &tracker.lives {
+        for life in tracker
+            .lives
+            .iter()
+            .filter(|_| self.retire_failed.is_none())
+        {
             match *life {
                 Life::Exited(pid) => {
                     self.exited_since.insert(pid);
@@ -1803,8 +1807,6 @@ impl ProbeFamily for Accounting {
     }
 }
 
-/// The traced processes that have exited, as the tracker knows them (an exited one it forgot
-/// to make room is not listed: its rows stay until the end, as before).
 #[cfg(test)]
 mod tests {
     use super::{parse_syscall, stacked_devices, wbt_on};
