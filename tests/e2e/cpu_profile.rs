@@ -169,6 +169,15 @@ fn vdso_functions_are_named() {
     );
 }
 
+/// The lines of `folded` of the threads whose label starts with `comm` (`name-` for a name).
+fn lines_of(folded: &str, comm: &str) -> String {
+    folded
+        .lines()
+        .filter(|l| l.starts_with(comm))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 /// Leaf-function sample counts of `folded`: (samples in `function`, all samples).
 fn leaf_samples(folded: &str, function: &str) -> (u64, u64) {
     let mut hit = 0;
@@ -223,11 +232,7 @@ fn samples_around_an_exec_are_named_from_their_own_image() {
     let run = gputrace(&["-o", dir.to_str().unwrap(), "--", "/bin/sh", "-c", &script]);
     assert_eq!(run.code(), 0, "{}", run.stderr);
     let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
-    let children: String = folded
-        .lines()
-        .filter(|l| l.starts_with("exec_after-"))
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let children = lines_of(&folded, "exec_after-");
     let (named, all) = leaf_samples(&children, "spin_after_exec");
     assert!(all >= 20, "{folded}");
     assert!(named * 10 >= all * 8, "{named} of {all} named\n{folded}");
@@ -257,11 +262,7 @@ fn programs_that_exit_long_before_the_end_are_named() {
     );
     assert_eq!(run.code(), 0, "{}", run.stderr);
     let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
-    let programs: String = folded
-        .lines()
-        .filter(|l| l.starts_with("exec_after-"))
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let programs = lines_of(&folded, "exec_after-");
     let (named, all) = leaf_samples(&programs, "spin_after_exec");
     let pids: std::collections::BTreeSet<&str> = programs
         .lines()
