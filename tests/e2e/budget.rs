@@ -355,42 +355,55 @@ fn full_budget_counts_every_launch() {
     }
     let (bin, lib) = storm();
     let n = 300_000u64;
-    let (ns_per_launch, report, stdout) = traced(&bin, &lib, &n.to_string(), "100%", "budget-full");
-    assert_eq!(launches(&report), n);
-    let o = &report["overhead"];
-    // The thread's probes are priced at what this machine measured: each hit at the
-    // programs' run time, trap and statistics cost as the report lists them. Left at the
-    // built-in constants when the gate does not sample, they once came out at 117% of the
-    // storm's time where the measured costs gave 49%. The priced share is not compared with
-    // the storm's own CPU time: on this host the probes take 0.69-0.81 of it, and a noisy
-    // trap measurement (1,320 ns against ~1,000 for the return trap) or preemption beside
-    // it (x1.43) took the estimate past it in two runs.
-    let thread = &o["costliest_thread"];
-    let probes_ns = common::field_of(&thread["parts"], "what", "CUDA probes", "ns") as f64;
-    let price: f64 = ["cuda_entry", "cuda_ret"]
-        .iter()
-        .map(|name| {
-            let p = o["programs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|p| p["program"] == *name)
-                .unwrap_or_else(|| panic!("no {name} in {o}"));
-            let f = |k: &str| p[k].as_f64().unwrap_or(0.0);
-            assert!(f("bpf_ns_per_hit") > 0.0, "{name} not timed: {o}");
-            f("bpf_ns_per_hit") + f("trap_ns_per_hit") + f("stats_ns_per_hit")
-        })
-        .sum();
-    // Within 15%: the gate prices the closes' share by its own mean of the runs (5-7% over
-    // the listed prices here), where the constants (1,000 + 2,000 ns of traps) come out ~50%
-    // over them.
-    let priced = price * n as f64;
-    assert!(
-        (probes_ns - priced).abs() <= 0.15 * priced,
-        "the thread's probes at {:.0} ms, its {n} launches at the listed prices {:.0} ms: {o}",
-        probes_ns / 1e6,
-        priced / 1e6
-    );
+    // Run again once when the priced share is off: under the whole suite on a loaded host one
+    // run came out 16% over the listed prices (1.06 alone, three runs), where a mispricing is
+    // off in every run.
+    let mut tries = 0;
+    let (ns_per_launch, report, stdout, o, probes_ns) = loop {
+        tries += 1;
+        let (ns_per_launch, report, stdout) =
+            traced(&bin, &lib, &n.to_string(), "100%", "budget-full");
+        assert_eq!(launches(&report), n);
+        let o = report["overhead"].clone();
+        // The thread's probes are priced at what this machine measured: each hit at the
+        // programs' run time, trap and statistics cost as the report lists them. Left at the
+        // built-in constants when the gate does not sample, they once came out at 117% of the
+        // storm's time where the measured costs gave 49%. The priced share is not compared
+        // with the storm's own CPU time: on this host the probes take 0.69-0.81 of it, and a
+        // noisy trap measurement (1,320 ns against ~1,000 for the return trap) or preemption
+        // beside it (x1.43) took the estimate past it in two runs.
+        let thread = &o["costliest_thread"];
+        let probes_ns = common::field_of(&thread["parts"], "what", "CUDA probes", "ns") as f64;
+        let price: f64 = ["cuda_entry", "cuda_ret"]
+            .iter()
+            .map(|name| {
+                let p = o["programs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|p| p["program"] == *name)
+                    .unwrap_or_else(|| panic!("no {name} in {o}"));
+                let f = |k: &str| p[k].as_f64().unwrap_or(0.0);
+                assert!(f("bpf_ns_per_hit") > 0.0, "{name} not timed: {o}");
+                f("bpf_ns_per_hit") + f("trap_ns_per_hit") + f("stats_ns_per_hit")
+            })
+            .sum();
+        // Within 15%: the gate prices the closes' share by its own mean of the runs (5-7% over
+        // the listed prices here), where the constants (1,000 + 2,000 ns of traps) come out
+        // ~50% over them.
+        let priced = price * n as f64;
+        let within = (probes_ns - priced).abs() <= 0.15 * priced;
+        assert!(
+            within || tries < 2,
+            "the thread's probes at {:.0} ms, its {n} launches at the listed prices {:.0} ms \
+             (twice): {o}",
+            probes_ns / 1e6,
+            priced / 1e6
+        );
+        if within {
+            break (ns_per_launch, report, stdout, o, probes_ns);
+        }
+    };
     let storm_ns = ns_per_launch * n as f64;
     assert!(probes_ns > 0.0 && storm_ns > 0.0, "{o}");
     // The traps were measured on this machine at startup.
