@@ -52,8 +52,9 @@ pub struct Exited {
     exits: usize,
     max_rows: usize,
     /// Why a pass failed, if one did: the later ones are not tried, and the rows are read at
-    /// the end.
+    /// the end (those that pass took too, from `unread`).
     failed: Option<String>,
+    unread: Vec<RawSample>,
 }
 
 impl Exited {
@@ -65,6 +66,7 @@ impl Exited {
             python,
             max_rows: max_exited_rows(),
             failed: None,
+            unread: Vec::new(),
         }
     }
 
@@ -138,15 +140,36 @@ impl Exited {
         drain(tracker);
         self.exits += exits(&tracker.lives[before..]);
         self.sym.use_held(tracker.held.paths());
-        let cpu = symbolize(ebpf, tracker, &rows, &mut self.sym, &self.python)?;
-        self.samples.extend(cpu.samples);
+        match symbolize(ebpf, tracker, &rows, &mut self.sym, &self.python) {
+            Ok(cpu) => self.samples.extend(cpu.samples),
+            Err(e) => {
+                // Out of the map already: read with the rest at the end.
+                self.unread = rows;
+                return Err(e);
+            }
+        }
         Ok(())
     }
 
     /// The samples taken, the symboliser, and why the passes stopped if they failed.
-    pub fn finish(self) -> (Vec<StackSample>, Symbolizer, Option<String>) {
-        (self.samples, self.sym, self.failed)
+    pub fn finish(self) -> Finished {
+        Finished {
+            samples: self.samples,
+            unread: self.unread,
+            sym: self.sym,
+            failed: self.failed,
+        }
     }
+}
+
+/// What [`Exited`] leaves for the end.
+pub struct Finished {
+    /// Symbolised.
+    pub samples: Vec<StackSample>,
+    /// Taken by a pass that failed before it symbolised them.
+    pub unread: Vec<RawSample>,
+    pub sym: Symbolizer,
+    pub failed: Option<String>,
 }
 
 fn exits(lives: &[Life]) -> usize {

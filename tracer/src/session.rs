@@ -350,10 +350,16 @@ fn trace(
         std::thread::sleep(Duration::from_millis(ms));
     }
     let stop = Instant::now();
-    let samples = collect::cpu_counts(&ebpf)?;
+    let mut samples = collect::cpu_counts(&ebpf)?;
     let drops = collect::drops(&ebpf)?;
     let skips = collect::kernel_skips(&ebpf);
-    let (exited_samples, mut symbolizer, exited_failed) = exited.finish();
+    let cpu_samples::Finished {
+        samples: exited_samples,
+        unread,
+        sym: mut symbolizer,
+        failed: exited_failed,
+    } = exited.finish();
+    samples.extend(unread);
     symbolizer.use_held(tracker.held.paths());
     python.sync(&mut ebpf)?;
     let cpu = cpu_samples::symbolize(&ebpf, &tracker, &samples, &mut symbolizer, &python)?;
@@ -411,9 +417,8 @@ fn trace(
             .chain(exited_failed.map(|e| {
                 format!(
                     "CPU samples of exited processes were read at the end only after a pass \
-                     that took them as they exited failed ({e}): the rows that pass took are \
-                     lost, and those of processes whose maps were dropped by the end are not \
-                     symbolised"
+                     that took them as they exited failed ({e}): those of processes whose maps \
+                     were dropped by the end are not symbolised"
                 )
             }))
             .collect(),
