@@ -1465,6 +1465,45 @@ fn a_closed_stdout_costs_neither_the_files_nor_the_job() {
     assert!(!live.is_empty(), "the job was killed: {stderr}");
 }
 
+/// A storm of short processes that each read a file, past the closed files' names kept
+/// (lowered to 100 here from 200,000): past it a file's I/O goes under its directory, but each
+/// new process still added its own (process, directory) row, so memory grew with every
+/// process. Past a quarter more rows, a new process's rows are not kept, and the report says
+/// how many and their bytes.
+#[test]
+fn a_storm_of_short_processes_keeps_its_file_rows_bounded() {
+    let _g = serial();
+    if !require_root("a_storm_of_short_processes_keeps_its_file_rows_bounded") {
+        return;
+    }
+    let file = tmp_dir().join("storm-read.txt");
+    std::fs::write(&file, "hello\n").unwrap();
+    let dir = out_dir("process-storm-files");
+    let script = format!(
+        "i=0; while [ $i -lt 600 ]; do cat {} > /dev/null; i=$((i+1)); done",
+        file.display()
+    );
+    let run = gputrace_env(
+        &["--output", dir.to_str().unwrap(), "--", "sh", "-c", &script],
+        &[("GPUTRACE_MAX_CLOSED_FILES", "100")],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr);
+    let r = run.report(&dir);
+    let warnings = r["warnings"].to_string();
+    let said = warnings
+        .split("to bound memory, the I/O of ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("the file rows left out are not said: {warnings}"));
+    let files: u64 = said
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    // Each `cat` closes its file and the libraries its loader read: 600 processes, ~2,400.
+    assert!(files > 600, "{said}");
+    assert!(said.contains("past 125 rows of closed files"), "{said}");
+}
+
 /// A storm of short processes (one thread each, ~20 syscall rows each) past the retired
 /// syscall rows' cap: folding threads into their processes bounds nothing there, and
 /// gputrace's memory grew with every process that came and went (230 MB in 30 s of

@@ -1782,7 +1782,16 @@ impl ProbeFamily for Accounting {
                 "to bound memory, {} closed files past {} names were counted under their \
                  directories (`dir/…`)",
                 retired.files_folded,
-                retire::MAX_CLOSED_FILES
+                retire::max_closed_files()
+            ));
+        }
+        if retired.files_dropped > 0 {
+            data.report.warnings.push(format!(
+                "to bound memory, the I/O of {} closed files ({}) was not kept, past {} rows of \
+                 closed files: the file tables of the processes they belonged to are incomplete",
+                retired.files_dropped,
+                crate::report::units::bytes(retired.files_bytes_dropped),
+                retire::max_closed_files() + retire::max_closed_files() / 4
             ));
         }
         let folded = retired.folded_time_threads();

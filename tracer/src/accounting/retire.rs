@@ -42,8 +42,17 @@ pub const DEATHS_PER_PASS: u64 = 1_000;
 pub const CLOSES_PER_PASS: u64 = 1_000;
 
 /// Closed-file names kept at most, all processes together (~100 bytes each); past it, a
-/// closed file's I/O goes under its directory (`/data/train/…`).
+/// closed file's I/O goes under its directory (`/data/train/…`), and past a quarter more
+/// rows, a row of a (process, directory) not there yet is not kept: each new process of a
+/// storm that reads a file would add one. `GPUTRACE_MAX_CLOSED_FILES` lowers it, for tests.
 pub const MAX_CLOSED_FILES: usize = 200_000;
+
+pub fn max_closed_files() -> usize {
+    std::env::var("GPUTRACE_MAX_CLOSED_FILES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(MAX_CLOSED_FILES, |n: usize| n.min(MAX_CLOSED_FILES))
+}
 
 /// Retired time rows kept per thread at most (~18 MB: ~75,000 threads' worth; the report
 /// lists 128 threads per process). Past it, dead threads' rows are folded into their
@@ -166,6 +175,9 @@ pub struct Retired {
     pub files: BTreeMap<(u32, String), FdStat>,
     /// Closed files whose I/O went under their directory's name (`MAX_CLOSED_FILES`).
     pub files_folded: u64,
+    /// Closed files whose I/O was not kept (past the folded rows' room too), and its bytes.
+    pub files_dropped: u64,
+    pub files_bytes_dropped: u64,
     /// `FD_EPOCH` at the last files pass.
     seen_closes: u64,
     /// Syscall rows of exited processes not kept past [`MAX_SYSCALL_ROWS`], and the calls
@@ -395,18 +407,12 @@ impl Retired {
         let n = rows.len();
         let mut named_gone: Vec<FdKey> = Vec::new();
         for (k, v) in rows {
-            let mut name = super::fill::file_name(fds, &self.recent, names.as_ref(), &k);
+            let name = super::fill::file_name(fds, &self.recent, names.as_ref(), &k);
             self.remember(k, &name);
             if gone.contains(&k.tgid) {
                 named_gone.push(k);
             }
-            if self.files.len() >= MAX_CLOSED_FILES
-                && !self.files.contains_key(&(k.tgid, name.clone()))
-            {
-                name = folded_name(&name);
-                self.files_folded += 1;
-            }
-            self.files.entry((k.tgid, name)).or_default().add(&v);
+            self.keep_file(k.tgid, name, &v, max_closed_files());
         }
         let forgotten: BTreeSet<u32> = gens
             .keys()
@@ -416,6 +422,22 @@ impl Retired {
         let _ = take::<FdGenKey, u32>(ebpf, FD_GEN_MAP, |k| forgotten.contains(&k.tgid))?;
         forget_names(ebpf, &named_gone)?;
         Ok((n, forgotten))
+    }
+
+    /// Adds a closed file's I/O under its name, under its directory's past `max` names, and
+    /// not at all past a quarter more rows where its process has no row of that directory.
+    fn keep_file(&mut self, tgid: u32, mut name: String, v: &FdStat, max: usize) {
+        if self.files.len() >= max && !self.files.contains_key(&(tgid, name.clone())) {
+            name = folded_name(&name);
+            self.files_folded += 1;
+            if self.files.len() >= max + max / 4 && !self.files.contains_key(&(tgid, name.clone()))
+            {
+                self.files_dropped += 1;
+                self.files_bytes_dropped += v.bytes;
+                return;
+            }
+        }
+        self.files.entry((tgid, name)).or_default().add(v);
     }
 
     /// Dead threads' lives and time rows; `fold`: summed into their processes' (the per-thread
@@ -624,6 +646,36 @@ mod tests {
             .map(|(_, v)| v.ns)
             .sum();
         assert_eq!(ns1, r.folded_lives[&1].alive_ns);
+    }
+
+    #[test]
+    fn closed_files_past_the_cap_fold_then_stop_at_new_processes() {
+        let mut r = Retired::default();
+        let io = FdStat {
+            ns: 10,
+            bytes: 100,
+            calls: 1,
+            timed: 1,
+        };
+        for tgid in 0..8 {
+            r.keep_file(tgid, format!("/d/{tgid}.txt"), &io, 8);
+        }
+        // Past 8 names: under the directory, for a process known or new.
+        r.keep_file(1, "/d/more.txt".into(), &io, 8);
+        r.keep_file(20, "/d/x.txt".into(), &io, 8);
+        assert_eq!(r.files_folded, 2);
+        assert_eq!(r.files[&(1, "/d/…".to_string())].bytes, 100);
+        assert_eq!(r.files.len(), 10);
+        // Past 8 + 2 rows: a new (process, directory) is not kept, a known one still adds.
+        r.keep_file(21, "/e/x.txt".into(), &io, 8);
+        r.keep_file(22, "/d/y.txt".into(), &io, 8);
+        r.keep_file(20, "/d/z.txt".into(), &io, 8);
+        r.keep_file(3, "/d/3.txt".into(), &io, 8);
+        assert_eq!((r.files_dropped, r.files_bytes_dropped), (2, 200));
+        assert_eq!(r.files_folded, 5);
+        assert_eq!(r.files[&(20, "/d/…".to_string())].bytes, 200);
+        assert_eq!(r.files[&(3, "/d/3.txt".to_string())].bytes, 200);
+        assert_eq!(r.files.len(), 10);
     }
 
     #[test]
