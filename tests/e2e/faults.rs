@@ -621,13 +621,7 @@ fn dead_threads_past_the_time_row_cap_fold_into_their_process() {
     assert!(run.output.status.success(), "{}", run.stderr);
     let r = run.report(&dir);
     let (pid, p) = target_process(&r);
-    let warnings = r["warnings"].to_string();
-    let folded: u64 = warnings
-        .split("the time of ")
-        .nth(1)
-        .and_then(|w| w.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no folding said: {warnings}"));
+    let (folded, _) = said_count(&r, "the time of ", "threads that exited");
     // Past the cap by a pass or two: the passes take the deaths in batches of 1,000 or more,
     // larger when the event loop runs late (~4,900 of 8,000 folded alone here, 3,942 under the
     // whole suite in a CI run on this host).
@@ -1492,16 +1486,7 @@ fn a_storm_of_short_processes_keeps_its_file_rows_bounded() {
     );
     assert!(run.output.status.success(), "{}", run.stderr);
     let r = run.report(&dir);
-    let warnings = r["warnings"].to_string();
-    let said = warnings
-        .split("to bound memory, the I/O of ")
-        .nth(1)
-        .unwrap_or_else(|| panic!("the file rows left out are not said: {warnings}"));
-    let files: u64 = said
-        .split(' ')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{said}"));
+    let (files, said) = said_count(&r, "the I/O of ", "closed files");
     // Each `cat` closes its file and the libraries its loader read: 600 processes, ~2,400.
     assert!(files > 600, "{said}");
     assert!(said.contains("past 125 rows of closed files"), "{said}");
@@ -1534,15 +1519,27 @@ fn a_storm_of_short_processes_keeps_its_syscall_rows_bounded() {
     );
     assert!(run.output.status.success(), "{}", run.stderr);
     let r = run.report(&dir);
-    let warnings = r["warnings"].to_string();
+    let (rows, said) = said_count(
+        &r,
+        "to bound memory, ",
+        "syscall rows of processes that exited",
+    );
+    assert!(rows > 1000, "{said}");
+}
+
+/// The number right after `before` in the report's warning that has `before` and then
+/// `what`, and the warning from there.
+fn said_count(report: &serde_json::Value, before: &str, what: &str) -> (u64, String) {
+    let warnings = report["warnings"].as_array().expect("warnings");
     let said = warnings
-        .split("to bound memory, ")
-        .find(|w| w.contains("syscall rows of processes that exited"))
-        .unwrap_or_else(|| panic!("the rows left out are not said: {warnings}"));
-    let rows: u64 = said
+        .iter()
+        .filter_map(|w| w.as_str()?.split_once(before).map(|(_, rest)| rest))
+        .find(|rest| rest.contains(what))
+        .unwrap_or_else(|| panic!("no warning says {before}N {what}: {warnings:#?}"));
+    let n = said
         .split(' ')
         .next()
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{said}"));
-    assert!(rows > 1000, "{said}");
+    (n, said.to_string())
 }

@@ -36,10 +36,7 @@ use crate::{
 pub const MAX_EXITED_ROWS: usize = 16_384;
 
 fn max_exited_rows() -> usize {
-    std::env::var("GPUTRACE_MAX_EXITED_SAMPLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(MAX_EXITED_ROWS, |n: usize| n.min(MAX_EXITED_ROWS))
+    crate::env_cap("GPUTRACE_MAX_EXITED_SAMPLES", MAX_EXITED_ROWS)
 }
 
 /// The samples of exited processes taken so far, and the symboliser the trace keeps (its

@@ -3,6 +3,15 @@
 //! Data flows one way: probes (tracer-ebpf) -> `collect` (reads kernel maps and ring buffers)
 //! -> `aggregate` (pure) -> `symbolize` -> `report` (pure rendering).
 
+/// `max`, or the lower cap a test sets in environment variable `var` (never a higher one):
+/// the bounds on what gputrace keeps, lowered so that a test reaches them in seconds.
+pub fn env_cap(var: &str, max: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(max, |n: usize| n.min(max))
+}
+
 /// `eprintln!` that never panics: after a hang-up (an ssh session that dropped) stderr is a
 /// dead terminal, and a failed progress line must not cost the report being written.
 #[macro_export]

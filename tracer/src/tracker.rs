@@ -113,20 +113,9 @@ pub const MAX_TRACKED: usize = 16_384;
 
 fn max_tracked() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
-        std::env::var("GPUTRACE_MAX_TRACKED")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(MAX_TRACKED, |n: usize| n.clamp(1, MAX_TRACKED))
-    })
+    *MAX.get_or_init(|| crate::env_cap("GPUTRACE_MAX_TRACKED", MAX_TRACKED).max(1))
 }
 
-/// A traced process's start or end, as the families learn of it at their next tick.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Life {
-    Forked(u32),
-    Exited(u32),
-}
 /// Exited processes whose maps snapshot is kept for symbolisation (the oldest are evicted;
 /// `cpu_samples::Exited` takes and symbolises the samples of exited processes every half
 /// of this many exits, so most are symbolised before).
@@ -135,12 +124,14 @@ pub const MAX_EXITED_MAPS: usize = 256;
 
 pub fn max_exited_maps() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
-        std::env::var("GPUTRACE_MAX_EXITED_MAPS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(MAX_EXITED_MAPS, |n: usize| n.min(MAX_EXITED_MAPS))
-    })
+    *MAX.get_or_init(|| crate::env_cap("GPUTRACE_MAX_EXITED_MAPS", MAX_EXITED_MAPS))
+}
+
+/// A traced process's start or end, as the families learn of it at their next tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Life {
+    Forked(u32),
+    Exited(u32),
 }
 
 #[derive(Debug, Default)]

@@ -1649,18 +1649,17 @@ impl ProbeFamily for Accounting {
                 self.retire_failed = Some(format!("{e:#}"));
             }
         }
-        for life in tracker
-            .lives
-            .iter()
-            .filter(|_| self.retire_failed.is_none())
-        {
-            match *life {
-                Life::Exited(pid) => {
-                    self.exited_since.insert(pid);
-                }
-                Life::Forked(pid) => {
-                    self.exited_since.remove(&pid);
-                    self.forked_since.insert(pid);
+        // Only for the files passes, which stop when one fails.
+        if self.retire_failed.is_none() {
+            for life in &tracker.lives {
+                match *life {
+                    Life::Exited(pid) => {
+                        self.exited_since.insert(pid);
+                    }
+                    Life::Forked(pid) => {
+                        self.exited_since.remove(&pid);
+                        self.forked_since.insert(pid);
+                    }
                 }
             }
         }

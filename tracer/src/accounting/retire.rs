@@ -48,10 +48,7 @@ pub const CLOSES_PER_PASS: u64 = 1_000;
 pub const MAX_CLOSED_FILES: usize = 200_000;
 
 pub fn max_closed_files() -> usize {
-    std::env::var("GPUTRACE_MAX_CLOSED_FILES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(MAX_CLOSED_FILES, |n: usize| n.min(MAX_CLOSED_FILES))
+    crate::env_cap("GPUTRACE_MAX_CLOSED_FILES", MAX_CLOSED_FILES)
 }
 
 /// Retired time rows kept per thread at most (~18 MB: ~75,000 threads' worth; the report
@@ -60,10 +57,7 @@ pub fn max_closed_files() -> usize {
 pub const MAX_WALL_ROWS: usize = 250_000;
 
 pub fn max_wall_rows() -> usize {
-    std::env::var("GPUTRACE_MAX_WALL_ROWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(MAX_WALL_ROWS, |n: usize| n.min(MAX_WALL_ROWS))
+    crate::env_cap("GPUTRACE_MAX_WALL_ROWS", MAX_WALL_ROWS)
 }
 
 /// Retired per-thread syscall rows kept at most (~30 MB); beyond, rows fold into their
@@ -78,10 +72,7 @@ pub const MAX_THREAD_SYSCALL_ROWS: usize = 100_000;
 pub const MAX_SYSCALL_ROWS: usize = 200_000;
 
 pub fn max_syscall_rows() -> usize {
-    std::env::var("GPUTRACE_MAX_SYSCALL_ROWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(MAX_SYSCALL_ROWS, |n: usize| n.min(MAX_SYSCALL_ROWS))
+    crate::env_cap("GPUTRACE_MAX_SYSCALL_ROWS", MAX_SYSCALL_ROWS)
 }
 
 /// (tgid, tid) pairs.

@@ -96,15 +96,6 @@ impl CpuProfile {
         self.samples.iter().map(|s| s.count).sum()
     }
 
-    pub fn pids(&self) -> Vec<u32> {
-        let set: std::collections::BTreeSet<u32> = self.samples.iter().map(|s| s.pid).collect();
-        set.into_iter().collect()
-    }
-
-    pub fn of_process(&self, pid: u32) -> Vec<&StackSample> {
-        self.samples.iter().filter(|s| s.pid == pid).collect()
-    }
-
     /// Samples grouped by process, in one pass: a fork storm has tens of thousands of
     /// processes, and a filter per process went over every sample for each.
     pub fn by_process(&self) -> BTreeMap<u32, Vec<&StackSample>> {
@@ -282,7 +273,7 @@ pub(crate) mod tests {
             // recursion: counted once per stack in total
             s(1, 1, &["main", "r", "r"], 10),
         ]);
-        let all = p.of_process(1);
+        let all = p.by_process().remove(&1).unwrap();
         let selfs = top_self(&all, 10);
         assert_eq!(selfs[0].function, "r");
         assert_eq!(selfs[0].samples, 10);
@@ -313,12 +304,13 @@ pub(crate) mod tests {
             sample(vec![py("main (hot.py:55)"), py("b (hot.py:9)")], 4),
             sample(vec![py("main (hot.py:55)"), py("main (hot.py:54)")], 2),
         ]);
-        let totals = top_total(&p.of_process(1), 3);
+        let all = p.by_process().remove(&1).unwrap();
+        let totals = top_total(&all, 3);
         assert_eq!(totals[0].function, "main (hot.py)");
         assert_eq!(totals[0].samples, 12);
         assert_eq!(totals[1].function, "a (hot.py)");
         // The self ranking keeps the lines.
-        assert_eq!(top_self(&p.of_process(1), 1)[0].function, "a (hot.py:3)");
+        assert_eq!(top_self(&all, 1)[0].function, "a (hot.py:3)");
     }
 
     /// Each sample goes to its innermost Python frame, whatever native code ran under it.
@@ -399,10 +391,8 @@ pub(crate) mod tests {
             s(1, 2, &["b"], 1),
             s(2, 3, &["c"], 1),
         ]);
-        assert_eq!(p.pids(), vec![1, 2]);
-        assert_eq!(p.of_process(2).len(), 1);
         let grouped = p.by_process();
-        assert_eq!(grouped.keys().copied().collect::<Vec<_>>(), p.pids());
+        assert_eq!(grouped.keys().copied().collect::<Vec<_>>(), vec![1, 2]);
         assert_eq!(grouped[&2].len(), 1);
         assert_eq!(by_thread(&grouped[&1]).len(), 2);
     }
