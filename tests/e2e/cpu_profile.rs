@@ -298,6 +298,69 @@ fn a_library_loaded_mid_trace_is_named_in_a_short_process() {
     );
 }
 
+/// Traces `jit_spin` (code written into anonymous memory and named in /tmp/perf-PID.map) for
+/// 3 s with `env`: the folded stacks and the report.
+fn trace_jit(name: &str, env: &[(&str, &str)]) -> (String, serde_json::Value) {
+    let bin = build_c("jit_spin", &[]);
+    let dir = out_dir(name);
+    let run = gputrace_env(
+        &[
+            "-o",
+            dir.to_str().unwrap(),
+            "--",
+            bin.to_str().unwrap(),
+            "3",
+        ],
+        env,
+    );
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    (folded, run.report(&dir))
+}
+
+const JIT_NAME: &str = "py::jit_hot_loop:/job/train.py";
+
+/// Code a JIT wrote into anonymous memory is named from the perf map it wrote, as `perf`
+/// names it (CPython's `-X perf` trampolines, the JVM's agents): here after the process
+/// deleted the file and exited, through the descriptor gputrace opened while it ran.
+#[test]
+fn jit_code_is_named_from_its_perf_map() {
+    let _g = serial();
+    if !require_root("jit_code_is_named_from_its_perf_map") {
+        return;
+    }
+    let (folded, report) = trace_jit("jit", &[]);
+    let (named, all) = leaf_samples(&folded, JIT_NAME);
+    assert!(all >= 100, "{folded}");
+    assert!(
+        named * 10 >= all * 8,
+        "{named} of {all} in the JIT's code\n{folded}"
+    );
+    assert!(!folded.contains("not_this_one"), "{folded}");
+    let top = &report["processes"][0]["top_self"][0];
+    assert_eq!(top["function"], JIT_NAME, "{top:#}");
+    assert_eq!(top["module"], "[jit]", "{top:#}");
+}
+
+/// A perf map left under the process's pid from before it started (another process's with
+/// that pid) names none of its code: its anonymous code stays `[unknown]`.
+#[test]
+fn a_perf_map_older_than_its_process_is_not_read() {
+    let _g = serial();
+    if !require_root("a_perf_map_older_than_its_process_is_not_read") {
+        return;
+    }
+    let (folded, _) = trace_jit("jit-stale", &[("STALE_MAP", "1")]);
+    let (named, all) = leaf_samples(&folded, JIT_NAME);
+    assert!(all >= 100, "{folded}");
+    assert_eq!(named, 0, "{folded}");
+    let (unknown, _) = leaf_samples(&folded, "[unknown]");
+    assert!(
+        unknown * 10 >= all * 8,
+        "{unknown} of {all} unnamed\n{folded}"
+    );
+}
+
 /// A stripped binary's code, which no symbol covers: one `[stripped_hot]` row with most of
 /// the samples, not a row per address with a few each.
 #[test]

@@ -137,6 +137,7 @@ impl Exited {
         drain(tracker);
         self.exits += exits(&tracker.lives[before..]);
         self.sym.use_held(tracker.held.paths());
+        self.sym.use_perf_maps(tracker.held.perf_map_paths());
         match symbolize(ebpf, tracker, &rows, &mut self.sym, &self.python) {
             Ok(cpu) => self.samples.extend(cpu.samples),
             Err(e) => {

@@ -37,6 +37,7 @@ pub mod demo;
 pub mod diff;
 pub mod error;
 pub mod overhead;
+pub mod perf_map;
 pub mod probes;
 pub mod procfs;
 pub mod python;

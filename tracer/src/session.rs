@@ -361,6 +361,7 @@ fn trace(
     } = exited.finish();
     samples.extend(unread);
     symbolizer.use_held(tracker.held.paths());
+    symbolizer.use_perf_maps(tracker.held.perf_map_paths());
     python.sync(&mut ebpf)?;
     let cpu = cpu_samples::symbolize(&ebpf, &tracker, &samples, &mut symbolizer, &python)?;
     let cpu = CpuProfile::from_samples(cpu.samples.into_iter().chain(exited_samples));

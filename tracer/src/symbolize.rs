@@ -18,7 +18,10 @@ use blazesym::{
     MaybeDefault, Pid,
 };
 
-use crate::procfs::{self, Mapping};
+use crate::{
+    perf_map::PerfMap,
+    procfs::{self, Mapping},
+};
 
 #[derive(
     Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
@@ -97,6 +100,9 @@ pub const TRUNCATED: &str = "[truncated]";
 /// The kernel's name for the vDSO's mapping in /proc/PID/maps.
 const VDSO: &str = "[vdso]";
 
+/// The module of a function named by a JIT's perf map.
+pub const JIT: &str = "[jit]";
+
 /// Identity of a mapped file: its inode and path (a path alone can be replaced on disk).
 pub type FileKey = (u64, String);
 
@@ -111,6 +117,10 @@ pub struct Symbolizer {
     own_vdso: Option<Option<Mapping>>,
     /// Code files held open while their processes ran (`tracker::HeldFiles::paths`).
     held: HashMap<FileKey, PathBuf>,
+    /// JIT perf maps held open, by pid (`tracker::HeldFiles::perf_map_paths`), and those
+    /// read, with the length they had then (a live JIT appends).
+    perf_map_paths: HashMap<u32, PathBuf>,
+    perf_maps: HashMap<u32, (u64, PerfMap)>,
     pub stats: SymbolizeStats,
 }
 
@@ -147,6 +157,8 @@ impl Symbolizer {
             open_paths: HashMap::new(),
             own_vdso: None,
             held: HashMap::new(),
+            perf_map_paths: HashMap::new(),
+            perf_maps: HashMap::new(),
             stats: SymbolizeStats::default(),
         }
     }
@@ -155,6 +167,25 @@ impl Symbolizer {
     /// through them, not by a path that may now hold another file.
     pub fn use_held(&mut self, held: HashMap<FileKey, PathBuf>) {
         self.held = held;
+    }
+
+    /// The processes' JIT perf maps, held open while they ran: code in anonymous memory is
+    /// named from them.
+    pub fn use_perf_maps(&mut self, paths: HashMap<u32, PathBuf>) {
+        self.perf_maps.retain(|pid, _| paths.contains_key(pid));
+        self.perf_map_paths = paths;
+    }
+
+    /// The JIT function at `addr` of process `pid`, from its perf map.
+    fn jit_frame(&mut self, pid: u32, addr: u64) -> Option<Frame> {
+        let path = self.perf_map_paths.get(&pid)?;
+        let len = std::fs::metadata(path).ok()?.len();
+        if self.perf_maps.get(&pid).is_none_or(|(l, _)| *l != len) {
+            let map = crate::perf_map::read(path)?;
+            self.perf_maps.insert(pid, (len, map));
+        }
+        let name = self.perf_maps[&pid].1.find(addr)?;
+        Some(Frame::native(name, Some(JIT.into())))
     }
 
     /// Kernel stack (leaf first) to frames (leaf first).
@@ -242,15 +273,21 @@ impl Symbolizer {
                         out[i] = Some(f);
                     }
                 }
-                Some(m) => {
-                    let module = if m.path.is_empty() {
-                        "[anon]".to_string()
-                    } else {
-                        m.path.clone()
-                    };
-                    out[i] = Some(Frame::unknown(Some(module), false));
+                // Code in anonymous memory is a JIT's, or in memory mapped after the maps were
+                // read: its perf map, if it wrote one, may name it.
+                Some(m) if m.path.is_empty() => {
+                    out[i] = Some(
+                        self.jit_frame(pid, ip)
+                            .unwrap_or_else(|| Frame::unknown(Some("[anon]".to_string()), false)),
+                    );
                 }
-                None => out[i] = Some(Frame::unknown(None, false)),
+                Some(m) => out[i] = Some(Frame::unknown(Some(m.path.clone()), false)),
+                None => {
+                    out[i] = Some(
+                        self.jit_frame(pid, ip)
+                            .unwrap_or_else(|| Frame::unknown(None, false)),
+                    )
+                }
             }
         }
         for (key, items) in per_file {

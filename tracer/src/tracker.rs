@@ -57,6 +57,10 @@ pub const MAX_IMAGES: usize = 4;
 /// and used only if the path still has their inode.
 pub const MAX_HELD_FILES: usize = 4096;
 
+/// JIT perf maps held open (`crate::perf_map`), at most: one per process that runs a JIT,
+/// which few do.
+pub const MAX_HELD_PERF_MAPS: usize = 256;
+
 /// The code files held open, by (inode, path) as a process's maps name them.
 #[derive(Debug, Default)]
 pub struct HeldFiles {
@@ -64,6 +68,9 @@ pub struct HeldFiles {
     /// How many may be held: [`MAX_HELD_FILES`], or a quarter of the open-files limit where
     /// that is lower, so that the probes always have fds (read at the first hold).
     cap: Option<usize>,
+    /// Processes' JIT perf maps by pid, opened while they ran: after an exit its /proc, which
+    /// leads to its /tmp and tells the name it gave the file, is gone.
+    perf_maps: std::collections::HashMap<u32, std::fs::File>,
 }
 
 /// A quarter of the soft open-files limit (0 when it cannot be read).
@@ -92,6 +99,30 @@ impl HeldFiles {
                 self.files.insert(key, f);
             }
         }
+    }
+
+    /// Opens the perf map of live process `pid` if one is not held yet: when its maps `maps`,
+    /// just read, have code in anonymous memory (a JIT's), or without them (`None`) when the
+    /// maps at hand may predate the JIT's memory.
+    fn hold_perf_map(&mut self, pid: u32, maps: Option<&[Mapping]>) {
+        if self.perf_maps.len() >= MAX_HELD_PERF_MAPS
+            || self.perf_maps.contains_key(&pid)
+            || maps.is_some_and(|maps| !maps.iter().any(|m| m.is_exec() && m.path.is_empty()))
+        {
+            return;
+        }
+        if let Some(f) = crate::perf_map::open(pid) {
+            self.perf_maps.insert(pid, f);
+        }
+    }
+
+    /// Where each held perf map can be opened again: pid -> /proc/self/fd/N.
+    pub fn perf_map_paths(&self) -> std::collections::HashMap<u32, std::path::PathBuf> {
+        use std::os::fd::AsRawFd;
+        self.perf_maps
+            .iter()
+            .map(|(pid, f)| (*pid, format!("/proc/self/fd/{}", f.as_raw_fd()).into()))
+            .collect()
     }
 
     /// Where each held file can be opened again: (inode, path) -> /proc/self/fd/N.
@@ -336,6 +367,7 @@ impl Tracker {
                 // the CUDA probes). The report is by pid: the two share its figures.
                 if self.procs.get(&ev.pid).is_some_and(|t| t.info.exited) {
                     self.procs.remove(&ev.pid);
+                    self.held.perf_maps.remove(&ev.pid);
                     self.exited_with_maps.retain(|p| *p != ev.pid);
                     self.pids_reused.insert(ev.pid);
                 }
@@ -542,6 +574,9 @@ impl Tracker {
             }
             let sizes = procfs::exec_sizes(*pid);
             if !full && !t.maps_stale && sizes.is_some() && sizes == t.exec_sizes {
+                // Maps are read again when code is mapped from a file, or its size changes;
+                // a JIT's memory is often writable too (V8's), which the sizes leave out.
+                held.hold_perf_map(*pid, None);
                 Self::refresh_names(*pid, t);
                 continue;
             }
@@ -566,6 +601,7 @@ impl Tracker {
         match procfs::read_maps(pid) {
             Some(m) if !m.is_empty() => {
                 held.hold(pid, &m);
+                held.hold_perf_map(pid, Some(&m));
                 // A new process's or a new image's old maps are another program's.
                 t.maps = if t.maps_stale {
                     m
