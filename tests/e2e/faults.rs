@@ -1230,6 +1230,81 @@ fn one_signal_during_the_report_lets_it_finish() {
     assert_released(&held, live.pid());
 }
 
+/// The hidden files of `dir` a report is written through (`.NAME.gputrace-PID.tmp`).
+fn partial_files(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".tmp"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits (up to 20 s) until a file of the report is being written in `dir`.
+fn wait_partial(dir: &std::path::Path, live: &Live) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while partial_files(dir).is_empty() {
+        assert!(Instant::now() < until, "no file written\n{}", live.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The signal that aborts the report while one of its files is half written (a second
+/// Ctrl-C, or a second SIGTERM after a window the target's exit ended) takes that hidden
+/// file with it: the files written before stay, nothing half-written does, and nothing
+/// stays attached.
+#[test]
+fn an_aborted_report_leaves_no_half_written_file() {
+    let _g = serial();
+    if !require_root("an_aborted_report_leaves_no_half_written_file") {
+        return;
+    }
+    let slow = [("GPUTRACE_TEST_WRITE_DELAY_MS", "1500")];
+    use std::os::unix::process::ExitStatusExt;
+
+    let dir = out_dir("report-abort-exited");
+    let mut live = Live::start_env(&["-o", dir.to_str().unwrap(), "--", "true"], &slow);
+    live.wait_stderr("writing the report");
+    let held = live.held();
+    wait_partial(&dir, &live);
+    // Past the first file: one whole file stays.
+    std::thread::sleep(Duration::from_millis(1700));
+    live.signal(libc::SIGTERM);
+    live.wait_stderr("interrupt again to abort");
+    live.signal(libc::SIGTERM);
+    let st = live
+        .wait_for(Duration::from_secs(30))
+        .expect("gputrace hung");
+    assert_eq!(
+        st.signal(),
+        Some(libc::SIGTERM),
+        "{st:?}\n{}",
+        live.stderr()
+    );
+    assert_eq!(partial_files(&dir), Vec::<String>::new());
+    let whole = std::fs::read_dir(&dir).unwrap().count();
+    assert!(whole >= 1, "the files written before the abort stay");
+    assert_released(&held, live.pid());
+
+    let target = Bg(Command::new("sleep").arg("30").spawn().unwrap());
+    let pid = target.pid().to_string();
+    let dir = out_dir("report-abort-ctrl-c");
+    let mut live = Live::start_env(&["-v", "-o", dir.to_str().unwrap(), "--pid", &pid], &slow);
+    live.wait_attached();
+    let held = live.held();
+    live.signal(libc::SIGINT);
+    wait_partial(&dir, &live);
+    live.signal(libc::SIGINT);
+    let st = live
+        .wait_for(Duration::from_secs(30))
+        .expect("gputrace hung");
+    assert_eq!(st.signal(), Some(libc::SIGINT), "{st:?}\n{}", live.stderr());
+    assert_eq!(partial_files(&dir), Vec::<String>::new());
+    assert_released(&held, live.pid());
+}
+
 /// A read blocked since before the attach (fd 9, a pipe) that completes in the window: its
 /// bytes are the pipe's, not fd 0's (the seeding had the syscall's number only, and the I/O
 /// row took fd 0).

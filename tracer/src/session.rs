@@ -327,7 +327,7 @@ fn trace(
     // (every link is an fd, so nothing stays attached). A window that ended otherwise has had
     // no first one: the first (a supervisor's SIGTERM, `timeout`'s) lets the report finish.
     if end == EndReason::Interrupted {
-        restore_default_signals();
+        abort_on_signal();
     } else {
         spare_the_report_one_signal();
     }
@@ -724,24 +724,35 @@ extern "C" fn first_signal_in_report(_sig: libc::c_int) {
     // put back as it was for the code this interrupted.
     unsafe {
         let errno = *libc::__errno_location();
-        for sig in [libc::SIGINT, libc::SIGTERM] {
-            let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(sig, &act, std::ptr::null_mut());
-        }
+        install_for_report(abort_in_report);
         libc::write(2, MSG.as_ptr().cast(), MSG.len());
         *libc::__errno_location() = errno;
     }
 }
 
-/// Installs [`first_signal_in_report`] for SIGINT and SIGTERM (over tokio's, which nothing
-/// reads once the event loop has ended), restarting the syscalls it interrupts.
-fn spare_the_report_one_signal() {
+/// The signal that aborts the report: the file being written goes (a hidden `.tmp` would
+/// stay behind), then gputrace dies of the signal as it would have without a handler.
+extern "C" fn abort_in_report(sig: libc::c_int) {
+    crate::report::partial::remove();
+    // SAFETY: sigaction and raise are async-signal-safe. The signal is blocked while this
+    // runs: raised again, it is delivered on return, with the default action now.
+    unsafe {
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &act, std::ptr::null_mut());
+        libc::raise(sig);
+    }
+}
+
+/// Installs `handler` for SIGINT and SIGTERM (over tokio's, which nothing reads once the
+/// event loop has ended), both blocked while it runs, restarting the syscalls it interrupts.
+/// Async-signal-safe.
+fn install_for_report(handler: extern "C" fn(libc::c_int)) {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: a plain handler that only calls async-signal-safe functions.
         unsafe {
             let mut act: libc::sigaction = std::mem::zeroed();
-            act.sa_sigaction = first_signal_in_report as extern "C" fn(libc::c_int) as usize;
+            act.sa_sigaction = handler as usize;
             act.sa_flags = libc::SA_RESTART;
             libc::sigemptyset(&mut act.sa_mask);
             libc::sigaddset(&mut act.sa_mask, libc::SIGINT);
@@ -749,6 +760,16 @@ fn spare_the_report_one_signal() {
             libc::sigaction(sig, &act, std::ptr::null_mut());
         }
     }
+}
+
+/// The first signal while the report is written lets it finish ([`first_signal_in_report`]).
+fn spare_the_report_one_signal() {
+    install_for_report(first_signal_in_report);
+}
+
+/// The next signal aborts the report ([`abort_in_report`]): the window ended with a Ctrl-C.
+fn abort_on_signal() {
+    install_for_report(abort_in_report);
 }
 
 /// Raises the soft limit on open files to the hard one (at most 2^20): the programs, maps
@@ -772,13 +793,6 @@ pub(crate) fn open_files_limit() -> Option<libc::rlimit> {
     unsafe {
         let mut r: libc::rlimit = std::mem::zeroed();
         (libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0).then_some(r)
-    }
-}
-
-fn restore_default_signals() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: resetting a disposition to the default is always sound.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
     }
 }
 

@@ -10,6 +10,7 @@ pub mod folded;
 pub mod html;
 pub mod model;
 pub mod outdir;
+pub mod partial;
 #[cfg(test)]
 pub mod snapshot;
 pub mod terminal;
@@ -264,6 +265,14 @@ fn write_file(
         .map_err(|_| fail("a NUL in the name".into()))?;
     dir.unlink(&tmp);
     let f = dir.create(&tmp).map_err(|e| fail(describe_io(&e)))?;
+    let _writing = partial::writing(dir.raw_fd(), &tmp);
+    if let Some(ms) = std::env::var("GPUTRACE_TEST_WRITE_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        // Tests only: a file slow enough to be interrupted while it is written.
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
     let res = (|| -> Result<(), String> {
         // The umask may have narrowed the mode; reports are meant to be readable.
         f.set_permissions(fs::Permissions::from_mode(0o644))

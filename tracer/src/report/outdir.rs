@@ -112,6 +112,11 @@ impl OutputDir {
         &self.path
     }
 
+    /// The directory's descriptor, for `partial`'s signal handler.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+
     /// Creates `name` in the directory, exclusively and never through a link, mode 0644 (less
     /// the umask).
     pub fn create(&self, name: &CStr) -> io::Result<std::fs::File> {
