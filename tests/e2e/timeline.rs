@@ -391,3 +391,56 @@ fn waits_under_way_at_the_attach_or_the_end_are_drawn() {
         off(sl)
     );
 }
+
+/// A fast run of pipe reads (a byte every ~60 µs) is timed 1 call in 8, and the few reads
+/// that waited 60 ms for a stalled writer must not be missed 7 times in 8: an untimed call
+/// that left the CPU reads the clock at its exit, and its wait is drawn on the timeline and
+/// counted in the read's max (not in its estimated sums).
+#[test]
+fn the_slow_calls_of_a_fast_run_are_drawn_though_untimed() {
+    let _g = serial();
+    if !require_root("the_slow_calls_of_a_fast_run_are_drawn_though_untimed") {
+        return;
+    }
+    const PAUSES: usize = 5;
+    let bin = build_c("pipe_pauses", &[]);
+    let dir = out_dir("pipe-pauses");
+    let run = gputrace(&[
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        &PAUSES.to_string(),
+    ]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let report = run.report(&dir);
+    let pid = report["target"]["pids"][0].as_u64().unwrap();
+    let reader = report["processes"][0]["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tid"] == pid)
+        .cloned()
+        .expect("the reader");
+    let read = reader["syscalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "read")
+        .cloned()
+        .unwrap_or_else(|| panic!("no read row: {reader:#}"));
+    let count = read["count"].as_u64().unwrap();
+    let timed = read["timed"].as_u64().unwrap_or(count);
+    // Sampled: most of the reads went untimed, the slow ones among them.
+    assert!(timed * 2 < count, "{read:#}");
+    assert!(read["max_ns"].as_u64().unwrap() >= 50_000_000, "{read:#}");
+    let text = std::fs::read_to_string(dir.join("trace.json")).unwrap();
+    let evs = validate(&text);
+    let slow: Vec<f64> = slices(&evs, pid, "syscall")
+        .into_iter()
+        .filter(|e| e["name"] == "read")
+        .map(ms)
+        .filter(|ms| *ms >= 50.0)
+        .collect();
+    assert_eq!(slow.len(), PAUSES, "{slow:?}\n{read:#}");
+}

@@ -291,6 +291,10 @@ pub struct ThreadState {
     pub sys_fast: u32,
     pub sys_since: u32,
     pub sys_timed_ns: u64,
+    /// `start_ns` when an untimed call began: another at its exit means the call left the CPU
+    /// (it blocked, or was preempted), and the time since it last did (`off_ns`) is a lower
+    /// bound of its latency, for the max and the timeline.
+    pub sys_in_ns: u64,
 }
 
 /// A thread whose held syscall (`ThreadState::sys_held_nr`, a run of one syscall) came
@@ -299,8 +303,11 @@ pub struct ThreadState {
 /// with a chance of 1 in `2^SYS_TIME_SHIFT` (an eBPF global, 0: all timed), drawn at its entry:
 /// an untimed call is counted (and its bytes, errors and file) but reads no clock at its
 /// entry or exit (~40 ns each on the development VM), and a timed one adds its latency
-/// `2^SYS_TIME_SHIFT` times to the sums and the histogram (an unbiased estimate; `min_ns` and
-/// `max_ns` are the timed calls'). `SysStat::timed` and `FdStat::timed` count the timed ones.
+/// `2^SYS_TIME_SHIFT` times to the sums and the histogram (an unbiased estimate; `min_ns` is
+/// the timed calls'). An untimed call that left the CPU reads the clock at its exit: the time
+/// since it last left (`ThreadState::sys_in_ns`) counts in `max_ns` and draws it on the
+/// timeline, so the one slow call of a fast run is not missed 7 times in 8; not in the sums.
+/// `SysStat::timed` and `FdStat::timed` count the timed ones.
 pub const SYS_TIME_GAP_NS: u64 = 200_000;
 /// SplitMix64's finalizer: every bit of `x` moves every bit of the result (a fast run's draws
 /// of which calls to time, see [`SYS_TIME_GAP_NS`]).
@@ -522,6 +529,7 @@ impl ThreadState {
             sys_fast: 0,
             sys_since: 0,
             sys_timed_ns: 0,
+            sys_in_ns: 0,
         }
     }
 

@@ -316,6 +316,7 @@ fn enter<K: Kernel>(regs: u64, id: i64, p: Prog) {
         let off = off_at();
         if (h >> (64 - time_shift())) != 0 && off < STOPPED_OFF_AT {
             st.sys_start_ns = off;
+            st.sys_in_ns = st.start_ns;
             return;
         }
     }
@@ -519,6 +520,16 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
     } else {
         0
     };
+    // An untimed call that left the CPU since its entry (its running interval is another, and
+    // a switch-out came after the one it began in started: not one whose program missed it):
+    // the time since it last left is a lower bound of its latency. One clock read, where the
+    // call already paid two context switches: the one slow call of a fast run of reads (a
+    // stalled producer) is in the max and on the timeline, not missed 7 times in 8.
+    let waited = if !timed && st.start_ns != st.sys_in_ns && st.off_ns >= st.sys_in_ns {
+        clock(&mut now).saturating_sub(st.off_ns)
+    } else {
+        0
+    };
     if time_shift() != 0 && st.sys_held_nr == nr {
         pace(st, timed, now);
     }
@@ -547,6 +558,8 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
     let ret: i64 = ctx.arg(1);
     if timed {
         crate::timeline::syscall(tgid, tid, nr, st.sys_start_ns, lat, ret, st.sys_arg0);
+    } else if waited != 0 {
+        crate::timeline::syscall(tgid, tid, nr, st.off_ns, waited, ret, st.sys_arg0);
     }
     let key = SysKey {
         tgid,
@@ -589,6 +602,8 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         if b < HIST_BUCKETS {
             s.hist[b] += weight;
         }
+    } else if waited > s.max_ns {
+        s.max_ns = waited;
     }
     if ret < 0 && nr != SYS_RT_SIGRETURN.load() as i32 {
         s.errors += 1;
