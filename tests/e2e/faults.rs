@@ -1399,8 +1399,8 @@ fn a_failed_command_says_how_it_ended() {
         return;
     }
     for (script, summary, arg, value) in [
-        ("exit 3", "exit status 3", "status", "3"),
-        ("kill -SEGV $$", "killed by signal 11", "signal", "11"),
+        ("exit 3", "exit status 3", "status", 3),
+        ("kill -SEGV $$", "killed by signal 11", "signal", 11),
     ] {
         let dir = out_dir("failed-command");
         let run = gputrace(&["-o", dir.to_str().unwrap(), "--", "/bin/sh", "-c", script]);

@@ -230,7 +230,7 @@ fn check_thread_track(evs: &[Value], report: &Value, pid: u64) {
         .iter()
         .find(|e| e["name"] == "cudaMemcpy")
         .expect("every cudaMemcpy is on the timeline, however short");
-    assert_eq!(copy["args"]["bytes"], "4096");
+    assert_eq!(copy["args"]["bytes"], 4096);
     assert_eq!(copy["args"]["direction"], "H2D");
     // Failing calls are always drawn, with the launch's arguments and the error.
     let launch = cuda
@@ -280,7 +280,7 @@ fn check_thread_track(evs: &[Value], report: &Value, pid: u64) {
             .collect();
         let bytes: u64 = reqs
             .iter()
-            .map(|e| e["args"]["bytes"].as_str().unwrap().parse::<u64>().unwrap())
+            .map(|e| e["args"]["bytes"].as_u64().unwrap())
             .sum();
         // Requests the block layer dispatches from a kernel worker (after a plug flush or a
         // requeue) cannot be tied to the process at completion, so the timeline may miss some;
@@ -292,7 +292,7 @@ fn check_thread_track(evs: &[Value], report: &Value, pid: u64) {
         );
         assert!(reqs.iter().all(|e| e["tid"] != pid
             && e["args"]["device"].as_str().unwrap().contains(':')
-            && e["args"]["latency_us"].is_string()));
+            && e["args"]["latency_us"].is_u64()));
     }
     let drops = report["drops"].to_string();
     assert!(!drops.contains("TimelineFull"), "{drops}");

@@ -42,9 +42,25 @@ fn cat(k: EventKind) -> &'static str {
 fn args(ev: &TimelineEvent) -> Value {
     let mut m = Map::new();
     for (k, v) in &ev.args {
-        m.insert(k.clone(), Value::String(v.clone()));
+        m.insert(k.clone(), arg_value(v));
     }
     Value::Object(m)
+}
+
+/// An argument as JSON: a whole number as a number (Perfetto's queries can then sum bytes and
+/// compare latencies: it keeps a string argument a string), anything else as text. So is a
+/// number past 2^53, which JavaScript readers (the trace viewers) would round: a pointer
+/// passed as a syscall's first argument.
+fn arg_value(v: &str) -> Value {
+    const EXACT: u64 = 1 << 53;
+    let digits = v.strip_prefix('-').unwrap_or(v);
+    let plain = !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'));
+    match v.parse::<i64>() {
+        Ok(n) if plain && n.unsigned_abs() <= EXACT => Value::from(n),
+        _ => Value::String(v.to_string()),
+    }
 }
 
 /// Assigns each event of one track a lane so that events within a lane nest or follow.
@@ -201,6 +217,29 @@ pub fn write(t: &Timeline, r: &Report, out: &mut dyn Write) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn whole_numbers_are_numbers_and_the_rest_text() {
+        assert_eq!(arg_value("4096"), Value::from(4096));
+        assert_eq!(arg_value("-11"), Value::from(-11));
+        assert_eq!(arg_value("0"), Value::from(0));
+        assert_eq!(arg_value("9007199254740992"), Value::from(1u64 << 53));
+        for text in [
+            "9007199254740993",
+            "18446744073709551615",
+            "0x7f00",
+            "64x2x1",
+            "8:0",
+            "007",
+            "+5",
+            "1.5",
+            "",
+            "-",
+            "cudaSuccess",
+        ] {
+            assert_eq!(arg_value(text), Value::String(text.into()), "{text}");
+        }
+    }
+
     use super::*;
     use crate::report::{
         fixtures,
@@ -300,7 +339,7 @@ mod tests {
         assert_eq!(memcpy["tid"], 100);
         assert_eq!(memcpy["ts"], 1.0);
         assert_eq!(memcpy["dur"], 10.0);
-        assert_eq!(memcpy["args"]["bytes"], "4096");
+        assert_eq!(memcpy["args"]["bytes"], 4096);
         assert_eq!(memcpy["cat"], "cuda");
         let blocks: Vec<_> = xs.iter().filter(|e| e["cat"] == "block_io").collect();
         assert_ne!(
