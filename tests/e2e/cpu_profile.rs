@@ -299,7 +299,8 @@ fn a_library_loaded_mid_trace_is_named_in_a_short_process() {
 }
 
 /// Traces `jit_spin` (code written into anonymous memory and named in /tmp/perf-PID.map) for
-/// 3 s with `env`: the folded stacks and the report.
+/// 3 s with `env`: the folded stacks and the report. Its JIT writes x86-64 code.
+#[cfg(target_arch = "x86_64")]
 fn trace_jit(name: &str, env: &[(&str, &str)]) -> (String, serde_json::Value) {
     let bin = build_c("jit_spin", &[]);
     let dir = out_dir(name);
@@ -318,12 +319,14 @@ fn trace_jit(name: &str, env: &[(&str, &str)]) -> (String, serde_json::Value) {
     (folded, run.report(&dir))
 }
 
+#[cfg(target_arch = "x86_64")]
 const JIT_NAME: &str = "py::jit_hot_loop:/job/train.py";
 
 /// Code a JIT wrote into anonymous memory is named from the perf map it wrote, as `perf`
 /// names it (CPython's `-X perf` trampolines, the JVM's agents): here after the process
 /// deleted the file and exited, through the descriptor gputrace opened while it ran.
 #[test]
+#[cfg(target_arch = "x86_64")]
 fn jit_code_is_named_from_its_perf_map() {
     let _g = serial();
     if !require_root("jit_code_is_named_from_its_perf_map") {
@@ -342,21 +345,23 @@ fn jit_code_is_named_from_its_perf_map() {
     assert_eq!(top["module"], "[jit]", "{top:#}");
 }
 
-/// A perf map left under the process's pid from before it started (another process's with
-/// that pid) names none of its code: its anonymous code stays `[unknown]`.
+/// A perf map left under a process's pid from before it started (an earlier process's with
+/// that pid, which the new one appended a line to, as CPython does) names none of its code:
+/// its anonymous code stays `[unknown]`, though the file's last write is the process's own.
 #[test]
+#[cfg(target_arch = "x86_64")]
 fn a_perf_map_older_than_its_process_is_not_read() {
     let _g = serial();
     if !require_root("a_perf_map_older_than_its_process_is_not_read") {
         return;
     }
     let (folded, _) = trace_jit("jit-stale", &[("STALE_MAP", "1")]);
-    let (named, all) = leaf_samples(&folded, JIT_NAME);
+    assert!(!folded.contains("stale_name"), "{folded}");
+    // The child's JIT loop is nearly all of the samples (the parent waits).
+    let (unknown, all) = leaf_samples(&folded, "[unknown]");
     assert!(all >= 100, "{folded}");
-    assert_eq!(named, 0, "{folded}");
-    let (unknown, _) = leaf_samples(&folded, "[unknown]");
     assert!(
-        unknown * 10 >= all * 8,
+        unknown * 10 >= all * 7,
         "{unknown} of {all} unnamed\n{folded}"
     );
 }

@@ -1268,9 +1268,18 @@ fn an_aborted_report_leaves_no_half_written_file() {
     let mut live = Live::start_env(&["-o", dir.to_str().unwrap(), "--", "true"], &slow);
     live.wait_stderr("writing the report");
     let held = live.held();
+    // Past the first file (each is held 1.5 s): one whole file stays.
+    let until = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_dir(&dir).map_or(0, |d| {
+        d.filter_map(|e| e.ok())
+            .filter(|e| !e.file_name().to_string_lossy().ends_with(".tmp"))
+            .count()
+    }) == 0
+    {
+        assert!(Instant::now() < until, "no file written\n{}", live.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     wait_partial(&dir, &live);
-    // Past the first file: one whole file stays.
-    std::thread::sleep(Duration::from_millis(1700));
     live.signal(libc::SIGTERM);
     live.wait_stderr("interrupt again to abort");
     live.signal(libc::SIGTERM);

@@ -442,5 +442,6 @@ fn the_slow_calls_of_a_fast_run_are_drawn_though_untimed() {
         .map(ms)
         .filter(|ms| *ms >= 50.0)
         .collect();
-    assert_eq!(slow.len(), PAUSES, "{slow:?}\n{read:#}");
+    // Each pause, and perhaps a read the host's load kept waiting as long.
+    assert!(slow.len() >= PAUSES, "{slow:?}\n{read:#}");
 }

@@ -291,9 +291,9 @@ pub struct ThreadState {
     pub sys_fast: u32,
     pub sys_since: u32,
     pub sys_timed_ns: u64,
-    /// `start_ns` when an untimed call began: another at its exit means the call left the CPU
-    /// (it blocked, or was preempted), and the time since it last did (`off_ns`) is a lower
-    /// bound of its latency, for the max and the timeline.
+    /// `start_ns` when an untimed call began; the first switch-out after it, while still in
+    /// that running interval, stamps its own time here with [`SYS_LEFT_CPU`]: at the call's
+    /// exit, the time since is a lower bound of its latency, for the max and the timeline.
     pub sys_in_ns: u64,
 }
 
@@ -305,10 +305,14 @@ pub struct ThreadState {
 /// entry or exit (~40 ns each on the development VM), and a timed one adds its latency
 /// `2^SYS_TIME_SHIFT` times to the sums and the histogram (an unbiased estimate; `min_ns` is
 /// the timed calls'). An untimed call that left the CPU reads the clock at its exit: the time
-/// since it last left (`ThreadState::sys_in_ns`) counts in `max_ns` and draws it on the
+/// since it first left (`ThreadState::sys_in_ns`) counts in `max_ns` and draws it on the
 /// timeline, so the one slow call of a fast run is not missed 7 times in 8; not in the sums.
 /// `SysStat::timed` and `FdStat::timed` count the timed ones.
 pub const SYS_TIME_GAP_NS: u64 = 200_000;
+/// Marks `ThreadState::sys_in_ns` as the time an untimed call first left the CPU (no clock
+/// reaches bit 63).
+pub const SYS_LEFT_CPU: u64 = 1 << 63;
+
 /// SplitMix64's finalizer: every bit of `x` moves every bit of the result (a fast run's draws
 /// of which calls to time, see [`SYS_TIME_GAP_NS`]).
 #[inline(always)]

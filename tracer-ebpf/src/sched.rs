@@ -24,7 +24,7 @@ use aya_ebpf::{
 };
 use tracer_common::wall::{
     report_state, ThreadState, PHASE_BLOCKED, PHASE_ONCPU, PHASE_RUNNABLE, RUN_DELAY_UNKNOWN,
-    WALK_SLOTS,
+    SYS_LEFT_CPU, WALK_SLOTS,
 };
 
 use crate::{
@@ -390,6 +390,14 @@ fn switch_out<C: StackIdContext, K: Kernel>(
     };
     traced(p);
     running(tid, st, 0, || now);
+    {
+        // An untimed syscall's first switch-out (its entry set `sys_in_ns` to the running
+        // interval it began in, which this switch-out ends): its exit times the wait from here.
+        let st = unsafe { &mut *st };
+        if st.sys_in_ns == st.start_ns {
+            st.sys_in_ns = now | SYS_LEFT_CPU;
+        }
+    }
     close(tid, unsafe { &mut *st }, now);
     if prev_state & 0xff & EXIT_BITS != 0 {
         // died() writes out what the thread holds.

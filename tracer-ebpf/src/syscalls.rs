@@ -23,7 +23,7 @@ use tracer_common::{
     wall::{
         log2_bucket, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, SysHeld, SysKey, SysStat,
         ThreadState, ERRNOS_ENTRIES, FD_NAMES_ENTRIES, FD_NAME_WAYS, FILEIO_ENTRIES, HIST_BUCKETS,
-        NO_SYSCALL, SYSCALLS_ENTRIES, SYS_HOLD_RUN, THREAD_SLOTS,
+        NO_SYSCALL, SYSCALLS_ENTRIES, SYS_HOLD_RUN, SYS_LEFT_CPU, THREAD_SLOTS,
     },
 };
 
@@ -520,13 +520,14 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
     } else {
         0
     };
-    // An untimed call that left the CPU since its entry (its running interval is another, and
-    // a switch-out came after the one it began in started: not one whose program missed it):
-    // the time since it last left is a lower bound of its latency. One clock read, where the
-    // call already paid two context switches: the one slow call of a fast run of reads (a
-    // stalled producer) is in the max and on the timeline, not missed 7 times in 8.
-    let waited = if !timed && st.start_ns != st.sys_in_ns && st.off_ns >= st.sys_in_ns {
-        clock(&mut now).saturating_sub(st.off_ns)
+    // An untimed call that left the CPU since its entry (the scheduler's switch-out stamped
+    // when it first did): the time since is a lower bound of its latency (it misses the part
+    // before the first switch-out). One clock read, where the call already paid two context
+    // switches: the one slow call of a fast run of reads (a stalled producer) is in the max
+    // and on the timeline, not missed 7 times in 8.
+    let left = st.sys_in_ns & !SYS_LEFT_CPU;
+    let waited = if !timed && st.sys_in_ns & SYS_LEFT_CPU != 0 {
+        clock(&mut now).saturating_sub(left)
     } else {
         0
     };
@@ -559,7 +560,7 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
     if timed {
         crate::timeline::syscall(tgid, tid, nr, st.sys_start_ns, lat, ret, st.sys_arg0);
     } else if waited != 0 {
-        crate::timeline::syscall(tgid, tid, nr, st.off_ns, waited, ret, st.sys_arg0);
+        crate::timeline::syscall(tgid, tid, nr, left, waited, ret, st.sys_arg0);
     }
     let key = SysKey {
         tgid,

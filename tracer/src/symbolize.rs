@@ -103,6 +103,12 @@ const VDSO: &str = "[vdso]";
 /// The module of a function named by a JIT's perf map.
 pub const JIT: &str = "[jit]";
 
+/// Perf maps kept parsed at once (each up to `perf_map::MAX_BYTES` of text).
+const MAX_PERF_MAPS_READ: usize = 8;
+
+/// How often a live JIT's perf map is read on for what it appended.
+const PERF_MAP_REREAD: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Identity of a mapped file: its inode and path (a path alone can be replaced on disk).
 pub type FileKey = (u64, String);
 
@@ -118,9 +124,10 @@ pub struct Symbolizer {
     /// Code files held open while their processes ran (`tracker::HeldFiles::paths`).
     held: HashMap<FileKey, PathBuf>,
     /// JIT perf maps held open, by pid (`tracker::HeldFiles::perf_map_paths`), and those
-    /// read, with the length they had then (a live JIT appends).
+    /// read, with when they were last read on (a live JIT appends); at most
+    /// [`MAX_PERF_MAPS_READ`].
     perf_map_paths: HashMap<u32, PathBuf>,
-    perf_maps: HashMap<u32, (u64, PerfMap)>,
+    perf_maps: HashMap<u32, (std::time::Instant, PerfMap)>,
     pub stats: SymbolizeStats,
 }
 
@@ -176,15 +183,29 @@ impl Symbolizer {
         self.perf_map_paths = paths;
     }
 
-    /// The JIT function at `addr` of process `pid`, from its perf map.
+    /// The JIT function at `addr` of process `pid`, from its perf map: read on from where
+    /// the last read ended, at most every [`PERF_MAP_REREAD`].
     fn jit_frame(&mut self, pid: u32, addr: u64) -> Option<Frame> {
         let path = self.perf_map_paths.get(&pid)?;
-        let len = std::fs::metadata(path).ok()?.len();
-        if self.perf_maps.get(&pid).is_none_or(|(l, _)| *l != len) {
-            let map = crate::perf_map::read(path)?;
-            self.perf_maps.insert(pid, (len, map));
+        let stale = self
+            .perf_maps
+            .get(&pid)
+            .is_none_or(|(at, _)| at.elapsed() >= PERF_MAP_REREAD);
+        if stale {
+            if !self.perf_maps.contains_key(&pid) && self.perf_maps.len() >= MAX_PERF_MAPS_READ {
+                // Parsed again if asked again: a bound on memory, not on time.
+                let any = *self.perf_maps.keys().next()?;
+                self.perf_maps.remove(&any);
+            }
+            let (at, map) = self
+                .perf_maps
+                .entry(pid)
+                .or_insert_with(|| (std::time::Instant::now(), PerfMap::default()));
+            *at = std::time::Instant::now();
+            // A read that failed keeps what was read before.
+            let _ = map.update(path);
         }
-        let name = self.perf_maps[&pid].1.find(addr)?;
+        let name = self.perf_maps.get(&pid)?.1.find(addr)?;
         Some(Frame::native(name, Some(JIT.into())))
     }
 
@@ -281,6 +302,13 @@ impl Symbolizer {
                             .unwrap_or_else(|| Frame::unknown(Some("[anon]".to_string()), false)),
                     );
                 }
+                // Named anonymous memory (`[anon:NAME]`, prctl's) may be a JIT's too.
+                Some(m) if m.path.starts_with("[anon:") => {
+                    out[i] = Some(
+                        self.jit_frame(pid, ip)
+                            .unwrap_or_else(|| Frame::unknown(Some(m.path.clone()), false)),
+                    );
+                }
                 Some(m) => out[i] = Some(Frame::unknown(Some(m.path.clone()), false)),
                 None => {
                     out[i] = Some(
@@ -296,10 +324,23 @@ impl Symbolizer {
                 .map(|n| n.to_string_lossy().into_owned());
             let offsets: Vec<u64> = items.iter().map(|(_, o)| *o).collect();
             let syms = self.resolve_file(&key, &offsets);
+            // Code in a memfd (`/memfd:doublemapper`, .NET's JIT) has no symbols of its
+            // own: its perf map may name it.
+            let memfd = key.1.starts_with("/memfd:");
             for ((i, off), sym) in items.into_iter().zip(syms) {
-                let frame = match sym {
-                    Some(name) => Frame::native(name, module.clone()),
-                    None => {
+                let jit = if sym.is_none() && memfd {
+                    self.jit_frame(pid, lookup_ips[i])
+                } else {
+                    None
+                };
+                let frame = match (sym, jit) {
+                    (Some(name), _) => Frame::native(name, module.clone()),
+                    (None, Some(f)) => {
+                        // Per process: another process's memfd under that name is other code.
+                        out[i] = Some(f);
+                        continue;
+                    }
+                    (None, None) => {
                         // Code no symbol covers (a stripped library's internals, libcuda's):
                         // one frame per library, as perf's flame graphs have it. One per
                         // address split a library's 88% of the samples into 182 rows of

@@ -88,7 +88,7 @@ impl HeldFiles {
             .cap
             .get_or_insert_with(|| MAX_HELD_FILES.min(open_files_quarter()));
         for m in maps.iter().filter(|m| m.is_file() && m.is_exec()) {
-            if self.files.len() >= cap {
+            if self.files.len() + self.perf_maps.len() >= cap {
                 return;
             }
             let key = (m.inode, m.path.clone());
@@ -105,7 +105,11 @@ impl HeldFiles {
     /// just read, have code in anonymous memory (a JIT's), or without them (`None`) when the
     /// maps at hand may predate the JIT's memory.
     fn hold_perf_map(&mut self, pid: u32, maps: Option<&[Mapping]>) {
+        let cap = *self
+            .cap
+            .get_or_insert_with(|| MAX_HELD_FILES.min(open_files_quarter()));
         if self.perf_maps.len() >= MAX_HELD_PERF_MAPS
+            || self.files.len() + self.perf_maps.len() >= cap
             || self.perf_maps.contains_key(&pid)
             || maps.is_some_and(|maps| !maps.iter().any(|m| m.is_exec() && m.path.is_empty()))
         {
@@ -114,6 +118,13 @@ impl HeldFiles {
         if let Some(f) = crate::perf_map::open(pid) {
             self.perf_maps.insert(pid, f);
         }
+    }
+
+    /// Lets go of process `pid`'s perf map: it exec'd (the new image's JIT writes its own,
+    /// which the next read of its maps opens), or its maps were dropped (its samples cannot
+    /// be symbolised any more).
+    fn drop_perf_map(&mut self, pid: u32) {
+        self.perf_maps.remove(&pid);
     }
 
     /// Where each held perf map can be opened again: pid -> /proc/self/fd/N.
@@ -367,7 +378,7 @@ impl Tracker {
                 // the CUDA probes). The report is by pid: the two share its figures.
                 if self.procs.get(&ev.pid).is_some_and(|t| t.info.exited) {
                     self.procs.remove(&ev.pid);
-                    self.held.perf_maps.remove(&ev.pid);
+                    self.held.drop_perf_map(ev.pid);
                     self.exited_with_maps.retain(|p| *p != ev.pid);
                     self.pids_reused.insert(ev.pid);
                 }
@@ -423,6 +434,7 @@ impl Tracker {
                 }
                 t.info.cmdline.clear();
                 Self::refresh_names(ev.pid, t);
+                self.held.drop_perf_map(ev.pid);
                 // Its maps now, while it runs: it may be gone by the next tick.
                 Self::read_maps_of(ev.pid, t, &mut self.held);
             }
@@ -469,6 +481,7 @@ impl Tracker {
                 if !self.roots.contains(&old) {
                     t.maps = Vec::new();
                     t.images = Vec::new();
+                    self.held.drop_perf_map(old);
                     // A child that never exec'd is symbolised with its parent's maps.
                     if t.execed {
                         self.maps_evicted += 1;

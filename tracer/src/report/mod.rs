@@ -264,8 +264,9 @@ fn write_file(
     let tmp = std::ffi::CString::new(format!(".{name}.gputrace-{}.tmp", std::process::id()))
         .map_err(|_| fail("a NUL in the name".into()))?;
     dir.unlink(&tmp);
-    let f = dir.create(&tmp).map_err(|e| fail(describe_io(&e)))?;
+    // Marked before it exists: an abort between the two finds no file, or removes it.
     let _writing = partial::writing(dir.raw_fd(), &tmp);
+    let f = dir.create(&tmp).map_err(|e| fail(describe_io(&e)))?;
     if let Some(ms) = std::env::var("GPUTRACE_TEST_WRITE_DELAY_MS")
         .ok()
         .and_then(|v| v.parse().ok())

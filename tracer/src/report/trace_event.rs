@@ -49,8 +49,8 @@ fn args(ev: &TimelineEvent) -> Value {
 
 /// An argument as JSON: a whole number as a number (Perfetto's queries can then sum bytes and
 /// compare latencies: it keeps a string argument a string), anything else as text. So is a
-/// number past 2^53, which JavaScript readers (the trace viewers) would round: a pointer
-/// passed as a syscall's first argument.
+/// number past 2^53, which JavaScript readers (the trace viewers) would round: a kernel
+/// address or a flags word with its top bits set, passed as a syscall's first argument.
 fn arg_value(v: &str) -> Value {
     const EXACT: u64 = 1 << 53;
     let digits = v.strip_prefix('-').unwrap_or(v);

@@ -131,7 +131,8 @@ fn syscall(ev: &TlEvent, out: &mut TimelineEvent) {
     out.kind = EventKind::Syscall;
     out.name = syscall_names::name(ev.a32 as i32 as i64);
     arg(out, "ret", ev.args[0] as i64);
-    arg(out, "arg0", ev.args[1]);
+    // Signed, as the kernel takes an fd: AT_FDCWD is -100, not 18446744073709551516.
+    arg(out, "arg0", ev.args[1] as i64);
 }
 
 fn block(ev: &TlEvent, out: &mut TimelineEvent) {

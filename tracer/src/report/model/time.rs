@@ -56,8 +56,9 @@ pub struct SyscallStat {
     pub errnos: Vec<ErrnoCount>,
     /// Set when not every call was timed (a thread's fast run of one syscall, see
     /// `Overhead::syscalls_timed`): the calls timed, each of which counts for as many as it
-    /// stands for in `total_ns` and `hist_log2_ns` (estimates then); `min_ns` and `max_ns`
-    /// are theirs.
+    /// stands for in `total_ns` and `hist_log2_ns` (estimates then); `min_ns` is theirs,
+    /// `max_ns` theirs and the untimed calls' that left the CPU (the time since they first
+    /// did): a row may have a max and no timed call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timed: Option<u64>,
 }
