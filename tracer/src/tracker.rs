@@ -71,6 +71,9 @@ pub struct HeldFiles {
     /// Processes' JIT perf maps by pid, opened while they ran: after an exit its /proc, which
     /// leads to its /tmp and tells the name it gave the file, is gone.
     perf_maps: std::collections::HashMap<u32, std::fs::File>,
+    /// The pid each live process sees itself as, from the first look for its perf map: the
+    /// next looks (every 2 s) are one lookup.
+    ns_tgids: std::collections::HashMap<u32, u32>,
 }
 
 /// A quarter of the soft open-files limit (0 when it cannot be read).
@@ -115,7 +118,12 @@ impl HeldFiles {
         {
             return;
         }
-        if let Some(f) = crate::perf_map::open(pid) {
+        let mut ns = self.ns_tgids.get(&pid).copied();
+        let f = crate::perf_map::open(pid, &mut ns);
+        if let Some(ns) = ns {
+            self.ns_tgids.insert(pid, ns);
+        }
+        if let Some(f) = f {
             self.perf_maps.insert(pid, f);
         }
     }
@@ -125,6 +133,13 @@ impl HeldFiles {
     /// be symbolised any more).
     fn drop_perf_map(&mut self, pid: u32) {
         self.perf_maps.remove(&pid);
+    }
+
+    /// Forgets process `pid` (exited, or its pid another process's): its perf map and the
+    /// pid it saw itself as.
+    fn forget(&mut self, pid: u32) {
+        self.perf_maps.remove(&pid);
+        self.ns_tgids.remove(&pid);
     }
 
     /// Where each held perf map can be opened again: pid -> /proc/self/fd/N.
@@ -378,7 +393,7 @@ impl Tracker {
                 // the CUDA probes). The report is by pid: the two share its figures.
                 if self.procs.get(&ev.pid).is_some_and(|t| t.info.exited) {
                     self.procs.remove(&ev.pid);
-                    self.held.drop_perf_map(ev.pid);
+                    self.held.forget(ev.pid);
                     self.exited_with_maps.retain(|p| *p != ev.pid);
                     self.pids_reused.insert(ev.pid);
                 }
@@ -468,6 +483,8 @@ impl Tracker {
             if !t.info.exited {
                 self.last_exit_ns = self.last_exit_ns.max(ts_ns);
                 t.info.exited = true;
+                // Looked for only while it runs.
+                self.held.ns_tgids.remove(&pid);
                 if !t.maps.is_empty() || !t.images.is_empty() {
                     self.exited_with_maps.push_back(pid);
                 }
@@ -481,7 +498,7 @@ impl Tracker {
                 if !self.roots.contains(&old) {
                     t.maps = Vec::new();
                     t.images = Vec::new();
-                    self.held.drop_perf_map(old);
+                    self.held.forget(old);
                     // A child that never exec'd is symbolised with its parent's maps.
                     if t.execed {
                         self.maps_evicted += 1;
