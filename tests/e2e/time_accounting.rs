@@ -1740,3 +1740,54 @@ fn signal_returns_are_not_errors() {
     assert!(row["count"].as_u64().unwrap() >= 40, "{row:#}");
     assert_eq!(row["errors"].as_u64(), Some(0), "{row:#}");
 }
+
+/// A shell's children that write to the stdout they inherited and exit before gputrace can
+/// read their /proc (`/bin/echo`, 20 of them) have that stdout named as the shell's is (here
+/// the pipe gputrace's own stdout is), not `<closed fd 1>`. A child whose stdout its shell
+/// replaced (`$(seq ...)`, a pipe put on fd 1 with dup2) stays unnamed: nothing says which
+/// file took the fd.
+#[test]
+fn inherited_stdout_is_named_after_the_parent_it_came_from() {
+    let _g = serial();
+    if !require_root("inherited_stdout_is_named_after_the_parent_it_came_from") {
+        return;
+    }
+    let dir = out_dir("inherited-stdout");
+    let script = "for i in $(seq 20); do echo parent $i; sleep 0.1; /bin/echo child $i; done";
+    let run = gputrace(&["-o", dir.to_str().unwrap(), "--", "bash", "-c", script]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let report = run.report(&dir);
+    let procs = report["processes"].as_array().unwrap();
+    let stdout_of = |p: &serde_json::Value| -> Option<String> {
+        // The only file an echo writes to; the shell's is the one it wrote its 20 lines to.
+        p["files"].as_array()?.iter().find_map(|f| {
+            let name = f["file"].as_str()?;
+            let writes = f["calls"].as_u64()?;
+            let own = !name.starts_with("/usr/") && !name.starts_with("/lib");
+            (own && (p["comm"] != "bash" || writes == 20)).then(|| name.to_string())
+        })
+    };
+    let shell = procs
+        .iter()
+        .find(|p| p["comm"] == "bash")
+        .expect("the shell");
+    let theirs = stdout_of(shell).unwrap_or_else(|| panic!("{:#}", shell["files"]));
+    assert!(!theirs.starts_with("<closed"), "{theirs}");
+    let echoes: Vec<Option<String>> = procs
+        .iter()
+        .filter(|p| p["comm"] == "echo")
+        .map(stdout_of)
+        .collect();
+    assert_eq!(echoes.len(), 20, "{echoes:?}");
+    assert!(
+        echoes.iter().all(|e| e.as_deref() == Some(theirs.as_str())),
+        "{theirs}: {echoes:?}"
+    );
+    let seq = procs.iter().find(|p| p["comm"] == "seq").expect("seq");
+    assert_eq!(
+        stdout_of(seq).as_deref(),
+        Some("<closed fd 1>"),
+        "{:#}",
+        seq["files"]
+    );
+}

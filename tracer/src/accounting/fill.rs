@@ -46,6 +46,13 @@ pub fn open_fds(ebpf: &Ebpf) -> Vec<FdKey> {
         .unwrap_or_default()
 }
 
+/// The parent of `pid`, if the tracker saw it forked during the trace (a process that existed
+/// at the attach may have replaced what its parent gave it before, unseen).
+pub(super) fn forked_child_of(tracker: &crate::tracker::Tracker, pid: u32) -> Option<u32> {
+    let t = tracker.procs.get(&pid)?;
+    t.forked.then_some(t.info.ppid?)
+}
+
 /// Each fd's current generation (successful closes of that fd number so far): a `FILEIO` row
 /// of an older generation is a closed file's.
 pub(super) fn fd_gens(ebpf: &Ebpf) -> Result<BTreeMap<(u32, i32), u32>> {
@@ -64,19 +71,55 @@ pub(crate) fn opened_paths(ebpf: &Ebpf) -> Option<aya::maps::Array<&MapData, FdN
 /// The name of the file `k`: resolved while it was open (an absolute path), else the name a
 /// files pass gave an earlier row of it (`recent`: a thread writes the rest of a file's I/O
 /// it held as a row of its own, perhaps after the file's `FD_NAMES` slot went to another
-/// open), else the path it was opened by (`FD_NAMES`, if its set still holds it), or none: a
-/// later file under the same fd number must not lend it its name.
+/// open), else the path it was opened by (`FD_NAMES`, if its set still holds it), else its
+/// parent's ([`inherited`]), or none: a later file under the same fd number must not lend it
+/// its name.
 pub(super) fn file_name(
     fds: &BTreeMap<FdKey, String>,
     recent: &StdHashMap<FdKey, String>,
     opened: Option<&aya::maps::Array<&MapData, FdName>>,
     k: &FdKey,
+    lineage: &Lineage,
 ) -> String {
     fds.get(k)
         .or_else(|| recent.get(k))
         .cloned()
         .or_else(|| opened.and_then(|m| opened_path(m, k)))
+        .or_else(|| inherited(fds, k, lineage))
         .unwrap_or_else(|| format!("<closed fd {}>", k.fd))
+}
+
+/// Who handed a process its standard fds: its parent, for a process forked during the trace
+/// (`parent`), and each fd's generation now (`gens`: closes of that fd number seen so far).
+pub struct Lineage<'a> {
+    pub parent: &'a dyn Fn(u32) -> Option<u32>,
+    pub gens: &'a BTreeMap<(u32, i32), u32>,
+}
+
+/// The name of a standard fd (0-2) a process got from its parent at fork: one it never closed
+/// or replaced (its first generation), in a process forked during the trace, whose parent
+/// still has that fd's first generation, named from /proc while open (`fds`: a process
+/// forgotten since has no names there). Up the ancestors while each inherited it: a shell's
+/// children write to the stdout gputrace's command had, and exit before /proc can be read.
+/// Other fds are left unnamed: a file a child opened itself whose name went unseen would take
+/// its parent's file's name.
+fn inherited(fds: &BTreeMap<FdKey, String>, k: &FdKey, lineage: &Lineage) -> Option<String> {
+    if !(0..=2).contains(&k.fd) || k.gen != 0 {
+        return None;
+    }
+    let mut tgid = k.tgid;
+    for _ in 0..8 {
+        let parent = (lineage.parent)(tgid)?;
+        if lineage.gens.get(&(parent, k.fd)).copied().unwrap_or(0) != 0 {
+            return None;
+        }
+        let key = FdKey { tgid: parent, ..*k };
+        if let Some(name) = fds.get(&key) {
+            return Some(name.clone());
+        }
+        tgid = parent;
+    }
+    None
 }
 
 /// What user space learned about the threads and files while they were alive.
@@ -253,7 +296,21 @@ pub fn fill(
     let closed = std::mem::take(&mut retired.files);
     let recent = retired.take_recent_names();
     fill_syscalls(ebpf, data, retired)?;
-    fill_files(ebpf, data, (fds, &recent), ctx.args.top, &open, &closed)?;
+    let gens = fd_gens(ebpf).unwrap_or_default();
+    let parent = |pid: u32| forked_child_of(ctx.tracker, pid);
+    let lineage = Lineage {
+        parent: &parent,
+        gens: &gens,
+    };
+    fill_files(
+        ebpf,
+        data,
+        (fds, &recent),
+        ctx.args.top,
+        &open,
+        &closed,
+        &lineage,
+    )?;
     fill_block(ebpf, data, &open)?;
     data.time = render::folded(&rows, &verdicts, ctx, data, comms, seeded, &mut stacks);
     Ok(())
@@ -502,6 +559,7 @@ fn fill_files(
     top: usize,
     open: &[(u32, ThreadState)],
     closed: &BTreeMap<(u32, String), FdStat>,
+    lineage: &Lineage,
 ) -> Result<()> {
     let mut rows: Vec<(FdKey, FdStat)> = crate::batch::read(ebpf, FILEIO_MAP)?;
     // The paths files were opened by: for those closed before /proc showed them.
@@ -513,7 +571,7 @@ fn fill_files(
         let in_maps = rows
             .iter()
             .filter(|(k, _)| k.tgid == p.pid)
-            .map(|(k, s)| (file_name(fds, recent, opened.as_ref(), k), s));
+            .map(|(k, s)| (file_name(fds, recent, opened.as_ref(), k, lineage), s));
         // Closed files taken out of the map during the trace, named then.
         let taken = closed
             .range((p.pid, String::new())..)
@@ -863,6 +921,75 @@ fn unseen_completions(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fd(tgid: u32, fd: i32, gen: u32) -> FdKey {
+        FdKey {
+            tgid,
+            fd,
+            gen,
+            _pad: 0,
+        }
+    }
+
+    /// A shell (100, its stdout a pipe gputrace named while it ran) forks a subshell (200),
+    /// which forks `echo` (300): echo's stdout is the shell's. Not a fd the child replaced
+    /// or reopened (a later generation), not past stderr, not where an ancestor closed it,
+    /// and not for a process that was there at the attach.
+    #[test]
+    fn standard_fds_are_named_after_the_parent_they_came_from() {
+        let fds: BTreeMap<FdKey, String> = [(fd(100, 1, 0), "pipe:[77]".to_string())].into();
+        let parents: BTreeMap<u32, u32> = [(300, 200), (200, 100), (400, 100)].into();
+        let parent = |p: u32| parents.get(&p).copied();
+        let mut gens = BTreeMap::new();
+        let lineage = Lineage {
+            parent: &parent,
+            gens: &gens,
+        };
+        assert_eq!(
+            inherited(&fds, &fd(300, 1, 0), &lineage).as_deref(),
+            Some("pipe:[77]")
+        );
+        assert_eq!(
+            inherited(&fds, &fd(400, 1, 0), &lineage).as_deref(),
+            Some("pipe:[77]")
+        );
+        assert_eq!(
+            inherited(&fds, &fd(300, 1, 1), &lineage),
+            None,
+            "replaced (dup2)"
+        );
+        assert_eq!(
+            inherited(&fds, &fd(300, 2, 0), &lineage),
+            None,
+            "no name up the line"
+        );
+        assert_eq!(
+            inherited(&fds, &fd(100, 1, 0), &lineage),
+            None,
+            "no parent known"
+        );
+        let mut far = fds.clone();
+        far.insert(fd(100, 3, 0), "/data/x".into());
+        assert_eq!(
+            inherited(&far, &fd(300, 3, 0), &lineage),
+            None,
+            "not a standard fd"
+        );
+        gens.insert((200, 1), 1);
+        let lineage = Lineage {
+            parent: &parent,
+            gens: &gens,
+        };
+        assert_eq!(
+            inherited(&fds, &fd(300, 1, 0), &lineage),
+            None,
+            "the subshell closed it"
+        );
+        assert_eq!(
+            inherited(&fds, &fd(400, 1, 0), &lineage).as_deref(),
+            Some("pipe:[77]")
+        );
+    }
 
     #[test]
     fn files_roll_up_into_their_directories() {

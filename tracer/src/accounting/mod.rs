@@ -1674,7 +1674,8 @@ impl ProbeFamily for Accounting {
                 .difference(&self.forked_since)
                 .copied()
                 .collect();
-            match self.retired.files_pass(ebpf, &self.fds, &gone) {
+            let parent = |pid: u32| fill::forked_child_of(tracker, pid);
+            match self.retired.files_pass(ebpf, &self.fds, &gone, &parent) {
                 Ok((_, forgotten)) => self.fds.retain(|k, _| !forgotten.contains(&k.tgid)),
                 Err(e) => self.retire_failed = Some(format!("{e:#}")),
             }

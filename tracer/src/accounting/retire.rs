@@ -388,6 +388,7 @@ impl Retired {
         ebpf: &mut Ebpf,
         fds: &BTreeMap<FdKey, String>,
         gone: &BTreeSet<u32>,
+        parent: &dyn Fn(u32) -> Option<u32>,
     ) -> Result<(usize, BTreeSet<u32>)> {
         self.seen_closes = counter(ebpf, FD_EPOCH_MAP)?;
         let gens = super::fill::fd_gens(ebpf)?;
@@ -395,10 +396,14 @@ impl Retired {
             gone.contains(&k.tgid) || gens.get(&(k.tgid, k.fd)).is_some_and(|g| k.gen < *g)
         })?;
         let names = super::fill::opened_paths(ebpf);
+        let lineage = super::fill::Lineage {
+            parent,
+            gens: &gens,
+        };
         let n = rows.len();
         let mut named_gone: Vec<FdKey> = Vec::new();
         for (k, v) in rows {
-            let name = super::fill::file_name(fds, &self.recent, names.as_ref(), &k);
+            let name = super::fill::file_name(fds, &self.recent, names.as_ref(), &k, &lineage);
             self.remember(k, &name);
             if gone.contains(&k.tgid) {
                 named_gone.push(k);
