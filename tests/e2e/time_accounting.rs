@@ -1767,10 +1767,8 @@ fn inherited_stdout_is_named_after_the_parent_it_came_from() {
             (own && (p["comm"] != "bash" || writes == 20)).then(|| name.to_string())
         })
     };
-    let shell = procs
-        .iter()
-        .find(|p| p["comm"] == "bash")
-        .expect("the shell");
+    let root = &report["target"]["pids"][0];
+    let shell = procs.iter().find(|p| p["pid"] == *root).expect("the shell");
     let theirs = stdout_of(shell).unwrap_or_else(|| panic!("{:#}", shell["files"]));
     assert!(!theirs.starts_with("<closed"), "{theirs}");
     let echoes: Vec<Option<String>> = procs

@@ -153,7 +153,13 @@ pub fn open(pid: u32, ns_tgid_seen: &mut Option<u32>) -> Option<File> {
     let owner = proc_dir.metadata().ok()?.uid();
     let proc_dir = OwnedFd::from(proc_dir);
     let ns = ns_tgid(&read_at(&proc_dir, "status")?)?;
-    *ns_tgid_seen = Some(ns);
+    // The quick look goes through gputrace's own resolution: not where the process's /tmp
+    // is a symlink (a container's), which would resolve outside its root every time.
+    let tmp_is_dir = std::fs::symlink_metadata(format!("/proc/{pid}/root/tmp"))
+        .is_ok_and(|m| m.file_type().is_dir());
+    if tmp_is_dir {
+        *ns_tgid_seen = Some(ns);
+    }
     let started = start_time(crate::procfs::parse_stat(&read_at(&proc_dir, "stat")?)?.starttime)?;
     let name = format!("tmp/perf-{ns}.map");
     let root = open_at(&proc_dir, "root", libc::O_PATH | libc::O_DIRECTORY)?;

@@ -35,8 +35,9 @@ pub struct Tracked {
     /// When it was forked (CLOCK_MONOTONIC ns), for a process seen fork: a first read of its
     /// /proc after a failed one must find a process started no later.
     pub forked_ns: Option<u64>,
-    /// Seen fork during the trace: what it did with the fds its parent gave it was seen too.
-    pub forked: bool,
+    /// When it was seen fork (CLOCK_MONOTONIC ns): what it did with the fds its parent gave
+    /// it since is in the syscall programs' counts, where they were on.
+    pub forked_at: Option<u64>,
     /// Its parent's start time at the first read, to tell the parent from a later process
     /// under the parent's pid.
     pub parent_start: Option<u64>,
@@ -402,7 +403,9 @@ impl Tracker {
                 let reused = self.pid_reused_since(ev);
                 self.add_with(ev.pid, Some(ev.ppid), !reused);
                 if let Some(t) = self.procs.get_mut(&ev.pid) {
-                    t.forked = true;
+                    t.forked_at = Some(ev.ts_ns);
+                    // An entry kept from an earlier process (its exit unseen) had that one's.
+                    t.info.ppid = Some(ev.ppid);
                 }
                 // For a first read put off (its /proc could not be read just now).
                 if let Some(t) = self.procs.get_mut(&ev.pid).filter(|t| t.start.is_none()) {

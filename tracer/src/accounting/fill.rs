@@ -46,11 +46,56 @@ pub fn open_fds(ebpf: &Ebpf) -> Vec<FdKey> {
         .unwrap_or_default()
 }
 
-/// The parent of `pid`, if the tracker saw it forked during the trace (a process that existed
-/// at the attach may have replaced what its parent gave it before, unseen).
-pub(super) fn forked_child_of(tracker: &crate::tracker::Tracker, pid: u32) -> Option<u32> {
+/// The parent of `pid` whose standard fds it got, if that is known for sure: it was seen fork
+/// once the syscall programs counted closes and `dup2`s (`seen_since`; a process that existed
+/// at the attach may have replaced what its parent gave it, unseen), and its parent's pid is
+/// still its parent's: not forgotten (its fd generations gone with it, read as none), not
+/// taken by a later process.
+pub(super) fn parent_for_fds(
+    tracker: &crate::tracker::Tracker,
+    forgotten: &PidSet,
+    seen_since: Option<u64>,
+    pid: u32,
+) -> Option<u32> {
     let t = tracker.procs.get(&pid)?;
-    t.forked.then_some(t.info.ppid?)
+    let at = t.forked_at?;
+    if at < seen_since? {
+        return None;
+    }
+    let parent = t.info.ppid?;
+    let later = tracker
+        .procs
+        .get(&parent)?
+        .forked_at
+        .is_some_and(|p| p > at);
+    (!later && !forgotten.contains(parent) && !tracker.pids_reused.contains(&parent))
+        .then_some(parent)
+}
+
+/// A set of pids, as bits (512 KiB for Linux's largest pid space, allocated at the first).
+#[derive(Debug, Default)]
+pub struct PidSet(Vec<u64>);
+
+impl PidSet {
+    pub fn insert(&mut self, pid: u32) {
+        let (w, b) = (pid as usize / 64, pid % 64);
+        if self.0.len() <= w {
+            self.0.resize((w + 1).max(1 << 16), 0);
+        }
+        self.0[w] |= 1 << b;
+    }
+
+    pub fn remove(&mut self, pid: u32) {
+        if let Some(w) = self.0.get_mut(pid as usize / 64) {
+            *w &= !(1 << (pid % 64));
+        }
+    }
+
+    pub fn contains(&self, pid: u32) -> bool {
+        self.0
+            .get(pid as usize / 64)
+            .is_some_and(|w| w & (1 << (pid % 64)) != 0)
+    }
 }
 
 /// Each fd's current generation (successful closes of that fd number so far): a `FILEIO` row
@@ -81,11 +126,14 @@ pub(super) fn file_name(
     k: &FdKey,
     lineage: &Lineage,
 ) -> String {
+    // A slot of its own, even one left blank (two files opened under the key, past an exec's
+    // or close_range's closes, which move no generation on): not the file it inherited.
+    let slot = opened.and_then(|m| opened_slot(m, k));
     fds.get(k)
         .or_else(|| recent.get(k))
         .cloned()
-        .or_else(|| opened.and_then(|m| opened_path(m, k)))
-        .or_else(|| inherited(fds, k, lineage))
+        .or_else(|| slot.clone().flatten())
+        .or_else(|| slot.is_none().then(|| inherited(fds, k, lineage)).flatten())
         .unwrap_or_else(|| format!("<closed fd {}>", k.fd))
 }
 
@@ -130,6 +178,10 @@ pub struct Learned<'a> {
     pub fds: &'a BTreeMap<FdKey, String>,
     /// The kernel frames of the waits threads were seeded in (`KSTACK_SEEDED`).
     pub seeded: &'a super::SeededStacks,
+    /// Processes whose fd generations and names were forgotten ([`parent_for_fds`]).
+    pub forgotten: &'a PidSet,
+    /// Since when the syscall programs have counted closes, if they do now.
+    pub fds_seen_since: Option<u64>,
 }
 
 pub fn fill(
@@ -140,7 +192,13 @@ pub fn fill(
     learned: Learned<'_>,
     mut retired: super::retire::Retired,
 ) -> Result<()> {
-    let Learned { comms, fds, seeded } = learned;
+    let Learned {
+        comms,
+        fds,
+        seeded,
+        forgotten,
+        fds_seen_since,
+    } = learned;
     let mut rows: Vec<Row> = crate::batch::read::<WallKey, WallVal>(ebpf, WALL_MAP)?
         .into_iter()
         .map(|(key, val)| Row { key, val })
@@ -297,7 +355,7 @@ pub fn fill(
     let recent = retired.take_recent_names();
     fill_syscalls(ebpf, data, retired)?;
     let gens = fd_gens(ebpf).unwrap_or_default();
-    let parent = |pid: u32| forked_child_of(ctx.tracker, pid);
+    let parent = |pid: u32| parent_for_fds(ctx.tracker, forgotten, fds_seen_since, pid);
     let lineage = Lineage {
         parent: &parent,
         gens: &gens,
@@ -628,12 +686,14 @@ fn rollup_dirs(files: &[FileIo], top: usize) -> Vec<DirIo> {
 
 /// The path in `FD_NAMES` that names the file `key`, if its set still holds it: a set's
 /// lookups per row that /proc did not name, not a read of every slot.
-fn opened_path(names: &aya::maps::Array<&MapData, FdName>, key: &FdKey) -> Option<String> {
+/// `key`'s slot in `FD_NAMES`, if its set holds one: the path it was opened by, or none where
+/// the slot was left blank.
+fn opened_slot(names: &aya::maps::Array<&MapData, FdName>, key: &FdKey) -> Option<Option<String>> {
     let set = FdName::set(key);
     let n = (set..set + FD_NAME_WAYS)
         .filter_map(|i| names.get(&i, 0).ok())
         .find(|n| n.key == *key)?;
-    (!n.bytes().is_empty()).then(|| String::from_utf8_lossy(n.bytes()).into_owned())
+    Some((!n.bytes().is_empty()).then(|| String::from_utf8_lossy(n.bytes()).into_owned()))
 }
 
 /// The file a wait on `fd` of process `tgid` was on, as far as /proc's names tell: the name
@@ -935,6 +995,69 @@ mod tests {
     /// which forks `echo` (300): echo's stdout is the shell's. Not a fd the child replaced
     /// or reopened (a later generation), not past stderr, not where an ancestor closed it,
     /// and not for a process that was there at the attach.
+    /// Whose fds a child got, for sure: not a child forked before closes were counted, nor
+    /// one whose parent's pid was forgotten or is a later process's.
+    #[test]
+    fn a_parent_is_trusted_only_while_its_pid_is_still_it() {
+        use crate::tracker::{Tracked, Tracker};
+        let mut tracker = Tracker::default();
+        let mut add = |pid: u32, ppid: u32, forked_at: Option<u64>| {
+            let mut t = Tracked {
+                forked_at,
+                ..Default::default()
+            };
+            t.info.ppid = Some(ppid);
+            tracker.procs.insert(pid, t);
+        };
+        add(100, 1, None);
+        add(200, 100, Some(1_000));
+        add(300, 100, Some(50));
+        add(400, 500, Some(2_000));
+        add(500, 1, Some(3_000));
+        add(600, 700, Some(2_000));
+        add(700, 1, None);
+        let mut forgotten = PidSet::default();
+        let seen = Some(100);
+        assert_eq!(parent_for_fds(&tracker, &forgotten, seen, 200), Some(100));
+        assert_eq!(
+            parent_for_fds(&tracker, &forgotten, None, 200),
+            None,
+            "closes unseen now"
+        );
+        assert_eq!(
+            parent_for_fds(&tracker, &forgotten, seen, 300),
+            None,
+            "forked before"
+        );
+        assert_eq!(
+            parent_for_fds(&tracker, &forgotten, seen, 100),
+            None,
+            "there at the attach"
+        );
+        assert_eq!(
+            parent_for_fds(&tracker, &forgotten, seen, 400),
+            None,
+            "its pid, later"
+        );
+        assert_eq!(parent_for_fds(&tracker, &forgotten, seen, 600), Some(700));
+        forgotten.insert(700);
+        assert_eq!(
+            parent_for_fds(&tracker, &forgotten, seen, 600),
+            None,
+            "forgotten"
+        );
+        forgotten.remove(700);
+        tracker.pids_reused.insert(700);
+        assert_eq!(
+            parent_for_fds(&tracker, &forgotten, seen, 600),
+            None,
+            "taken again"
+        );
+        let mut big = PidSet::default();
+        big.insert(4_194_303);
+        assert!(big.contains(4_194_303) && !big.contains(4_194_302) && !big.contains(7));
+    }
+
     #[test]
     fn standard_fds_are_named_after_the_parent_they_came_from() {
         let fds: BTreeMap<FdKey, String> = [(fd(100, 1, 0), "pipe:[77]".to_string())].into();

@@ -490,6 +490,12 @@ pub struct Accounting {
     comms: BTreeMap<u32, (u32, String)>,
     /// (tgid, fd, generation) -> the file, read from /proc while that generation was open.
     fds: BTreeMap<tracer_common::wall::FdKey, String>,
+    /// Processes gone a files pass ago, their fd generations and names forgotten (until a
+    /// fork takes the pid): a child's inherited fds are not named through them.
+    forgotten: fill::PidSet,
+    /// When the syscall programs last came on (attached, or back after a storm): closes and
+    /// `dup2`s are counted from then.
+    sys_on_since: Option<u64>,
     attached: Vec<&'static str>,
     /// What dead threads left in the maps, taken out as the trace runs.
     retired: retire::Retired,
@@ -568,6 +574,8 @@ impl Accounting {
             reread_names: false,
             named: std::collections::HashMap::new(),
             fds: BTreeMap::new(),
+            forgotten: fill::PidSet::default(),
+            sys_on_since: None,
             attached: Vec::new(),
             retired: retire::Retired::default(),
             exited_seen: BTreeSet::new(),
@@ -1109,6 +1117,16 @@ impl Accounting {
         Ok(())
     }
 
+    /// Since when closes and `dup2`s onto fds have been counted, if they are now
+    /// (`sys_on_since`): not while the syscall programs are off or stopped themselves at a
+    /// storm.
+    fn fds_seen_since(&self, ebpf: &Ebpf) -> Option<u64> {
+        if self.sys_gate.as_ref().is_some_and(|g| !g.is_on()) || halted_at(ebpf).is_some() {
+            return None;
+        }
+        self.sys_on_since
+    }
+
     /// A storm whose event went missing (a full ring), or has not been read yet at the end:
     /// the programs stopped themselves all the same (`SYS_HALT_MAP`), and the gate takes them
     /// as off from then. Whether they must now be taken off.
@@ -1162,6 +1180,7 @@ impl Accounting {
                 *link = Some(bpf::reattach_tracepoint(ebpf, prog, tp)?);
             }
         }
+        self.sys_on_since = Some(ktime_now());
         self.name_fds_now(ebpf);
         Ok(())
     }
@@ -1465,6 +1484,7 @@ impl ProbeFamily for Accounting {
         // Timed before and after, while no thread is seeded (`overhead::syscall_trap`).
         let bare = crate::overhead::syscall_trap::bare();
         self.attach_syscalls(ebpf, &btf, classic.is_none(), verbose)?;
+        self.sys_on_since = Some(ktime_now());
         let progs: Vec<&str> = self.sys_links.iter().map(|(p, _, _)| *p).collect();
         let measured = crate::overhead::syscall_trap::measure(ebpf, ctx.uprobes, &progs, bare);
         if ctx.args.verbose {
@@ -1658,6 +1678,7 @@ impl ProbeFamily for Accounting {
                     }
                     Life::Forked(pid) => {
                         self.exited_since.remove(&pid);
+                        self.forgotten.remove(pid);
                         self.forked_since.insert(pid);
                     }
                 }
@@ -1674,9 +1695,18 @@ impl ProbeFamily for Accounting {
                 .difference(&self.forked_since)
                 .copied()
                 .collect();
-            let parent = |pid: u32| fill::forked_child_of(tracker, pid);
+            let seen_since = self.fds_seen_since(ebpf);
+            let forgotten = &self.forgotten;
+            let parent = |pid: u32| fill::parent_for_fds(tracker, forgotten, seen_since, pid);
             match self.retired.files_pass(ebpf, &self.fds, &gone, &parent) {
-                Ok((_, forgotten)) => self.fds.retain(|k, _| !forgotten.contains(&k.tgid)),
+                Ok(_) => {
+                    // All their rows were taken, named, in the pass: their names and
+                    // generations are no more (the generations of those that had any).
+                    self.fds.retain(|k, _| !gone.contains(&k.tgid));
+                    for pid in &gone {
+                        self.forgotten.insert(*pid);
+                    }
+                }
                 Err(e) => self.retire_failed = Some(format!("{e:#}")),
             }
             self.exited_seen = std::mem::take(&mut self.exited_since);
@@ -1807,6 +1837,8 @@ impl ProbeFamily for Accounting {
             comms: &self.comms,
             fds: &self.fds,
             seeded: &self.seeded_stacks,
+            forgotten: &self.forgotten,
+            fds_seen_since: self.fds_seen_since(ebpf),
         };
         fill::fill(ebpf, ctx, data, end, learned, retired)?;
         if let Some(w) = self.run_times.check(&mut data.report) {
