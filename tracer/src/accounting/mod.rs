@@ -1056,6 +1056,15 @@ fn fd_move_in_flight(ebpf: &Ebpf) -> bool {
 
 /// When the syscall programs stopped themselves at a storm, if they have not been put back on
 /// since (`SYS_HALT_MAP`); None too when it cannot be read.
+fn fd_key(tgid: u32, fd: i32, gen: u32) -> tracer_common::wall::FdKey {
+    tracer_common::wall::FdKey {
+        tgid,
+        fd,
+        gen,
+        _pad: 0,
+    }
+}
+
 fn halted_at(ebpf: &Ebpf) -> Option<u64> {
     retire::counter(ebpf, tracer_common::wall::SYS_HALT_MAP)
         .ok()
@@ -1679,6 +1688,16 @@ impl ProbeFamily for Accounting {
                     Life::Forked(pid) => {
                         self.exited_since.remove(&pid);
                         self.forgotten.remove(pid);
+                        // An earlier process's names under this pid (one that closed nothing
+                        // keeps them past its exit) are not the new one's files.
+                        let old: Vec<tracer_common::wall::FdKey> = self
+                            .fds
+                            .range(fd_key(pid, i32::MIN, 0)..=fd_key(pid, i32::MAX, u32::MAX))
+                            .map(|(k, _)| *k)
+                            .collect();
+                        for k in old {
+                            self.fds.remove(&k);
+                        }
                         self.forked_since.insert(pid);
                     }
                 }
@@ -1699,10 +1718,10 @@ impl ProbeFamily for Accounting {
             let forgotten = &self.forgotten;
             let parent = |pid: u32| fill::parent_for_fds(tracker, forgotten, seen_since, pid);
             match self.retired.files_pass(ebpf, &self.fds, &gone, &parent) {
-                Ok(_) => {
-                    // All their rows were taken, named, in the pass: their names and
-                    // generations are no more (the generations of those that had any).
-                    self.fds.retain(|k, _| !gone.contains(&k.tgid));
+                Ok((_, forgotten)) => {
+                    self.fds.retain(|k, _| !forgotten.contains(&k.tgid));
+                    // All their rows were taken and named in the pass; those that had fd
+                    // generations have them no more (read as none from now).
                     for pid in &gone {
                         self.forgotten.insert(*pid);
                     }
