@@ -1244,9 +1244,16 @@ fn partial_files(dir: &std::path::Path) -> Vec<String> {
 
 /// Waits (up to 20 s) until a file of the report is being written in `dir`.
 fn wait_partial(dir: &std::path::Path, live: &Live) {
+    wait_until(live, "a file being written", || {
+        !partial_files(dir).is_empty()
+    });
+}
+
+/// Waits (up to 20 s) until `done`.
+fn wait_until(live: &Live, what: &str, done: impl Fn() -> bool) {
     let until = Instant::now() + Duration::from_secs(20);
-    while partial_files(dir).is_empty() {
-        assert!(Instant::now() < until, "no file written\n{}", live.stderr());
+    while !done() {
+        assert!(Instant::now() < until, "no {what}\n{}", live.stderr());
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -1269,16 +1276,14 @@ fn an_aborted_report_leaves_no_half_written_file() {
     live.wait_stderr("writing the report");
     let held = live.held();
     // Past the first file (each is held 1.5 s): one whole file stays.
-    let until = Instant::now() + Duration::from_secs(20);
-    while std::fs::read_dir(&dir).map_or(0, |d| {
-        d.filter_map(|e| e.ok())
-            .filter(|e| !e.file_name().to_string_lossy().ends_with(".tmp"))
-            .count()
-    }) == 0
-    {
-        assert!(Instant::now() < until, "no file written\n{}", live.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let whole = || {
+        std::fs::read_dir(&dir).map_or(0, |d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| !e.file_name().to_string_lossy().ends_with(".tmp"))
+                .count()
+        })
+    };
+    wait_until(&live, "whole file", || whole() > 0);
     wait_partial(&dir, &live);
     live.signal(libc::SIGTERM);
     live.wait_stderr("interrupt again to abort");
@@ -1293,8 +1298,7 @@ fn an_aborted_report_leaves_no_half_written_file() {
         live.stderr()
     );
     assert_eq!(partial_files(&dir), Vec::<String>::new());
-    let whole = std::fs::read_dir(&dir).unwrap().count();
-    assert!(whole >= 1, "the files written before the abort stay");
+    assert!(whole() >= 1, "the files written before the abort stay");
     assert_released(&held, live.pid());
 
     let target = Bg(Command::new("sleep").arg("30").spawn().unwrap());
