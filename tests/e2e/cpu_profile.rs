@@ -276,6 +276,51 @@ fn programs_that_exit_long_before_the_end_are_named() {
     assert!(named * 10 >= all * 8, "{named} of {all} named\n{folded}");
 }
 
+/// Past the rows kept of exited processes' samples (lowered to 20 here from 16,384), the
+/// later programs' samples are folded by command and stack (thread 0 in cpu.folded), still
+/// taken and named as they exit, and said. Left in the kernel's map instead, an hour of a
+/// shell loop's processes filled it: 73,695 samples lost.
+#[test]
+fn exited_programs_past_the_rows_kept_are_folded_and_named() {
+    let _g = serial();
+    if !require_root("exited_programs_past_the_rows_kept_are_folded_and_named") {
+        return;
+    }
+    let spin = build_c("exec_after", &[]);
+    let dir = out_dir("exited-programs-folded");
+    let script = format!(
+        "i=0; while [ $i -lt 60 ]; do {} 30; i=$((i+1)); done",
+        spin.display()
+    );
+    let run = gputrace_env(
+        &["-o", dir.to_str().unwrap(), "--", "/bin/sh", "-c", &script],
+        &[
+            ("GPUTRACE_MAX_EXITED_MAPS", "10"),
+            ("GPUTRACE_MAX_EXITED_SAMPLES", "20"),
+        ],
+    );
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    let programs = lines_of(&folded, "exec_after-");
+    let (named, all) = leaf_samples(&programs, "spin_after_exec");
+    assert!(all >= 60, "{folded}");
+    assert!(named * 10 >= all * 8, "{named} of {all} named\n{folded}");
+    let in_folded: u64 = programs
+        .lines()
+        .filter(|l| l.split(';').next().is_some_and(|t| t.ends_with("/0")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(
+        in_folded * 2 >= all,
+        "{in_folded} of {all} folded\n{folded}"
+    );
+    let warnings = run.report(&dir)["warnings"].to_string();
+    assert!(
+        warnings.contains("folded by command and stack"),
+        "{warnings}"
+    );
+}
+
 /// A library loaded with dlopen mid-trace by a process that exits 1.3 s later, before the
 /// every-2-s read of all maps: its samples are named from the read the mapping itself set
 /// off, not left `[unknown]`.

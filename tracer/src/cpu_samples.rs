@@ -7,9 +7,11 @@
 //! frames for the last 256 such programs, and `[unknown]` for the others. So once 128
 //! processes exited since the last look, the rows of the exited processes are taken out of
 //! the map and symbolised at once (`Exited`), which also leaves the map's 65,536 rows to the
-//! processes still running. What this misses is symbolised at the end as before, or not at
-//! all: more than ~128 exits in one tick (100 ms) before a look, rows past the 16,384 kept,
-//! and rows with a Python stack, of processes whose maps were dropped by then.
+//! processes still running. Past [`MAX_EXITED_ROWS`] rows, each new one is folded into a row
+//! of its command and stack ([`FOLDED_TID`]): an hour of a shell loop's short processes had
+//! left its rows in the map, which filled, and 73,695 samples were lost. What this misses is
+//! symbolised at the end as before, or not at all: more than ~128 exits in one tick (100 ms)
+//! before a look, and rows with a Python stack, of processes whose maps were dropped by then.
 
 use std::{cell::Cell, collections::BTreeSet};
 
@@ -30,10 +32,15 @@ use crate::{
     tracker::{max_exited_maps, Life, Tracker},
 };
 
-/// Rows of exited processes' samples kept symbolised at most (~2 KB each, ~35 MB). Past it,
-/// the rows stay in the kernel's map and are read at the end, as all were before.
-/// `GPUTRACE_MAX_EXITED_SAMPLES` lowers it, for tests.
+/// Rows of exited processes' samples kept symbolised, each its own (~2 KB each, ~35 MB). Past
+/// it, a sample is folded into a row of its command and stack, one per such pair, under the
+/// first process's pid and tid [`FOLDED_TID`]. `GPUTRACE_MAX_EXITED_SAMPLES` lowers it, for
+/// tests.
 pub const MAX_EXITED_ROWS: usize = 16_384;
+
+/// The tid of the rows exited processes' samples are folded into past [`MAX_EXITED_ROWS`]:
+/// no thread's (the idle task's), as `accounting::aggregate::FOLDED_TID`.
+pub const FOLDED_TID: u32 = 0;
 
 fn max_exited_rows() -> usize {
     crate::env_cap("GPUTRACE_MAX_EXITED_SAMPLES", MAX_EXITED_ROWS)
@@ -48,6 +55,10 @@ pub struct Exited {
     /// Exits since the last pass.
     exits: usize,
     max_rows: usize,
+    /// Past `max_rows`: the folded rows, by a hash of (command, stack, kernel mode), at their
+    /// index in `samples` (not a copy of each stack); and how many samples went into them.
+    folded: std::collections::HashMap<u64, Vec<usize>>,
+    folded_samples: u64,
     /// Why a pass failed, if one did: the later ones are not tried, and the rows are read at
     /// the end (those that pass took too, from `unread`).
     failed: Option<String>,
@@ -62,6 +73,8 @@ impl Exited {
             exits: 0,
             python,
             max_rows: max_exited_rows(),
+            folded: std::collections::HashMap::new(),
+            folded_samples: 0,
             failed: None,
             unread: Vec::new(),
         }
@@ -84,10 +97,7 @@ impl Exited {
         drain: impl FnOnce(&mut Tracker),
     ) -> bool {
         self.exits += exits(&tracker.lives);
-        if self.failed.is_some()
-            || self.samples.len() >= self.max_rows
-            || self.exits < (max_exited_maps() / 2).max(1)
-        {
+        if self.failed.is_some() || self.exits < (max_exited_maps() / 2).max(1) {
             return false;
         }
         self.exits = 0;
@@ -109,8 +119,8 @@ impl Exited {
             .filter(|(_, t)| t.info.exited)
             .map(|(pid, _)| *pid)
             .collect();
-        // At most the room left: one pass could take the whole map (65,536 rows).
-        let room = Cell::new(self.max_rows.saturating_sub(self.samples.len()));
+        // At most `max_rows` a pass: one pass could take the whole map (65,536 rows).
+        let room = Cell::new(self.max_rows);
         let mut map: HashMap<&mut MapData, SampleKey, u64> = HashMap::try_from(
             ebpf.map_mut(CPU_COUNTS_MAP)
                 .context("map CPU_COUNTS missing")?,
@@ -139,7 +149,11 @@ impl Exited {
         self.sym.use_held(tracker.held.paths());
         self.sym.use_perf_maps(tracker.held.perf_map_paths());
         match symbolize(ebpf, tracker, &rows, &mut self.sym, &self.python) {
-            Ok(cpu) => self.samples.extend(cpu.samples),
+            Ok(cpu) => {
+                for s in cpu.samples {
+                    self.keep(s);
+                }
+            }
             Err(e) => {
                 // Out of the map already: read with the rest at the end.
                 self.unread = rows;
@@ -149,13 +163,51 @@ impl Exited {
         Ok(())
     }
 
+    /// Keeps sample `s`: its own row up to `max_rows`, past them folded into its command's
+    /// and stack's.
+    fn keep(&mut self, s: StackSample) {
+        if self.samples.len() < self.max_rows {
+            self.samples.push(s);
+            return;
+        }
+        use std::hash::{Hash, Hasher};
+        self.folded_samples += s.count;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&s.comm, &s.frames, s.kernel_mode).hash(&mut h);
+        let same = self.folded.entry(h.finish()).or_default();
+        let samples = &mut self.samples;
+        let found = same.iter().copied().find(|&i| {
+            let f = &samples[i];
+            f.comm == s.comm && f.frames == s.frames && f.kernel_mode == s.kernel_mode
+        });
+        match found {
+            Some(i) => samples[i].count += s.count,
+            None => {
+                same.push(samples.len());
+                samples.push(StackSample {
+                    tid: FOLDED_TID,
+                    ..s
+                });
+            }
+        }
+    }
+
     /// The samples taken, the symboliser, and why the passes stopped if they failed.
     pub fn finish(self) -> Finished {
+        let folded = (self.folded_samples > 0).then(|| {
+            format!(
+                "to bound memory, {} CPU samples of exited processes, past {} rows of them, \
+                 were folded by command and stack: in cpu.folded under the first such \
+                 process's pid, thread 0",
+                self.folded_samples, self.max_rows
+            )
+        });
         Finished {
             samples: self.samples,
             unread: self.unread,
             sym: self.sym,
             failed: self.failed,
+            folded,
         }
     }
 }
@@ -168,6 +220,8 @@ pub struct Finished {
     pub unread: Vec<RawSample>,
     pub sym: Symbolizer,
     pub failed: Option<String>,
+    /// What was folded past [`MAX_EXITED_ROWS`], as a warning.
+    pub folded: Option<String>,
 }
 
 fn exits(lives: &[Life]) -> usize {

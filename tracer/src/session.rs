@@ -358,6 +358,7 @@ fn trace(
         unread,
         sym: mut symbolizer,
         failed: exited_failed,
+        folded: exited_folded,
     } = exited.finish();
     samples.extend(unread);
     symbolizer.use_held(tracker.held.paths());
@@ -415,6 +416,7 @@ fn trace(
                 )
             })
             .chain(truncated_stacks(&cpu))
+            .chain(exited_folded)
             .chain(exited_failed.map(|e| {
                 format!(
                     "CPU samples of exited processes were read at the end only after a pass \
