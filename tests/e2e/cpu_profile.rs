@@ -238,6 +238,26 @@ fn samples_around_an_exec_are_named_from_their_own_image() {
     assert!(named * 10 >= all * 8, "{named} of {all} named\n{folded}");
 }
 
+/// Traces a shell running 60 programs of 30 ms each one after the other, the maps of 10
+/// exited processes kept (256 by default) and `env`: the folded stacks and the report.
+fn run_exited_programs(name: &str, env: &[(&str, &str)]) -> (String, serde_json::Value) {
+    let spin = build_c("exec_after", &[]);
+    let dir = out_dir(name);
+    let script = format!(
+        "i=0; while [ $i -lt 60 ]; do {} 30; i=$((i+1)); done",
+        spin.display()
+    );
+    let mut env = env.to_vec();
+    env.push(("GPUTRACE_MAX_EXITED_MAPS", "10"));
+    let run = gputrace_env(
+        &["-o", dir.to_str().unwrap(), "--", "/bin/sh", "-c", &script],
+        &env,
+    );
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    (folded, run.report(&dir))
+}
+
 /// Programs a job runs and that exit while the trace goes on (a shell-out every few seconds),
 /// more of them than gputrace keeps the maps of (lowered to 10 here from 256): their samples
 /// are named all the same, taken and symbolised as they exit. Read at the end, only the last
@@ -250,18 +270,7 @@ fn programs_that_exit_long_before_the_end_are_named() {
     if !require_root("programs_that_exit_long_before_the_end_are_named") {
         return;
     }
-    let spin = build_c("exec_after", &[]);
-    let dir = out_dir("exited-programs");
-    let script = format!(
-        "i=0; while [ $i -lt 60 ]; do {} 30; i=$((i+1)); done",
-        spin.display()
-    );
-    let run = gputrace_env(
-        &["-o", dir.to_str().unwrap(), "--", "/bin/sh", "-c", &script],
-        &[("GPUTRACE_MAX_EXITED_MAPS", "10")],
-    );
-    assert_eq!(run.code(), 0, "{}", run.stderr);
-    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    let (folded, _) = run_exited_programs("exited-programs", &[]);
     let programs = lines_of(&folded, "exec_after-");
     let (named, all) = leaf_samples(&programs, "spin_after_exec");
     let pids: std::collections::BTreeSet<&str> = programs
@@ -286,21 +295,10 @@ fn exited_programs_past_the_rows_kept_are_folded_and_named() {
     if !require_root("exited_programs_past_the_rows_kept_are_folded_and_named") {
         return;
     }
-    let spin = build_c("exec_after", &[]);
-    let dir = out_dir("exited-programs-folded");
-    let script = format!(
-        "i=0; while [ $i -lt 60 ]; do {} 30; i=$((i+1)); done",
-        spin.display()
+    let (folded, report) = run_exited_programs(
+        "exited-programs-folded",
+        &[("GPUTRACE_MAX_EXITED_SAMPLES", "20")],
     );
-    let run = gputrace_env(
-        &["-o", dir.to_str().unwrap(), "--", "/bin/sh", "-c", &script],
-        &[
-            ("GPUTRACE_MAX_EXITED_MAPS", "10"),
-            ("GPUTRACE_MAX_EXITED_SAMPLES", "20"),
-        ],
-    );
-    assert_eq!(run.code(), 0, "{}", run.stderr);
-    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
     let programs = lines_of(&folded, "exec_after-");
     let (named, all) = leaf_samples(&programs, "spin_after_exec");
     assert!(all >= 60, "{folded}");
@@ -314,7 +312,7 @@ fn exited_programs_past_the_rows_kept_are_folded_and_named() {
         in_folded * 2 >= all,
         "{in_folded} of {all} folded\n{folded}"
     );
-    let warnings = run.report(&dir)["warnings"].to_string();
+    let warnings = report["warnings"].to_string();
     assert!(
         warnings.contains("folded by command and stack"),
         "{warnings}"
