@@ -197,15 +197,10 @@ fn open_in_root(root: &OwnedFd, name: &str) -> Option<OwnedFd> {
 }
 
 /// When a process whose `starttime` (clock ticks since boot) is this started, on the wall
-/// clock.
+/// clock (`procfs::start_floor_ktime`, moved from the monotonic clock).
 fn start_time(starttime: u64) -> Option<SystemTime> {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if hz <= 0 {
-        return None;
-    }
-    let start_boot = starttime.checked_mul(1_000_000_000 / hz as u64)?;
-    let ago = crate::probes::clock_ns(libc::CLOCK_BOOTTIME).saturating_sub(start_boot);
+    let ago =
+        crate::probes::ktime_now().saturating_sub(crate::procfs::start_floor_ktime(starttime)?);
     SystemTime::now().checked_sub(Duration::from_nanos(ago))
 }
 

@@ -294,27 +294,17 @@ impl Symbolizer {
                         out[i] = Some(f);
                     }
                 }
-                // Code in anonymous memory is a JIT's, or in memory mapped after the maps were
-                // read: its perf map, if it wrote one, may name it.
-                Some(m) if m.path.is_empty() => {
-                    out[i] = Some(
-                        self.jit_frame(pid, ip)
-                            .unwrap_or_else(|| Frame::unknown(Some("[anon]".to_string()), false)),
-                    );
-                }
-                // Named anonymous memory (`[anon:NAME]`, prctl's) may be a JIT's too.
-                Some(m) if m.path.starts_with("[anon:") => {
-                    out[i] = Some(
-                        self.jit_frame(pid, ip)
-                            .unwrap_or_else(|| Frame::unknown(Some(m.path.clone()), false)),
-                    );
-                }
-                Some(m) => out[i] = Some(Frame::unknown(Some(m.path.clone()), false)),
-                None => {
-                    out[i] = Some(
-                        self.jit_frame(pid, ip)
-                            .unwrap_or_else(|| Frame::unknown(None, false)),
-                    )
+                // Code in anonymous memory (named with prctl's `[anon:NAME]` too) is a JIT's,
+                // and so may be code outside the maps read (mapped after): its perf map, if it
+                // wrote one, may name it.
+                m => {
+                    let module = m.map(|m| match m.path.as_str() {
+                        "" => "[anon]".to_string(),
+                        p => p.to_string(),
+                    });
+                    let jit = m.is_none_or(|m| m.path.is_empty() || m.path.starts_with("[anon:"));
+                    let named = if jit { self.jit_frame(pid, ip) } else { None };
+                    out[i] = Some(named.unwrap_or_else(|| Frame::unknown(module, false)));
                 }
             }
         }

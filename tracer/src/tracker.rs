@@ -33,10 +33,8 @@ pub struct Tracked {
     /// Its /proc was never its own when looked at (gone, or its pid already taken): never read.
     pub foreign: bool,
     /// When it was forked (CLOCK_MONOTONIC ns), for a process seen fork: a first read of its
-    /// /proc after a failed one must find a process started no later.
-    pub forked_ns: Option<u64>,
-    /// When it was seen fork (CLOCK_MONOTONIC ns): what it did with the fds its parent gave
-    /// it since is in the syscall programs' counts, where they were on.
+    /// /proc after a failed one must find a process started no later, and what it did with
+    /// the fds its parent gave it since is in the syscall programs' counts, where they were on.
     pub forked_at: Option<u64>,
     /// Its parent's start time at the first read, to tell the parent from a later process
     /// under the parent's pid.
@@ -344,7 +342,7 @@ impl Tracker {
             }
             None => {
                 let started_after_fork = t
-                    .forked_ns
+                    .forked_at
                     .is_some_and(|f| procfs::started_after(st.starttime, f));
                 if started_after_fork || other_parent.is_some_and(|pp| parent_alive(pp, None)) {
                     t.foreign = true;
@@ -406,10 +404,6 @@ impl Tracker {
                     t.forked_at = Some(ev.ts_ns);
                     // An entry kept from an earlier process (its exit unseen) had that one's.
                     t.info.ppid = Some(ev.ppid);
-                }
-                // For a first read put off (its /proc could not be read just now).
-                if let Some(t) = self.procs.get_mut(&ev.pid).filter(|t| t.start.is_none()) {
-                    t.forked_ns = Some(ev.ts_ns);
                 }
                 // Until it execs the child runs its parent's code: start from the parent's maps
                 // and name (a short-lived child is gone before /proc can be read).
@@ -748,7 +742,7 @@ mod tests {
         // that child.
         let mut t = Tracker::new(&[BASE]);
         let p = t.procs.entry(me).or_default();
-        p.forked_ns = Some(0);
+        p.forked_at = Some(0);
         p.maps_stale = true;
         t.refresh_maps(true);
         assert!(t.procs[&me].foreign);

@@ -982,14 +982,7 @@ fn unseen_completions(
 mod tests {
     use super::*;
 
-    fn fd(tgid: u32, fd: i32, gen: u32) -> FdKey {
-        FdKey {
-            tgid,
-            fd,
-            gen,
-            _pad: 0,
-        }
-    }
+    use crate::accounting::fd_key as fd;
 
     /// A shell (100, its stdout a pipe gputrace named while it ran) forks a subshell (200),
     /// which forks `echo` (300): echo's stdout is the shell's. Not a fd the child replaced
