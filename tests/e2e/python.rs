@@ -640,6 +640,13 @@ fn python_stacks_the_kernel_cut_are_marked() {
     assert!(!bottom.is_empty() && cut == bottom.len(), "{folded}");
     let warnings = r["warnings"].to_string();
     assert!(warnings.contains("cut at 64 frames"), "{warnings}");
+    // A native walk that ran to the kernel's limit through garbage (one `[unknown]` under its
+    // `[truncated]`; once in six runs of the interpreter's start-up) is not this stack's.
     let (_, folded) = trace("20");
-    assert!(!folded.contains("[truncated]"), "{folded}");
+    assert!(
+        !folded
+            .lines()
+            .any(|l| l.contains("[truncated];") && !l.contains("[truncated];[unknown]")),
+        "{folded}"
+    );
 }

@@ -907,8 +907,9 @@ fn truncated_stacks(cpu: &CpuProfile) -> impl Iterator<Item = String> {
     let garbage = (garbage > 0).then(|| {
         format!(
             "{garbage} of {} CPU samples had user stacks walked {} frames into addresses no \
-             code covers (`[unknown]`): a frame-pointer walk through code built without frame \
-             pointers; only their innermost named frames mean anything",
+             code covers (one `[unknown]` under `[truncated]` in the flame graphs): a \
+             frame-pointer walk through code built without frame pointers; only their \
+             innermost named frames mean anything",
             cpu.total(),
             crate::symbolize::MAX_STACK_FRAMES
         )

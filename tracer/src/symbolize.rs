@@ -242,6 +242,18 @@ impl Symbolizer {
     /// User stack (leaf first) of process `pid` to frames (leaf first), using `maps` (sorted by
     /// start). `alive` says whether /proc/PID/map_files can still be used.
     pub fn user(&mut self, pid: u32, maps: &[Mapping], alive: bool, ips: &[u64]) -> Vec<Frame> {
+        let full = ips.len();
+        // A frame-pointer walk through code built without frame pointers (a distribution's
+        // Python) reads on from whatever the register held: a return address in data, the
+        // heap or a stack, where no call returns to, and then the same word over and over up
+        // to the kernel's limit (a Python 3.11 sample: `_PyRuntime` and 125 `[unknown]`, cut
+        // as if deep). Its frames from there on are not the caller's; its root is unknown.
+        // Memory in no mapping read, or anonymous, is left alone: it may be code mapped (or
+        // made executable, as a JIT does) since the maps were read.
+        let lost = ips.iter().skip(1).position(|&ip| {
+            find_mapping(maps, ip.saturating_sub(1)).is_some_and(|m| never_code(m))
+        });
+        let ips = &ips[..lost.map_or(full, |i| i + 1)];
         // A return address points after the call; step back into the call so a call at the
         // very end of a function is attributed to that function.
         let lookup_ips: Vec<u64> = ips
@@ -350,7 +362,14 @@ impl Symbolizer {
             .into_iter()
             .map(|f| f.unwrap_or_else(|| Frame::unknown(None, false)))
             .collect();
-        if ips.len() >= MAX_STACK_FRAMES {
+        if lost.is_some() {
+            frames.push(Frame::unknown(None, false));
+        } else if full >= MAX_STACK_FRAMES {
+            // A walk that ran to the limit through addresses nothing names (the same word
+            // read over and over, or memory never mapped) ends in one `[unknown]`: a hundred
+            // of them said nothing more and buried the flame graph's roots.
+            let named = frames.len() - frames.iter().rev().take_while(|f| is_unknown(f)).count();
+            frames.truncate((named + 1).min(frames.len()));
             // The kernel kept the innermost frames only: the root is cut off.
             frames.push(Frame::native(TRUNCATED, None));
         }
@@ -417,6 +436,18 @@ fn same_inode(path: &Path, inode: u64) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.ino() == inode)
 }
 
+/// Whether `f` is a frame nothing named (`[unknown]`, whatever memory it was in).
+pub fn is_unknown(f: &Frame) -> bool {
+    f.name == "[unknown]"
+}
+
+/// Whether no call can return into mapping `m`: a file's data, the heap, a stack. A memfd is
+/// left out: a JIT's (.NET's) may be made executable after the maps were read.
+fn never_code(m: &Mapping) -> bool {
+    let file = m.is_file() && !m.path.starts_with("/memfd:");
+    !m.is_exec() && (file || m.path == "[heap]" || m.path.starts_with("[stack"))
+}
+
 /// The mapping containing `addr`; `maps` sorted by start (as /proc/PID/maps is).
 pub fn find_mapping(maps: &[Mapping], addr: u64) -> Option<&Mapping> {
     let i = maps.partition_point(|m| m.start <= addr);
@@ -450,6 +481,50 @@ mod tests {
         assert_eq!(full.last().unwrap().name, TRUNCATED);
         let short = s.user(pid, &maps, true, &[addr; 3]);
         assert!(short.iter().all(|f| f.name != TRUNCATED));
+        // Walked on through memory no mapping covers: the named frames, one `[unknown]`, cut.
+        let mut junk = vec![addr, addr + 4];
+        junk.resize(MAX_STACK_FRAMES, 8);
+        let names: Vec<String> = s
+            .user(pid, &maps, true, &junk)
+            .into_iter()
+            .map(|f| f.name)
+            .collect();
+        assert_eq!(names.len(), 4, "{names:?}");
+        assert_eq!(names[2..], ["[unknown]", TRUNCATED]);
+    }
+
+    #[test]
+    fn a_walk_that_returns_into_data_ends_there_at_an_unknown_root() {
+        let pid = std::process::id();
+        let mut maps = procfs::read_maps(pid).unwrap();
+        // Inside the function: a caller's address is looked up one byte back.
+        let code = symbolizes_own_function_and_caches as *const () as u64 + 4;
+        let data = maps
+            .iter()
+            .find(|m| m.path == "[heap]" || m.path.starts_with("[stack"))
+            .map(|m| m.start + 8)
+            .unwrap();
+        let mut s = Symbolizer::new();
+        // Leaf, caller, then a word of the stack and the same word up to the kernel's limit.
+        let mut ips = vec![code, code];
+        ips.resize(MAX_STACK_FRAMES, data);
+        let frames = s.user(pid, &maps, true, &ips);
+        assert_eq!(frames.len(), 3, "{frames:?}");
+        assert!(frames[..2]
+            .iter()
+            .all(|f| f.name.contains("symbolizes_own_function")));
+        assert_eq!(frames[2].name, "[unknown]");
+        // A leaf is where the thread was, whatever the mapping; anonymous memory may be a
+        // JIT's code made executable since the maps were read.
+        let frames = s.user(pid, &maps, true, &[data, code]);
+        assert_eq!(frames.len(), 2, "{frames:?}");
+        for m in maps.iter_mut() {
+            if m.start <= data && data < m.end {
+                m.path.clear();
+            }
+        }
+        let frames = s.user(pid, &maps, true, &[code, data, code]);
+        assert_eq!(frames.len(), 3, "{frames:?}");
     }
 
     #[test]

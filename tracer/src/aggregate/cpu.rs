@@ -39,21 +39,23 @@ pub struct FnStat {
 impl CpuProfile {
     /// Samples whose user stacks the kernel cut at its frame limit (a `[truncated]` root):
     /// (deep ones, walks into garbage). A walk that ran the limit through addresses no code
-    /// covers (most frames `[unknown]`) followed a frame-pointer chain through code built
-    /// without frame pointers; it is not a deep stack, and its frames past the first unknown
-    /// ones mean nothing.
+    /// covers (the symboliser leaves one `[unknown]` of them under the `[truncated]` root)
+    /// followed a frame-pointer chain through code built without frame pointers; it is not a
+    /// deep stack.
     pub fn cut_stacks(&self) -> (u64, u64) {
         let (mut deep, mut garbage) = (0, 0);
         for s in &self.samples {
-            if !s
+            let Some(at) = s
                 .frames
                 .iter()
-                .any(|f| f.name == crate::symbolize::TRUNCATED)
-            {
+                .position(|f| f.name == crate::symbolize::TRUNCATED)
+            else {
                 continue;
-            }
-            let unknown = s.frames.iter().filter(|f| f.name == "[unknown]").count();
-            if unknown * 2 > s.frames.len() {
+            };
+            if s.frames
+                .get(at + 1)
+                .is_some_and(crate::symbolize::is_unknown)
+            {
                 garbage += s.count;
             } else {
                 deep += s.count;
@@ -231,8 +233,7 @@ pub(crate) mod tests {
             ..s(1, 1, &[], count)
         };
         let deep = cut(vec!["recurse"; 127], 5);
-        let mut junk = vec!["[unknown]"; 126];
-        junk.push("spin");
+        let junk = vec!["[unknown]", "spin"];
         let garbage = cut(junk, 3);
         let whole = s(1, 2, &["main", "spin"], 7);
         let p = CpuProfile {
