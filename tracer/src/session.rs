@@ -431,7 +431,6 @@ fn trace(
         report,
         cpu,
         timeline: report::timeline::Timeline::with_limit(args.timeline_limit),
-        flames: Vec::new(),
         time: Default::default(),
     };
     report::timeline::add_lifecycle(&mut data.timeline, &tracker.lifecycle, window_start_ktime);

@@ -9,7 +9,7 @@ use anyhow::Result;
 use super::{
     flamegraph, folded,
     model::{time::TimeBreakdown, ProcessReport, Report},
-    units, Flame, ReportData,
+    units, Exporter, ReportData,
 };
 
 const CSS: &str = r#"
@@ -426,15 +426,29 @@ fn nvml_chart(o: &mut String, r: &Report) {
     }
 }
 
+/// A flame graph of the report, as an image, linked to the interactive one written beside
+/// report.html (`file`): an image runs no script, so it neither zooms nor searches, and a
+/// name too long for its frame stays cut.
+struct Flame<'a> {
+    title: &'a str,
+    /// What a frame's width counts (`samples`, `us`).
+    count_name: &'a str,
+    lines: &'a [String],
+    file: &'a str,
+}
+
 fn flame(o: &mut String, f: &Flame) -> Result<()> {
     let mut svg = Vec::new();
-    flamegraph::write_svg(&f.title, &f.count_name, &f.lines, &mut svg)?;
+    flamegraph::write_svg(f.title, f.count_name, f.lines, &mut svg)?;
     let _ = write!(
         o,
-        "<h3>{}</h3><img class=flame alt=\"{}\" src=\"data:image/svg+xml;base64,{}\">",
-        esc(&f.title),
-        esc(&f.title),
-        base64(&svg)
+        "<h3>{} <small class=meta>(<a href=\"{file}\">{file}</a>: click to zoom, Ctrl-F to \
+         search)</small></h3><a href=\"{file}\"><img class=flame alt=\"{}\" \
+         src=\"data:image/svg+xml;base64,{}\"></a>",
+        esc(f.title),
+        esc(f.title),
+        base64(&svg),
+        file = esc(f.file),
     );
     Ok(())
 }
@@ -489,14 +503,40 @@ pub fn render(data: &ReportData) -> Result<String> {
         );
     }
     o.push_str("<h2 id=flamegraphs>Flame graphs</h2>\n");
-    let cpu = Flame {
-        title: "CPU (on-CPU samples)".into(),
-        count_name: "samples".into(),
-        lines: folded::lines(&data.cpu),
-    };
-    flame(&mut o, &cpu)?;
-    for f in &data.flames {
-        flame(&mut o, f)?;
+    let cpu = folded::lines(&data.cpu);
+    flame(
+        &mut o,
+        &Flame {
+            title: "CPU (on-CPU samples)",
+            count_name: "samples",
+            lines: &cpu,
+            file: crate::report::CpuSvg.file_name(),
+        },
+    )?;
+    drop(cpu);
+    for (title, lines, file) in [
+        (
+            "Off-CPU time by reason",
+            &data.time.offcpu,
+            crate::accounting::render::OffcpuSvg.file_name(),
+        ),
+        (
+            "Wall-clock time: on-CPU and off-CPU by category",
+            &data.time.wall,
+            crate::accounting::render::WallSvg.file_name(),
+        ),
+    ] {
+        if !lines.is_empty() {
+            flame(
+                &mut o,
+                &Flame {
+                    title,
+                    count_name: "us",
+                    lines,
+                    file,
+                },
+            )?;
+        }
     }
     legend(&mut o, r);
     for p in &r.processes {
@@ -591,8 +631,10 @@ mod tests {
             report: r,
             cpu,
             timeline: Timeline::default(),
-            flames: vec![],
-            time: Default::default(),
+            time: crate::accounting::Folded {
+                offcpu: vec!["python;[sleep];nanosleep 5".into()],
+                ..Default::default()
+            },
         };
         let html = render(&data).unwrap();
         // A sample page to look at (headless Chromium screenshot), written only when asked.
@@ -616,6 +658,11 @@ mod tests {
         assert!(html.contains("<h3>Directories</h3>"));
         assert!(html.contains("<td>/data/train</td><td>1200</td><td>3.00 s</td>"));
         assert!(html.contains("<polyline"));
+        // Each image links to its interactive flame graph beside the report; no wall-clock
+        // one without its rows.
+        assert!(html.contains("<a href=\"cpu.svg\"><img class=flame"));
+        assert!(html.contains("<a href=\"offcpu.svg\"><img class=flame"));
+        assert!(!html.contains("wall.svg"));
         let b64 = html.split("data:image/svg+xml;base64,").nth(1).unwrap();
         assert!(b64.len() > 100);
         assert!(html.ends_with("</html>\n"));

@@ -38,37 +38,11 @@ pub struct ReportData {
     pub time: crate::accounting::Folded,
     /// Events for trace.json, filled by the probe families while tracing.
     pub timeline: timeline::Timeline,
-    /// Flame graphs beyond the CPU one (off-CPU by reason, ...), embedded in report.html.
-    pub flames: Vec<Flame>,
-}
-
-/// A flame graph a family adds to the HTML report, from folded lines.
-#[derive(Debug, Clone, Default)]
-pub struct Flame {
-    pub title: String,
-    /// What a frame's width counts (`samples`, `ns`).
-    pub count_name: String,
-    pub lines: Vec<String>,
 }
 
 /// Last step before rendering, after every probe family has finished: the verdicts and what
 /// the report says about the timeline.
 pub fn finalize(data: &mut ReportData) {
-    for (title, lines) in [
-        ("Off-CPU time by reason", &data.time.offcpu),
-        (
-            "Wall-clock time: on-CPU and off-CPU by category",
-            &data.time.wall,
-        ),
-    ] {
-        if !lines.is_empty() {
-            data.flames.push(Flame {
-                title: title.into(),
-                count_name: "us".into(),
-                lines: lines.clone(),
-            });
-        }
-    }
     if let Some(n) = &data.report.nvml {
         timeline::add_nvml(&mut data.timeline, n);
     }
