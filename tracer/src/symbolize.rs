@@ -250,9 +250,10 @@ impl Symbolizer {
         // as if deep). Its frames from there on are not the caller's; its root is unknown.
         // Memory in no mapping read, or anonymous, is left alone: it may be code mapped (or
         // made executable, as a JIT does) since the maps were read.
-        let lost = ips.iter().skip(1).position(|&ip| {
-            find_mapping(maps, ip.saturating_sub(1)).is_some_and(|m| never_code(m))
-        });
+        let lost = ips
+            .iter()
+            .skip(1)
+            .position(|&ip| find_mapping(maps, ip.saturating_sub(1)).is_some_and(never_code));
         let ips = &ips[..lost.map_or(full, |i| i + 1)];
         // A return address points after the call; step back into the call so a call at the
         // very end of a function is attributed to that function.
