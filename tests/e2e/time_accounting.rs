@@ -1741,6 +1741,44 @@ fn signal_returns_are_not_errors() {
     assert_eq!(row["errors"].as_u64(), Some(0), "{row:#}");
 }
 
+/// A program that writes to its stdout only as it exits (a trainer's summary line), after
+/// living long enough for a look at /proc, has that stdout named: the look names a process's
+/// standard fds before any I/O on them. Named by nothing else (gputrace, its parent, is not
+/// traced, and /proc is gone by the end), it read `<closed fd 1>`.
+#[test]
+fn stdout_written_only_at_the_exit_is_named() {
+    let _g = serial();
+    if !require_root("stdout_written_only_at_the_exit_is_named") {
+        return;
+    }
+    let dir = out_dir("stdout-at-exit");
+    let run = gputrace(&[
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        "sleep 1.2; echo done",
+    ]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let report = run.report(&dir);
+    let root = &report["target"]["pids"][0];
+    let shell = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == *root)
+        .expect("the shell");
+    let files = shell["files"].as_array().expect("files");
+    let written: Vec<&str> = files
+        .iter()
+        .filter(|f| f["bytes"].as_u64() == Some(5))
+        .filter_map(|f| f["file"].as_str())
+        .collect();
+    assert_eq!(written.len(), 1, "{files:#?}");
+    assert!(!written[0].starts_with("<closed"), "{files:#?}");
+}
+
 /// A shell's children that write to the stdout they inherited and exit before gputrace can
 /// read their /proc (`/bin/echo`, 20 of them) have that stdout named as the shell's is (here
 /// the pipe gputrace's own stdout is), not `<closed fd 1>`. A child whose stdout its shell

@@ -34,8 +34,7 @@ use crate::{
 
 /// The fds seen doing I/O whose file is still the one open now (no close since): those can
 /// be resolved from /proc.
-pub fn open_fds(ebpf: &Ebpf) -> Vec<FdKey> {
-    let gens = fd_gens(ebpf).unwrap_or_default();
+pub fn open_fds(ebpf: &Ebpf, gens: &BTreeMap<(u32, i32), u32>) -> Vec<FdKey> {
     crate::batch::read::<FdKey, FdStat>(ebpf, FILEIO_MAP)
         .map(|v| {
             v.into_iter()

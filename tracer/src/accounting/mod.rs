@@ -493,6 +493,8 @@ pub struct Accounting {
     /// Processes gone a files pass ago, their fd generations and names forgotten (until a
     /// fork takes the pid): a child's inherited fds are not named through them.
     forgotten: fill::PidSet,
+    /// Processes whose standard fds (0-2) were named from /proc ([`Accounting::learn`]).
+    std_named: fill::PidSet,
     /// When the syscall programs last came on (attached, or back after a storm): closes and
     /// `dup2`s are counted from then.
     sys_on_since: Option<u64>,
@@ -575,6 +577,7 @@ impl Accounting {
             named: std::collections::HashMap::new(),
             fds: BTreeMap::new(),
             forgotten: fill::PidSet::default(),
+            std_named: fill::PidSet::default(),
             sys_on_since: None,
             attached: Vec::new(),
             retired: retire::Retired::default(),
@@ -607,8 +610,10 @@ impl Accounting {
             .and_then(|_| retire::counter(ebpf, tracer_common::wall::RENAMES_MAP).ok());
         let moved = renames.is_none() || renames != self.renames_seen;
         let all = moved || self.reread_names;
+        let mut tgids = BTreeSet::new();
         if let Ok(threads) = States::open(ebpf).and_then(|s| s.all(ebpf)) {
             for (tid, st) in threads {
+                tgids.insert(st.tgid);
                 if !all && self.named.get(&tid) == Some(&st.born_ns) {
                     continue;
                 }
@@ -637,35 +642,44 @@ impl Accounting {
         if self.sys_gate.as_ref().is_some_and(|g| !g.is_on()) {
             return;
         }
-        self.name_open_fds(ebpf);
+        self.name_open_fds(ebpf, &tgids);
     }
 
-    /// Names the files of the rows of open fds (their generation current) from /proc, unless
-    /// the programs stopped while /proc was read (its names may then be of files opened after
-    /// a close they did not see).
-    fn name_open_fds(&mut self, ebpf: &Ebpf) {
-        let read = self.read_open_fd_names(ebpf);
-        // Looked at after the read: a move under way at the stop stays under way (its exit is
-        // stopped), and one entered since is marked before it runs. The thread states are
-        // read last, and only when there is something to name.
-        if !read.is_empty()
-            && (halted_at(ebpf).is_none()
-                || (fds_unmoved_since_halt(ebpf) && !fd_move_in_flight(ebpf)))
-        {
-            self.fds.extend(read);
-        }
-    }
-
-    /// What /proc shows under the fds of the rows of open fds not named yet.
-    fn read_open_fd_names(&self, ebpf: &Ebpf) -> Vec<(tracer_common::wall::FdKey, String)> {
-        fill::open_fds(ebpf)
+    /// Names the files of the rows of open fds (their generation current) from /proc, and the
+    /// standard fds of the processes `tgids` not named yet, unless the programs stopped while
+    /// /proc was read (its names may then be of files opened after a close they did not see).
+    /// The standard fds before any I/O on them: a program that writes its one line as it exits
+    /// (a trainer's summary on stderr) is gone by the next look, and its stderr read
+    /// `<closed fd 2>`.
+    fn name_open_fds(&mut self, ebpf: &Ebpf, tgids: &BTreeSet<u32>) {
+        let gens = fill::fd_gens(ebpf).unwrap_or_default();
+        let new: Vec<u32> = tgids
+            .iter()
+            .copied()
+            .filter(|p| !self.std_named.contains(*p))
+            .collect();
+        let std = new.iter().flat_map(|&tgid| {
+            let gens = &gens;
+            (0..=2).map(move |fd| fd_key(tgid, fd, gens.get(&(tgid, fd)).copied().unwrap_or(0)))
+        });
+        let read: Vec<(tracer_common::wall::FdKey, String)> = fill::open_fds(ebpf, &gens)
             .into_iter()
+            .chain(std)
             .filter(|k| !self.fds.contains_key(k))
             .filter_map(|k| {
                 let p = std::fs::read_link(format!("/proc/{}/fd/{}", k.tgid, k.fd)).ok()?;
                 Some((k, p.display().to_string()))
             })
-            .collect()
+            .collect();
+        // Looked at after the read: a move under way at the stop stays under way (its exit is
+        // stopped), and one entered since is marked before it runs. The thread states are
+        // read last, and only when there is something to name.
+        if halted_at(ebpf).is_none() || (fds_unmoved_since_halt(ebpf) && !fd_move_in_flight(ebpf)) {
+            self.fds.extend(read);
+            for pid in new {
+                self.std_named.insert(pid);
+            }
+        }
     }
 }
 
@@ -1159,7 +1173,7 @@ impl Accounting {
         // mark any close, dup onto an fd or exec since (`SYS_HALT_FDS_MAP`), after which a
         // row could take the name of a file opened under its fd (`name_open_fds`). dd's
         // input is a dup of /dev/zero onto fd 0, which no open names.
-        self.name_open_fds(ebpf);
+        self.name_open_fds(ebpf, &BTreeSet::new());
         for (prog, _, link) in self.sys_links.iter_mut() {
             if let Some(l) = link.take() {
                 bpf::detach_tracepoint(ebpf, prog, l)?;
@@ -1688,6 +1702,7 @@ impl ProbeFamily for Accounting {
                     Life::Forked(pid) => {
                         self.exited_since.remove(&pid);
                         self.forgotten.remove(pid);
+                        self.std_named.remove(pid);
                         // An earlier process's names under this pid (one that closed nothing
                         // keeps them past its exit) are not the new one's files.
                         let old: Vec<tracer_common::wall::FdKey> = self
