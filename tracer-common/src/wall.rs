@@ -937,9 +937,34 @@ pub struct FdName {
     pub path: [u8; FD_NAME_LEN],
 }
 
+/// The first byte of an `FD_NAMES` slot that names no path but the file of another fd of the
+/// process: a `dup2`/`dup3` put that fd's file under this one ([`FdName::dup_of`]). No path
+/// begins with it.
+pub const FD_DUP_MARK: u8 = 1;
+
 impl FdName {
-    /// The path up to its NUL.
+    /// The fd and generation whose file a `dup2`/`dup3` put under this slot's key, for a slot
+    /// that says so ([`FD_DUP_MARK`]): `path[1..5]` the fd, `path[5..9]` its generation.
+    pub fn dup_of(&self) -> Option<(i32, u32)> {
+        if self.path[0] != FD_DUP_MARK {
+            return None;
+        }
+        let word = |i: usize| {
+            [
+                self.path[i],
+                self.path[i + 1],
+                self.path[i + 2],
+                self.path[i + 3],
+            ]
+        };
+        Some((i32::from_le_bytes(word(1)), u32::from_le_bytes(word(5))))
+    }
+
+    /// The path up to its NUL (none for a slot that names a dup's source).
     pub fn bytes(&self) -> &[u8] {
+        if self.path[0] == FD_DUP_MARK {
+            return &[];
+        }
         let end = self
             .path
             .iter()
@@ -1374,6 +1399,13 @@ mod tests {
         assert_eq!(n.bytes(), b"/a/b");
         n.path = [b'x'; FD_NAME_LEN];
         assert_eq!(n.bytes().len(), FD_NAME_LEN);
+        assert_eq!(n.dup_of(), None);
+        // A dup's source, as the exit program writes it: no path.
+        n.path[0] = super::FD_DUP_MARK;
+        n.path[1..9].copy_from_slice(&((7u64 << 32) | 3).to_le_bytes());
+        assert_eq!(n.dup_of(), Some((3, 7)));
+        assert!(n.bytes().is_empty());
+        n.path = [b'x'; FD_NAME_LEN];
         // A loader reopening fd 3 for file after file: each generation its own slot, mostly.
         let mut slots = [0u32; 1000];
         for (gen, s) in slots.iter_mut().enumerate() {

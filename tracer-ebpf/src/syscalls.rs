@@ -22,8 +22,8 @@ use tracer_common::{
     proc::SYS_STORM_WINDOW_NS,
     wall::{
         log2_bucket, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, SysHeld, SysKey, SysStat,
-        ThreadState, ERRNOS_ENTRIES, FD_NAMES_ENTRIES, FD_NAME_WAYS, FILEIO_ENTRIES, HIST_BUCKETS,
-        NO_SYSCALL, SYSCALLS_ENTRIES, SYS_HOLD_RUN, SYS_LEFT_CPU, THREAD_SLOTS,
+        ThreadState, ERRNOS_ENTRIES, FD_DUP_MARK, FD_NAMES_ENTRIES, FD_NAME_WAYS, FILEIO_ENTRIES,
+        HIST_BUCKETS, NO_SYSCALL, SYSCALLS_ENTRIES, SYS_HOLD_RUN, SYS_LEFT_CPU, THREAD_SLOTS,
     },
 };
 
@@ -421,6 +421,8 @@ fn label_fd(tgid: u32, fd: i32, label: u32) {
 
 const PIPE_LABEL: u32 = 1;
 const SOCKET_LABEL: u32 = 2;
+/// The fd's file is another fd's ([`tracer_common::wall::FD_DUP_MARK`]).
+const DUP_LABEL: u32 = 3;
 
 /// Names `fd` of `tgid` by the path at user address `path`, or when that is 0 by `label`
 /// (`PIPE_LABEL`, `SOCKET_LABEL`). A global function (see `crate`'s docs): the set's search
@@ -431,6 +433,19 @@ pub extern "C" fn gputrace_name_fd(tgid: u32, fd: i32, path: u64, label: u32) ->
     let Some((slot, key)) = name_slot(tgid, fd) else {
         return 0;
     };
+    if label == DUP_LABEL {
+        // `path` is the source: its fd in the low half, its generation in the high one.
+        let bytes = path.to_le_bytes();
+        slot.path[0] = FD_DUP_MARK;
+        let mut i = 0;
+        while i < 8 {
+            slot.path[1 + i] = bytes[i];
+            i += 1;
+        }
+        slot.path[9] = 0;
+        slot.key = key;
+        return 0;
+    }
     if path != 0 {
         if unsafe { bpf_probe_read_user_str_bytes(path as *const u8, &mut slot.path) }.is_ok() {
             slot.key = key;
@@ -648,8 +663,12 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         && ret >= 0
         && ret != st.sys_arg0 as i64
     {
-        // dup2/dup3 close the file the new fd had, if any, and put another one there.
+        // dup2/dup3 close the file the new fd had, if any, and put another one there: the old
+        // fd's, which user space names (a shell's `>&2`, a pipe on a child's stdout).
         next_gen(tgid, ret as i32);
+        let old = st.sys_arg0 as i32;
+        let source = (fd_gen(tgid, old) as u64) << 32 | old as u32 as u64;
+        gputrace_name_fd(tgid, ret as i32, source, DUP_LABEL);
     }
     // A call refused with EBADF (no file under the fd, or one not open for this call) did no
     // I/O: no row, which would be a file never opened.

@@ -125,15 +125,48 @@ pub(super) fn file_name(
     k: &FdKey,
     lineage: &Lineage,
 ) -> String {
-    // A slot of its own, even one left blank (two files opened under the key, past an exec's
-    // or close_range's closes, which move no generation on): not the file it inherited.
-    let slot = opened.and_then(|m| opened_slot(m, k));
-    fds.get(k)
-        .or_else(|| recent.get(k))
-        .cloned()
-        .or_else(|| slot.clone().flatten())
-        .or_else(|| slot.is_none().then(|| inherited(fds, k, lineage)).flatten())
-        .unwrap_or_else(|| format!("<closed fd {}>", k.fd))
+    let slot = |k: &FdKey| opened.and_then(|m| opened_slot(m, k));
+    named(fds, recent, &slot, k, lineage, 0).unwrap_or_else(|| format!("<closed fd {}>", k.fd))
+}
+
+/// What a slot of `FD_NAMES` says of its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Slot {
+    /// The path it was opened by.
+    Path(String),
+    /// Left blank (two files opened under the key, past an exec's or close_range's closes,
+    /// which move no generation on).
+    Blank,
+    /// The file a `dup2`/`dup3` put there: that of this fd and generation of the process.
+    Dup(i32, u32),
+}
+
+/// Dups followed at most to name a file (a dup of a dup of ...).
+const MAX_DUPS: usize = 4;
+
+/// [`file_name`], or none; `slot` reads a key's slot.
+fn named(
+    fds: &BTreeMap<FdKey, String>,
+    recent: &StdHashMap<FdKey, String>,
+    slot: &dyn Fn(&FdKey) -> Option<Slot>,
+    k: &FdKey,
+    lineage: &Lineage,
+    depth: usize,
+) -> Option<String> {
+    if let Some(n) = fds.get(k).or_else(|| recent.get(k)) {
+        return Some(n.clone());
+    }
+    // A slot of its own, even one left blank: not the file it inherited.
+    match slot(k) {
+        Some(Slot::Path(p)) => Some(p),
+        Some(Slot::Blank) => None,
+        Some(Slot::Dup(fd, gen)) if depth < MAX_DUPS => {
+            let source = FdKey { fd, gen, ..*k };
+            named(fds, recent, slot, &source, lineage, depth + 1)
+        }
+        Some(Slot::Dup(..)) => None,
+        None => inherited(fds, k, lineage),
+    }
 }
 
 /// Who handed a process its standard fds: its parent, for a process forked during the trace
@@ -687,12 +720,16 @@ fn rollup_dirs(files: &[FileIo], top: usize) -> Vec<DirIo> {
 /// lookups per row that /proc did not name, not a read of every slot.
 /// `key`'s slot in `FD_NAMES`, if its set holds one: the path it was opened by, or none where
 /// the slot was left blank.
-fn opened_slot(names: &aya::maps::Array<&MapData, FdName>, key: &FdKey) -> Option<Option<String>> {
+fn opened_slot(names: &aya::maps::Array<&MapData, FdName>, key: &FdKey) -> Option<Slot> {
     let set = FdName::set(key);
     let n = (set..set + FD_NAME_WAYS)
         .filter_map(|i| names.get(&i, 0).ok())
         .find(|n| n.key == *key)?;
-    Some((!n.bytes().is_empty()).then(|| String::from_utf8_lossy(n.bytes()).into_owned()))
+    Some(match n.dup_of() {
+        Some((fd, gen)) => Slot::Dup(fd, gen),
+        None if n.bytes().is_empty() => Slot::Blank,
+        None => Slot::Path(String::from_utf8_lossy(n.bytes()).into_owned()),
+    })
 }
 
 /// The file a wait on `fd` of process `tgid` was on, as far as /proc's names tell: the name
@@ -1104,6 +1141,38 @@ mod tests {
             inherited(&fds, &fd(400, 1, 0), &lineage).as_deref(),
             Some("pipe:[77]")
         );
+    }
+
+    #[test]
+    fn a_dup_is_named_after_the_file_it_copied() {
+        // Process 100: stderr named from /proc; `>&2` put it on fd 1 (generation 1); fd 7 a
+        // file opened by path, dup'ed onto fd 4 and that onto fd 5; a dup of a dup of itself.
+        let fds: BTreeMap<FdKey, String> = [(fd(100, 2, 0), "/dev/pts/0".to_string())].into();
+        let slots: BTreeMap<FdKey, Slot> = [
+            (fd(100, 1, 1), Slot::Dup(2, 0)),
+            (fd(100, 7, 3), Slot::Path("/data/x".into())),
+            (fd(100, 4, 1), Slot::Dup(7, 3)),
+            (fd(100, 5, 2), Slot::Dup(4, 1)),
+            (fd(100, 6, 1), Slot::Dup(6, 1)),
+            (fd(100, 8, 1), Slot::Dup(9, 0)),
+            (fd(100, 9, 0), Slot::Blank),
+        ]
+        .into();
+        let slot = |k: &FdKey| slots.get(k).cloned();
+        let parent = |_: u32| None;
+        let gens = BTreeMap::new();
+        let lineage = Lineage {
+            parent: &parent,
+            gens: &gens,
+        };
+        let name = |k: FdKey| named(&fds, &StdHashMap::new(), &slot, &k, &lineage, 0);
+        assert_eq!(name(fd(100, 1, 1)).as_deref(), Some("/dev/pts/0"));
+        assert_eq!(name(fd(100, 4, 1)).as_deref(), Some("/data/x"));
+        assert_eq!(name(fd(100, 5, 2)).as_deref(), Some("/data/x"));
+        // Not another generation's file, not a cycle, not a blank source.
+        assert_eq!(name(fd(100, 1, 2)), None);
+        assert_eq!(name(fd(100, 6, 1)), None);
+        assert_eq!(name(fd(100, 8, 1)), None);
     }
 
     #[test]
