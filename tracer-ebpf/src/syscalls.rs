@@ -478,19 +478,26 @@ fn fd_gen(tgid: u32, fd: i32) -> u32 {
 }
 
 /// A new file under `fd` of `tgid`: the fd's generation moves on, so its I/O gets a new row.
+/// False where it could not (the map full).
 #[inline(always)]
-fn next_gen(tgid: u32, fd: i32) {
+fn next_gen(tgid: u32, fd: i32) -> bool {
     let gk = FdGenKey { tgid, fd };
-    match FD_GEN.get_ptr_mut(&gk) {
-        Some(g) => unsafe { *g += 1 },
+    let moved = match FD_GEN.get_ptr_mut(&gk) {
+        Some(g) => {
+            unsafe { *g += 1 };
+            true
+        }
         None => {
             // Full: the fd's next file would add to this one's row under its name.
-            if FD_GEN.insert(&gk, &1, 0).is_err() {
+            let ok = FD_GEN.insert(&gk, &1, 0).is_ok();
+            if !ok {
                 count_drop(Drop::FileMapFull);
             }
+            ok
         }
-    }
+    };
     crate::maps::counter_add(&FD_EPOCH, 1);
+    moved
 }
 
 // TP_PROTO(struct pt_regs *regs, long ret). The syscall's number is the one sys_enter kept: a
@@ -665,10 +672,13 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
     {
         // dup2/dup3 close the file the new fd had, if any, and put another one there: the old
         // fd's, which user space names (a shell's `>&2`, a pipe on a child's stdout).
-        next_gen(tgid, ret as i32);
-        let old = st.sys_arg0 as i32;
-        let source = (fd_gen(tgid, old) as u64) << 32 | old as u32 as u64;
-        gputrace_name_fd(tgid, ret as i32, source, DUP_LABEL);
+        // Not where the generation could not move on (`FD_GEN` full): the mark would name the
+        // earlier file's rows after the source.
+        if next_gen(tgid, ret as i32) {
+            let old = st.sys_arg0 as i32;
+            let source = (fd_gen(tgid, old) as u64) << 32 | old as u32 as u64;
+            gputrace_name_fd(tgid, ret as i32, source, DUP_LABEL);
+        }
     }
     // A call refused with EBADF (no file under the fd, or one not open for this call) did no
     // I/O: no row, which would be a file never opened.

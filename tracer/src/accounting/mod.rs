@@ -613,7 +613,6 @@ impl Accounting {
         let mut tgids = BTreeSet::new();
         if let Ok(threads) = States::open(ebpf).and_then(|s| s.all(ebpf)) {
             for (tid, st) in threads {
-                tgids.insert(st.tgid);
                 if !all && self.named.get(&tid) == Some(&st.born_ns) {
                     continue;
                 }
@@ -625,6 +624,9 @@ impl Accounting {
                 if procfs::started_after(now.starttime, st.born_ns) {
                     continue;
                 }
+                // Its process is the one /proc shows under the pid (not a later one, an
+                // untraced process's, whose fds would name the dead one's rows).
+                tgids.insert(st.tgid);
                 self.comms.insert(tid, (st.tgid, now.comm));
                 self.named.insert(tid, st.born_ns);
             }
@@ -662,7 +664,7 @@ impl Accounting {
             let gens = &gens;
             (0..=2).map(move |fd| fd_key(tgid, fd, gens.get(&(tgid, fd)).copied().unwrap_or(0)))
         });
-        let read: Vec<(tracer_common::wall::FdKey, String)> = fill::open_fds(ebpf, &gens)
+        let mut read: Vec<(tracer_common::wall::FdKey, String)> = fill::open_fds(ebpf, &gens)
             .into_iter()
             .chain(std)
             .filter(|k| !self.fds.contains_key(k))
@@ -671,6 +673,12 @@ impl Accounting {
                 Some((k, p.display().to_string()))
             })
             .collect();
+        // A close or dup2 between the generations' read and the fd's (a shell child
+        // redirecting before its exec): that name is the next generation's.
+        if !read.is_empty() {
+            let after = fill::fd_gens(ebpf).unwrap_or_default();
+            read.retain(|(k, _)| after.get(&(k.tgid, k.fd)).copied().unwrap_or(0) == k.gen);
+        }
         // Looked at after the read: a move under way at the stop stays under way (its exit is
         // stopped), and one entered since is marked before it runs. The thread states are
         // read last, and only when there is something to name.
@@ -1678,6 +1686,22 @@ impl ProbeFamily for Accounting {
                 self.sys_gate_failed = Some(format!("{e:#}"));
             }
         }
+        // Before the look: a pid a new process took loses the earlier one's names (one that
+        // closed nothing keeps them past its exit), and the new one's standard fds are named
+        // at this look, not purged after it.
+        for life in &tracker.lives {
+            if let Life::Forked(pid) = *life {
+                self.std_named.remove(pid);
+                let old: Vec<tracer_common::wall::FdKey> = self
+                    .fds
+                    .range(fd_key(pid, i32::MIN, 0)..=fd_key(pid, i32::MAX, u32::MAX))
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in old {
+                    self.fds.remove(&k);
+                }
+            }
+        }
         if self.ticks.is_multiple_of(5) {
             self.learn(ebpf);
         }
@@ -1702,17 +1726,6 @@ impl ProbeFamily for Accounting {
                     Life::Forked(pid) => {
                         self.exited_since.remove(&pid);
                         self.forgotten.remove(pid);
-                        self.std_named.remove(pid);
-                        // An earlier process's names under this pid (one that closed nothing
-                        // keeps them past its exit) are not the new one's files.
-                        let old: Vec<tracer_common::wall::FdKey> = self
-                            .fds
-                            .range(fd_key(pid, i32::MIN, 0)..=fd_key(pid, i32::MAX, u32::MAX))
-                            .map(|(k, _)| *k)
-                            .collect();
-                        for k in old {
-                            self.fds.remove(&k);
-                        }
                         self.forked_since.insert(pid);
                     }
                 }

@@ -168,9 +168,16 @@ impl Python {
             Merge::Approximate => st.merge.approximate += 1,
             Merge::NoEvalFrame => st.merge.no_eval_frame += 1,
         }
-        // Its outermost Python frames are missing: the stack's root is not its root.
+        // Its outermost Python frames are missing: the stack's root is not its root. Native
+        // roots nothing names above them go (as `merge` drops them above Python frames): under
+        // `[truncated]`, an `[unknown]` reads as a walk into garbage (`CpuProfile::cut_stacks`).
         let truncated = crate::symbolize::TRUNCATED;
         if st.cut.contains(&key) && out.first().is_none_or(|f| f.name != truncated) {
+            let lost = out
+                .iter()
+                .take_while(|f| !f.python && crate::symbolize::is_unknown(f))
+                .count();
+            out.drain(..lost);
             out.insert(0, Frame::native(truncated, None));
         }
         out
