@@ -395,10 +395,25 @@ fn name_slot(tgid: u32, fd: i32) -> Option<(&'static mut FdName, FdKey)> {
         }
         i += 1;
     }
+    if !free {
+        // Every way of the set is taken: an exited process's slot goes first. 20,000 short
+        // children's opens filled the sets, and a process reading file after file on one fd
+        // took its own earlier file's home slot before a files pass had named that file's
+        // row (once in a CI run: one of ten reads of a file unnamed).
+        let mut i = 0;
+        while i < FD_NAME_WAYS {
+            let slot = unsafe { &*FD_NAMES.get_ptr(set + i)? };
+            if !crate::maps::is_traced(slot.key.tgid) {
+                pick = set + i;
+                break;
+            }
+            i += 1;
+        }
+    }
     let slot = unsafe { &mut *FD_NAMES.get_ptr_mut(pick)? };
-    // Every way of the set is taken: the home slot's name goes. Lost only if its file is
-    // still open under that fd (a closed file's row was named by then, an exited process's
-    // too): it then reads `<closed fd N>` unless /proc named it first.
+    // Else the home slot's name goes. Lost only if its file is still open under that fd (a
+    // closed file's row is named by the next files pass): it then reads `<closed fd N>`
+    // unless /proc named it first.
     if !free && slot.key.tgid != 0 && crate::maps::is_traced(slot.key.tgid) {
         if fd_gen(slot.key.tgid, slot.key.fd) == slot.key.gen {
             count_drop(Drop::FileNameLost);
