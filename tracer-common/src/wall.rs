@@ -926,8 +926,8 @@ pub struct FdKey {
 ///
 /// Kept in the array `FD_NAMES`, in one of the [`FD_NAME_WAYS`] slots of its key's set
 /// ([`FdName::set`]): the first free one, else one of a process that exited, else its home
-/// slot ([`FdName::slot`]), whose file is then unnamed, not misnamed (a slot holds its key; only two opens on two CPUs writing
-/// one slot at the same instant could mix). With one slot per key, a loader's 130 opens lost
+/// slot ([`FdName::slot`]), whose file is then unnamed, not misnamed (a slot holds its key;
+/// only two opens on two CPUs writing one slot at the same instant could mix). With one slot per key, a loader's 130 opens lost
 /// a name in about 4 runs of 10 (any two keys sharing a slot); with sets of four it takes
 /// five keys in one set. On the development VM a hash-map update costs ~1 µs, an open ~3.5 µs.
 #[repr(C)]

@@ -39,8 +39,8 @@ use crate::{
 pub const MAX_EXITED_ROWS: usize = 16_384;
 
 /// The tid of the rows exited processes' samples are folded into past [`MAX_EXITED_ROWS`]:
-/// no thread's (the idle task's), as `accounting::aggregate::FOLDED_TID`.
-pub const FOLDED_TID: u32 = 0;
+/// no thread's (the idle task's), as the time rows of exited threads are.
+pub use crate::accounting::aggregate::FOLDED_TID;
 
 fn max_exited_rows() -> usize {
     crate::env_cap("GPUTRACE_MAX_EXITED_SAMPLES", MAX_EXITED_ROWS)

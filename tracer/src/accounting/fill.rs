@@ -716,10 +716,8 @@ fn rollup_dirs(files: &[FileIo], top: usize) -> Vec<DirIo> {
     dirs
 }
 
-/// The path in `FD_NAMES` that names the file `key`, if its set still holds it: a set's
-/// lookups per row that /proc did not name, not a read of every slot.
-/// `key`'s slot in `FD_NAMES`, if its set holds one: the path it was opened by, or none where
-/// the slot was left blank.
+/// What `FD_NAMES` says of the file `key`, if its set still holds its slot: a set's lookups
+/// per row that /proc did not name, not a read of every slot.
 fn opened_slot(names: &aya::maps::Array<&MapData, FdName>, key: &FdKey) -> Option<Slot> {
     let set = FdName::set(key);
     let n = (set..set + FD_NAME_WAYS)
@@ -1020,10 +1018,6 @@ mod tests {
 
     use crate::accounting::fd_key as fd;
 
-    /// A shell (100, its stdout a pipe gputrace named while it ran) forks a subshell (200),
-    /// which forks `echo` (300): echo's stdout is the shell's. Not a fd the child replaced
-    /// or reopened (a later generation), not past stderr, not where an ancestor closed it,
-    /// and not for a process that was there at the attach.
     /// Whose fds a child got, for sure: not a child forked before closes were counted, nor
     /// one whose parent's pid was forgotten or is a later process's.
     #[test]
@@ -1087,6 +1081,10 @@ mod tests {
         assert!(big.contains(4_194_303) && !big.contains(4_194_302) && !big.contains(7));
     }
 
+    /// A shell (100, its stdout a pipe gputrace named while it ran) forks a subshell (200),
+    /// which forks `echo` (300): echo's stdout is the shell's. Not a fd the child replaced
+    /// or reopened (a later generation), not past stderr, not where an ancestor closed it,
+    /// and not for a process that was there at the attach.
     #[test]
     fn standard_fds_are_named_after_the_parent_they_came_from() {
         let fds: BTreeMap<FdKey, String> = [(fd(100, 1, 0), "pipe:[77]".to_string())].into();

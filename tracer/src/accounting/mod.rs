@@ -1076,8 +1076,7 @@ fn fd_move_in_flight(ebpf: &Ebpf) -> bool {
         .any(|(_, st)| FD_MOVING_SYSCALLS.iter().any(|&n| st.sys_nr == n as i32))
 }
 
-/// When the syscall programs stopped themselves at a storm, if they have not been put back on
-/// since (`SYS_HALT_MAP`); None too when it cannot be read.
+/// The key of file `fd` of process `tgid` in its open generation `gen`.
 fn fd_key(tgid: u32, fd: i32, gen: u32) -> tracer_common::wall::FdKey {
     tracer_common::wall::FdKey {
         tgid,
@@ -1087,6 +1086,8 @@ fn fd_key(tgid: u32, fd: i32, gen: u32) -> tracer_common::wall::FdKey {
     }
 }
 
+/// When the syscall programs stopped themselves at a storm, if they have not been put back on
+/// since (`SYS_HALT_MAP`); None too when it cannot be read.
 fn halted_at(ebpf: &Ebpf) -> Option<u64> {
     retire::counter(ebpf, tracer_common::wall::SYS_HALT_MAP)
         .ok()

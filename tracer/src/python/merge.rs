@@ -29,19 +29,24 @@ pub enum Merge {
 /// `native` and `python` are both root first.
 pub fn merge(native: &[Frame], python: &[PyFrameSym]) -> (Vec<Frame>, Merge) {
     let (mut out, how) = splice(native, python);
-    // Native roots nothing names (`[unknown]`: the frame pointers of an interpreter built
-    // without them led into data or unmapped memory) right above the Python frames split each
-    // Python stack into a tree of its own beside the one whose walk ended cleanly (a third of
-    // a threaded CPython 3.11's samples here). The Python frames are whole: they come from the
+    // Native roots nothing names right above the Python frames split each Python stack into
+    // a tree of its own beside the one whose walk ended cleanly (a third of a threaded
+    // CPython 3.11's samples here). The Python frames are whole: they come from the
     // interpreter's own chain.
-    let lost = out
-        .iter()
-        .take_while(|f| !f.python && crate::symbolize::is_unknown(f))
-        .count();
+    let lost = lost_roots(&out);
     if lost > 0 && out.get(lost).is_some_and(|f| f.python) {
         out.drain(..lost);
     }
     (out, how)
+}
+
+/// How many of the root-first `frames` are native roots nothing names (`[unknown]`: the frame
+/// pointers of an interpreter built without them led into data or unmapped memory).
+pub fn lost_roots(frames: &[Frame]) -> usize {
+    frames
+        .iter()
+        .take_while(|f| !f.python && crate::symbolize::is_unknown(f))
+        .count()
 }
 
 fn splice(native: &[Frame], python: &[PyFrameSym]) -> (Vec<Frame>, Merge) {

@@ -173,11 +173,7 @@ impl Python {
         // `[truncated]`, an `[unknown]` reads as a walk into garbage (`CpuProfile::cut_stacks`).
         let truncated = crate::symbolize::TRUNCATED;
         if st.cut.contains(&key) && out.first().is_none_or(|f| f.name != truncated) {
-            let lost = out
-                .iter()
-                .take_while(|f| !f.python && crate::symbolize::is_unknown(f))
-                .count();
-            out.drain(..lost);
+            out.drain(..merge::lost_roots(&out));
             out.insert(0, Frame::native(truncated, None));
         }
         out
