@@ -956,7 +956,7 @@ fn many_short_lived_files_are_all_counted() {
     let p = process_named(&report, "open_read_close");
     let listed = p["files"].as_array().expect("files");
     // Every byte, under a file's name or (a name lost to a burst of opens between two
-    // passes) an fd number: the writes, the reads, f0's extra read and the 4 KiB after dup2;
+    // passes) an fd number: the writes, the reads, f0's extra read and f1's through its dups;
     // and the byte of gputrace's release pipe when that read goes unnamed. (The dynamic
     // loader's reads of libc are not counted here.)
     let prefix = format!("{}/", work.display());
@@ -969,7 +969,7 @@ fn many_short_lived_files_are_all_counted() {
         })
         .filter_map(|f| f["bytes"].as_u64())
         .sum();
-    let expected = (files * (1 + rounds) + 1) * 65536 + 4096;
+    let expected = (files * (1 + rounds) + 1) * 65536 + DUPS_BYTES;
     assert!(
         bytes == expected || bytes == expected + 1,
         "{bytes} bytes counted, {expected} read: {listed:#?}"
@@ -984,9 +984,14 @@ fn many_short_lived_files_are_all_counted() {
     let _ = std::fs::remove_dir_all(&work);
 }
 
+/// What `open_read_close` reads of f1 through copies of its fd at the end: 4 KiB each through
+/// a `dup2` onto f0's fd, a `dup` and an fcntl `F_DUPFD_CLOEXEC`.
+const DUPS_BYTES: u64 = 3 * 4096;
+
 /// Files opened, read and closed between two of gputrace's looks at /proc (a data loader
 /// reading one file per sample) are named by the path they were opened with, each file's
-/// opens summed under its name, and an fd a `dup2` put a file on by the fd it copied.
+/// opens summed under its name, and an fd a dup (`dup2`, `dup`, fcntl `F_DUPFD_CLOEXEC`) put
+/// a file on by the fd it copied.
 #[test]
 fn short_lived_files_are_named_by_their_open() {
     let _g = serial();
@@ -1004,18 +1009,18 @@ fn short_lived_files_are_named_by_their_open() {
             .find(|f| f["file"] == name.as_str())
             .unwrap_or_else(|| panic!("{name} not named: {listed:#?}"));
         // One 64 KiB write, then per round a 64 KiB read and the read that finds the end; f0
-        // is read once more at the end, and the 4 KiB read after dup2 put f1 on its fd are
-        // f1's (the dup names its fd after the fd it copied).
+        // is read once more at the end, and the reads through f1's copies are f1's (a dup
+        // names its fd after the fd it copied).
         let extra = u64::from(i == 0);
-        let dup = u64::from(i == 1);
+        let dups = if i == 1 { 3 } else { 0 };
         assert_eq!(
             f["bytes"].as_u64(),
-            Some((1 + rounds + extra) * 65536 + dup * 4096),
+            Some((1 + rounds + extra) * 65536 + dups * 4096),
             "{f}"
         );
         assert_eq!(
             f["calls"].as_u64(),
-            Some(1 + 2 * (rounds + extra) + dup),
+            Some(1 + 2 * (rounds + extra) + dups),
             "{f}"
         );
     }
@@ -1027,7 +1032,7 @@ fn short_lived_files_are_named_by_their_open() {
     assert_eq!(dir["files"].as_u64(), Some(files), "{dir}");
     assert_eq!(
         dir["bytes"].as_u64(),
-        Some((files * (1 + rounds) + 1) * 65536 + 4096),
+        Some((files * (1 + rounds) + 1) * 65536 + DUPS_BYTES),
         "{dir}"
     );
     // (The one byte the child reads from gputrace's release pipe before its exec is unnamed.)

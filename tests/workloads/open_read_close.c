@@ -1,7 +1,7 @@
 /* Writes FILES files of 64 KiB in DIR, then reads each ROUNDS times, opening and closing it
  * every time, faster than gputrace looks at /proc/PID/fd: each file must be named by the path
  * it was opened with. Odd files go through the legacy open syscall where there is one. Then
- * one fd is reused by dup2 (below). With PAUSE_MS, sleeps that long after every 1,000 opens
+ * one fd is reused by dup2, dup and fcntl F_DUPFD_CLOEXEC (below). With PAUSE_MS, sleeps that long after every 1,000 opens
  * (a loader's pace, not a storm's).
  *   open_read_close DIR FILES ROUNDS [PAUSE_MS] */
 #define _GNU_SOURCE
@@ -48,7 +48,9 @@ int main(int argc, char **argv) {
         }
     }
     /* f0 read once more under a new fd, then f1 put on that fd with dup2 and 4 KiB read from
-     * it: those 4 KiB are f1's, read through an fd gputrace saw opened on f0. */
+     * it: those 4 KiB are f1's, read through an fd gputrace saw opened on f0. Then 4 KiB more
+     * of f1 through a dup of it and 4 KiB through an fcntl F_DUPFD_CLOEXEC copy (DUPS_BYTES
+     * in all, f1's too). */
     snprintf(path, sizeof path, "%s/f0.bin", dir);
     int a = open(path, O_RDONLY);
     if (a < 0) return 1;
@@ -57,6 +59,12 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/f1.bin", dir);
     int b = open(path, O_RDONLY);
     if (b < 0 || dup2(b, a) != a || pread(a, buf, 4096, 0) != 4096) return 1;
+    int c = dup(b);
+    if (c < 0 || pread(c, buf, 4096, 0) != 4096) return 1;
+    int d = fcntl(b, F_DUPFD_CLOEXEC, 20);
+    if (d < 20 || pread(d, buf, 4096, 0) != 4096) return 1;
+    close(d);
+    close(c);
     close(a);
     close(b);
     return 0;

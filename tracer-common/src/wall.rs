@@ -938,12 +938,12 @@ pub struct FdName {
 }
 
 /// The first byte of an `FD_NAMES` slot that names no path but the file of another fd of the
-/// process: a `dup2`/`dup3` put that fd's file under this one ([`FdName::dup_of`]). No path
-/// begins with it.
+/// process: a dup (`dup`, `dup2`, `dup3`, fcntl `F_DUPFD`) put that fd's file under this one
+/// ([`FdName::dup_of`]). No path begins with it.
 pub const FD_DUP_MARK: u8 = 1;
 
 impl FdName {
-    /// The fd and generation whose file a `dup2`/`dup3` put under this slot's key, for a slot
+    /// The fd and generation whose file a dup put under this slot's key, for a slot
     /// that says so ([`FD_DUP_MARK`]): `path[1..5]` the fd, `path[5..9]` its generation.
     pub fn dup_of(&self) -> Option<(i32, u32)> {
         if self.path[0] != FD_DUP_MARK {

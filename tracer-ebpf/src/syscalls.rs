@@ -180,6 +180,12 @@ static SYS_ACCEPT4: Global<u32> = Global::new(288);
 static SYS_DUP2: Global<u32> = Global::new(33);
 #[no_mangle]
 static SYS_DUP3: Global<u32> = Global::new(292);
+/// dup and fcntl (whose `F_DUPFD` and `F_DUPFD_CLOEXEC` dup too): the new fd was free, so its
+/// generation stays; only its name is the old fd's.
+#[no_mangle]
+static SYS_DUP: Global<u32> = Global::new(32);
+#[no_mangle]
+static SYS_FCNTL: Global<u32> = Global::new(72);
 /// close and the others that can put another file under an fd in use (set by user space per
 /// architecture).
 #[no_mangle]
@@ -438,6 +444,9 @@ const PIPE_LABEL: u32 = 1;
 const SOCKET_LABEL: u32 = 2;
 /// The fd's file is another fd's ([`tracer_common::wall::FD_DUP_MARK`]).
 const DUP_LABEL: u32 = 3;
+/// fcntl's commands that dup an fd (the same on x86-64 and arm64).
+const F_DUPFD: u32 = 0;
+const F_DUPFD_CLOEXEC: u32 = 1030;
 
 /// Names `fd` of `tgid` by the path at user address `path`, or when that is 0 by `label`
 /// (`PIPE_LABEL`, `SOCKET_LABEL`). A global function (see `crate`'s docs): the set's search
@@ -690,6 +699,18 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         // Not where the generation could not move on (`FD_GEN` full): the mark would name the
         // earlier file's rows after the source.
         if next_gen(tgid, ret as i32) {
+            let old = st.sys_arg0 as i32;
+            let source = (fd_gen(tgid, old) as u64) << 32 | old as u32 as u64;
+            gputrace_name_fd(tgid, ret as i32, source, DUP_LABEL);
+        }
+    } else if ret >= 0 && (nr == SYS_DUP.load() as i32 || nr == SYS_FCNTL.load() as i32) {
+        // fcntl's command is still in its register at the exit (as mmap's arguments).
+        let dups = nr == SYS_DUP.load() as i32 || {
+            let regs: u64 = ctx.arg(0);
+            let cmd: u64 = Probe::read(regs, OFF_REGS_ARG1.load());
+            matches!(cmd as u32, F_DUPFD | F_DUPFD_CLOEXEC)
+        };
+        if dups {
             let old = st.sys_arg0 as i32;
             let source = (fd_gen(tgid, old) as u64) << 32 | old as u32 as u64;
             gputrace_name_fd(tgid, ret as i32, source, DUP_LABEL);

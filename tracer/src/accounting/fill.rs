@@ -137,7 +137,8 @@ pub(super) enum Slot {
     /// Left blank (two files opened under the key, past an exec's or close_range's closes,
     /// which move no generation on).
     Blank,
-    /// The file a `dup2`/`dup3` put there: that of this fd and generation of the process.
+    /// The file a dup (`dup`, `dup2`, `dup3`, fcntl `F_DUPFD`) put there: that of this fd and
+    /// generation of the process.
     Dup(i32, u32),
 }
 
@@ -356,6 +357,8 @@ pub fn fill(
     });
 
     fill_time(data, &threads, &folded, comms);
+    // Before the syscall tables are made: under process churn each holds tens of MB at once.
+    drop(threads);
     let site_rows: Vec<sites::SiteRow> = rows
         .iter()
         .filter(|r| r.key.pystack != 0 || r.key.gil != 0)
@@ -537,10 +540,10 @@ fn errno_name(e: i32) -> String {
 }
 
 fn to_stat(nr: i32, s: &SysStat, errnos: &BTreeMap<i32, u64>) -> SyscallStat {
-    let mut hist = s.hist.to_vec();
-    while hist.last() == Some(&0) {
-        hist.pop();
-    }
+    // Sized to the buckets used: a storm of short processes makes ~100,000 of these, and the
+    // whole array is 256 bytes.
+    let used = s.hist.iter().rposition(|&n| n != 0).map_or(0, |i| i + 1);
+    let hist = s.hist[..used].to_vec();
     let mut errnos: Vec<ErrnoCount> = errnos
         .iter()
         .map(|(e, n)| ErrnoCount {
@@ -656,11 +659,18 @@ fn fill_files(
     let opened = opened_paths(ebpf);
     // What live threads hold on top of their rows (`ThreadState::held_file`).
     rows.extend(open.iter().filter_map(|(_, st)| st.held_file()));
+    // By process: a storm of short processes lists tens of thousands, each of which went
+    // through every row.
+    let mut by_process: StdHashMap<u32, Vec<&(FdKey, FdStat)>> = StdHashMap::new();
+    for r in &rows {
+        by_process.entry(r.0.tgid).or_default().push(r);
+    }
     for p in data.report.processes.iter_mut() {
         let mut files: BTreeMap<String, FileIo> = BTreeMap::new();
-        let in_maps = rows
-            .iter()
-            .filter(|(k, _)| k.tgid == p.pid)
+        let in_maps = by_process
+            .remove(&p.pid)
+            .into_iter()
+            .flatten()
             .map(|(k, s)| (file_name(fds, recent, opened.as_ref(), k, lineage), s));
         // Closed files taken out of the map during the trace, named then.
         let taken = closed

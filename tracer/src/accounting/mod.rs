@@ -399,6 +399,8 @@ impl Offsets {
             ("SYS_OPENAT2", 437),
             ("SYS_DUP2", sys_dup2),
             ("SYS_DUP3", sys_dup3),
+            ("SYS_DUP", if arm { 23 } else { 32 }),
+            ("SYS_FCNTL", if arm { 25 } else { 72 }),
             ("SYS_CLOSE", sys_close),
             ("SYS_CLOSE_RANGE", sys_close_range),
             ("SYS_EXECVE", sys_execve),
