@@ -45,7 +45,10 @@ pub const CLOSING_RUNS_SLOT: u32 = 7;
 /// cost the budget leaves out of the launch windows' share.
 pub const OTHER_ENTRY_SLOT: u32 = 8;
 pub const OTHER_RET_SLOT: u32 = 9;
-pub const LAUNCH_RUNS_SLOTS: u32 = 10;
+/// The entry program's runs at copies and syncs in traced threads: what the copy and sync
+/// probes' windows saw (`overhead::calls`), once their cost alone passes the budget.
+pub const CALL_RUNS_SLOT: u32 = 10;
+pub const LAUNCH_RUNS_SLOTS: u32 = 11;
 /// Per CPU, one u64: the entry program's launch runs on that CPU (`LAUNCH_RUNS_MAP`) at which
 /// it wakes the budget's watchdog (0: never). Set by the watchdog to each CPU's count plus its share of
 /// what is left of the window's share of the bucket.
@@ -67,7 +70,13 @@ pub const WINDOW_GEN_SLOT: u32 = 1;
 /// a direct driver launch (2,067 of 3M in a CI run): the window ends here, for every library
 /// at once, whatever order the kernel takes the probes off in.
 pub const LAUNCHES_OFF_SLOT: u32 = 2;
-pub const RET_GEN_SLOTS: u32 = 3;
+/// The fourth u64 of `RET_GEN_MAP`, raised by user space once a window of the copy and sync
+/// probes (`overhead::calls`) has dropped its return probes: an outermost copy or sync entered
+/// before it may have lost its return, and a return at its stack level after it is not its
+/// own. Apart from slot 0, which would cut a launch in flight from the driver launch inside
+/// it whenever a copy window closed.
+pub const CALL_GEN_SLOT: u32 = 3;
+pub const RET_GEN_SLOTS: u32 = 4;
 /// tgid -> [`RtText`]: where the shared CUDA runtimes (libcudart) a traced process maps have
 /// their code. A driver launch entered at no call depth but called from there is nested in a
 /// runtime launch whose entry was not seen (entered just before a window's runtime probe went

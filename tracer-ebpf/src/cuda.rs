@@ -19,11 +19,12 @@ use aya_ebpf::{
 use tracer_common::{
     cuda::{
         log2_bucket, ApiKey, ApiVal, Cookie, CopyKey, CopyVal, CudaEvent, ErrKey, EventKind,
-        LaunchKey, LaunchVal, RtText, Shape, API_ENTRIES, CLOSING_RUNS_SLOT, COPY_ENTRIES,
-        DIR_NONE, ERRS_ENTRIES, EVENTS_BYTES, FLAG_ASYNC, FLAG_NO_RESULT, HIST_BUCKETS,
-        LAUNCHER_SLOT, LAUNCHES_OFF_SLOT, LAUNCH_ENTRIES, LAUNCH_RUNS_SLOTS, OTHER_ENTRY_SLOT,
-        OTHER_RET_SLOT, OUTER_LAUNCH_SLOT, RET_GEN_SLOTS, RT_TEXT_ENTRIES, STASH_ENTRIES,
-        STEADY_CALLS_SLOT, STEADY_ON_SLOT, STEADY_STEPS_SLOT, WINDOW_GEN_SLOT,
+        LaunchKey, LaunchVal, RtText, Shape, API_ENTRIES, CALL_GEN_SLOT, CALL_RUNS_SLOT,
+        CLOSING_RUNS_SLOT, COPY_ENTRIES, DIR_NONE, ERRS_ENTRIES, EVENTS_BYTES, FLAG_ASYNC,
+        FLAG_NO_RESULT, HIST_BUCKETS, LAUNCHER_SLOT, LAUNCHES_OFF_SLOT, LAUNCH_ENTRIES,
+        LAUNCH_RUNS_SLOTS, OTHER_ENTRY_SLOT, OTHER_RET_SLOT, OUTER_LAUNCH_SLOT, RET_GEN_SLOTS,
+        RT_TEXT_ENTRIES, STASH_ENTRIES, STEADY_CALLS_SLOT, STEADY_ON_SLOT, STEADY_STEPS_SLOT,
+        WINDOW_GEN_SLOT,
     },
     drops::Drop,
     time::Category,
@@ -90,7 +91,8 @@ struct ThreadState {
     /// tracked, so that the calls inside it are taken as nested (a runtime launch's driver
     /// launch, made once launches are on again), but not counted.
     uncounted: u32,
-    _pad: u32,
+    /// For an outermost copy or sync, `CALL_GEN_SLOT` + 1 at its entry (0: another call).
+    call_gen: u32,
 }
 
 const FRESH: ThreadState = ThreadState {
@@ -104,7 +106,7 @@ const FRESH: ThreadState = ThreadState {
     launched_gen: 0,
     pending: 0,
     uncounted: 0,
-    _pad: 0,
+    call_gen: 0,
 };
 
 /// `tracer_common::cuda::GATE_AT_MAP` and `GATE_WAKE_MAP`.
@@ -141,13 +143,49 @@ fn launch_add(slot: u32, n: u64) -> u64 {
     }
 }
 
-/// Counts a traced thread's run at a function the budget never switches off (a copy, a
+/// Counts a traced thread's run at a function the launch windows do not switch (a copy, a
 /// sync, an allocation) in `slot` (`OTHER_ENTRY_SLOT`, `OTHER_RET_SLOT`).
 #[inline(always)]
 fn other_run(shape: u8, slot: u32) {
     if !is_launch_shape(shape) {
         launch_run(slot);
     }
+}
+
+/// Whether the call is a copy or a sync: the calls the copy and sync probes' windows switch.
+#[inline(always)]
+fn is_call(cookie: &Cookie) -> bool {
+    cookie.category == Category::CudaMemcpy as u8 || cookie.category == Category::CudaSync as u8
+}
+
+/// Counts a traced thread's entry at a copy or a sync (`CALL_RUNS_SLOT`): the calls the copy
+/// and sync probes' windows see.
+#[inline(always)]
+fn call_run(cookie: &Cookie) {
+    if is_call(cookie) {
+        launch_run(CALL_RUNS_SLOT);
+    }
+}
+
+/// What an outermost call entered now keeps as its `call_gen`.
+#[inline(always)]
+fn outer_call_gen(cookie: &Cookie) -> u32 {
+    if is_call(cookie) {
+        (CUDA_RET_GEN.get(CALL_GEN_SLOT).copied().unwrap_or(0) as u32).wrapping_add(1)
+    } else {
+        0
+    }
+}
+
+/// The thread's outermost call is a copy or sync entered before a copy window's return probes
+/// went: it may have lost its return, and a return at its level now is another call's (whose
+/// entry went unseen: a storm's copy made as the next window's return probes went on first
+/// took the earlier copy's entry time, and 86,000 seen copies read as 3 s of copying).
+#[inline(always)]
+fn stale_call(st: &ThreadState) -> bool {
+    st.call_gen != 0
+        && st.call_gen
+            != (CUDA_RET_GEN.get(CALL_GEN_SLOT).copied().unwrap_or(0) as u32).wrapping_add(1)
 }
 
 #[uprobe]
@@ -197,6 +235,7 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
         return 0;
     }
     other_run(cookie.shape, OTHER_ENTRY_SLOT);
+    call_run(&cookie);
     // One clock read for the gate, the time accounting and the call's start. The gate sees
     // every traced launch, even one a full map leaves uncounted.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -227,7 +266,8 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     // have been in flight then, and a deeper caller's later calls would look nested in it.
     let sp = unsafe { (*ctx.regs).rsp };
     let gen = CUDA_RET_GEN.get(0).copied().unwrap_or(0) as u32;
-    if st.depth > 0 && (sp >= st.outer_sp || st.gen != gen) {
+    let call_gen = outer_call_gen(&cookie);
+    if st.depth > 0 && (sp >= st.outer_sp || st.gen != gen || stale_call(st)) {
         st.depth = 0;
     }
     // A launch inside one that started before launches went off is nested as usual (its
@@ -241,6 +281,7 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
             st.depth = 1;
             st.outer_sp = sp;
             st.gen = gen;
+            st.call_gen = call_gen;
             return 0;
         }
     }
@@ -257,6 +298,7 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     }
     st.outer_sp = sp;
     st.gen = gen;
+    st.call_gen = call_gen;
     count_step(&cookie, st, pid_tgid);
     let mut i = 0;
     while i < 6 {
@@ -327,6 +369,7 @@ fn count_entry(tgid: u32, tid: u32, cookie: &Cookie) -> u32 {
     let fid = cookie.fid as u32;
     if let Some(st) = account::live_state(tgid, tid) {
         other_run(cookie.shape, OTHER_ENTRY_SLOT);
+        call_run(cookie);
         gate_seen(cookie.shape, unsafe { bpf_ktime_get_ns() });
         if st.held_api_fid != fid as i32 {
             flush_api(tid, st);
@@ -346,6 +389,7 @@ fn count_entry(tgid: u32, tid: u32, cookie: &Cookie) -> u32 {
         return 0;
     }
     other_run(cookie.shape, OTHER_ENTRY_SLOT);
+    call_run(cookie);
     gate_seen(cookie.shape, unsafe { bpf_ktime_get_ns() });
     let v = match found {
         Some(v) => v,
@@ -461,6 +505,10 @@ pub fn cuda_ret(ctx: RetProbeContext) -> u32 {
     other_run(cookie.shape, OTHER_RET_SLOT);
     let st = unsafe { &mut *st };
     if st.depth == 0 {
+        return 0;
+    }
+    if stale_call(st) {
+        st.depth = 0;
         return 0;
     }
     // After its `ret` the stack pointer is one slot above the call's entry one (x86-64: the

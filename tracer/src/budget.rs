@@ -163,6 +163,10 @@ pub struct TickObs {
     /// How much wall time a ns of CPU cost the launching threads in the tick ([`stretch`]; 1
     /// or less: none): the bucket fills that much slower.
     pub stretch: f64,
+    /// The copy and sync probes were off for some of the tick (their own windows,
+    /// `overhead::calls`): `steady_on` and `steady_off` miss calls, and neither the tick's
+    /// window nor its time off may go by launches per copy or sync.
+    pub steady_unknown: bool,
 }
 
 /// One tick as the gate kept it.
@@ -181,6 +185,8 @@ struct Slot {
     steady_on: u64,
     steady_off: u64,
     steps_on: u64,
+    /// The copies and syncs were not all counted (`TickObs::steady_unknown`).
+    steady_unknown: bool,
     /// The window stays open into the next tick.
     goes_on: bool,
 }
@@ -361,6 +367,8 @@ impl Gate {
         if on_ns > 0 {
             self.on_ns += on_ns;
         }
+        // Copies and syncs not all counted tell no ratio: none are kept.
+        let known = !o.steady_unknown;
         let slot = Slot {
             on_ns,
             cost_per_hit: o.cost_per_hit_ns,
@@ -368,9 +376,14 @@ impl Gate {
             hits: if on_ns > 0 { o.sampled_hits } else { 0 },
             launches: if on_ns > 0 { o.launches } else { 0 },
             off_ns: o.dt_ns - on_ns,
-            steady_on: if on_ns > 0 { o.steady_on } else { 0 },
-            steps_on: if on_ns > 0 { o.steps_on } else { 0 },
-            steady_off: o.steady_off + if on_ns > 0 { 0 } else { o.steady_on },
+            steady_on: if on_ns > 0 && known { o.steady_on } else { 0 },
+            steps_on: if on_ns > 0 && known { o.steps_on } else { 0 },
+            steady_off: if known {
+                o.steady_off + if on_ns > 0 { 0 } else { o.steady_on }
+            } else {
+                0
+            },
+            steady_unknown: o.steady_unknown,
             goes_on: on_ns > 0 && self.open && !o.closed,
         };
         // The copies and syncs of a window's middle ticks that were not between its launches
@@ -387,6 +400,7 @@ impl Gate {
             Some(last) if slot.on_ns == 0 && last.on_ns == 0 => {
                 last.off_ns += slot.off_ns;
                 last.steady_off += slot.steady_off;
+                last.steady_unknown |= slot.steady_unknown;
             }
             _ => self.slots.push(slot),
         }
@@ -729,7 +743,8 @@ fn fill(slots: &[Slot], cost: Cost) -> Fill {
         };
         // A side stands in by its own ratio, or by the nearest that tells one when it fits it.
         let (b, a) = (before.map(|k| stands_for[k]), after.map(|k| stands_for[k]));
-        let ratio_fills = (b.is_some() || a.is_some()) && b != Some(None) && a != Some(None);
+        let ratio_fills =
+            !s.steady_unknown && (b.is_some() || a.is_some()) && b != Some(None) && a != Some(None);
         let (b, a) = (b.flatten(), a.flatten());
         // Both sides standing in by the same window: one ratio, as at the trace's ends.
         let a = a.filter(|a| Some(*a) != b);
@@ -1147,6 +1162,7 @@ mod tests {
             steady_on: 0,
             steady_off: 0,
             steps_on: 0,
+            steady_unknown: false,
             goes_on: false,
         }
     }
@@ -1219,6 +1235,44 @@ mod tests {
             "{est} vs {truth}: {e:?}"
         );
         assert!(e.rel_error.unwrap() < 0.01, "{e:?}");
+    }
+
+    #[test]
+    fn a_stretch_whose_copies_were_not_all_counted_takes_the_time() {
+        // The windows tell 100 launches per copy; the copy and sync probes were off for part of
+        // the stretch between them (their own windows), and the 5 copies it counted say nothing
+        // of its launches: 10,000 from the time (the windows' launch a ns), not 500.
+        let gap = Slot {
+            steady_unknown: true,
+            ..steady(0, 0, 10_000, 0, 5)
+        };
+        let f = fill(
+            &[
+                steady(1000, 1000, 0, 10, 0),
+                gap,
+                steady(1000, 1000, 0, 10, 0),
+            ],
+            EXACT,
+        );
+        assert_eq!(f.estimated, 10_000.0);
+        assert_eq!(f.by_calls, 0.0);
+        // Through the gate: such a tick keeps no copies, on or off.
+        let mut g = Gate::new(0.02);
+        g.tick(TickObs {
+            dt_ns: 1_000_000,
+            on_ns: 500_000,
+            sampled_hits: 100,
+            launches: 100,
+            steady_on: 10,
+            steady_off: 5,
+            steps_on: 10,
+            stretch: 1.0,
+            steady_unknown: true,
+            ..Default::default()
+        });
+        let s = g.slots[0];
+        assert_eq!((s.steady_on, s.steady_off, s.steps_on), (0, 0, 0));
+        assert!(s.steady_unknown);
     }
 
     #[test]
@@ -1438,6 +1492,7 @@ mod tests {
                 steady_off,
                 steps_on: steady_on,
                 stretch: 1.0,
+                steady_unknown: false,
             });
         }
         let e = g.estimate();

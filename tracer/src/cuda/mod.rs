@@ -85,6 +85,10 @@ pub struct CudaFamily {
     named: Vec<usize>,
     /// Switches the launch probes on and off under `--max-overhead` (issue 6).
     gate: crate::overhead::LaunchGate,
+    /// And the copy and sync probes, once their cost alone passes the budget.
+    calls: crate::overhead::CallGate,
+    /// Libraries whose copy and sync probes a window could not attach again.
+    calls_lost: Vec<PathBuf>,
     uprobes: Option<Uprobes>,
     /// `-v`: say how soon a library mapped during the trace was probed.
     verbose: bool,
@@ -103,6 +107,7 @@ impl Drop for CudaFamily {
             self.libs
                 .iter_mut()
                 .flat_map(|l| l.links.drain(..))
+                .chain(self.calls.take_links())
                 .collect(),
         );
     }
@@ -179,6 +184,8 @@ impl CudaFamily {
             exec_sizes: HashMap::new(),
             named: Vec::new(),
             gate: crate::overhead::LaunchGate::new(args.max_overhead, args.cuda_entry_only, trap),
+            calls: crate::overhead::CallGate::new(args.max_overhead),
+            calls_lost: Vec::new(),
             verbose: args.verbose,
             uprobes: None,
             rt_text: HashSet::new(),
@@ -196,7 +203,13 @@ impl CudaFamily {
             return i;
         }
         let (attached, failed, links) = match &self.uprobes {
-            Some(u) => attach_library(ebpf, u, &found, self.entry_only != 0, &mut self.gate),
+            Some(u) => attach_library(
+                ebpf,
+                u,
+                &found,
+                self.entry_only != 0,
+                (&mut self.gate, &mut self.calls),
+            ),
             None => (vec![], vec!["uprobe programs not loaded".into()], vec![]),
         };
         if self.verbose && self.gate.waits_for_window(&found.open_path) {
@@ -440,7 +453,10 @@ fn attach_library(
     uprobes: &Uprobes,
     lib: &Found,
     entry_only: bool,
-    gate: &mut crate::overhead::LaunchGate,
+    (gate, calls): (
+        &mut crate::overhead::LaunchGate,
+        &mut crate::overhead::CallGate,
+    ),
 ) -> (Vec<String>, Vec<String>, Vec<Link>) {
     let ids: Vec<usize> = table::of_layer(lib.layer).collect();
     let names: Vec<&str> = ids.iter().map(|&i| FUNCS[i].name).collect();
@@ -461,12 +477,26 @@ fn attach_library(
     } else {
         &[RET_PROG, ENTRY_PROG]
     };
+    // Which gate switches a function's probes: none, the copy and sync gate, the launch gate.
+    let kinds: BTreeMap<usize, u8> = exported
+        .iter()
+        .map(|&(fid, _)| {
+            let k = if gate.gated(fid) {
+                2
+            } else {
+                u8::from(calls.gated(fid))
+            };
+            (fid, k)
+        })
+        .collect();
+    let kind = |fid: usize| kinds.get(&fid).copied().unwrap_or(0);
     for &prog in progs {
-        for gated in [false, true] {
+        for group_kind in [0u8, 1, 2] {
+            let gated = group_kind == 2;
             let group: Vec<(usize, u64)> = exported
                 .iter()
                 .copied()
-                .filter(|(fid, _)| gate.gated(*fid) == gated && !failed.contains_key(fid))
+                .filter(|(fid, _)| kind(*fid) == group_kind && !failed.contains_key(fid))
                 .collect();
             if group.is_empty() {
                 continue;
@@ -498,7 +528,9 @@ fn attach_library(
                 }
             }
             for (points, l) in made {
-                if gated {
+                if group_kind == 1 {
+                    calls.add(prog, lib.open_path.clone(), points, l);
+                } else if gated {
                     gate.add(
                         ebpf,
                         prog,
@@ -539,6 +571,8 @@ impl ProbeFamily for CudaFamily {
         // The calls from here on go uncounted (the accounting has set ACCOUNT_STOPPED, first):
         // the budget's last tick is taken now, not once the report is under way, or its last
         // window would take in time and launches past the window's end.
+        let (costs, trap) = self.gate.hit_costs(ebpf);
+        self.calls.last_tick(ebpf, tracker.ended_at(), costs, trap);
         self.gate.last_tick(ebpf, tracker.ended_at());
         Ok(())
     }
@@ -548,6 +582,7 @@ impl ProbeFamily for CudaFamily {
         self.uprobes = Some(ctx.uprobes.clone());
         // Before the first library is attached: the gate's first window needs the cost.
         self.gate.calibrate(ebpf, ctx.uprobes, ctx.args.verbose);
+        self.calls.set_uprobes(ebpf, ctx.uprobes);
         crate::bpf::attach_tracepoint(ebpf, "cuda_thread_exit", "sched", "sched_process_exit")?;
         for (path, layer) in self.overrides.clone() {
             let found = discover::from_path(&path, layer)?;
@@ -576,7 +611,16 @@ impl ProbeFamily for CudaFamily {
 
     fn tick(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
         self.ticks += 1;
-        self.gate.tick(ebpf);
+        // The copy and sync probes first: whether they were on all tick tells the launch
+        // windows whether their copies and syncs were all counted.
+        let (costs, trap) = self.gate.hit_costs(ebpf);
+        self.calls.tick(ebpf, costs, trap);
+        for path in self.calls.take_lost() {
+            if !self.calls_lost.contains(&path) {
+                self.calls_lost.push(path);
+            }
+        }
+        self.gate.tick(ebpf, self.calls.exact());
         let lost = self.gate.take_lost();
         if !lost.is_empty() {
             self.launches_lost(ebpf, &lost);
@@ -709,6 +753,17 @@ impl ProbeFamily for CudaFamily {
             });
         }
         self.gate.finish(ebpf, data, ctx.tracker.ended_at());
+        // What the probes add inside a timed call: the return's trap and program.
+        let ((_, inside_ns), _) = self.gate.hit_costs(ebpf);
+        self.calls.finish(data, inside_ns);
+        for path in &self.calls_lost {
+            data.report.blind_spots.push(format!(
+                "{}: a window of the budget's copy and sync probes could not attach them again \
+                 (the library unmapped or its file gone?): its copies and syncs after that went \
+                 unseen",
+                path.display()
+            ));
+        }
         for (lib, pid, lag) in &self.late {
             data.report.blind_spots.push(format!(
                 "{lib} was probed {lag:.1} ms after pid {pid} mapped it (found as it was mapped): \

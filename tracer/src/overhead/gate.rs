@@ -77,6 +77,9 @@ pub struct LaunchGate {
     /// In `finish`: its last tick opens no window (attached as the trace ends, its links would
     /// only be dropped, and what it could not attach would miss the report).
     finishing: bool,
+    /// The copy and sync probes were off for part of the tick (`CallGate`): the ticks'
+    /// copies and syncs are not all counted.
+    steady_unknown: bool,
 }
 
 const WATCH_EVERY: Duration = Duration::from_millis(2);
@@ -538,9 +541,9 @@ fn set_launches_off(gen: &mut Array<MapData, u64>, off: bool) {
     let _ = gen.set(LAUNCHES_OFF_SLOT, u64::from(off), 0);
 }
 
-/// Raises `slot` of `RET_GEN_MAP`: the return probes' generation (0) or the window's
-/// (`WINDOW_GEN_SLOT`).
-fn raise_gen(gen: &mut Array<MapData, u64>, slot: u32) {
+/// Raises `slot` of `RET_GEN_MAP`: the return probes' generation (0), the window's
+/// (`WINDOW_GEN_SLOT`) or the copy and sync windows' (`CALL_GEN_SLOT`).
+pub(super) fn raise_gen(gen: &mut Array<MapData, u64>, slot: u32) {
     let n = gen.get(&slot, 0).unwrap_or(0).wrapping_add(1);
     let _ = gen.set(slot, n, 0);
 }
@@ -747,6 +750,7 @@ impl LaunchGate {
             lost: Vec::new(),
             finishing: false,
             launchers: Launchers::default(),
+            steady_unknown: false,
         }
     }
 
@@ -919,9 +923,19 @@ impl LaunchGate {
         }
     }
 
-    /// One tick: observe, decide, open a window if the bucket allows.
-    pub fn tick(&mut self, ebpf: &mut Ebpf) {
+    /// One tick: observe, decide, open a window if the bucket allows. `calls_exact`: the copy
+    /// and sync probes were on all tick long.
+    pub fn tick(&mut self, ebpf: &mut Ebpf, calls_exact: bool) {
+        self.steady_unknown = !calls_exact;
         self.tick_until(ebpf, ktime_now());
+    }
+
+    /// What a hit of the entry and of the return program costs (the programs' run time and
+    /// the traps), and a call's traps: the copy and sync gate's price too.
+    pub fn hit_costs(&self, ebpf: &Ebpf) -> ((f64, f64), f64) {
+        let c = counts(ebpf, self.uprobes.as_ref(), self.hits.as_ref());
+        let trap = super::calibrate::current(&self.trap);
+        (self.measured_cost(&c), trap.per_call(self.entry_only))
     }
 
     /// What an entry and a return hit cost, from the programs' run times over the whole trace
@@ -1078,6 +1092,7 @@ impl LaunchGate {
             steady_off,
             steps_on: c.steps_on.saturating_sub(c0.steps_on),
             stretch,
+            steady_unknown: self.steady_unknown,
         });
         self.opened_at = None;
         if open && !still_open && !self.finishing {

@@ -7,6 +7,7 @@
 //! not save the cost that matters.
 
 mod calibrate;
+mod calls;
 mod gate;
 mod paths;
 mod stats;
@@ -16,6 +17,7 @@ mod threads;
 use std::collections::HashMap;
 
 pub use calibrate::{Calibrator, SharedTrapCost, TrapCost};
+pub use calls::{call_names, CallGate};
 pub use gate::LaunchGate;
 pub use stats::{stats_on, Hits, StatsOn};
 pub use syscall_trap::SharedSyscallTrap;
@@ -328,12 +330,7 @@ pub fn complete(report: &mut Report) {
     };
     o.traced_cost_ns = traced;
     o.estimated = traced as f64 / denom.max(1) as f64;
-    let launches: Vec<&str> = FUNCS
-        .iter()
-        .filter(|f| f.is_launch())
-        .map(|f| f.name)
-        .collect();
-    let costliest = threads::costliest_thread(report, &launches, MIN_ALIVE_NS);
+    let costliest = threads::costliest_thread(report, MIN_ALIVE_NS);
     let Some(o) = report.overhead.as_mut() else {
         return;
     };
@@ -370,6 +367,18 @@ fn traced_cost_ns(r: &Report) -> u64 {
     if let Some(s) = &o.sampled {
         // The probes paid for the calls they saw, not for the scaled-up ones.
         cuda = cuda - launches_scaled + s.seen_hits;
+    }
+    if let Some(s) = &o.sampled_calls {
+        let names = call_names();
+        let calls_scaled: u64 = r
+            .processes
+            .iter()
+            .filter_map(|p| p.cuda.as_ref())
+            .flat_map(|c| c.api.iter())
+            .filter(|a| names.contains(&a.function.as_str()))
+            .map(|a| a.count)
+            .sum();
+        cuda = cuda.saturating_sub(calls_scaled) + s.seen_hits;
     }
     o.programs
         .iter()
@@ -425,6 +434,50 @@ pub(crate) fn scale_cuda(
     by: f64,
     probe_ns: f64,
 ) {
+    scale_rows(c, launches, by, probe_ns);
+    for k in c.kernels.iter_mut() {
+        let seen = k.launches;
+        k.launches = scale(k.launches, by);
+        k.launch_ns += unseen_ns(k.launch_ns, seen, k.launches, probe_ns);
+    }
+}
+
+/// Scales the copy and sync functions' counts by `by`, their times as [`scale_cuda`] does, and
+/// the copies by direction (count, bytes and time: their rate stays the windows'). The probes'
+/// part of a seen call is taken as at least the shortest call seen: a storm's copies take a few
+/// ns of their own, a seen one ~700 ns (above the return probe's measured cost, which left
+/// ~120 ns of probe in each call filled in: a quarter of a copy storm's time in copies).
+pub(crate) fn scale_calls(
+    c: &mut crate::report::model::cuda::ProcessCuda,
+    calls: &[&str],
+    by: f64,
+    probe_ns: f64,
+) {
+    let shortest = c
+        .api
+        .iter()
+        .filter(|a| calls.contains(&a.function.as_str()) && a.count > 0)
+        .map(|a| a.min_ns)
+        .min()
+        .unwrap_or(0);
+    let probe_ns = probe_ns.max(shortest as f64);
+    scale_rows(c, calls, by, probe_ns);
+    for x in c.copies.iter_mut() {
+        let seen = x.count;
+        x.count = scale(x.count, by);
+        x.bytes = scale(x.bytes, by);
+        x.total_ns += unseen_ns(x.total_ns, seen, x.count, probe_ns);
+    }
+}
+
+/// The API rows of `functions`, the process's and each thread's, scaled by `by`.
+fn scale_rows(
+    c: &mut crate::report::model::cuda::ProcessCuda,
+    functions: &[&str],
+    by: f64,
+    probe_ns: f64,
+) {
+    let launches = functions;
     for a in c.api.iter_mut() {
         if launches.contains(&a.function.as_str()) {
             scale_api(a, by, probe_ns);
@@ -438,11 +491,6 @@ pub(crate) fn scale_cuda(
                 t.total_ns = (t.total_ns + a.total_ns).saturating_sub(before);
             }
         }
-    }
-    for k in c.kernels.iter_mut() {
-        let seen = k.launches;
-        k.launches = scale(k.launches, by);
-        k.launch_ns += unseen_ns(k.launch_ns, seen, k.launches, probe_ns);
     }
 }
 
@@ -489,7 +537,11 @@ pub(crate) fn cap_to_lives(
         }
     }
     let k = launch_ns(&c.api, launches) as f64 / before.max(1) as f64;
-    for kern in c.kernels.iter_mut() {
+    // Capped copies and syncs leave the kernels' launch times alone.
+    let of_launches = launches
+        .iter()
+        .any(|f| FUNCS.iter().any(|x| x.name == *f && x.is_launch()));
+    for kern in c.kernels.iter_mut().filter(|_| of_launches) {
         kern.launch_ns = (kern.launch_ns as f64 * k).round() as u64;
     }
 }
@@ -521,6 +573,22 @@ fn launch_ns(rows: &[crate::report::model::cuda::ApiStat], launches: &[&str]) ->
 /// sum, in the reasons too (taken from the on-CPU reasons, largest first, and given as their
 /// own `cuda_launch` reason), so that each category is still the sum of its reasons.
 pub(crate) fn scale_launch_time(t: &mut crate::report::model::time::TimeBreakdown, added: f64) {
+    move_from_cpu(
+        t,
+        added,
+        "cuda_launch",
+        "launches between the budget's windows (estimated)",
+    );
+}
+
+/// [`scale_launch_time`] for `category`'s calls filled in off the windows: the time they
+/// added (`added` times the seen time) is taken from `cpu` and given as `reason`.
+pub(crate) fn move_from_cpu(
+    t: &mut crate::report::model::time::TimeBreakdown,
+    added: f64,
+    category: &str,
+    reason: &str,
+) {
     use crate::report::model::time::ReasonTime;
     let get = |t: &crate::report::model::time::TimeBreakdown, c: &str| {
         t.categories
@@ -528,7 +596,7 @@ pub(crate) fn scale_launch_time(t: &mut crate::report::model::time::TimeBreakdow
             .find(|x| x.category == c)
             .map_or(0, |x| x.ns)
     };
-    let (launch, cpu) = (get(t, "cuda_launch"), get(t, "cpu"));
+    let (launch, cpu) = (get(t, category), get(t, "cpu"));
     let moved = ((launch as f64 * added).max(0.0) as u64).min(cpu);
     if moved == 0 {
         return;
@@ -536,7 +604,7 @@ pub(crate) fn scale_launch_time(t: &mut crate::report::model::time::TimeBreakdow
     for c in t.categories.iter_mut() {
         if c.category == "cpu" {
             c.ns -= moved;
-        } else if c.category == "cuda_launch" {
+        } else if c.category == category {
             c.ns += moved;
         }
     }
@@ -558,8 +626,8 @@ pub(crate) fn scale_launch_time(t: &mut crate::report::model::time::TimeBreakdow
     }
     t.reasons.retain(|r| r.ns > 0);
     t.reasons.push(ReasonTime {
-        category: "cuda_launch".into(),
-        reason: "launches between the budget's windows (estimated)".into(),
+        category: category.into(),
+        reason: reason.into(),
         ns: moved - left,
         count: 0,
     });
@@ -797,5 +865,70 @@ mod tests {
         assert_eq!(c.threads[0].api[1].total_ns, 70);
         assert_eq!(c.api[0].total_ns, 190 - 60);
         assert_eq!(c.kernels[0].launch_ns, 130);
+    }
+
+    #[test]
+    fn copies_and_syncs_are_scaled_with_their_bytes_and_the_launches_are_not() {
+        use crate::report::model::cuda::CopyStat;
+        let api = |f: &str, n, min_ns| ApiStat {
+            function: f.into(),
+            count: n,
+            total_ns: n * 10,
+            min_ns,
+            hist_log2_ns: vec![n],
+            ..Default::default()
+        };
+        let mut c = ProcessCuda {
+            api: vec![
+                api("cudaLaunchKernel", 10, 5),
+                api("cudaMemcpyAsync", 8, 6),
+                api("cudaStreamSynchronize", 2, 9),
+            ],
+            copies: vec![CopyStat {
+                direction: "D2H".into(),
+                mode: "async".into(),
+                count: 8,
+                bytes: 64,
+                total_ns: 80,
+                gbps: 0.8,
+            }],
+            kernels: vec![KernelStat {
+                name: "k".into(),
+                launches: 10,
+                launch_ns: 100,
+                ..Default::default()
+            }],
+            threads: vec![ThreadCuda {
+                tid: 1,
+                total_ns: 200,
+                api: vec![
+                    api("cudaLaunchKernel", 10, 5),
+                    api("cudaMemcpyAsync", 8, 6),
+                    api("cudaStreamSynchronize", 2, 9),
+                ],
+            }],
+            ..Default::default()
+        };
+        let calls = call_names();
+        assert!(calls.contains(&"cudaMemcpyAsync") && calls.contains(&"cudaStreamSynchronize"));
+        assert!(!calls.contains(&"cudaLaunchKernel") && !calls.contains(&"cudaMalloc"));
+        // The probes' part of a seen call is at least the shortest seen (6 ns, above the 4
+        // measured): the 24 copies filled in took 10 - 6 = 4 ns each.
+        scale_calls(&mut c, &calls, 4.0, 4.0);
+        assert_eq!(c.api[0].count, 10);
+        assert_eq!(c.kernels[0].launches, 10);
+        assert_eq!(c.api[1].count, 32);
+        assert_eq!(c.api[1].total_ns, 80 + 24 * 4);
+        assert_eq!(c.api[2].count, 8);
+        assert_eq!(
+            (c.copies[0].count, c.copies[0].bytes, c.copies[0].total_ns),
+            (32, 256, 80 + 24 * 4)
+        );
+        assert_eq!(c.threads[0].api[1].count, 32);
+        // Capped to its thread's life, the copies give up time and the kernels keep theirs.
+        let total = c.threads[0].total_ns;
+        cap_to_lives(&mut c, &calls, |_| Some(total - 50));
+        assert_eq!(c.threads[0].total_ns, total - 50);
+        assert_eq!(c.kernels[0].launch_ns, 100);
     }
 }

@@ -100,9 +100,9 @@ fn contention(t: &TimeBreakdown) -> f64 {
     (1.0 + preempted as f64 / on_cpu as f64).min(CONTENTION_MAX)
 }
 
-/// CUDA calls the probes saw on a thread: launches were scaled up by `scale` when the gate
-/// sampled them, and cost only what was seen.
-fn cuda_calls_seen(r: &Report, pid: u32, tid: u32, launches: &[&str], scale: f64) -> f64 {
+/// CUDA calls the probes saw on a thread: launches, copies and syncs were scaled up when the
+/// budget sampled them, and cost only what was seen.
+fn cuda_calls_seen(r: &Report, o: &Overhead, pid: u32, tid: u32) -> f64 {
     let Some(c) = r
         .processes
         .iter()
@@ -115,13 +115,7 @@ fn cuda_calls_seen(r: &Report, pid: u32, tid: u32, launches: &[&str], scale: f64
         .iter()
         .filter(|t| t.tid == tid)
         .flat_map(|t| t.api.iter())
-        .map(|a| {
-            if launches.contains(&a.function.as_str()) {
-                a.count as f64 / scale
-            } else {
-                a.count as f64
-            }
-        })
+        .map(|a| a.count as f64 * o.seen_share(&a.function))
         .sum()
 }
 
@@ -156,12 +150,10 @@ fn thread_parts(
     pid: u32,
     t: &ThreadReport,
     (requests, seen): (f64, f64),
-    launches: &[&str],
 ) -> Vec<ThreadCostPart> {
-    let scale = o.sampled.as_ref().map_or(1.0, |s| s.scale.max(1.0));
     let syscalls: u64 = t.syscalls.iter().map(|s| s.count).sum();
     let (switches, wakeups) = t.time.as_ref().map_or((0, 0), switches);
-    let mut cuda = cuda_calls_seen(r, pid, t.tid, launches, scale)
+    let mut cuda = cuda_calls_seen(r, o, pid, t.tid)
         * (per_hit(o, tracer_common::cuda::ENTRY_PROG) + per_hit(o, tracer_common::cuda::RET_PROG));
     // The window closes' traps, paid by the thread the gate charged them to.
     if let Some(w) = o.worst_thread.as_ref().filter(|w| w.tid == t.tid) {
@@ -211,7 +203,7 @@ fn thread_parts(
 /// The traced thread that paid the largest share of its time for the probes. Threads alive
 /// for under `min_alive_ns` are passed over: a thread that lived a millisecond and was
 /// caught by one sample is not what the budget is about.
-pub fn costliest_thread(r: &Report, launches: &[&str], min_alive_ns: u64) -> Option<ThreadCost> {
+pub fn costliest_thread(r: &Report, min_alive_ns: u64) -> Option<ThreadCost> {
     let o = r.overhead.as_ref()?;
     let mut best: Option<(f64, ThreadCost)> = None;
     for p in &r.processes {
@@ -233,7 +225,7 @@ pub fn costliest_thread(r: &Report, launches: &[&str], min_alive_ns: u64) -> Opt
                 io_waits(t) as f64 / waits as f64
             };
             let mine = (requests as f64 * share, seen as f64 * share);
-            let parts = thread_parts(r, o, p.pid, t, mine, launches);
+            let parts = thread_parts(r, o, p.pid, t, mine);
             let ns: u64 = parts.iter().map(|p| p.ns).sum();
             let stretch = t.time.as_ref().map_or(1.0, contention);
             let share = ns as f64 * stretch / alive as f64;
@@ -362,7 +354,7 @@ mod tests {
         t.time = Some(breakdown(4.0, 0.0, 6.0, 0.0));
         let alive = t.time.as_ref().unwrap().alive_ns as f64;
         let r = report(vec![t]);
-        let c = costliest_thread(&r, &[], 1).unwrap();
+        let c = costliest_thread(&r, 1).unwrap();
         let ns: u64 = c.parts.iter().map(|p| p.ns).sum();
         assert_eq!(c.contention, Some(2.5));
         assert!(
@@ -372,12 +364,12 @@ mod tests {
         // Probes that cost 7 s of its 11 s, stretched 2.5x: all of its time, not 159% of it.
         let mut t = thread(1, 10.0, 10_000_000, 0, 0);
         t.time = Some(breakdown(4.0, 0.0, 6.0, 0.0));
-        let c = costliest_thread(&report(vec![t]), &[], 1).unwrap();
+        let c = costliest_thread(&report(vec![t]), 1).unwrap();
         assert_eq!(c.estimated, 1.0, "{c:?}");
         // Without the wait: no figure, no stretch.
         let mut t = thread(1, 10.0, 1_000, 0, 0);
         t.time = Some(breakdown(4.0, 0.0, 0.1, 6.0));
-        let c = costliest_thread(&report(vec![t]), &[], 1).unwrap();
+        let c = costliest_thread(&report(vec![t]), 1).unwrap();
         assert_eq!(c.contention, None);
     }
 
@@ -422,7 +414,7 @@ mod tests {
             halted_calls: 1_000_000,
             ..Default::default()
         });
-        let c = costliest_thread(&r, &[], 0).unwrap();
+        let c = costliest_thread(&r, 0).unwrap();
         assert_eq!(c.tid, 2);
         let stopped = c
             .parts
@@ -437,7 +429,6 @@ mod tests {
             10,
             &r.processes[0].threads[0],
             (0.0, 0.0),
-            &[],
         );
         assert!(quiet
             .iter()
@@ -451,7 +442,7 @@ mod tests {
             thread(1, 10.0, 100, 50, 0),
             thread(2, 10.0, 1_000_000, 400, 100),
         ]);
-        let c = costliest_thread(&r, &[], 0).unwrap();
+        let c = costliest_thread(&r, 0).unwrap();
         assert_eq!(c.tid, 2);
         assert!(c.parts.iter().all(|p| p.what != "block I/O tracepoints"));
         // 1M x (300 + 400) ns = 0.7 s of 10 s; 400 blocking waits and 100 preemptions are 500
@@ -484,7 +475,7 @@ mod tests {
         sw.traced_hits = Some(1_000);
         sw.traced_bpf_ns_per_hit = Some(5_000.0);
         sw.early_bpf_ns_per_hit = Some(556.0);
-        let c = costliest_thread(&r, &[], 0).unwrap();
+        let c = costliest_thread(&r, 0).unwrap();
         let sched = c
             .parts
             .iter()
@@ -518,7 +509,7 @@ mod tests {
         ] {
             o.programs.push(prog(n, 40_000, 970.0, 30.0));
         }
-        let c = costliest_thread(&r, &[], 0).unwrap();
+        let c = costliest_thread(&r, 0).unwrap();
         assert_eq!(c.tid, 1);
         let block = c
             .parts
@@ -555,7 +546,7 @@ mod tests {
             p.early_bpf_ns_per_hit = Some(70.0);
             o.programs.push(p);
         }
-        let c = costliest_thread(&r, &[], 0).unwrap();
+        let c = costliest_thread(&r, 0).unwrap();
         let block = c
             .parts
             .iter()
@@ -587,7 +578,7 @@ mod tests {
             ..Default::default()
         });
         // (4000 seen launches + 100 copies) x 4 us = 16.4 ms; 100 samples x 5 us = 0.5 ms.
-        let c = costliest_thread(&r, &["cudaLaunchKernel"], 1_000_000).unwrap();
+        let c = costliest_thread(&r, 1_000_000).unwrap();
         assert_eq!(c.tid, 1, "the 0.5 ms thread is passed over");
         assert_eq!(c.parts[0].what, "CUDA probes");
         assert_eq!(c.parts[0].ns, 16_400_000);
@@ -597,7 +588,7 @@ mod tests {
             tid: 1,
             estimated: 0.005,
         });
-        let c = costliest_thread(&r, &["cudaLaunchKernel"], 1_000_000).unwrap();
+        let c = costliest_thread(&r, 1_000_000).unwrap();
         assert_eq!(c.parts[0].ns, 50_000_000);
         assert!((c.estimated - 0.00505).abs() < 1e-6, "{}", c.estimated);
     }

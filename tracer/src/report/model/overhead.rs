@@ -48,6 +48,10 @@ pub struct Overhead {
     /// Set when the budget switched the high-rate probes on and off: their counts are scaled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampled: Option<ProbeSampling>,
+    /// Set when the budget switched the CUDA copy and sync probes on and off too (their cost
+    /// alone passed it): their counts, times and bytes are scaled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_calls: Option<ProbeSampling>,
     /// Set when the budget took the syscall tracepoints off a syscall storm.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub syscalls_off: Option<SyscallsOff>,
@@ -353,6 +357,7 @@ impl Overhead {
     pub fn limit_lines(&self) -> Vec<String> {
         [
             self.sampling_line(),
+            self.calls_sampling_line(),
             self.syscalls_off_line(),
             self.block_sampled_line(),
             self.syscalls_timed_line(),
@@ -397,29 +402,51 @@ impl Overhead {
     }
 
     pub fn sampling_line(&self) -> Option<String> {
-        let s = self.sampled.as_ref()?;
-        let err = match (s.rel_error, &s.no_bound) {
-            (Some(e), _) => format!("+/-{:.0}%", e * 100.0),
-            (None, Some(why)) => format!("error unknown: {why}"),
-            (None, None) if s.windows < 2 => "error unknown: one window".into(),
-            (None, None) => "error unknown: the probes cost more than the work they sampled".into(),
-        };
-        let by = match s.filled_by_calls {
-            b if b >= 0.995 => "; filled in between windows from the copies and syncs counted there".into(),
-            b if b > 0.005 => format!(
-                "; filled in between windows {:.0}% from the copies and syncs counted there, the rest from the time",
-                b * 100.0
-            ),
-            _ => String::new(),
-        };
-        Some(format!(
-            "ESTIMATED: {} probed {:.1}% of the time to stay in budget; {} are scaled x{:.1} ({err}){by}",
-            s.probes,
-            s.duty * 100.0,
-            s.scaled,
-            s.scale
-        ))
+        self.sampled.as_ref().map(sampling_line)
     }
+
+    /// [`Overhead::sampling_line`] for the copy and sync probes.
+    pub fn calls_sampling_line(&self) -> Option<String> {
+        self.sampled_calls.as_ref().map(sampling_line)
+    }
+
+    /// The share of `function`'s calls the probes saw: the figures of a sampled function
+    /// were scaled up.
+    pub fn seen_share(&self, function: &str) -> f64 {
+        let s = if crate::cuda::table::by_name(function).is_some_and(|f| f.is_launch()) {
+            self.sampled.as_ref()
+        } else if crate::overhead::call_names().contains(&function) {
+            self.sampled_calls.as_ref()
+        } else {
+            None
+        };
+        s.map_or(1.0, |s| 1.0 / s.scale.max(1.0))
+    }
+}
+
+/// What a sampling did to its figures, in one line.
+fn sampling_line(s: &ProbeSampling) -> String {
+    let err = match (s.rel_error, &s.no_bound) {
+        (Some(e), _) => format!("+/-{:.0}%", e * 100.0),
+        (None, Some(why)) => format!("error unknown: {why}"),
+        (None, None) if s.windows < 2 => "error unknown: one window".into(),
+        (None, None) => "error unknown: the probes cost more than the work they sampled".into(),
+    };
+    let by = match s.filled_by_calls {
+        b if b >= 0.995 => "; filled in between windows from the copies and syncs counted there".into(),
+        b if b > 0.005 => format!(
+            "; filled in between windows {:.0}% from the copies and syncs counted there, the rest from the time",
+            b * 100.0
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "ESTIMATED: {} probed {:.1}% of the time to stay in budget; {} are scaled x{:.1} ({err}){by}",
+        s.probes,
+        s.duty * 100.0,
+        s.scaled,
+        s.scale
+    )
 }
 
 fn pct(f: f64) -> String {
@@ -556,6 +583,38 @@ mod tests {
                 && l.contains("--max-overhead 100% counts every request"),
             "{l}"
         );
+    }
+
+    #[test]
+    fn sampled_copies_and_syncs_are_said_and_counted_at_what_was_seen() {
+        let mut o = Overhead::default();
+        assert_eq!(o.calls_sampling_line(), None);
+        assert_eq!(o.seen_share("cudaMemcpyAsync"), 1.0);
+        let sampling = |probes: &str, scale| ProbeSampling {
+            probes: probes.into(),
+            scaled: "their counts".into(),
+            duty: 0.025,
+            scale,
+            rel_error: None,
+            windows: 5,
+            seen_hits: 1000,
+            filled_by_calls: 0.0,
+            no_bound: Some("the probes cost more than the work they sampled".into()),
+        };
+        o.sampled = Some(sampling("CUDA launch probes", 10.0));
+        o.sampled_calls = Some(sampling("CUDA copy and sync probes", 40.0));
+        assert_eq!(
+            o.calls_sampling_line().unwrap(),
+            "ESTIMATED: CUDA copy and sync probes probed 2.5% of the time to stay in budget; \
+             their counts are scaled x40.0 (error unknown: the probes cost more than the work \
+             they sampled)"
+        );
+        assert_eq!(o.limit_lines().len(), 2);
+        // Each sampled function's rows were scaled by its own probes' windows.
+        assert_eq!(o.seen_share("cudaMemcpyAsync"), 1.0 / 40.0);
+        assert_eq!(o.seen_share("cuStreamSynchronize"), 1.0 / 40.0);
+        assert_eq!(o.seen_share("cudaLaunchKernel"), 1.0 / 10.0);
+        assert_eq!(o.seen_share("cudaMalloc"), 1.0);
     }
 
     #[test]
