@@ -23,7 +23,7 @@ pub const GATE_FIRST_MAP: &str = "CUDA_GATE_FIRST";
 /// bound loop started under gputrace then counted no launch at all).
 pub const LAUNCH_RUNS_MAP: &str = "CUDA_LAUNCH_RUNS";
 /// More u64s of `LAUNCH_RUNS_MAP`, for the budget's estimate: the traced threads' outermost
-/// copies and syncs (never sampled, so counted exactly), their outermost launches (as the
+/// copies and syncs (counted exactly while their own probes are on), their outermost launches (as the
 /// report counts them: once each, in traced processes only), and the copies and syncs made
 /// inside a window (between two counted launches). The estimate fills in the launches between
 /// windows from the copies and syncs made there: a training loop makes as many launches each
@@ -41,8 +41,8 @@ pub const LAUNCHER_SLOT: u32 = 6;
 /// paid by the calls, but not a window's.
 pub const CLOSING_RUNS_SLOT: u32 = 7;
 /// The entry (`OTHER_ENTRY_SLOT`) and return (`OTHER_RET_SLOT`) programs' runs at the other
-/// functions (copies, syncs, allocations) in traced threads: probes never switched off, whose
-/// cost the budget leaves out of the launch windows' share.
+/// functions (copies, syncs, allocations) in traced threads: probes the launch windows do not
+/// switch, whose cost the budget leaves out of their share.
 pub const OTHER_ENTRY_SLOT: u32 = 8;
 pub const OTHER_RET_SLOT: u32 = 9;
 /// The entry program's runs at copies and syncs in traced threads: what the copy and sync

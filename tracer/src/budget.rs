@@ -95,7 +95,7 @@ pub const COST_UNCERTAINTY: f64 = 0.5;
 /// costing 80% of the thread, whole-bucket windows last ~25 ms and come every ~1 s.
 pub const BURST_S: f64 = 1.0;
 
-/// Seconds of budget the bucket may owe at most. Probes that are never switched off (copies
+/// Seconds of budget the bucket may owe at most. Probes the launch windows do not switch (copies
 /// and syncs) can cost more than the budget fills: while they do no window opens, and once they
 /// stop (the job's phase changes) the launch probes are back within this many seconds,
 /// not after as long as the debt took to run up.
@@ -150,11 +150,11 @@ pub struct TickObs {
     pub cost_per_hit_ns: f64,
     /// The traps' part of it (replaced by a better measurement at the end, if one is given).
     pub trap_ns: f64,
-    /// Cost of the probes that are never switched off, in the tick (ns).
+    /// Cost of the probes the windows do not switch, in the tick (ns).
     pub other_cost_ns: f64,
     /// The window closed in this tick (the watchdog emptied the bucket).
     pub closed: bool,
-    /// The traced processes' copies and syncs (never sampled, so counted exactly) made while
+    /// The traced processes' copies and syncs (counted exactly while their probes are on) made while
     /// the sampled probes were on in the tick, and while they were off.
     pub steady_on: u64,
     pub steady_off: u64,

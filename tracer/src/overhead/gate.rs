@@ -976,9 +976,9 @@ impl LaunchGate {
         } else {
             ret_hits.saturating_sub(hits) as f64 * ret
         };
-        // The probes at the other CUDA functions (copies, syncs, allocations) are never
-        // switched off, and take from the same threads' time: the launch windows get what they
-        // leave of the budget. A loop of 100 launches and two copies a step, on a host whose
+        // The probes at the other CUDA functions (copies, syncs, allocations) are not these
+        // windows' (the copies and syncs have their own, `CallGate`), and take from the same
+        // threads' time: the launch windows get what they leave of the budget. A loop of 100 launches and two copies a step, on a host whose
         // traps cost ~1.3 us, paid ~2.9% of its time for the copies alone, and its windows
         // spent the whole 2% budget besides.
         let unsampled_ns = unsampled_cost(&c0, &c, (entry, ret));

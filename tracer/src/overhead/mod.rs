@@ -1,8 +1,9 @@
 //! gputrace's own cost while tracing (issue 6): the programs' run time from the kernel's BPF
-//! statistics plus calibrated trap costs (`budget`), shown in every report; and the gate that
-//! switches the CUDA launch probes on and off to stay under `--max-overhead`.
+//! statistics plus calibrated trap costs (`budget`), shown in every report; and the gates that
+//! switch the CUDA launch probes (`gate`), and the copy and sync probes once their own cost
+//! passes the budget (`calls`), on and off to stay under `--max-overhead`.
 //!
-//! The gate detaches and re-attaches the launch probes' links: an attached uprobe or uretprobe
+//! The gates detach and re-attach the probes' links: an attached uprobe or uretprobe
 //! costs its trap on every call even when the program returns at once, so a BPF-side flag would
 //! not save the cost that matters.
 

@@ -314,8 +314,8 @@ impl Overhead {
             .unwrap_or_default();
         Some(format!(
             "over budget: thread {} ({}) paid ~{:.1}% of its time for probes ({}{waited}), over \
-             the {}% budget; the budget switches only the CUDA launch probes and, for a thread \
-             whose syscalls alone cost more than the budget, the syscall tracepoints on and off",
+             the {}% budget; the budget switches the CUDA probes and, for a thread whose \
+             syscalls alone cost more than the budget, the syscall tracepoints on and off",
             c.tid,
             c.comm,
             c.estimated * 100.0,
@@ -546,7 +546,7 @@ mod tests {
             o.over_budget_line().unwrap(),
             "over budget: thread 8 (loader) paid ~4.0% of its time for probes (syscall \
              tracepoints 3.0%, scheduler tracepoints 1.0%), over the 2% budget; the budget \
-             switches only the CUDA launch probes and, for a thread whose syscalls alone cost \
+             switches the CUDA probes and, for a thread whose syscalls alone cost \
              more than the budget, the syscall tracepoints on and off"
         );
         assert_eq!(costly(0.019).over_budget_line(), None);
