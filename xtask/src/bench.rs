@@ -73,6 +73,7 @@ pub fn run(
     quick: bool,
     window_only: bool,
     demo_only: bool,
+    storms_only: bool,
     modes: &[String],
     soak_s: Option<u64>,
 ) -> Result<()> {
@@ -103,6 +104,10 @@ pub fn run(
     }
     if let Some(s) = soak_s {
         println!("{}", soak::soak(&g, &w.soak, &w.cudart, &dir, s)?);
+        return Ok(());
+    }
+    if storms_only {
+        println!("{}", storms(&g, &w, &dir)?);
         return Ok(());
     }
     let scale = if quick { 1 } else { 4 };
@@ -247,8 +252,9 @@ pub fn run(
     let pipeline = pipeline(&g, &w, &dir, 2_000_000 * scale as u64)?;
     let big = big_target(&g, &w, &dir)?;
     let window = window_cost(&g, &w, &dir)?;
+    let storms = storms(&g, &w, &dir)?;
     let py = python_walk(&g, seconds)?;
-    let rest = format!("{pipeline}\n{big}\n{window}\n{py}");
+    let rest = format!("{pipeline}\n{big}\n{window}\n{storms}\n{py}");
     println!("{rest}");
 
     let md = root.join("BENCHMARKS.md");
@@ -325,6 +331,8 @@ struct Workloads {
     libs: Vec<PathBuf>,
     /// A launch storm that records its calls per 5 ms slot (with STORM_SLOTS set).
     rate: PathBuf,
+    /// A storm of cudaMemcpyAsync calls (tests/workloads/copy_storm.c).
+    copy: PathBuf,
     soak: PathBuf,
 }
 
@@ -357,6 +365,7 @@ impl Workloads {
                 .map(|i| libdir.join(format!("libbench{i}.so")))
                 .collect(),
             rate: dir.join("launch_storm"),
+            copy: dir.join("copy_storm"),
             soak: dir.join("soak"),
         };
         cc("syscall_loop", &w.syscall, &[])?;
@@ -366,16 +375,19 @@ impl Workloads {
         cc("fake_cudart", &w.cudart, &["-shared", "-fPIC"])?;
         cc("big_target", &w.big, &["-ldl"])?;
         cc("soak", &w.soak, &["-ldl"])?;
-        // The e2e tests' storm, which records its calls per slot when asked (STORM_SLOTS).
-        let st = Command::new("gcc")
-            .args(["-O2", "-fno-omit-frame-pointer", "-o"])
-            .arg(&w.rate)
-            .arg(workspace_root().join("tests/workloads/launch_storm.c"))
-            .arg("-ldl")
-            .status()
-            .context("gcc")?;
-        if !st.success() {
-            bail!("gcc launch_storm.c failed");
+        // The e2e tests' storms: the launch storm records its calls per slot when asked
+        // (STORM_SLOTS).
+        for (name, out) in [("launch_storm", &w.rate), ("copy_storm", &w.copy)] {
+            let st = Command::new("gcc")
+                .args(["-O2", "-fno-omit-frame-pointer", "-o"])
+                .arg(out)
+                .arg(workspace_root().join(format!("tests/workloads/{name}.c")))
+                .arg("-ldl")
+                .status()
+                .context("gcc")?;
+            if !st.success() {
+                bail!("gcc {name}.c failed");
+            }
         }
         for l in &w.libs {
             std::fs::copy(&w.cudart, l).with_context(|| format!("copy to {}", l.display()))?;
@@ -749,6 +761,67 @@ fn lost_ms(stdout: &str) -> Result<f64> {
         .iter()
         .map(|&c| (median - c).max(0.0) / median * 5.0)
         .sum())
+}
+
+/// The budget against storms the probes would cost most of their time: a launch storm and a copy
+/// storm (~1 us of work a call), untraced and at the default budget in turn, three rounds each:
+/// the slowdown measured by the storm itself (CPU time per call), what the report estimated it
+/// cost, and how close its scaled count came to the calls made.
+fn storms(g: &Path, w: &Workloads, dir: &Path) -> Result<String> {
+    eprintln!("xtask: bench storms under the default budget");
+    let out = dir.join("storm");
+    let lib = w.cudart.to_str().unwrap();
+    let mut s = String::from(
+        "Storms at the default budget (2%): `tests/workloads/launch_storm.c` and \
+         `copy_storm.c` (cudaLaunchKernel or cudaMemcpyAsync into xtask/bench/fake_cudart.c, \
+         500 iterations of work a call), untraced and traced in turn, three rounds; the slowdown \
+         is the storm's own CPU time per call, traced over untraced; \"estimated\" is the \
+         report's count over the calls made, with its bound.\n\n\
+         | storm | round | untraced ns/call | traced ns/call | slowdown | report's own-cost estimate | estimated | bound |\n\
+         |---|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    let n: u64 = 10_000_000;
+    for (name, bin, function, key) in [
+        ("launch", &w.rate, "cudaLaunchKernel", "sampled"),
+        ("copy", &w.copy, "cudaMemcpyAsync", "sampled_calls"),
+    ] {
+        let cmd = [bin.to_str().unwrap(), lib, &n.to_string(), "500"];
+        for round in 1..=3 {
+            let untraced = ns_per_op(Command::new(cmd[0]).args(&cmd[1..]))?;
+            let traced = ns_per_op(
+                Command::new(g)
+                    .args(["--libcudart", lib, "-o"])
+                    .arg(&out)
+                    .arg("--")
+                    .args(cmd),
+            )?;
+            let r = read_report(&out)?;
+            let o = &r["overhead"];
+            let est: u64 = r["processes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["cuda"]["api"].as_array())
+                .flatten()
+                .filter(|a| a["function"] == function)
+                .filter_map(|a| a["count"].as_u64())
+                .sum();
+            let bound = match (o[key]["rel_error"].as_f64(), o[key]["no_bound"].as_str()) {
+                (Some(b), _) => format!("±{:.0}%", b * 100.0),
+                (None, Some(why)) => format!("none ({why})"),
+                (None, None) if o[key].is_null() => "exact (not sampled)".into(),
+                (None, None) => "none".into(),
+            };
+            let _ = writeln!(
+                s,
+                "| {name} | {round} | {untraced:.0} | {traced:.0} | {:+.1}% | {:.2}% | {:.3} | {bound} |",
+                100.0 * (traced / untraced - 1.0),
+                100.0 * o["costliest_thread"]["estimated"].as_f64().unwrap_or(0.0),
+                est as f64 / n as f64,
+            );
+        }
+    }
+    Ok(s)
 }
 
 /// What one window of the launch probes (attach, probed calls, and the close, during which the

@@ -45,6 +45,10 @@ enum Cmd {
         /// Only the end-to-end demo table (printed, not appended to BENCHMARKS.md).
         #[arg(long, conflicts_with = "window_cost")]
         demo_only: bool,
+        /// Only the launch and copy storms at the default budget (printed, not appended to
+        /// BENCHMARKS.md).
+        #[arg(long, conflicts_with_all = ["window_cost", "demo_only"])]
+        storms_only: bool,
         /// The demo modes to run, comma-separated (default: data,launch,transfer,gpu).
         #[arg(
             long,
@@ -77,11 +81,12 @@ fn run(cli: Cli) -> Result<()> {
             quick,
             window_cost,
             demo_only,
+            storms_only,
             modes,
             soak,
         } => {
             setup::run()?;
-            bench::run(quick, window_cost, demo_only, &modes, soak)
+            bench::run(quick, window_cost, demo_only, storms_only, &modes, soak)
         }
         Cmd::Run { args } => {
             setup::run()?;
