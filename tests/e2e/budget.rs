@@ -369,6 +369,16 @@ fn a_copy_storm_is_sampled_under_the_default_budget() {
         if (bytes as f64 - 8.0 * est).abs() > 8.0 * est * 0.01 {
             return Err(format!("{bytes} bytes for {est} copies"));
         }
+        // A copy's time is its own: none took a lost call's entry time, and the seconds
+        // between two windows with it (`CALL_GEN_SLOT`).
+        let longest = api_rows(report)
+            .filter(|a| a["function"] == "cudaMemcpyAsync")
+            .filter_map(|a| a["max_ns"].as_u64())
+            .max()
+            .unwrap_or(0);
+        if longest > 200_000_000 {
+            return Err(format!("a copy of {longest} ns: {}", report["overhead"]));
+        }
         // Whatever the bound says: the storm's copies within a factor of two.
         if !(0.5..=2.0).contains(&(est / n as f64)) {
             return Err(format!(

@@ -178,9 +178,10 @@ fn outer_call_gen(cookie: &Cookie) -> u32 {
 }
 
 /// The thread's outermost call is a copy or sync entered before a copy window's return probes
-/// went: it may have lost its return, and a return at its level now is another call's (whose
-/// entry went unseen: a storm's copy made as the next window's return probes went on first
-/// took the earlier copy's entry time, and 86,000 seen copies read as 3 s of copying).
+/// went: it may have lost its return (a sync still waiting at the close), and a return at its
+/// stack level now is another call's, whose entry went unseen (made as the next window's return
+/// probes went on, before its entry probes): it would take the lost call's entry time, and
+/// the seconds between the windows with it.
 #[inline(always)]
 fn stale_call(st: &ThreadState) -> bool {
     st.call_gen != 0
