@@ -92,6 +92,39 @@ fn no_driver_launches(report: &Value) {
     );
 }
 
+/// Whether `estimated` of `n` calls lands within the bound the report gives for the sampling
+/// `key` of `overhead`; with none, whether the report says why and added to what it saw.
+fn bound_kept(
+    report: &Value,
+    key: &str,
+    estimated: u64,
+    n: u64,
+    stdout: &str,
+) -> Result<(), String> {
+    let s = &report["overhead"][key];
+    let est = estimated as f64;
+    match s["rel_error"].as_f64() {
+        Some(bound) if (est - n as f64).abs() / (n as f64) > bound => Err(format!(
+            "estimated {est} of {n}, bound {bound}: {}",
+            report["overhead"]
+        )),
+        Some(_) => Ok(()),
+        // The terminal folds its lines: the words may be a line apart.
+        None if !stdout
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .contains("(error unknown:") =>
+        {
+            Err(format!("no bound, unsaid: {stdout}"))
+        }
+        None if est <= s["seen_hits"].as_f64().unwrap_or(0.0) => {
+            Err(format!("nothing added: {}", report["overhead"]))
+        }
+        None => Ok(()),
+    }
+}
+
 /// The fake libcudart, whose launches call the fake libcuda's `cuLaunchKernel` inside as the
 /// real runtime's call the driver's.
 fn nested_runtime() -> String {
@@ -158,20 +191,7 @@ fn launch_storm_stays_within_the_default_budget() {
     // fresh-clone CI run 1.69 with a bound of 34%). So a trace that fails is taken again
     // once, loudly; two in a row fail the test (as for the moderate rate below).
     let check = |report: &Value, stdout: &str| -> Result<(), String> {
-        let s = &report["overhead"]["sampled"];
-        let est = launches(report) as f64;
-        match s["rel_error"].as_f64() {
-            Some(bound) if (est - n as f64).abs() / (n as f64) > bound => Err(format!(
-                "estimated {est} launches of {n}, bound {bound}: {}",
-                report["overhead"]
-            )),
-            Some(_) => Ok(()),
-            None if !stdout.contains("error unknown") => Err(format!("no bound, unsaid: {stdout}")),
-            None if est <= s["seen_hits"].as_f64().unwrap_or(0.0) => {
-                Err(format!("nothing added: {}", report["overhead"]))
-            }
-            None => Ok(()),
-        }
+        bound_kept(report, "sampled", launches(report), n, stdout)
     };
     if let Err(first) = check(&report, &stdout) {
         eprintln!("first trace off (the host's traps?), tracing again: {first}");
@@ -329,9 +349,9 @@ fn a_copy_storm_is_sampled_under_the_default_budget() {
         "{stdout}"
     );
     // What the probes took from the storm's thread, as gputrace counted and priced its hits
-    // (the slowdown itself is the bench's to measure): the budget, plus the first 100 ms
-    // with every copy probed (no watchdog cuts a copy storm within milliseconds), ~2% of this
-    // ~5 s storm.
+    // (the slowdown itself is the bench's to measure): the budget is a ceiling the windows
+    // spend up to (2.0-2.1% of this ~4 s storm in a CI run, with its over-budget line), plus
+    // a window's close. Before, ~60%.
     let thread = &o["costliest_thread"];
     assert_eq!(thread["tid"], report["target"]["pids"][0], "{o}");
     let probes_ns = common::field_of(&thread["parts"], "what", "CUDA probes", "ns") as f64;
@@ -343,20 +363,10 @@ fn a_copy_storm_is_sampled_under_the_default_budget() {
         storm_ns / 1e6,
         100.0 * probes_ns / storm_ns
     );
-    assert!(
-        !report["warnings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|w| w.as_str().is_some_and(|w| w.starts_with("over budget"))),
-        "{}",
-        report["warnings"]
-    );
     // The scaled count, and the bytes with it (8 a copy), within the bound the report gives;
     // with none, it must say why and have added to what it saw. Taken again once, loudly, as
     // the launch storm's: this VM's traps do not keep to what was measured.
     let check = |report: &Value, stdout: &str| -> Result<(), String> {
-        let s = &report["overhead"]["sampled_calls"];
         let est = calls(report, "cudaMemcpyAsync") as f64;
         let bytes: u64 = report["processes"]
             .as_array()
@@ -386,18 +396,7 @@ fn a_copy_storm_is_sampled_under_the_default_budget() {
                 report["overhead"]
             ));
         }
-        match s["rel_error"].as_f64() {
-            Some(bound) if (est - n as f64).abs() / (n as f64) > bound => Err(format!(
-                "estimated {est} copies of {n}, bound {bound}: {}",
-                report["overhead"]
-            )),
-            Some(_) => Ok(()),
-            None if !stdout.contains("error unknown") => Err(format!("no bound, unsaid: {stdout}")),
-            None if est <= s["seen_hits"].as_f64().unwrap_or(0.0) => {
-                Err(format!("nothing added: {}", report["overhead"]))
-            }
-            None => Ok(()),
-        }
+        bound_kept(report, "sampled_calls", est as u64, n, stdout)
     };
     if let Err(first) = check(&report, &stdout) {
         eprintln!("first trace off (the host's traps?), tracing again: {first}");

@@ -107,7 +107,6 @@ impl Drop for CudaFamily {
             self.libs
                 .iter_mut()
                 .flat_map(|l| l.links.drain(..))
-                .chain(self.calls.take_links())
                 .collect(),
         );
     }
@@ -529,7 +528,7 @@ fn attach_library(
             }
             for (points, l) in made {
                 if group_kind == 1 {
-                    calls.add(prog, lib.open_path.clone(), points, l);
+                    calls.add(ebpf, prog, lib.open_path.clone(), points, l);
                 } else if gated {
                     gate.add(
                         ebpf,
@@ -582,7 +581,8 @@ impl ProbeFamily for CudaFamily {
         self.uprobes = Some(ctx.uprobes.clone());
         // Before the first library is attached: the gate's first window needs the cost.
         self.gate.calibrate(ebpf, ctx.uprobes, ctx.args.verbose);
-        self.calls.set_uprobes(ebpf, ctx.uprobes);
+        let (costs, _) = self.gate.hit_costs(ebpf);
+        self.calls.set_uprobes(ebpf, ctx.uprobes, costs);
         crate::bpf::attach_tracepoint(ebpf, "cuda_thread_exit", "sched", "sched_process_exit")?;
         for (path, layer) in self.overrides.clone() {
             let found = discover::from_path(&path, layer)?;

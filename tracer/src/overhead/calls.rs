@@ -24,7 +24,7 @@ use std::{
     path::PathBuf,
     sync::{
         atomic::{AtomicU64, Ordering},
-        mpsc, Arc,
+        mpsc, Arc, Mutex,
     },
     time::Duration,
 };
@@ -88,10 +88,6 @@ struct Runs {
 pub struct CallGate {
     gate: Gate,
     specs: Vec<Spec>,
-    /// Links held here, by program: those attached before the first window closed, and those
-    /// of libraries attached while a window was open.
-    entries: Vec<Link>,
-    rets: Vec<Link>,
     /// Whether the probes are on, since when (CLOCK_MONOTONIC ns; None: since they were
     /// attached), and the thread that holds the open window's links and closes them.
     on: bool,
@@ -99,8 +95,11 @@ pub struct CallGate {
     closer: Option<Closer>,
     /// Whether the probes were on for the whole of the last tick.
     whole_tick: bool,
-    /// What the probes cost per ns of the last window: how long the next may stay open.
+    /// What the probes cost per ns of the last window (a window planned without the counts to
+    /// watch lasts what the bucket leaves at it), and what a copy or sync costs (an entry and
+    /// a return hit).
     rate: Option<f64>,
+    per_call_ns: f64,
     uprobes: Option<Uprobes>,
     runs: Option<PerCpuArray<MapData, u64>>,
     /// The previous tick: CLOCK_MONOTONIC ns and the runs then.
@@ -121,37 +120,68 @@ const RETURN_LAG: Duration = Duration::from_millis(1);
 const MIN_WINDOW: Duration = Duration::from_millis(2);
 const MAX_WINDOW: Duration = Duration::from_secs(10);
 
-/// What a window's closer reads and writes: the programs' counts (to tell when the entry
-/// programs stopped counting) and the generations (`CALL_GEN_SLOT`, raised once the return
-/// probes are gone).
+/// How often a window's closer looks at what its calls cost: soon enough for the share to be
+/// spent by then at the pace of the last look, within these.
+const LOOK_MIN: Duration = Duration::from_millis(2);
+const LOOK_MAX: Duration = Duration::from_millis(50);
+
+/// What a window's closer reads and writes: the programs' counts (what its calls cost, and when
+/// the entry programs stopped counting) and the generations (`CALL_GEN_SLOT`, raised once the
+/// return probes are gone).
 type CloserMaps = (
     Option<PerCpuArray<MapData, u64>>,
     Option<Array<MapData, u64>>,
 );
 
-/// A window's links on a thread of their own, dropped at the window's planned end or when told
-/// (or when the gate is dropped): entry links first, return links [`RETURN_LAG`] later. Each
-/// drop waits out the kernel's grace period (~40-100 ms here), which the event loop must not.
+/// When a window must close: once its calls (each `per_call_ns`) have spent what it may, a
+/// bucket that starts at `tokens_ns` (its share when it opened) and refills at `budget` up to
+/// that share (a job whose copies turned into a storm after a quiet minute gets no minute's
+/// worth); or, without the counts to watch, after `planned`.
+#[derive(Debug, Clone, Copy)]
+struct Watch {
+    budget: f64,
+    tokens_ns: f64,
+    per_call_ns: f64,
+    planned: Option<Duration>,
+}
+
+/// A window's links and whether they went.
+#[derive(Default)]
+struct Links {
+    entries: Vec<Link>,
+    rets: Vec<Link>,
+    closed: bool,
+}
+
+/// A window's links on a thread of their own, which watches what its calls cost and drops them
+/// once its share of the bucket is spent (or when told, or when the gate is dropped): entry
+/// links first, return links [`RETURN_LAG`] later. Each drop waits out the kernel's grace
+/// period (~40-100 ms here), which the event loop must not. The first window closes within
+/// milliseconds of a storm's start too: closed at the first tick, it cost a 4 s copy storm
+/// ~2% of its time on its own.
 struct Closer {
     stop: mpsc::Sender<()>,
     /// When the window ended: its entry programs' last counted call once their links began to
     /// go (CLOCK_MONOTONIC ns; 0: not yet).
     closed_at: Arc<AtomicU64>,
+    links: Arc<Mutex<Links>>,
 }
 
 impl Closer {
-    /// `runs`: the entry program's counts, to tell when it stopped counting calls.
-    fn spawn(
-        entries: Vec<Link>,
-        rets: Vec<Link>,
-        after: Duration,
-        (runs, mut gen): CloserMaps,
-    ) -> Closer {
+    fn spawn(links: Links, watch: Watch, (runs, mut gen): CloserMaps) -> Closer {
         let (stop, rx) = mpsc::channel::<()>();
         let closed_at = Arc::new(AtomicU64::new(0));
-        let at = closed_at.clone();
+        let links = Arc::new(Mutex::new(links));
+        let (at, held) = (closed_at.clone(), links.clone());
         let run = move || {
-            let _ = rx.recv_timeout(after);
+            wait_spent(&rx, watch, runs.as_ref());
+            let (entries, rets) = match held.lock() {
+                Ok(mut l) => {
+                    l.closed = true;
+                    (std::mem::take(&mut l.entries), std::mem::take(&mut l.rets))
+                }
+                Err(_) => (Vec::new(), Vec::new()),
+            };
             let begun = ktime_now();
             let first = std::thread::Builder::new()
                 .name("gputrace-calls".into())
@@ -183,12 +213,77 @@ impl Closer {
             crate::note!("gputrace: copy and sync window thread: {e}");
             closed_at.store(ktime_now().max(1), Ordering::SeqCst);
         }
-        Closer { stop, closed_at }
+        Closer {
+            stop,
+            closed_at,
+            links,
+        }
     }
 
     fn closed_at(&self) -> Option<u64> {
         Some(self.closed_at.load(Ordering::SeqCst)).filter(|&t| t != 0)
     }
+
+    /// Adds links of a library attached while the window is open; gives them back if it
+    /// closed.
+    fn hold(&self, prog: &'static str, links: Vec<Link>) -> Result<(), Vec<Link>> {
+        match self.links.lock() {
+            Ok(mut l) if !l.closed => {
+                if prog == ENTRY_PROG {
+                    l.entries.extend(links);
+                } else {
+                    l.rets.extend(links);
+                }
+                Ok(())
+            }
+            _ => Err(links),
+        }
+    }
+}
+
+/// Returns once the window must close ([`Watch`]), or the gate says so (or is gone).
+fn wait_spent(rx: &mpsc::Receiver<()>, w: Watch, runs: Option<&PerCpuArray<MapData, u64>>) {
+    let start = std::time::Instant::now();
+    let Some(runs) = runs.filter(|_| w.tokens_ns > 0.0) else {
+        let _ = match w.planned {
+            Some(p) => rx.recv_timeout(p).map_err(|_| ()),
+            None => rx.recv().map_err(|_| ()),
+        };
+        return;
+    };
+    let (mut last_runs, mut last_ns) = (call_runs(runs), 0u64);
+    let mut left = w.tokens_ns;
+    let mut look = LOOK_MIN;
+    loop {
+        if !matches!(rx.recv_timeout(look), Err(mpsc::RecvTimeoutError::Timeout)) {
+            return;
+        }
+        let now_ns = start.elapsed().as_nanos() as u64;
+        let dt = now_ns.saturating_sub(last_ns).max(1);
+        let n = call_runs(runs);
+        let spent = n.saturating_sub(last_runs) as f64 * w.per_call_ns;
+        left = (left + w.budget * dt as f64).min(w.tokens_ns) - spent;
+        if left <= 0.0 {
+            return;
+        }
+        look = next_look(left, spent / dt as f64, w.budget);
+        (last_runs, last_ns) = (n, now_ns);
+    }
+}
+
+/// When to look again: when the window's headroom (`left_ns`) would be spent at the pace of
+/// the last look (`rate`, probe ns per ns, against the budget's refill), within [`LOOK_MIN`]
+/// and [`LOOK_MAX`].
+fn next_look(left_ns: f64, rate: f64, budget: f64) -> Duration {
+    let net = rate - budget;
+    if net <= 0.0 {
+        return LOOK_MAX;
+    }
+    Duration::from_nanos((left_ns / net) as u64).clamp(LOOK_MIN, LOOK_MAX)
+}
+
+fn call_runs(runs: &PerCpuArray<MapData, u64>) -> u64 {
+    runs.get(&CALL_RUNS_SLOT, 0).map_or(0, |v| v.iter().sum())
 }
 
 impl CallGate {
@@ -196,13 +291,12 @@ impl CallGate {
         CallGate {
             gate: Gate::new(budget),
             specs: Vec::new(),
-            entries: Vec::new(),
-            rets: Vec::new(),
             on: true,
             opened_at: None,
             closer: None,
             whole_tick: true,
             rate: None,
+            per_call_ns: 0.0,
             uprobes: None,
             runs: None,
             last: None,
@@ -216,9 +310,12 @@ impl CallGate {
         self.gate.samples() && is_call(fid)
     }
 
-    pub fn set_uprobes(&mut self, ebpf: &Ebpf, uprobes: &Uprobes) {
+    /// `(entry, ret)`: what a hit of each program costs, as the launch gate prices them (the
+    /// same programs), for the first window's watch.
+    pub fn set_uprobes(&mut self, ebpf: &Ebpf, uprobes: &Uprobes, (entry, ret): (f64, f64)) {
         self.uprobes = Some(uprobes.clone());
         self.runs = runs_map(ebpf);
+        self.per_call_ns = entry + ret;
     }
 
     fn read(&self) -> Runs {
@@ -235,10 +332,21 @@ impl CallGate {
         }
     }
 
-    /// Records copy and sync probes just attached, and keeps their links while a window is
-    /// open (drops them while none is).
+    /// What the open window may spend: its share of the bucket, watched by its closer.
+    fn watch(&self, planned: Option<Duration>) -> Watch {
+        Watch {
+            budget: self.gate.budget(),
+            tokens_ns: self.gate.tokens_ns().max(0.0),
+            per_call_ns: self.per_call_ns,
+            planned,
+        }
+    }
+
+    /// Records copy and sync probes just attached: while a window is open its closer holds
+    /// them (the first attach opens the first window), while none is they go at once.
     pub fn add(
         &mut self,
+        ebpf: &Ebpf,
         prog: &'static str,
         path: PathBuf,
         points: Vec<(u64, u64)>,
@@ -249,33 +357,25 @@ impl CallGate {
             self.last = Some((ktime_now(), self.read()));
         }
         self.specs.push(Spec { prog, path, points });
-        if !self.on {
-            if prog == ENTRY_PROG {
-                close_later(links, Vec::new());
-            } else {
-                close_later(Vec::new(), links);
-            }
-        } else if prog == ENTRY_PROG {
-            self.entries.extend(links);
-        } else {
-            self.rets.extend(links);
+        if !self.on || !self.gate.samples() {
+            close_later(prog, links);
+            return;
+        }
+        if self.closer.is_none() {
+            self.closer = Some(Closer::spawn(
+                Links::default(),
+                self.watch(None),
+                closer_maps(ebpf),
+            ));
+        }
+        if let Some(Err(links)) = self.closer.as_ref().map(|c| c.hold(prog, links)) {
+            close_later(prog, links);
         }
     }
 
     /// Whether the copies and syncs were all counted over the last tick.
     pub fn exact(&self) -> bool {
         self.whole_tick
-    }
-
-    /// The links attached now, to close with the others.
-    pub fn take_links(&mut self) -> Vec<Link> {
-        // A window's thread closes its own.
-        if let Some(c) = self.closer.take() {
-            let _ = c.stop.send(());
-        }
-        let mut l = std::mem::take(&mut self.entries);
-        l.append(&mut self.rets);
-        l
     }
 
     /// Libraries whose copy and sync probes a window could not attach again.
@@ -299,7 +399,7 @@ impl CallGate {
         };
         let now = now.max(t0);
         let dt = now - t0;
-        // Closed since the last tick (at its planned end, or as the last tick decided).
+        // Closed since the last tick (by its closer, or as the last tick decided).
         let closed_at = self.closer.as_ref().and_then(Closer::closed_at);
         let on_ns = if self.on {
             let from = self.opened_at.unwrap_or(t0).clamp(t0, now);
@@ -315,6 +415,7 @@ impl CallGate {
         // Charged to the calls, the closing returns took a third of a 2 ms window's own time
         // and read its rate high.
         let per_hit = entry + ret;
+        self.per_call_ns = per_hit;
         let (hits, other) = if on_ns > 0 && calls > 0 {
             (calls, (cost - calls as f64 * per_hit).max(0.0))
         } else {
@@ -340,35 +441,18 @@ impl CallGate {
             if on_ns > 0 {
                 self.rate = Some(cost / on_ns as f64);
             }
-            // Links of a library attached while the window was open.
-            close_later(
-                std::mem::take(&mut self.entries),
-                std::mem::take(&mut self.rets),
-            );
         }
         if self.on && self.gate.tokens_ns() <= 0.0 {
-            // Spent before its planned end (or none was planned: the probes were on from the
-            // start): closed now.
-            match &self.closer {
-                Some(c) => {
-                    let _ = c.stop.send(());
-                }
-                None => {
-                    self.closer = Some(Closer::spawn(
-                        std::mem::take(&mut self.entries),
-                        std::mem::take(&mut self.rets),
-                        Duration::ZERO,
-                        closer_maps(ebpf),
-                    ));
-                }
+            // Spent before its closer saw it: closed now.
+            if let Some(c) = &self.closer {
+                let _ = c.stop.send(());
             }
         } else if !self.on && open && !self.finishing {
             self.reopen(ebpf);
         }
     }
 
-    /// Attaches the probes again, the return probes first, and hands the links to a thread that
-    /// closes them once the window has spent what it may at the last window's cost.
+    /// Attaches the probes again, the return probes first, and hands the links to a closer.
     fn reopen(&mut self, ebpf: &mut Ebpf) {
         let Some(u) = self.uprobes.clone() else {
             return;
@@ -377,7 +461,7 @@ impl CallGate {
         // depth with no return to lower it.
         let mut order: Vec<usize> = (0..self.specs.len()).collect();
         order.sort_by_key(|&i| self.specs[i].prog == ENTRY_PROG);
-        let (mut entries, mut rets) = (Vec::new(), Vec::new());
+        let mut links = Links::default();
         // The window starts as its entry probes go on (midway: each counts from its own
         // attach).
         let mut entries_from = None;
@@ -387,8 +471,8 @@ impl CallGate {
                 entries_from = Some(ktime_now());
             }
             match u.attach(ebpf, s.prog, &s.path, &s.points, None) {
-                Ok(l) if s.prog == ENTRY_PROG => entries.extend(l),
-                Ok(l) => rets.extend(l),
+                Ok(l) if s.prog == ENTRY_PROG => links.entries.extend(l),
+                Ok(l) => links.rets.extend(l),
                 Err(_) => {
                     if !self.lost.contains(&s.path) {
                         self.lost.push(s.path.clone());
@@ -396,10 +480,15 @@ impl CallGate {
                 }
             }
         }
-        let planned = planned(self.gate.tokens_ns(), self.rate);
         let now = ktime_now();
         self.opened_at = Some(entries_from.map_or(now, |f| f + (now - f) / 2));
-        self.closer = Some(Closer::spawn(entries, rets, planned, closer_maps(ebpf)));
+        // Without the counts to watch, the window lasts what the bucket leaves at the last
+        // window's cost.
+        let planned = self
+            .runs
+            .is_none()
+            .then(|| planned(self.gate.tokens_ns(), self.rate));
+        self.closer = Some(Closer::spawn(links, self.watch(planned), closer_maps(ebpf)));
         self.on = true;
     }
 }
@@ -416,12 +505,30 @@ fn planned(left_ns: f64, rate: Option<f64>) -> Duration {
     }
 }
 
-/// Entry links now and return links [`RETURN_LAG`] later, on a thread of their own.
-fn close_later(entries: Vec<Link>, rets: Vec<Link>) {
-    if entries.is_empty() && rets.is_empty() {
+/// `prog`'s links now (entry links) or [`RETURN_LAG`] later (return links), on a thread of
+/// their own.
+fn close_later(prog: &'static str, links: Vec<Link>) {
+    if links.is_empty() {
         return;
     }
-    let _ = Closer::spawn(entries, rets, Duration::ZERO, (None, None));
+    let l = if prog == ENTRY_PROG {
+        Links {
+            entries: links,
+            ..Default::default()
+        }
+    } else {
+        Links {
+            rets: links,
+            ..Default::default()
+        }
+    };
+    let watch = Watch {
+        budget: 0.0,
+        tokens_ns: 0.0,
+        per_call_ns: 0.0,
+        planned: Some(Duration::ZERO),
+    };
+    let _ = Closer::spawn(l, watch, (None, None));
 }
 
 /// When the entry program last counted a call at a copy or sync (CLOCK_MONOTONIC ns) once
@@ -430,14 +537,13 @@ fn close_later(entries: Vec<Link>, rets: Vec<Link>) {
 fn last_run(runs: &PerCpuArray<MapData, u64>, drop: &std::thread::JoinHandle<()>) -> u64 {
     const QUIET: Duration = Duration::from_micros(300);
     const QUIET_MAX: Duration = Duration::from_millis(20);
-    let read = || -> u64 { runs.get(&CALL_RUNS_SLOT, 0).map_or(0, |v| v.iter().sum()) };
     let start = std::time::Instant::now();
-    let mut last = read();
+    let mut last = call_runs(runs);
     let mut last_at = ktime_now();
     let mut still = std::time::Instant::now();
     while start.elapsed() < QUIET_MAX && !drop.is_finished() {
         std::thread::sleep(Duration::from_micros(100));
-        let now = read();
+        let now = call_runs(runs);
         if now != last {
             last = now;
             last_at = ktime_now();
@@ -519,33 +625,14 @@ impl CallGate {
             // The copies filled in ran on CPU unseen, as the launches did; a sync filled in
             // waited where the thread waited (on CPU or in the driver's syscalls), which the
             // breakdown cannot tell apart: its time stays where it was charged.
-            let moved = |tb: &mut crate::report::model::time::TimeBreakdown,
-                         before: &[crate::report::model::cuda::ApiStat],
-                         after: &[crate::report::model::cuda::ApiStat]| {
-                let added = super::launch_time_added(before, after, &copies);
+            super::give_filled_time(p, &before, &copies, |tb, added| {
                 super::move_from_cpu(
                     tb,
                     added,
                     "cuda_memcpy",
                     "copies between the budget's copy and sync windows (estimated)",
                 );
-            };
-            if let Some(t) = p.time.as_mut() {
-                moved(t, &before.api, &c.api);
-            }
-            for t in p.threads.iter_mut() {
-                let rows = |c: &crate::report::model::cuda::ProcessCuda| {
-                    c.threads
-                        .iter()
-                        .find(|x| x.tid == t.tid)
-                        .map(|x| x.api.clone())
-                        .unwrap_or_default()
-                };
-                let (b, a) = (rows(&before), rows(c));
-                if let Some(tb) = t.time.as_mut() {
-                    moved(tb, &b, &a);
-                }
-            }
+            });
         }
         let o = data.report.overhead.get_or_insert_with(Overhead::default);
         o.sampled_calls = Some(ProbeSampling {
@@ -590,6 +677,19 @@ mod tests {
         ] {
             assert!(!names.contains(&f), "{f}");
         }
+    }
+
+    #[test]
+    fn a_closer_looks_again_before_the_window_can_have_spent_its_share() {
+        // 5 ms left, the calls costing half the time against a 2% refill: ~10.4 ms.
+        assert_eq!(
+            next_look(5e6, 0.5, 0.02).as_micros(),
+            (5e6 / 0.48 / 1e3) as u128
+        );
+        // A storm: as soon as allowed; calls under the refill: as late as allowed.
+        assert_eq!(next_look(1e5, 0.9, 0.02), LOOK_MIN);
+        assert_eq!(next_look(5e6, 0.01, 0.02), LOOK_MAX);
+        assert_eq!(next_look(5e6, 0.0, 0.02), LOOK_MAX);
     }
 
     #[test]

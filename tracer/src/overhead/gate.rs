@@ -22,7 +22,7 @@ use tracer_common::cuda::{
 };
 
 use super::{
-    cap_to_lives, launch_time_added, scale_cuda, scale_launch_time, stats::own_map, stats_on,
+    cap_to_lives, give_filled_time, scale_cuda, scale_launch_time, stats::own_map, stats_on,
     worst_cuda_thread, StatsOn,
 };
 use crate::{
@@ -1282,23 +1282,7 @@ impl LaunchGate {
             cap_to_lives(c, &launch_names, |tid| lives.get(&tid).copied());
             // The time breakdowns take the time the filled-in launches added, process and
             // thread each by their own launch rows.
-            let added = launch_time_added(&before.api, &c.api, &launch_names);
-            if let Some(t) = p.time.as_mut() {
-                scale_launch_time(t, added);
-            }
-            for t in p.threads.iter_mut() {
-                let rows = |c: &crate::report::model::cuda::ProcessCuda| {
-                    c.threads
-                        .iter()
-                        .find(|x| x.tid == t.tid)
-                        .map(|x| x.api.clone())
-                        .unwrap_or_default()
-                };
-                let added = launch_time_added(&rows(&before), &rows(c), &launch_names);
-                if let Some(tb) = t.time.as_mut() {
-                    scale_launch_time(tb, added);
-                }
-            }
+            give_filled_time(p, &before, &launch_names, scale_launch_time);
         }
         let o = data.report.overhead.get_or_insert_with(Overhead::default);
         o.sampled = Some(ProbeSampling {

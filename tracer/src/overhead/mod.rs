@@ -561,6 +561,39 @@ pub(crate) fn launch_time_added(
     launch_ns(after, launches).saturating_sub(seen) as f64 / seen as f64
 }
 
+/// Gives the time the calls of `functions` filled in added (their rows in `before`, against
+/// the process's CUDA rows now) to the time breakdowns with `give`: the process's by its rows,
+/// each thread's by its own.
+pub(crate) fn give_filled_time(
+    p: &mut crate::report::model::ProcessReport,
+    before: &crate::report::model::cuda::ProcessCuda,
+    functions: &[&str],
+    mut give: impl FnMut(&mut crate::report::model::time::TimeBreakdown, f64),
+) {
+    let Some(c) = p.cuda.as_ref() else { return };
+    let rows = |c: &crate::report::model::cuda::ProcessCuda, tid: u32| {
+        c.threads
+            .iter()
+            .find(|x| x.tid == tid)
+            .map(|x| x.api.clone())
+            .unwrap_or_default()
+    };
+    let added = launch_time_added(&before.api, &c.api, functions);
+    let per_thread: Vec<f64> = p
+        .threads
+        .iter()
+        .map(|t| launch_time_added(&rows(before, t.tid), &rows(c, t.tid), functions))
+        .collect();
+    if let Some(t) = p.time.as_mut() {
+        give(t, added);
+    }
+    for (t, added) in p.threads.iter_mut().zip(per_thread) {
+        if let Some(tb) = t.time.as_mut() {
+            give(tb, added);
+        }
+    }
+}
+
 /// The time inside the launch functions' calls of `rows`.
 fn launch_ns(rows: &[crate::report::model::cuda::ApiStat], launches: &[&str]) -> u64 {
     rows.iter()
