@@ -92,6 +92,22 @@ fn no_driver_launches(report: &Value) {
     );
 }
 
+/// Checks that the storm's thread is the report's costliest, and that the CUDA probes, as
+/// gputrace counted and priced their hits, took some of its `storm_ns` and less than `share`.
+fn probes_took_under(report: &Value, storm_ns: f64, share: f64) {
+    let o = &report["overhead"];
+    let thread = &o["costliest_thread"];
+    assert_eq!(thread["tid"], report["target"]["pids"][0], "{o}");
+    let probes_ns = common::field_of(&thread["parts"], "what", "CUDA probes", "ns") as f64;
+    assert!(
+        probes_ns > 0.0 && probes_ns / storm_ns < share,
+        "the probes took {:.0} ms of the storm's {:.0} ms ({:.1}%): {o}",
+        probes_ns / 1e6,
+        storm_ns / 1e6,
+        100.0 * probes_ns / storm_ns
+    );
+}
+
 /// Whether `estimated` of `n` calls lands within the bound the report gives for the sampling
 /// `key` of `overhead`; with none, whether the report says why and added to what it saw.
 fn bound_kept(
@@ -152,22 +168,12 @@ fn launch_storm_stays_within_the_default_budget() {
     // +39.4% (fastest of five each, bound 19%) and a local run at +25.2% while the report's
     // own measure of the windows was 1.9-2.5% in each.
     let o = &report["overhead"];
-    let thread = &o["costliest_thread"];
-    assert_eq!(thread["tid"], report["target"]["pids"][0], "{o}");
-    let probes_ns = common::field_of(&thread["parts"], "what", "CUDA probes", "ns") as f64;
-    let storm_ns = ns_per_launch * n as f64;
     // Probed on every call, the probes would take ~60% of the storm's time. The budget is
     // 2%. On top of it: one bucket (1 s of budget, 20 ms) that the first window may spend
     // before the watchdog closes it, and the links' close (the kernel takes ~200 ms to
     // release a uprobe, part of it with the probe still hit): together up to ~2% of this
     // ~5 s storm.
-    assert!(
-        probes_ns > 0.0 && probes_ns / storm_ns < 0.02 + 0.02,
-        "the probes took {:.0} ms of the storm's {:.0} ms ({:.1}%): {o}",
-        probes_ns / 1e6,
-        storm_ns / 1e6,
-        100.0 * probes_ns / storm_ns
-    );
+    probes_took_under(&report, ns_per_launch * n as f64, 0.02 + 0.02);
     assert_eq!(o["budget"].as_f64(), Some(0.02), "{o}");
     let s = &o["sampled"];
     let scale = s["scale"]
@@ -352,17 +358,7 @@ fn a_copy_storm_is_sampled_under_the_default_budget() {
     // (the slowdown itself is the bench's to measure): the budget is a ceiling the windows
     // spend up to (2.0-2.1% of this ~4 s storm in a CI run, with its over-budget line), plus
     // a window's close. Before, ~60%.
-    let thread = &o["costliest_thread"];
-    assert_eq!(thread["tid"], report["target"]["pids"][0], "{o}");
-    let probes_ns = common::field_of(&thread["parts"], "what", "CUDA probes", "ns") as f64;
-    let storm_ns = ns_per_copy * n as f64;
-    assert!(
-        probes_ns > 0.0 && probes_ns / storm_ns < 0.02 + 0.02,
-        "the probes took {:.0} ms of the storm's {:.0} ms ({:.1}%): {o}",
-        probes_ns / 1e6,
-        storm_ns / 1e6,
-        100.0 * probes_ns / storm_ns
-    );
+    probes_took_under(&report, ns_per_copy * n as f64, 0.02 + 0.02);
     // The scaled count, and the bytes with it (8 a copy), within the bound the report gives;
     // with none, it must say why and have added to what it saw. Taken again once, loudly, as
     // the launch storm's: this VM's traps do not keep to what was measured.

@@ -539,11 +539,15 @@ fn errno_name(e: i32) -> String {
     n.to_string()
 }
 
+/// A histogram up to its last bucket used, sized to it: a storm of short processes makes
+/// ~100,000 syscall rows, and the whole array is 256 bytes.
+fn used_buckets(hist: &[u64]) -> Vec<u64> {
+    let used = hist.iter().rposition(|&n| n != 0).map_or(0, |i| i + 1);
+    hist[..used].to_vec()
+}
+
 fn to_stat(nr: i32, s: &SysStat, errnos: &BTreeMap<i32, u64>) -> SyscallStat {
-    // Sized to the buckets used: a storm of short processes makes ~100,000 of these, and the
-    // whole array is 256 bytes.
-    let used = s.hist.iter().rposition(|&n| n != 0).map_or(0, |i| i + 1);
-    let hist = s.hist[..used].to_vec();
+    let hist = used_buckets(&s.hist);
     let mut errnos: Vec<ErrnoCount> = errnos
         .iter()
         .map(|(e, n)| ErrnoCount {
@@ -831,10 +835,7 @@ fn fill_block(ebpf: &Ebpf, data: &mut ReportData, open: &[(u32, ThreadState)]) -
         .is_some_and(|o| o.block_sampled.is_some());
     for p in data.report.processes.iter_mut() {
         for (k, s) in rows.iter().filter(|(k, _)| k.tgid == p.pid) {
-            let mut hist = s.hist.to_vec();
-            while hist.last() == Some(&0) {
-                hist.pop();
-            }
+            let hist = used_buckets(&s.hist);
             p.block_io.push(BlockIo {
                 device: device_name(k.dev),
                 requests: s.requests,

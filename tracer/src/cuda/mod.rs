@@ -443,6 +443,16 @@ fn runtime_launches_probed(attached: &[String], failed: &[String]) -> bool {
         })
 }
 
+/// The gate that switches a function's probes on and off under the budget, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Switch {
+    Never,
+    /// The copy and sync gate (`overhead::CallGate`).
+    Calls,
+    /// The launch gate (`overhead::LaunchGate`).
+    Launches,
+}
+
 /// Attaches the entry (and return) program at every table function the library exports: one
 /// link per program for the functions the gate switches and one for the others (uprobe_multi),
 /// or one per function (perf links). Returns the functions attached, the failures, and the
@@ -476,26 +486,28 @@ fn attach_library(
     } else {
         &[RET_PROG, ENTRY_PROG]
     };
-    // Which gate switches a function's probes: none, the copy and sync gate, the launch gate.
-    let kinds: BTreeMap<usize, u8> = exported
+    // Which gate switches a function's probes, if one does: decided up front, as the group's
+    // links go to that gate.
+    let switch: BTreeMap<usize, Switch> = exported
         .iter()
         .map(|&(fid, _)| {
-            let k = if gate.gated(fid) {
-                2
+            let by = if gate.gated(fid) {
+                Switch::Launches
+            } else if calls.gated(fid) {
+                Switch::Calls
             } else {
-                u8::from(calls.gated(fid))
+                Switch::Never
             };
-            (fid, k)
+            (fid, by)
         })
         .collect();
-    let kind = |fid: usize| kinds.get(&fid).copied().unwrap_or(0);
     for &prog in progs {
-        for group_kind in [0u8, 1, 2] {
-            let gated = group_kind == 2;
+        for by in [Switch::Never, Switch::Calls, Switch::Launches] {
+            let gated = by == Switch::Launches;
             let group: Vec<(usize, u64)> = exported
                 .iter()
                 .copied()
-                .filter(|(fid, _)| kind(*fid) == group_kind && !failed.contains_key(fid))
+                .filter(|(fid, _)| switch.get(fid) == Some(&by) && !failed.contains_key(fid))
                 .collect();
             if group.is_empty() {
                 continue;
@@ -527,7 +539,7 @@ fn attach_library(
                 }
             }
             for (points, l) in made {
-                if group_kind == 1 {
+                if by == Switch::Calls {
                     calls.add(ebpf, prog, lib.open_path.clone(), points, l);
                 } else if gated {
                     gate.add(

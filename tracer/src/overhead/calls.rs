@@ -44,7 +44,7 @@ use tracer_common::{
 use super::stats::own_map;
 use crate::{
     budget::{Gate, TickObs},
-    cuda::table::FUNCS,
+    cuda::table::{Func, FUNCS},
     probes::ktime_now,
     report::{
         model::overhead::{Overhead, ProbeSampling},
@@ -53,19 +53,18 @@ use crate::{
     uprobes::{close_all, Link, Uprobes},
 };
 
-/// Whether the gate may switch function `fid`'s probes: the copies and syncs, the calls a job
-/// can make at launch rates (`.item()` in a loop) that no launch window covers.
-pub fn is_call(fid: usize) -> bool {
-    FUNCS
-        .get(fid)
-        .is_some_and(|f| matches!(f.category, Category::CudaMemcpy | Category::CudaSync))
+/// Whether the gate may switch `f`'s probes: the copies and syncs, the calls a job can make at
+/// launch rates (`.item()` in a loop) that no launch window covers.
+pub fn is_call(f: &Func) -> bool {
+    matches!(f.category, Category::CudaMemcpy | Category::CudaSync)
 }
 
 /// The names of the functions [`is_call`] takes.
 pub fn call_names() -> Vec<&'static str> {
-    (0..FUNCS.len())
-        .filter(|&i| is_call(i))
-        .map(|i| FUNCS[i].name)
+    FUNCS
+        .iter()
+        .filter(|f| is_call(f))
+        .map(|f| f.name)
         .collect()
 }
 
@@ -307,7 +306,7 @@ impl CallGate {
 
     /// Whether probes on function `fid` are switched by this gate.
     pub fn gated(&self, fid: usize) -> bool {
-        self.gate.samples() && is_call(fid)
+        self.gate.samples() && FUNCS.get(fid).is_some_and(is_call)
     }
 
     /// `(entry, ret)`: what a hit of each program costs, as the launch gate prices them (the
@@ -596,14 +595,10 @@ impl CallGate {
             return;
         }
         let names = call_names();
-        let copies: Vec<&str> = names
+        let copies: Vec<&str> = FUNCS
             .iter()
-            .copied()
-            .filter(|n| {
-                FUNCS
-                    .iter()
-                    .any(|f| f.name == *n && f.category == Category::CudaMemcpy)
-            })
+            .filter(|f| f.category == Category::CudaMemcpy)
+            .map(|f| f.name)
             .collect();
         let mut seen = 0u64;
         for p in data.report.processes.iter_mut() {

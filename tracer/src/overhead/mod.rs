@@ -18,7 +18,7 @@ mod threads;
 use std::collections::HashMap;
 
 pub use calibrate::{Calibrator, SharedTrapCost, TrapCost};
-pub use calls::{call_names, CallGate};
+pub use calls::{call_names, is_call, CallGate};
 pub use gate::LaunchGate;
 pub use stats::{stats_on, Hits, StatsOn};
 pub use syscall_trap::SharedSyscallTrap;
@@ -33,7 +33,6 @@ use tracer_common::{
 
 use crate::{
     budget,
-    cuda::table::FUNCS,
     probes::{AttachCtx, FinishCtx, ProbeFamily},
     report::{
         model::overhead::{Overhead, ProgramCost, ThreadOverhead},
@@ -541,7 +540,7 @@ pub(crate) fn cap_to_lives(
     // Capped copies and syncs leave the kernels' launch times alone.
     let of_launches = launches
         .iter()
-        .any(|f| FUNCS.iter().any(|x| x.name == *f && x.is_launch()));
+        .any(|f| crate::cuda::table::by_name(f).is_some_and(|x| x.is_launch()));
     for kern in c.kernels.iter_mut().filter(|_| of_launches) {
         kern.launch_ns = (kern.launch_ns as f64 * k).round() as u64;
     }
@@ -711,7 +710,22 @@ pub(crate) fn worst_cuda_thread(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::model::cuda::{ApiStat, KernelStat, ProcessCuda, ThreadCuda};
+    use crate::{
+        cuda::table::FUNCS,
+        report::model::cuda::{ApiStat, KernelStat, ProcessCuda, ThreadCuda},
+    };
+
+    /// A row of `n` calls of `f`, 10 ns each, the shortest `min_ns`.
+    fn api(f: &str, n: u64, min_ns: u64) -> ApiStat {
+        ApiStat {
+            function: f.into(),
+            count: n,
+            total_ns: n * 10,
+            min_ns,
+            hist_log2_ns: vec![n],
+            ..Default::default()
+        }
+    }
 
     #[test]
     fn syscall_tracepoints_cost_their_measured_slow_path() {
@@ -842,13 +856,7 @@ mod tests {
 
     #[test]
     fn only_launches_are_scaled() {
-        let api = |f: &str, n| ApiStat {
-            function: f.into(),
-            count: n,
-            total_ns: n * 10,
-            hist_log2_ns: vec![n],
-            ..Default::default()
-        };
+        let api = |f: &str, n| api(f, n, 0);
         let mut c = ProcessCuda {
             api: vec![api("cudaLaunchKernel", 10), api("cudaMemcpy", 7)],
             kernels: vec![KernelStat {
@@ -904,14 +912,6 @@ mod tests {
     #[test]
     fn copies_and_syncs_are_scaled_with_their_bytes_and_the_launches_are_not() {
         use crate::report::model::cuda::CopyStat;
-        let api = |f: &str, n, min_ns| ApiStat {
-            function: f.into(),
-            count: n,
-            total_ns: n * 10,
-            min_ns,
-            hist_log2_ns: vec![n],
-            ..Default::default()
-        };
         let mut c = ProcessCuda {
             api: vec![
                 api("cudaLaunchKernel", 10, 5),

@@ -413,12 +413,10 @@ impl Overhead {
     /// The share of `function`'s calls the probes saw: the figures of a sampled function
     /// were scaled up.
     pub fn seen_share(&self, function: &str) -> f64 {
-        let s = if crate::cuda::table::by_name(function).is_some_and(|f| f.is_launch()) {
-            self.sampled.as_ref()
-        } else if crate::overhead::call_names().contains(&function) {
-            self.sampled_calls.as_ref()
-        } else {
-            None
+        let s = match crate::cuda::table::by_name(function) {
+            Some(f) if f.is_launch() => self.sampled.as_ref(),
+            Some(f) if crate::overhead::is_call(f) => self.sampled_calls.as_ref(),
+            _ => None,
         };
         s.map_or(1.0, |s| 1.0 / s.scale.max(1.0))
     }
