@@ -794,7 +794,12 @@ fn real_libcudart_loaded_after_attach_is_counted_with_error_35() {
                 && s["call"] == call
                 && s["frame"] == frame.as_str()
                 && s["ns"].as_u64().unwrap() > 0),
-            "{call} not charged to {frame}: {sites:#?}"
+            "{call} not charged to {frame}: {sites:#?}\nwarnings {:#}\nblind spots {:#}\n\
+             drops {:#}\ntop_python {:#}",
+            report["warnings"],
+            report["blind_spots"],
+            report["drops"],
+            report["processes"][0]["top_python"]
         );
     }
     let wall = std::fs::read_to_string(out.join("wall.folded")).unwrap_or_else(|_| {

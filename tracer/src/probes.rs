@@ -45,19 +45,28 @@ pub trait ProbeFamily {
     }
     /// Loads and attaches this family's programs.
     fn attach(&mut self, ebpf: &mut Ebpf, ctx: &AttachCtx<'_>) -> Result<()>;
-    /// Called once every family has attached, as the trace's window starts.
-    fn attached(&mut self, _ebpf: &mut Ebpf) -> Result<()> {
+    /// Called once every family has attached, as the trace's window starts: at `opened_ns`
+    /// (`ktime_now`), read just before the first family's call, from which the report's
+    /// window and what a family times from the window's start count.
+    fn attached(&mut self, _ebpf: &mut Ebpf, _opened_ns: u64) -> Result<()> {
         Ok(())
     }
     /// Called just before a launched command (`-- CMD`) is released to exec.
     fn before_release(&mut self, _ebpf: &mut Ebpf, _pid: u32) -> Result<()> {
         Ok(())
     }
-    /// Called as the trace's window ends, in the families' order, before anything else is
-    /// read: what counts to the window's end stops counting here (the report that follows
-    /// takes from ~0.1 s to seconds to build).
+    /// Called as the trace's window ends, in the families' order (but the one that
+    /// [`ProbeFamily::ends_the_window`] first), before anything else is read: what counts to
+    /// the window's end stops counting here (the report that follows takes from ~0.1 s to
+    /// seconds to build).
     fn window_ended(&mut self, _ebpf: &mut Ebpf, _tracker: &Tracker) -> Result<()> {
         Ok(())
+    }
+    /// Whether this family's `window_ended` is the window's end: called first, just after
+    /// the session reads the end's clock. The time accounting's stop is: a thread alive
+    /// throughout was alive for the window, not for the window and the other families' stops.
+    fn ends_the_window(&self) -> bool {
+        false
     }
     /// Called once the trace has ended, before any family's `finish`: measurements that every
     /// family's report should see (the trap costs).

@@ -233,11 +233,17 @@ fn trace(
         f.attach(&mut ebpf, &attach_ctx)
             .with_context(|| format!("attach the {} probes", f.name()))?;
     }
+    // The window opens here: the accounting seeds the threads there are as of this instant,
+    // and a `--pid` trace's threads were alive for the window, not for it and the seeding.
+    let window_start_ktime = probes::ktime_now();
+    let start_unix_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     for f in families.iter_mut() {
-        f.attached(&mut ebpf)
+        f.attached(&mut ebpf, window_start_ktime)
             .with_context(|| format!("start the {} probes' window", f.name()))?;
     }
-    let window_start_ktime = probes::ktime_now();
     let attach_ms = started.elapsed().as_secs_f64() * 1e3;
     // A target that exited while gputrace attached left nothing in the window: its report
     // would be an empty "traced for 0.00s" with no word why.
@@ -254,11 +260,6 @@ fn trace(
         // Its pid may be another process's now: that one's exit must not be waited for.
         tracker.mark_exited(pid);
     }
-    let window_start = Instant::now();
-    let start_unix_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
     if args.verbose {
         crate::note!(
             "gputrace: attached in {attach_ms:.1} ms to {} process(es) on {cpus} CPUs",
@@ -318,8 +319,12 @@ fn trace(
         launched_pid,
     ))?;
     let window_end_ktime = probes::ktime_now();
-    let duration_ns = window_start.elapsed().as_nanos() as u64;
-    for f in families.iter_mut() {
+    let duration_ns = window_end_ktime.saturating_sub(window_start_ktime);
+    // The one that ends the window first, then the others in their order.
+    let mut ending: Vec<usize> = (0..families.len()).collect();
+    ending.sort_by_key(|&i| !families[i].ends_the_window());
+    for i in ending {
+        let f = &mut families[i];
         f.window_ended(&mut ebpf, &tracker)
             .with_context(|| format!("stop the {} probes", f.name()))?;
     }

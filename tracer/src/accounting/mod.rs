@@ -717,9 +717,10 @@ const SEEDED_STACKS_MAX: usize = 2048;
 /// What seeding finds the threads in.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Seeding {
-    /// As the window opens: whatever they are doing. Files they wait on are named now
-    /// (`fds`), as a read that completes and exits at once leaves /proc no time to.
-    Window,
+    /// As the window opens, at this instant (`ktime_now`): whatever they are doing. Files
+    /// they wait on are named now (`fds`), as a read that completes and exits at once leaves
+    /// /proc no time to.
+    Window(u64),
     /// A launched command in its read of gputrace's release pipe: that read is gputrace's,
     /// not the command's, and counts in none of its syscall or file figures.
     Release,
@@ -738,7 +739,10 @@ fn seed_threads(
         .flat_map(|&pid| procfs::tasks(pid).into_iter().map(move |tid| (pid, tid)))
         .collect();
     bpf::mark_maybe(ebpf, tids.iter().map(|&(_, tid)| tid))?;
-    let now = ktime_now();
+    let now = match seeding {
+        Seeding::Window(at) => at,
+        Seeding::Release => ktime_now(),
+    };
     let states = States::open(ebpf)?;
     for &(pid, tid) in &tids {
         let Some(Now {
@@ -1610,17 +1614,19 @@ impl ProbeFamily for Accounting {
         Ok(())
     }
 
-    fn attached(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+    fn attached(&mut self, ebpf: &mut Ebpf, opened_ns: u64) -> Result<()> {
         // Seeded as the window starts, not as this family attached: the families after it
         // take ~0.2 s to attach, and a thread seeded then was alive that much longer than the
-        // window (`tracer_common::wall::SEEDED_SLOT`).
+        // window (`tracer_common::wall::SEEDED_SLOT`). As of the window's first instant: the
+        // seeding's reads of /proc took 1.5-6 ms of a 0.3 s `--pid` trace here, which its
+        // threads were alive for on top of the window.
         let existing = std::mem::take(&mut self.existing);
         seed_threads(
             ebpf,
             &existing,
             &mut self.run_times,
             &mut self.seeded_stacks,
-            Seeding::Window,
+            Seeding::Window(opened_ns),
             &mut self.fds,
         )?;
         set_flag(ebpf, tracer_common::wall::SEEDED_SLOT).context("mark the threads seeded")?;
@@ -1763,6 +1769,10 @@ impl ProbeFamily for Accounting {
             self.forked_since.clear();
         }
         Ok(())
+    }
+
+    fn ends_the_window(&self) -> bool {
+        true
     }
 
     fn window_ended(&mut self, ebpf: &mut Ebpf, _: &Tracker) -> Result<()> {

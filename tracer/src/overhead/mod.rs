@@ -179,7 +179,7 @@ impl ProbeFamily for OverheadFamily {
         Ok(())
     }
 
-    fn attached(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+    fn attached(&mut self, ebpf: &mut Ebpf, _opened_ns: u64) -> Result<()> {
         // What ran before the window (gputrace's own measurement calls, the families'
         // attaching) is not the trace's: counted from here.
         self.base = self.runs(ebpf).map(|r| (r.name.clone(), r)).collect();
@@ -217,7 +217,7 @@ impl ProbeFamily for OverheadFamily {
     }
 
     fn window_ended(&mut self, ebpf: &mut Ebpf, _: &crate::tracker::Tracker) -> Result<()> {
-        // The window's counts, at the instant the accounting stops its programs: their runs
+        // The window's counts, just after the accounting stopped its programs: their runs
         // while the report is built (early returns, the calls no longer counted) are not the
         // window's.
         self.at_end = Some(self.runs(ebpf).collect());

@@ -28,6 +28,22 @@ pub struct BuildInput<'a> {
     pub top: usize,
 }
 
+/// The targets first, in the order they were given, then the rest by pid: past a pid wrap a
+/// child's pid is under its parent's, and the process the user asked about would be listed
+/// after its children.
+fn targets_first(mut processes: Vec<ProcessReport>, targets: &[u32]) -> Vec<ProcessReport> {
+    processes.sort_by_key(|p| {
+        (
+            targets
+                .iter()
+                .position(|&t| t == p.pid)
+                .unwrap_or(usize::MAX),
+            p.pid,
+        )
+    });
+    processes
+}
+
 pub fn build(input: BuildInput<'_>) -> Report {
     let mut by_pid = input.cpu.by_process();
     let pids: std::collections::BTreeSet<u32> = input
@@ -93,6 +109,7 @@ pub fn build(input: BuildInput<'_>) -> Report {
             }
         })
         .collect();
+    let processes = targets_first(processes, &input.target.pids);
     Report {
         schema_version: SCHEMA_VERSION,
         tool: format!("gputrace {}", env!("CARGO_PKG_VERSION")),
@@ -108,5 +125,24 @@ pub fn build(input: BuildInput<'_>) -> Report {
         warnings: input.warnings,
         timeline: None,
         overhead: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::fixtures::process;
+
+    #[test]
+    fn the_targets_come_first_past_a_pid_wrap() {
+        let ps = [32_764, 302, 40, 32_765]
+            .into_iter()
+            .map(|pid| process(pid, None, "p", vec![]))
+            .collect();
+        let order: Vec<u32> = targets_first(ps, &[32_765, 32_764])
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(order, [32_765, 32_764, 40, 302]);
     }
 }
