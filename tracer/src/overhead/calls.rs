@@ -531,27 +531,9 @@ fn close_later(prog: &'static str, links: Vec<Link>) {
 }
 
 /// When the entry program last counted a call at a copy or sync (CLOCK_MONOTONIC ns) once
-/// its links began to drop (`drop`): no new count in 300 us (polled every 100 us), or the
-/// drop returned, or 20 ms passed.
+/// its links began to drop (`drop`): [`gate::until_quiet`].
 fn last_run(runs: &PerCpuArray<MapData, u64>, drop: &std::thread::JoinHandle<()>) -> u64 {
-    const QUIET: Duration = Duration::from_micros(300);
-    const QUIET_MAX: Duration = Duration::from_millis(20);
-    let start = std::time::Instant::now();
-    let mut last = call_runs(runs);
-    let mut last_at = ktime_now();
-    let mut still = std::time::Instant::now();
-    while start.elapsed() < QUIET_MAX && !drop.is_finished() {
-        std::thread::sleep(Duration::from_micros(100));
-        let now = call_runs(runs);
-        if now != last {
-            last = now;
-            last_at = ktime_now();
-            still = std::time::Instant::now();
-        } else if still.elapsed() >= QUIET {
-            break;
-        }
-    }
-    last_at
+    super::gate::until_quiet(|| call_runs(runs), || drop.is_finished())
 }
 
 /// A handle of its own on the programs' counts, for the gate and a window's closer.

@@ -515,24 +515,34 @@ fn drop_each(links: Vec<Link>, started: Instant) -> Vec<std::thread::JoinHandle<
 }
 
 /// Waits until `prog` (the entry or the return program) stops running at launch functions
-/// after the window's links of it began to drop (`drops`): no new run in `QUIET` (polled
-/// every 100 us), or their drops have returned, or `QUIET_MAX` passed.
+/// after the window's links of it began to drop (`drops`): [`until_quiet`].
 fn runs_quiet(hits: &LaunchRuns, prog: &str, drops: &[std::thread::JoinHandle<Duration>]) {
+    until_quiet(|| hits.get(prog), || drops.iter().all(|t| t.is_finished()));
+}
+
+/// Polls `count` (a program's runs) every 100 us once links of it began to drop, until it has
+/// not moved in 300 us, or `dropped` (the drops returned), or 20 ms passed; returns when it
+/// last moved (CLOCK_MONOTONIC ns; the start if it never did). A dropping link's program runs
+/// on for a few ms: what it counts meanwhile is still the window's.
+pub(super) fn until_quiet(mut count: impl FnMut() -> u64, dropped: impl Fn() -> bool) -> u64 {
     const QUIET: Duration = Duration::from_micros(300);
     const QUIET_MAX: Duration = Duration::from_millis(20);
     let start = Instant::now();
-    let mut last = hits.get(prog);
+    let mut last = count();
+    let mut last_at = ktime_now();
     let mut still = Instant::now();
-    while start.elapsed() < QUIET_MAX && !drops.iter().all(|t| t.is_finished()) {
+    while start.elapsed() < QUIET_MAX && !dropped() {
         std::thread::sleep(Duration::from_micros(100));
-        let now = hits.get(prog);
+        let now = count();
         if now != last {
             last = now;
+            last_at = ktime_now();
             still = Instant::now();
         } else if still.elapsed() >= QUIET {
-            return;
+            break;
         }
     }
+    last_at
 }
 
 /// Switches the counting of new launches off (a window is being closed) or on (its probes are
