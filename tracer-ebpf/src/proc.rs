@@ -148,6 +148,31 @@ fn emit(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32) {
     emit_arg(kind, pid, tid, ppid, 0);
 }
 
+/// `BPF_RB_FORCE_WAKEUP`.
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
+/// `BPF_RB_AVAIL_DATA`: bytes committed and not yet consumed.
+const BPF_RB_AVAIL_DATA: u64 = 0;
+
+/// How an event wakes the event loop. A wake-up (a commit into a ring user space has caught
+/// up on) queues an irq_work, a self-interrupt: a VM exit on a guest, 15-20 us of a fork's,
+/// an exec's and an exit's program here (~1 us without), and of the `mmap` that maps a
+/// program's libc: ~70 us of each short-lived child a shell loop runs. Only a syscall storm,
+/// whose programs user space takes off within milliseconds, wakes it; forks, execs, exits
+/// and mapped libraries wait for its next look (`PROC_POLL`, 10 ms: a CUDA runtime's first
+/// launch comes hundreds of ms after its load), unless the ring is a quarter full.
+#[inline(always)]
+fn wake_flags(kind: ProcEventKind) -> u64 {
+    match kind {
+        // Forced: the ring may hold events that did not wake the loop, and an adaptive
+        // wake-up only comes to a reader that has caught up.
+        ProcEventKind::SyscallStorm => BPF_RB_FORCE_WAKEUP,
+        _ if PROC_EVENTS.query(BPF_RB_AVAIL_DATA) >= (PROC_EVENTS_BYTES / 4) as u64 => {
+            BPF_RB_FORCE_WAKEUP
+        }
+        _ => crate::maps::BPF_RB_NO_WAKEUP,
+    }
+}
+
 /// The process `tgid` ends (its last thread, `tid`, exits): with its wait status (set before
 /// this tracepoint), -1 where the kernel's BTF did not give its place.
 #[inline(always)]
@@ -175,8 +200,8 @@ pub fn syscall_storm(tgid: u32, tid: u32, took_ns: u64) {
     );
 }
 
-/// Thread `tid` of `tgid` mapped a file executable: user space, waiting on this ring, looks
-/// for a CUDA library in its maps at once, before the library's first call.
+/// Thread `tid` of `tgid` mapped a file executable: user space, reading this ring every
+/// 10 ms, looks for a CUDA library in its maps then, before the library's first call.
 #[inline(always)]
 pub fn mapped_exec(tgid: u32, tid: u32) {
     emit(ProcEventKind::MappedExec, tgid, tid, 0);
@@ -203,5 +228,5 @@ fn emit_full(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32, arg: u32, exit_
         arg,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     });
-    entry.submit(0);
+    entry.submit(wake_flags(kind));
 }

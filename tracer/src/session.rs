@@ -537,6 +537,8 @@ async fn pump(
     let mut sighup = tokio::signal::unix::signal(SignalKind::hangup()).context("SIGHUP")?;
     let deadline = duration.map(|d| tokio::time::Instant::now() + d);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut poll = tokio::time::interval(PROC_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ticks: u64 = 0;
     let mut exit_code = None;
     // When the processes that mapped a library are handed on: a loader maps a program's
@@ -564,6 +566,11 @@ async fn pump(
                 let mut guard = guard.context("poll the ring buffer")?;
                 drain(guard.get_inner_mut(), tracker);
                 guard.clear_ready();
+                hand_drained(tracker, ebpf, families, &mut mapped_due);
+            }
+            // Forks, execs and exits do not wake the loop (`tracer-ebpf/src/proc.rs`).
+            _ = poll.tick() => {
+                drain(ring.get_mut(), tracker);
                 hand_drained(tracker, ebpf, families, &mut mapped_due);
             }
             _ = mapped_sleep => {
@@ -660,6 +667,12 @@ fn hand_mapped(tracker: &mut Tracker, ebpf: &mut Ebpf, families: &mut [Box<dyn P
         }
     }
 }
+
+/// How often the event loop reads the process events that did not wake it (forks, execs,
+/// exits): a target's exit ends the trace within this, a short-lived child's /proc is read
+/// this late at most. ~100 wake-ups a second of gputrace's, against a self-interrupt in each
+/// traced fork, exec and exit.
+const PROC_POLL: Duration = Duration::from_millis(10);
 
 /// The exit tracepoint fires before the process becomes a zombie: give it a moment.
 async fn reap_soon(pid: u32) -> Option<i32> {

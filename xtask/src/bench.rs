@@ -74,6 +74,7 @@ pub fn run(
     window_only: bool,
     demo_only: bool,
     storms_only: bool,
+    churn_only: bool,
     modes: &[String],
     soak_s: Option<u64>,
 ) -> Result<()> {
@@ -108,6 +109,10 @@ pub fn run(
     }
     if storms_only {
         println!("{}", storms(&g, &w, &dir)?);
+        return Ok(());
+    }
+    if churn_only {
+        println!("{}", churn(&g, &dir, 3000)?);
         return Ok(());
     }
     let scale = if quick { 1 } else { 4 };
@@ -253,8 +258,9 @@ pub fn run(
     let big = big_target(&g, &w, &dir)?;
     let window = window_cost(&g, &w, &dir)?;
     let storms = storms(&g, &w, &dir)?;
+    let churn = churn(&g, &dir, 3000)?;
     let py = python_walk(&g, seconds)?;
-    let rest = format!("{pipeline}\n{big}\n{window}\n{storms}\n{py}");
+    let rest = format!("{pipeline}\n{big}\n{window}\n{storms}\n{churn}\n{py}");
     println!("{rest}");
 
     let md = root.join("BENCHMARKS.md");
@@ -820,6 +826,85 @@ fn storms(g: &Path, w: &Workloads, dir: &Path) -> Result<String> {
                 est as f64 / n as f64,
             );
         }
+    }
+    Ok(s)
+}
+
+/// A shell loop of `n` short-lived children (`/bin/true`), untraced and traced at the default
+/// settings in turn (ABBA, three pairs): the loop's own time, which bash measures
+/// (`EPOCHREALTIME`), the report's estimate of what the probes cost, and what the process
+/// events' programs cost a hit (a fork's, an exec's, an exit's).
+fn churn(g: &Path, dir: &Path, n: u64) -> Result<String> {
+    eprintln!("xtask: bench a shell loop of {n} children");
+    let out = dir.join("churn");
+    let script = format!(
+        "s=$EPOCHREALTIME; for i in $(seq {n}); do /bin/true; done; echo loop_s $s $EPOCHREALTIME"
+    );
+    let loop_s = |cmd: &mut Command| -> Result<f64> {
+        let o = cmd
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .with_context(|| format!("run {cmd:?}"))?;
+        let text = String::from_utf8_lossy(&o.stdout);
+        let times: Vec<f64> = text
+            .lines()
+            .find_map(|l| l.strip_prefix("loop_s "))
+            .map(|l| {
+                l.split_whitespace()
+                    .filter_map(|v| v.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        match times[..] {
+            [a, b] => Ok(b - a),
+            _ => bail!("no loop_s line from {cmd:?}: {text}"),
+        }
+    };
+    let mut s = format!(
+        "A shell loop of {n} children (`for i in $(seq {n}); do /bin/true; done`) untraced and \
+         traced at the default settings (`gputrace -o DIR -- bash -c ...`), ABBA, the loop's \
+         own time by bash's clock; the programs' ns a hit from the report (`overhead.programs`).\n\n\
+         | pair | untraced s | traced s | slowdown | report's estimate | fork / exec / exit ns a hit |\n\
+         |---:|---:|---:|---:|---:|---|\n"
+    );
+    let untraced = || loop_s(Command::new("bash").args(["-c", &script]));
+    let traced = || -> Result<(f64, Value)> {
+        let t = loop_s(
+            Command::new(g)
+                .arg("-o")
+                .arg(&out)
+                .args(["--", "bash", "-c", &script]),
+        )?;
+        Ok((t, read_report(&out)?))
+    };
+    for pair in 1..=3 {
+        let (u, (t, r)) = if traced_first(pair) {
+            let t = traced()?;
+            (untraced()?, t)
+        } else {
+            let u = untraced()?;
+            (u, traced()?)
+        };
+        let o = &r["overhead"];
+        let per_hit = |name: &str| {
+            o["programs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["program"] == name)
+                .and_then(|p| p["bpf_ns_per_hit"].as_f64())
+                .map_or("?".to_string(), |v| format!("{v:.0}"))
+        };
+        let _ = writeln!(
+            s,
+            "| {pair} | {u:.2} | {t:.2} | {:+.1}% | {:.2}% | {} / {} / {} |",
+            100.0 * (t / u - 1.0),
+            100.0 * o["estimated"].as_f64().unwrap_or(0.0),
+            per_hit("task_newtask"),
+            per_hit("sched_process_exec"),
+            per_hit("sched_process_exit"),
+        );
     }
     Ok(s)
 }

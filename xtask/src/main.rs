@@ -49,6 +49,10 @@ enum Cmd {
         /// BENCHMARKS.md).
         #[arg(long, conflicts_with_all = ["window_cost", "demo_only"])]
         storms_only: bool,
+        /// Only the shell loop of short-lived children at the default settings (printed, not
+        /// appended to BENCHMARKS.md).
+        #[arg(long, conflicts_with_all = ["window_cost", "demo_only", "storms_only"])]
+        churn_only: bool,
         /// The demo modes to run, comma-separated (default: data,launch,transfer,gpu).
         #[arg(
             long,
@@ -82,11 +86,20 @@ fn run(cli: Cli) -> Result<()> {
             window_cost,
             demo_only,
             storms_only,
+            churn_only,
             modes,
             soak,
         } => {
             setup::run()?;
-            bench::run(quick, window_cost, demo_only, storms_only, &modes, soak)
+            bench::run(
+                quick,
+                window_cost,
+                demo_only,
+                storms_only,
+                churn_only,
+                &modes,
+                soak,
+            )
         }
         Cmd::Run { args } => {
             setup::run()?;
