@@ -331,11 +331,16 @@ pub fn complete(report: &mut Report) {
     o.traced_cost_ns = traced;
     o.estimated = traced as f64 / denom.max(1) as f64;
     let costliest = threads::costliest_thread(report, MIN_ALIVE_NS);
+    let short = threads::short_lived(report, MIN_ALIVE_NS);
     let Some(o) = report.overhead.as_mut() else {
         return;
     };
     o.costliest_thread = costliest;
+    o.short_lived = short;
     if let Some(l) = o.over_budget_line() {
+        report.warnings.push(l);
+    }
+    if let Some(l) = o.short_lived_line() {
         report.warnings.push(l);
     }
 }

@@ -14,7 +14,7 @@
 //! thread's switches low on a busy machine; the figure is marked as an estimate.
 
 use crate::report::model::{
-    overhead::{Overhead, ProgramCost, ThreadCost, ThreadCostPart},
+    overhead::{Overhead, ProgramCost, ShortLived, ThreadCost, ThreadCostPart},
     time::TimeBreakdown,
     Report, ThreadReport,
 };
@@ -200,12 +200,14 @@ fn thread_parts(
     parts
 }
 
-/// The traced thread that paid the largest share of its time for the probes. Threads alive
-/// for under `min_alive_ns` are passed over: a thread that lived a millisecond and was
-/// caught by one sample is not what the budget is about.
-pub fn costliest_thread(r: &Report, min_alive_ns: u64) -> Option<ThreadCost> {
-    let o = r.overhead.as_ref()?;
-    let mut best: Option<(f64, ThreadCost)> = None;
+/// Each traced thread that was alive in the window: its process's pid, the thread, what the
+/// probes cost it (largest first), how much a ns of its CPU cost it (`contention`) and its
+/// alive time.
+fn for_each_cost(
+    r: &Report,
+    o: &Overhead,
+    mut f: impl FnMut(u32, &ThreadReport, Vec<ThreadCostPart>, f64, u64),
+) {
     for p in &r.processes {
         let requests: u64 = p.block_io.iter().map(|b| b.requests).sum();
         let seen: u64 = p
@@ -216,7 +218,7 @@ pub fn costliest_thread(r: &Report, min_alive_ns: u64) -> Option<ThreadCost> {
         let waits: u64 = p.threads.iter().map(io_waits).sum();
         for t in &p.threads {
             let alive = t.time.as_ref().map_or(0, |tb| tb.alive_ns);
-            if alive < min_alive_ns.max(1) {
+            if alive == 0 {
                 continue;
             }
             let share = if waits == 0 {
@@ -226,29 +228,77 @@ pub fn costliest_thread(r: &Report, min_alive_ns: u64) -> Option<ThreadCost> {
             };
             let mine = (requests as f64 * share, seen as f64 * share);
             let parts = thread_parts(r, o, p.pid, t, mine);
-            let ns: u64 = parts.iter().map(|p| p.ns).sum();
             let stretch = t.time.as_ref().map_or(1.0, contention);
-            let share = ns as f64 * stretch / alive as f64;
-            if best.as_ref().is_none_or(|(s, _)| share > *s) {
-                best = Some((
-                    share,
-                    ThreadCost {
-                        pid: p.pid,
-                        tid: t.tid,
-                        comm: t.comm.clone(),
-                        // The model stretches CPU time by the thread's preempted waits; where
-                        // that puts the probes past its whole life (a syscall storm beside CPU
-                        // hogs), they took at most all of it. Compared uncapped: of two such
-                        // threads, the one whose probes cost more is named.
-                        estimated: share.min(1.0),
-                        parts,
-                        contention: (stretch >= CONTENTION_SHOWN).then_some(stretch),
-                    },
-                ));
-            }
+            f(p.pid, t, parts, stretch, alive);
         }
     }
+}
+
+/// The traced thread that paid the largest share of its time for the probes. Threads alive
+/// for under `min_alive_ns` are passed over: a thread that lived a millisecond and was
+/// caught by one sample is not what the budget is about (they are [`short_lived`]).
+pub fn costliest_thread(r: &Report, min_alive_ns: u64) -> Option<ThreadCost> {
+    let o = r.overhead.as_ref()?;
+    let mut best: Option<(f64, ThreadCost)> = None;
+    for_each_cost(r, o, |pid, t, parts, stretch, alive| {
+        if alive < min_alive_ns {
+            return;
+        }
+        let ns: u64 = parts.iter().map(|p| p.ns).sum();
+        let share = ns as f64 * stretch / alive as f64;
+        if best.as_ref().is_none_or(|(s, _)| share > *s) {
+            best = Some((
+                share,
+                ThreadCost {
+                    pid,
+                    tid: t.tid,
+                    comm: t.comm.clone(),
+                    // The model stretches CPU time by the thread's preempted waits; where that
+                    // puts the probes past its whole life (a syscall storm beside CPU hogs),
+                    // they took at most all of it. Compared uncapped: of two such threads, the
+                    // one whose probes cost more is named.
+                    estimated: share.min(1.0),
+                    parts,
+                    contention: (stretch >= CONTENTION_SHOWN).then_some(stretch),
+                },
+            ));
+        }
+    });
     best.map(|(_, c)| c)
+}
+
+/// The threads alive for under `min_alive_ns`, together: what they paid over their summed
+/// lives. A thread's own share would be one CPU sample's noise in a millisecond's life; the
+/// group's is what a loop of short processes pays, most of it its syscalls and switches,
+/// which are counted, not sampled. The rows dead threads were folded into
+/// ([`crate::accounting::aggregate::FOLDED_TID`]) are no thread's: left out.
+pub fn short_lived(r: &Report, min_alive_ns: u64) -> Option<ShortLived> {
+    let o = r.overhead.as_ref()?;
+    let mut g = ShortLived {
+        under_ns: min_alive_ns,
+        ..Default::default()
+    };
+    let mut paid = 0.0;
+    for_each_cost(r, o, |_, t, parts, stretch, alive| {
+        if alive >= min_alive_ns || t.tid == crate::accounting::aggregate::FOLDED_TID {
+            return;
+        }
+        g.threads += 1;
+        g.alive_ns += alive;
+        for part in parts {
+            paid += part.ns as f64 * stretch;
+            match g.parts.iter_mut().find(|p| p.what == part.what) {
+                Some(p) => p.ns += part.ns,
+                None => g.parts.push(part),
+            }
+        }
+    });
+    if g.threads == 0 {
+        return None;
+    }
+    g.estimated = (paid / g.alive_ns.max(1) as f64).min(1.0);
+    g.parts.sort_by_key(|p| std::cmp::Reverse(p.ns));
+    Some(g)
 }
 
 #[cfg(test)]
@@ -390,6 +440,57 @@ mod tests {
             ..Default::default()
         });
         r
+    }
+
+    #[test]
+    fn short_lived_threads_are_summed_apart_from_the_costliest() {
+        // A parent alive 10 s and forty children of 2 ms each, every one with 100 syscalls.
+        let mut threads = vec![thread(1, 10.0, 100, 0, 0)];
+        threads.extend((2..42).map(|tid| ThreadReport {
+            samples: 0,
+            ..thread(tid, 0.002, 100, 0, 0)
+        }));
+        // A row dead threads were folded into is no thread.
+        threads.push(ThreadReport {
+            samples: 0,
+            ..thread(crate::accounting::aggregate::FOLDED_TID, 0.002, 100, 0, 0)
+        });
+        let r = report(threads);
+        assert_eq!(costliest_thread(&r, 100_000_000).unwrap().tid, 1);
+        let g = short_lived(&r, 100_000_000).unwrap();
+        assert_eq!((g.threads, g.alive_ns), (40, 80_000_000));
+        let paid: u64 = g.parts.iter().map(|p| p.ns).sum();
+        let one = thread_parts(
+            &r,
+            r.overhead.as_ref().unwrap(),
+            10,
+            &r.processes[0].threads[1],
+            (0.0, 0.0),
+        );
+        assert_eq!(paid, 40 * one.iter().map(|p| p.ns).sum::<u64>());
+        assert!((g.estimated - paid as f64 / 80e6).abs() < 1e-12);
+        assert_eq!(g.parts[0].what, "syscall tracepoints");
+        // Together they lived under the floor: their share is counted, not shown or warned of.
+        let mut o = r.overhead.clone().unwrap();
+        o.budget = 0.0001;
+        o.short_lived = Some(g.clone());
+        assert_eq!(o.short_lived_line(), None);
+        assert!(!o.summary().contains("alive under"));
+        o.short_lived = Some(ShortLived {
+            under_ns: 50_000_000,
+            ..g
+        });
+        assert!(o.summary().contains("40 threads alive under 50 ms"));
+        let line = o.short_lived_line().unwrap();
+        assert!(
+            line.starts_with("over budget: 40 threads that lived under 50 ms each (80 ms in all"),
+            "{line}"
+        );
+        // None when every thread lived long enough to be weighed alone.
+        assert_eq!(
+            short_lived(&report(vec![thread(1, 10.0, 100, 0, 0)]), 100_000_000),
+            None
+        );
     }
 
     #[test]

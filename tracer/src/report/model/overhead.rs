@@ -18,6 +18,11 @@ pub struct Overhead {
     /// off a syscall storm to keep it there, the other probes stay on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub costliest_thread: Option<ThreadCost>,
+    /// The threads too short-lived to be the costliest (alive under 100 ms), together: in a
+    /// loop of short processes (a shell loop, a job that shells out per item) what the job is
+    /// made of, and shorter than the budget's gates take to act.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub short_lived: Option<ShortLived>,
     /// All probe hits in the window and their estimated cost, machine-wide (tracepoints run
     /// for every thread, traced or not, and return early for the others).
     pub probe_hits: u64,
@@ -145,6 +150,20 @@ pub struct ThreadCost {
     /// it more than a ns: 1 + its preempted waits for a CPU per ns on one. Absent at under 1.05.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub contention: Option<f64>,
+}
+
+/// Threads alive under the costliest thread's floor, together (`Overhead::short_lived`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ShortLived {
+    /// The floor: threads alive under this many ns (those over it can be the costliest).
+    pub under_ns: u64,
+    pub threads: u64,
+    /// Their alive times summed.
+    pub alive_ns: u64,
+    /// Share of that time the probes took (each thread's cost times its `contention`).
+    pub estimated: f64,
+    /// What the cost came from, summed over them, largest first.
+    pub parts: Vec<ThreadCostPart>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -276,6 +295,14 @@ impl Overhead {
                 c.estimated * 100.0
             ));
         }
+        if let Some(g) = self.short_lived_shown() {
+            s.push_str(&format!(
+                "; {} threads alive under {} ms ~{:.2}%",
+                g.threads,
+                g.under_ns / 1_000_000,
+                g.estimated * 100.0
+            ));
+        }
         if let Some(w) = self.worst_thread.as_ref().filter(|w| {
             self.costliest_thread
                 .as_ref()
@@ -288,6 +315,45 @@ impl Overhead {
             ));
         }
         s
+    }
+
+    /// The short-lived threads, when they lived long enough together (the floor one thread
+    /// needs to be the costliest) for a share of their time to mean something.
+    fn short_lived_shown(&self) -> Option<&ShortLived> {
+        self.short_lived
+            .as_ref()
+            .filter(|s| s.alive_ns >= s.under_ns.max(1))
+    }
+
+    /// Said when the short-lived threads together paid more than the budget.
+    pub fn short_lived_line(&self) -> Option<String> {
+        let s = self
+            .short_lived_shown()
+            .filter(|s| s.estimated > self.budget)?;
+        let total = s.parts.iter().map(|p| p.ns).sum::<u64>().max(1) as f64;
+        let parts: Vec<String> = s
+            .parts
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {:.1}%",
+                    p.what,
+                    100.0 * s.estimated * p.ns as f64 / total
+                )
+            })
+            .collect();
+        Some(format!(
+            "over budget: {} threads that lived under {} ms each ({:.0} ms in all; short \
+             processes, such as a shell loop's) paid ~{:.1}% of their time for probes ({}), over \
+             the {}% budget; the budget's gates act over blocks of syscalls and windows longer \
+             than such a thread lives, and its startup's syscalls are traced in full",
+            s.threads,
+            s.under_ns / 1_000_000,
+            s.alive_ns as f64 / 1e6,
+            s.estimated * 100.0,
+            parts.join(", "),
+            pct(self.budget)
+        ))
     }
 
     /// Said when a thread pays more than the budget for probes the budget cannot switch off.
