@@ -1222,3 +1222,52 @@ fn a_fast_runs_syscalls_are_timed_one_in_eight_and_estimated() {
         "{total} ns timed for {truth} measured: {row:#}"
     );
 }
+
+/// A shell loop of short children (`/bin/true`, ~1 ms each): each is too short to be the
+/// costliest thread, and their parent, blocked in `wait4` for the whole loop, dilutes them in
+/// the whole trace's figure. Priced together (`overhead.short_lived`), they are in the summary
+/// line, and what they paid is their summed parts over their summed lives.
+#[test]
+fn a_shell_loops_short_children_are_priced_together() {
+    let _g = serial();
+    if !require_root("a_shell_loops_short_children_are_priced_together") {
+        return;
+    }
+    let out = common::out_dir("short-lived");
+    let run = common::gputrace(&[
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        "bash",
+        "-c",
+        "for i in $(seq 400); do /bin/true; done",
+    ]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let r = run.report(&out);
+    let o = &r["overhead"];
+    let g = &o["short_lived"];
+    assert_eq!(g["under_ns"].as_u64(), Some(100_000_000), "{o:#}");
+    // Every child, perhaps the shell's own forks before their exec too; not the shell.
+    let threads = g["threads"].as_u64().unwrap();
+    assert!((400..=800).contains(&threads), "{g:#}");
+    let alive = g["alive_ns"].as_u64().unwrap() as f64;
+    assert!(alive > 400.0 * 100e3 && alive < 400.0 * 100e6, "{g:#}");
+    let parts = common::sum_of(&g["parts"], "ns") as f64;
+    let syscalls = common::field_of(&g["parts"], "what", "syscall tracepoints", "ns");
+    assert!(syscalls > 0, "{g:#}");
+    // Each thread's parts times its contention (at least 1), capped at their whole lives.
+    let est = g["estimated"].as_f64().unwrap();
+    assert!(est >= (parts / alive).min(1.0) - 1e-9, "{g:#}");
+    assert!(est > 0.0 && est <= 1.0, "{g:#}");
+    // The shell is the costliest thread: alive the whole loop.
+    let root = r["target"]["pids"][0].as_u64();
+    assert_eq!(o["costliest_thread"]["tid"].as_u64(), root, "{o:#}");
+    if alive >= 100e6 {
+        assert!(
+            run.stdout
+                .contains(&format!("{threads} threads alive under 100 ms")),
+            "{}",
+            run.stdout
+        );
+    }
+}
