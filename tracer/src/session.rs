@@ -568,7 +568,8 @@ async fn pump(
                 guard.clear_ready();
                 hand_drained(tracker, ebpf, families, &mut mapped_due);
             }
-            // Forks, execs and exits do not wake the loop (`tracer-ebpf/src/proc.rs`).
+            // Forks, execs, exits and mapped libraries do not wake the loop
+            // (`tracer-ebpf/src/proc.rs`).
             _ = poll.tick() => {
                 drain(ring.get_mut(), tracker);
                 hand_drained(tracker, ebpf, families, &mut mapped_due);
@@ -669,9 +670,9 @@ fn hand_mapped(tracker: &mut Tracker, ebpf: &mut Ebpf, families: &mut [Box<dyn P
 }
 
 /// How often the event loop reads the process events that did not wake it (forks, execs,
-/// exits): a target's exit ends the trace within this, a short-lived child's /proc is read
-/// this late at most. ~100 wake-ups a second of gputrace's, against a self-interrupt in each
-/// traced fork, exec and exit.
+/// exits, mapped libraries): a target's exit ends the trace within this, a short-lived
+/// child's /proc is read this late at most. ~100 wake-ups a second of gputrace's, against a
+/// self-interrupt in each traced fork, exec, exit and library load.
 const PROC_POLL: Duration = Duration::from_millis(10);
 
 /// The exit tracepoint fires before the process becomes a zombie: give it a moment.

@@ -278,6 +278,17 @@ pub struct ProbeSampling {
     pub no_bound: Option<String>,
 }
 
+/// `parts` as shares of a whole `estimated` share, in their order: "syscall tracepoints 1.8%,
+/// CPU sampler 0.1%".
+fn shares(parts: &[ThreadCostPart], estimated: f64) -> String {
+    let total = parts.iter().map(|p| p.ns).sum::<u64>().max(1) as f64;
+    parts
+        .iter()
+        .map(|p| format!("{} {:.1}%", p.what, 100.0 * estimated * p.ns as f64 / total))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl Overhead {
     /// One line for the terminal and HTML reports.
     pub fn summary(&self) -> String {
@@ -330,18 +341,6 @@ impl Overhead {
         let s = self
             .short_lived_shown()
             .filter(|s| s.estimated > self.budget)?;
-        let total = s.parts.iter().map(|p| p.ns).sum::<u64>().max(1) as f64;
-        let parts: Vec<String> = s
-            .parts
-            .iter()
-            .map(|p| {
-                format!(
-                    "{} {:.1}%",
-                    p.what,
-                    100.0 * s.estimated * p.ns as f64 / total
-                )
-            })
-            .collect();
         Some(format!(
             "over budget: {} threads that lived under {} ms each ({:.0} ms in all; short \
              processes, such as a shell loop's) paid ~{:.1}% of their time for probes ({}), over \
@@ -351,7 +350,7 @@ impl Overhead {
             s.under_ns / 1_000_000,
             s.alive_ns as f64 / 1e6,
             s.estimated * 100.0,
-            parts.join(", "),
+            shares(&s.parts, s.estimated),
             pct(self.budget)
         ))
     }
@@ -362,18 +361,6 @@ impl Overhead {
         if c.estimated <= self.budget {
             return None;
         }
-        let total = c.parts.iter().map(|p| p.ns).sum::<u64>().max(1) as f64;
-        let parts: Vec<String> = c
-            .parts
-            .iter()
-            .map(|p| {
-                format!(
-                    "{} {:.1}%",
-                    p.what,
-                    100.0 * c.estimated * p.ns as f64 / total
-                )
-            })
-            .collect();
         let waited = c
             .contention
             .map(|x| format!("; x{x:.1} for the CPU it waited for, preempted"))
@@ -385,7 +372,7 @@ impl Overhead {
             c.tid,
             c.comm,
             c.estimated * 100.0,
-            parts.join(", "),
+            shares(&c.parts, c.estimated),
             pct(self.budget)
         ))
     }
