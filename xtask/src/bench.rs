@@ -464,13 +464,18 @@ fn compare(name: &str, cmd: &[&str], gputrace: &Path, tracers: &[Tracer<'_>]) ->
     })
 }
 
-fn ns_per_op(cmd: &mut Command) -> Result<f64> {
+/// What `cmd` prints on stdout, run with no stdin and its stderr dropped.
+fn stdout_of(cmd: &mut Command) -> Result<String> {
     let out = cmd
         .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output()
         .with_context(|| format!("run {cmd:?}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn ns_per_op(cmd: &mut Command) -> Result<f64> {
+    let text = stdout_of(cmd)?;
     text.lines()
         .find_map(|l| l.strip_prefix("ns_per_op "))
         .and_then(|v| v.trim().parse().ok())
@@ -841,12 +846,7 @@ fn churn(g: &Path, dir: &Path, n: u64) -> Result<String> {
         "s=$EPOCHREALTIME; for i in $(seq {n}); do /bin/true; done; echo loop_s $s $EPOCHREALTIME"
     );
     let loop_s = |cmd: &mut Command| -> Result<f64> {
-        let o = cmd
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()
-            .with_context(|| format!("run {cmd:?}"))?;
-        let text = String::from_utf8_lossy(&o.stdout);
+        let text = stdout_of(cmd)?;
         let times: Vec<f64> = text
             .lines()
             .find_map(|l| l.strip_prefix("loop_s "))
