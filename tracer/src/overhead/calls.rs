@@ -152,6 +152,17 @@ struct Links {
     closed: bool,
 }
 
+impl Links {
+    /// Keeps `prog`'s links with the entry or the return links.
+    fn add(&mut self, prog: &str, links: Vec<Link>) {
+        if prog == ENTRY_PROG {
+            self.entries.extend(links);
+        } else {
+            self.rets.extend(links);
+        }
+    }
+}
+
 /// A window's links on a thread of their own, which watches what its calls cost and drops them
 /// once its share of the bucket is spent (or when told, or when the gate is dropped): entry
 /// links first, return links [`RETURN_LAG`] later. Each drop waits out the kernel's grace
@@ -228,11 +239,7 @@ impl Closer {
     fn hold(&self, prog: &'static str, links: Vec<Link>) -> Result<(), Vec<Link>> {
         match self.links.lock() {
             Ok(mut l) if !l.closed => {
-                if prog == ENTRY_PROG {
-                    l.entries.extend(links);
-                } else {
-                    l.rets.extend(links);
-                }
+                l.add(prog, links);
                 Ok(())
             }
             _ => Err(links),
@@ -470,8 +477,7 @@ impl CallGate {
                 entries_from = Some(ktime_now());
             }
             match u.attach(ebpf, s.prog, &s.path, &s.points, None) {
-                Ok(l) if s.prog == ENTRY_PROG => links.entries.extend(l),
-                Ok(l) => links.rets.extend(l),
+                Ok(l) => links.add(s.prog, l),
                 Err(_) => {
                     if !self.lost.contains(&s.path) {
                         self.lost.push(s.path.clone());
@@ -510,17 +516,8 @@ fn close_later(prog: &'static str, links: Vec<Link>) {
     if links.is_empty() {
         return;
     }
-    let l = if prog == ENTRY_PROG {
-        Links {
-            entries: links,
-            ..Default::default()
-        }
-    } else {
-        Links {
-            rets: links,
-            ..Default::default()
-        }
-    };
+    let mut l = Links::default();
+    l.add(prog, links);
     let watch = Watch {
         budget: 0.0,
         tokens_ns: 0.0,
