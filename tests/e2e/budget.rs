@@ -1271,3 +1271,67 @@ fn a_shell_loops_short_children_are_priced_together() {
         );
     }
 }
+
+/// CPU time this test process's waited-for children (and theirs) have used.
+fn children_cpu_ns() -> u64 {
+    // SAFETY: a plain syscall filling a local struct.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru), 0);
+        ru
+    };
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    ns(ru.ru_utime) + ns(ru.ru_stime)
+}
+
+/// gputrace's own process (not its probes, which the traced threads pay) is in every report:
+/// its CPU before, in and after the window and its peak memory. What it says it took is
+/// checked against what the kernel charged it, read here as a waited-for child's usage: the
+/// traced command sleeps, so nearly all of that is gputrace's.
+#[test]
+fn gputraces_own_cpu_and_memory_are_in_every_report() {
+    let _g = serial();
+    if !require_root("gputraces_own_cpu_and_memory_are_in_every_report") {
+        return;
+    }
+    let out = common::out_dir("own-cost");
+    let before = children_cpu_ns();
+    let run = common::gputrace(&["-o", out.to_str().unwrap(), "--", "sleep", "1.5"]);
+    let charged = children_cpu_ns() - before;
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let r = run.report(&out);
+    let own = &r["overhead"]["own"];
+    let field = |k: &str| {
+        own[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {k} in {own:#}"))
+    };
+    let (attach, window, report) = (
+        field("attach_cpu_ns"),
+        field("window_cpu_ns"),
+        field("report_cpu_ns"),
+    );
+    // Loading and verifying the programs takes CPU; the event loop ticks through the window.
+    assert!(attach > 1_000_000, "{own:#}");
+    assert!(window > 0, "{own:#}");
+    let said = attach + window + report;
+    // The rest of `charged` is writing the files, detaching, and `sleep` itself.
+    assert!(
+        said <= charged + 10_000_000 && said >= charged / 3,
+        "said {said} ns, the kernel charged {charged} ns: {own:#}"
+    );
+    let duration = r["window"]["duration_ns"].as_u64().unwrap();
+    let share = own["cpu_share"].as_f64().unwrap();
+    assert!(
+        (share - window as f64 / duration as f64).abs() < 1e-6,
+        "{own:#}"
+    );
+    assert_eq!(
+        own["cpus"].as_u64(),
+        r["sampling"]["cpus"].as_u64(),
+        "{own:#}"
+    );
+    let (peak_window, peak) = (field("peak_rss_window_bytes"), field("peak_rss_bytes"));
+    assert!(peak_window > 4 << 20 && peak >= peak_window, "{own:#}");
+    assert!(run.stdout.contains("gputrace itself ~"), "{}", run.stdout);
+}

@@ -236,6 +236,7 @@ fn trace(
     // The window opens here: the accounting seeds the threads there are as of this instant,
     // and a `--pid` trace's threads were alive for the window, not for it and the seeding.
     let window_start_ktime = probes::ktime_now();
+    let usage_opened = crate::overhead::own::Usage::now();
     let start_unix_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -319,6 +320,7 @@ fn trace(
         launched_pid,
     ))?;
     let window_end_ktime = probes::ktime_now();
+    let usage_ended = crate::overhead::own::Usage::now();
     let duration_ns = window_end_ktime.saturating_sub(window_start_ktime);
     // The one that ends the window first, then the others in their order.
     let mut ending: Vec<usize> = (0..families.len()).collect();
@@ -459,6 +461,16 @@ fn trace(
     // skips keep their read as the trace ended: the programs they would add to now (the CPU
     // sampler, the process events) count past the report's window.
     data.report.drops = drop_rows(collect::settle_drops(drops, collect::drops(&ebpf)?), skips);
+    data.report
+        .overhead
+        .get_or_insert_with(Default::default)
+        .own = crate::overhead::own::own_cost(
+        usage_opened,
+        usage_ended,
+        crate::overhead::own::Usage::now(),
+        duration_ns,
+        u32::try_from(cpus).unwrap_or(u32::MAX),
+    );
     crate::overhead::complete(&mut data.report);
     // Verdicts first, so that they weigh every process followed, not only those listed.
     report::finalize(&mut data);

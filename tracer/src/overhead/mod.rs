@@ -10,6 +10,7 @@
 mod calibrate;
 mod calls;
 mod gate;
+pub mod own;
 mod paths;
 mod stats;
 pub mod syscall_trap;
@@ -341,6 +342,9 @@ pub fn complete(report: &mut Report) {
         report.warnings.push(l);
     }
     if let Some(l) = o.short_lived_line() {
+        report.warnings.push(l);
+    }
+    if let Some(l) = o.own_line() {
         report.warnings.push(l);
     }
 }

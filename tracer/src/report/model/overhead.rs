@@ -68,6 +68,36 @@ pub struct Overhead {
     /// latency figures are then estimates (`SyscallStat::timed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub syscalls_timed: Option<SyscallTiming>,
+    /// gputrace's own process: its CPU time and memory. Not in `estimated` (its threads are
+    /// not the traced ones) and not capped by the budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own: Option<OwnCost>,
+}
+
+/// What gputrace's own threads took (`overhead::own`): user and system CPU time, all threads.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct OwnCost {
+    /// Before the window opened: loading, verifying and attaching the programs, seeding.
+    pub attach_cpu_ns: u64,
+    /// In the window: the event loop, the passes over exited processes, the budget's ticks.
+    pub window_cpu_ns: u64,
+    /// From the window's end until the report was made (reading the maps, symbolising).
+    pub report_cpu_ns: u64,
+    /// `window_cpu_ns` over the window: the share of one CPU (0.1: a tenth of one).
+    pub cpu_share: f64,
+    /// The machine's CPUs: `cpu_share / cpus` of all its CPU time.
+    pub cpus: u32,
+    /// Peak resident memory by the window's end, and by the report's (before its files are
+    /// written).
+    pub peak_rss_window_bytes: u64,
+    pub peak_rss_bytes: u64,
+}
+
+impl OwnCost {
+    /// The share of the machine's CPU time.
+    pub fn machine_share(&self) -> f64 {
+        self.cpu_share / f64::from(self.cpus.max(1))
+    }
 }
 
 /// A thread's run of one syscall whose calls came within `gap_us` of each other on average
@@ -314,6 +344,14 @@ impl Overhead {
                 g.estimated * 100.0
             ));
         }
+        if let Some(o) = &self.own {
+            s.push_str(&format!(
+                "; gputrace itself ~{:.1}% of one CPU (of {}), peak {}",
+                o.cpu_share * 100.0,
+                o.cpus,
+                crate::report::units::bytes(o.peak_rss_bytes)
+            ));
+        }
         if let Some(w) = self.worst_thread.as_ref().filter(|w| {
             self.costliest_thread
                 .as_ref()
@@ -373,6 +411,26 @@ impl Overhead {
             c.comm,
             c.estimated * 100.0,
             shares(&c.parts, c.estimated),
+            pct(self.budget)
+        ))
+    }
+
+    /// Said when gputrace's own threads took more of the machine's CPU time than the budget
+    /// allows its probes: that competes with a job that keeps every CPU busy.
+    pub fn own_line(&self) -> Option<String> {
+        let o = self
+            .own
+            .as_ref()
+            .filter(|o| o.machine_share() > self.budget)?;
+        Some(format!(
+            "over budget: gputrace's own threads took {:.1} s of CPU in the window, ~{:.1}% of \
+             one CPU, {:.1}% of the machine's {} CPUs, over the {}% budget, which caps what its \
+             probes add to the traced threads only; a job that keeps every CPU busy waits for \
+             about that share",
+            o.window_cpu_ns as f64 / 1e9,
+            o.cpu_share * 100.0,
+            o.machine_share() * 100.0,
+            o.cpus,
             pct(self.budget)
         ))
     }
@@ -613,6 +671,35 @@ mod tests {
             ),
             "{line}"
         );
+    }
+
+    #[test]
+    fn gputraces_own_cpu_is_in_the_summary_and_warned_of_past_the_budget() {
+        let mut o = costly(0.01);
+        assert_eq!(o.own_line(), None);
+        // A tenth of one of 2 CPUs: 5% of the machine's CPU time, over a 2% budget.
+        o.own = Some(OwnCost {
+            window_cpu_ns: 4_000_000_000,
+            cpu_share: 0.1,
+            cpus: 2,
+            peak_rss_bytes: 280 << 20,
+            ..Default::default()
+        });
+        assert!(
+            o.summary()
+                .contains("; gputrace itself ~10.0% of one CPU (of 2), peak 293.6 MB"),
+            "{}",
+            o.summary()
+        );
+        let line = o.own_line().unwrap();
+        assert!(
+            line.contains("took 4.0 s of CPU in the window, ~10.0% of one CPU, 5.0% of the machine's 2 CPUs, over the 2% budget"),
+            "{line}"
+        );
+        // The same on 8 CPUs is 1.25% of the machine's: under the budget, not warned of.
+        o.own.as_mut().unwrap().cpus = 8;
+        assert_eq!(o.own_line(), None);
+        assert!(o.summary().contains("(of 8)"));
     }
 
     #[test]
