@@ -1333,5 +1333,7 @@ fn gputraces_own_cpu_and_memory_are_in_every_report() {
     );
     let (peak_window, peak) = (field("peak_rss_window_bytes"), field("peak_rss_bytes"));
     assert!(peak_window > 4 << 20 && peak >= peak_window, "{own:#}");
+    // The stack map alone is 32,768 preallocated stacks of 127 frames (~34 MB).
+    assert!(field("kernel_maps_bytes") > 32 << 20, "{own:#}");
     assert!(run.stdout.contains("gputrace itself ~"), "{}", run.stdout);
 }

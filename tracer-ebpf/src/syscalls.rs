@@ -34,11 +34,10 @@ use crate::{
 };
 use tracer_common::hits::Prog;
 
+/// Preallocated: see `SYSCALLS_ENTRIES`.
 #[map(name = "SYSCALLS")]
-static SYSCALLS: HashMap<SysKey, SysStat> =
-    HashMap::with_max_entries(SYSCALLS_ENTRIES, BPF_F_NO_PREALLOC);
+static SYSCALLS: HashMap<SysKey, SysStat> = HashMap::with_max_entries(SYSCALLS_ENTRIES, 0);
 
-const BPF_F_NO_PREALLOC: u32 = 1;
 const EBADF: i64 = 9;
 
 /// `tracer_common::wall::SYS_HELD_MAP`.

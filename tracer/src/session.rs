@@ -321,6 +321,7 @@ fn trace(
     ))?;
     let window_end_ktime = probes::ktime_now();
     let usage_ended = crate::overhead::own::Usage::now();
+    let kernel_maps_bytes = crate::overhead::own::kernel_maps_bytes();
     let duration_ns = window_end_ktime.saturating_sub(window_start_ktime);
     // The one that ends the window first, then the others in their order.
     let mut ending: Vec<usize> = (0..families.len()).collect();
@@ -470,6 +471,7 @@ fn trace(
         crate::overhead::own::Usage::now(),
         duration_ns,
         u32::try_from(cpus).unwrap_or(u32::MAX),
+        kernel_maps_bytes,
     );
     crate::overhead::complete(&mut data.report);
     // Verdicts first, so that they weigh every process followed, not only those listed.

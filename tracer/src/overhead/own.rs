@@ -33,6 +33,33 @@ impl Usage {
     }
 }
 
+/// Kernel memory gputrace's BPF maps hold now: what the kernel charges each (`memlock` in the
+/// map's fdinfo: all of a preallocated map, what is in use of one allocated as it fills), each
+/// map once however many fds it has.
+pub fn kernel_maps_bytes() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fdinfo") else {
+        return 0;
+    };
+    let mut seen = std::collections::HashSet::new();
+    dir.flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|info| map_memlock(&info))
+        .filter(|&(id, _)| seen.insert(id))
+        .map(|(_, bytes)| bytes)
+        .sum()
+}
+
+/// A BPF map's id and `memlock` from its fdinfo text; None for any other fd.
+fn map_memlock(info: &str) -> Option<(u64, u64)> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    field("map_type:")?;
+    Some((field("map_id:")?, field("memlock:")?))
+}
+
 /// The cost from three readings: as the window opened (everything before is loading and
 /// attaching), as it ended, and once the report was made. None when the readings failed.
 pub fn own_cost(
@@ -41,6 +68,7 @@ pub fn own_cost(
     reported: Usage,
     window_ns: u64,
     cpus: u32,
+    kernel_maps_bytes: u64,
 ) -> Option<OwnCost> {
     if reported.cpu_ns == 0 && reported.peak_rss_bytes == 0 {
         return None;
@@ -54,6 +82,7 @@ pub fn own_cost(
         cpus: cpus.max(1),
         peak_rss_window_bytes: ended.peak_rss_bytes,
         peak_rss_bytes: reported.peak_rss_bytes.max(ended.peak_rss_bytes),
+        kernel_maps_bytes,
     })
 }
 
@@ -76,6 +105,7 @@ mod tests {
             usage(5_100, 280),
             40_000_000_000,
             2,
+            156 << 20,
         )
         .unwrap();
         assert_eq!(c.attach_cpu_ns, 300_000_000);
@@ -85,12 +115,30 @@ mod tests {
         assert_eq!(c.cpus, 2);
         assert_eq!(c.peak_rss_window_bytes, 164 << 20);
         assert_eq!(c.peak_rss_bytes, 280 << 20);
+        assert_eq!(c.kernel_maps_bytes, 156 << 20);
     }
 
     #[test]
     fn failed_readings_report_nothing() {
         let z = Usage::default();
-        assert_eq!(own_cost(z, z, z, 1_000, 2), None);
+        assert_eq!(own_cost(z, z, z, 1_000, 2, 0), None);
+    }
+
+    #[test]
+    fn a_maps_fdinfo_gives_its_id_and_kernel_memory() {
+        let info = "pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t1057\nmap_type:\t1\n\
+                    key_size:\t16\nvalue_size:\t312\nmax_entries:\t65536\nmap_flags:\t0x0\n\
+                    map_extra:\t0x0\nmemlock:\t25691776\nmap_id:\t4242\nfrozen:\t0\n";
+        assert_eq!(map_memlock(info), Some((4242, 25_691_776)));
+        // A file's, a program's: not maps.
+        assert_eq!(
+            map_memlock("pos:\t0\nflags:\t02\nmnt_id:\t21\nino:\t5\n"),
+            None
+        );
+        assert_eq!(
+            map_memlock("prog_type:\t5\nprog_jited:\t1\nmemlock:\t4096\nprog_id:\t9\n"),
+            None
+        );
     }
 
     #[test]

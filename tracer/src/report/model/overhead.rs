@@ -91,6 +91,9 @@ pub struct OwnCost {
     /// written).
     pub peak_rss_window_bytes: u64,
     pub peak_rss_bytes: u64,
+    /// Kernel memory its BPF maps held as the window ended (not in its resident memory).
+    #[serde(default)]
+    pub kernel_maps_bytes: u64,
 }
 
 impl OwnCost {
@@ -346,10 +349,11 @@ impl Overhead {
         }
         if let Some(o) = &self.own {
             s.push_str(&format!(
-                "; gputrace itself ~{:.1}% of one CPU (of {}), peak {}",
+                "; gputrace itself ~{:.1}% of one CPU (of {}), peak {}, kernel maps {}",
                 o.cpu_share * 100.0,
                 o.cpus,
-                crate::report::units::bytes(o.peak_rss_bytes)
+                crate::report::units::bytes(o.peak_rss_bytes),
+                crate::report::units::bytes(o.kernel_maps_bytes)
             ));
         }
         if let Some(w) = self.worst_thread.as_ref().filter(|w| {
@@ -683,11 +687,13 @@ mod tests {
             cpu_share: 0.1,
             cpus: 2,
             peak_rss_bytes: 280 << 20,
+            kernel_maps_bytes: 156 << 20,
             ..Default::default()
         });
         assert!(
-            o.summary()
-                .contains("; gputrace itself ~10.0% of one CPU (of 2), peak 293.6 MB"),
+            o.summary().contains(
+                "; gputrace itself ~10.0% of one CPU (of 2), peak 293.6 MB, kernel maps 163.6 MB"
+            ),
             "{}",
             o.summary()
         );
