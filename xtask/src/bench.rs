@@ -864,9 +864,10 @@ fn churn(g: &Path, dir: &Path, n: u64) -> Result<String> {
     let mut s = format!(
         "A shell loop of {n} children (`for i in $(seq {n}); do /bin/true; done`) untraced and \
          traced at the default settings (`gputrace -o DIR -- bash -c ...`), ABBA, the loop's \
-         own time by bash's clock; the programs' ns a hit from the report (`overhead.programs`).\n\n\
-         | pair | untraced s | traced s | slowdown | report's estimate | fork / exec / exit ns a hit |\n\
-         |---:|---:|---:|---:|---:|---|\n"
+         own time by bash's clock; the programs' ns a hit from the report (`overhead.programs`), \
+         gputrace's own CPU in the window as a share of one CPU (`overhead.own`).\n\n\
+         | pair | untraced s | traced s | slowdown | report's estimate | fork / exec / exit ns a hit | sys_exit ns a hit | gputrace's CPU |\n\
+         |---:|---:|---:|---:|---:|---|---:|---:|\n"
     );
     let untraced = || loop_s(Command::new("bash").args(["-c", &script]));
     let traced = || -> Result<(f64, Value)> {
@@ -898,12 +899,16 @@ fn churn(g: &Path, dir: &Path, n: u64) -> Result<String> {
         };
         let _ = writeln!(
             s,
-            "| {pair} | {u:.2} | {t:.2} | {:+.1}% | {:.2}% | {} / {} / {} |",
+            "| {pair} | {u:.2} | {t:.2} | {:+.1}% | {:.2}% | {} / {} / {} | {} | {} |",
             100.0 * (t / u - 1.0),
             100.0 * o["estimated"].as_f64().unwrap_or(0.0),
             per_hit("task_newtask"),
             per_hit("sched_process_exec"),
             per_hit("sched_process_exit"),
+            per_hit("sys_exit"),
+            o["own"]["cpu_share"]
+                .as_f64()
+                .map_or("?".to_string(), |v| format!("{:.1}%", 100.0 * v)),
         );
     }
     Ok(s)
