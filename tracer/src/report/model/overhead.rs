@@ -74,6 +74,9 @@ pub struct Overhead {
     pub own: Option<OwnCost>,
 }
 
+/// The shortest window [`Overhead::own_line`] warns of gputrace's own CPU over.
+pub const OWN_MIN_WINDOW_NS: u64 = 10_000_000_000;
+
 /// What gputrace's own threads took (`overhead::own`): user and system CPU time, all threads.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct OwnCost {
@@ -420,15 +423,17 @@ impl Overhead {
     }
 
     /// Said when gputrace's own threads took more of the machine's CPU time than the budget
-    /// allows its probes: that competes with a job that keeps every CPU busy.
+    /// allows its probes, over a window long enough that its one-off work (the first pass over
+    /// exited processes loads the kernel's symbols, ~40 ms) is not most of it: that competes
+    /// with a job that keeps every CPU busy.
     pub fn own_line(&self) -> Option<String> {
-        let o = self
-            .own
-            .as_ref()
-            .filter(|o| o.machine_share() > self.budget)?;
+        let o = self.own.as_ref().filter(|o| {
+            o.machine_share() > self.budget
+                && o.window_cpu_ns as f64 >= o.cpu_share * OWN_MIN_WINDOW_NS as f64
+        })?;
         Some(format!(
-            "over budget: gputrace's own threads took {:.1} s of CPU in the window, ~{:.1}% of \
-             one CPU, {:.1}% of the machine's {} CPUs, over the {}% budget, which caps what its \
+            "gputrace's own threads took {:.1} s of CPU in the window, ~{:.1}% of one CPU, \
+             {:.1}% of the machine's {} CPUs, more than the {}% budget, which caps what its \
              probes add to the traced threads only; a job that keeps every CPU busy waits for \
              about that share",
             o.window_cpu_ns as f64 / 1e9,
@@ -699,9 +704,13 @@ mod tests {
         );
         let line = o.own_line().unwrap();
         assert!(
-            line.contains("took 4.0 s of CPU in the window, ~10.0% of one CPU, 5.0% of the machine's 2 CPUs, over the 2% budget"),
+            line.contains("took 4.0 s of CPU in the window, ~10.0% of one CPU, 5.0% of the machine's 2 CPUs, more than the 2% budget"),
             "{line}"
         );
+        // The same share over a 5 s window (0.5 s of CPU) is mostly one-off work: not warned of.
+        o.own.as_mut().unwrap().window_cpu_ns = 500_000_000;
+        assert_eq!(o.own_line(), None);
+        o.own.as_mut().unwrap().window_cpu_ns = 4_000_000_000;
         // The same on 8 CPUs is 1.25% of the machine's: under the budget, not warned of.
         o.own.as_mut().unwrap().cpus = 8;
         assert_eq!(o.own_line(), None);
