@@ -1255,6 +1255,12 @@ fn a_shell_loops_short_children_are_priced_together() {
     let parts = common::sum_of(&g["parts"], "ns") as f64;
     let syscalls = common::field_of(&g["parts"], "what", "syscall tracepoints", "ns");
     assert!(syscalls > 0, "{g:#}");
+    // Each child's exec and exit ran programs in its own context; the shell's forks in its.
+    let lifecycle = "fork, exec and exit tracepoints";
+    let theirs = common::field_of(&g["parts"], "what", lifecycle, "ns");
+    assert!(theirs > 0, "{g:#}");
+    let shells = common::field_of(&o["costliest_thread"]["parts"], "what", lifecycle, "ns");
+    assert!(shells > 0, "{o:#}");
     // Each thread's parts times its contention (at least 1), capped at their whole lives.
     let est = g["estimated"].as_f64().unwrap();
     assert!(est >= (parts / alive).min(1.0) - 1e-9, "{g:#}");

@@ -140,6 +140,37 @@ fn stopped_syscalls(o: &Overhead, tid: u32) -> u64 {
         .map_or(0, |s| s.halted_calls)
 }
 
+/// Calls of the syscalls `names` a thread made that succeeded.
+fn succeeded(t: &ThreadReport, names: &[&str]) -> u64 {
+    t.syscalls
+        .iter()
+        .filter(|s| names.contains(&s.name.as_str()))
+        .map(|s| s.count.saturating_sub(s.errors))
+        .sum()
+}
+
+/// What the fork, exec and exit programs cost a thread, each run in the context it pays in:
+/// a fork's (`task_newtask`, the accounting's `acct_newtask`, `sched_wakeup_new`) in the
+/// thread that made the child, counted from its successful clone, clone3, fork and vfork
+/// calls, threads too; an exec's (`sched_process_exec`, `task_rename`) in the thread that
+/// exec'd; an exit's (`sched_process_exit`, the CUDA family's `cuda_thread_exit`) in the
+/// thread that exited: every thread of a process that exited, and a thread of a live process
+/// that called `exit`. A short child pays these once each, ~3-4 µs on this guest: part of
+/// what a loop of them costs.
+fn lifecycle_ns(o: &Overhead, t: &ThreadReport, process_exited: bool) -> f64 {
+    let forks = succeeded(t, &["clone", "clone3", "fork", "vfork"]) as f64;
+    let execs = succeeded(t, &["execve", "execveat"]) as f64;
+    let exits = if process_exited || t.syscalls.iter().any(|s| s.name == "exit" && s.count > 0) {
+        1.0
+    } else {
+        0.0
+    };
+    forks
+        * (per_hit(o, "task_newtask") + per_hit(o, "acct_newtask") + per_hit(o, "sched_wakeup_new"))
+        + execs * (per_hit(o, "sched_process_exec") + per_hit(o, "task_rename"))
+        + exits * (per_hit(o, "sched_process_exit") + per_hit(o, "cuda_thread_exit"))
+}
+
 /// One thread's cost by what caused it (ns), largest first; parts with no cost are left out.
 /// `requests`: the block requests charged to it (submitted in its context, bar the completion),
 /// and of them those `seen`, counted: while requests are sampled the others ran the block
@@ -147,7 +178,7 @@ fn stopped_syscalls(o: &Overhead, tid: u32) -> u64 {
 fn thread_parts(
     r: &Report,
     o: &Overhead,
-    pid: u32,
+    (pid, process_exited): (u32, bool),
     t: &ThreadReport,
     (requests, seen): (f64, f64),
 ) -> Vec<ThreadCostPart> {
@@ -183,6 +214,10 @@ fn thread_parts(
             seen * counted + (requests - seen).max(0.0) * passed
         }),
         ("CUDA probes", cuda),
+        (
+            "fork, exec and exit tracepoints",
+            lifecycle_ns(o, t, process_exited),
+        ),
         (
             "syscall tracepoints, stopped",
             stopped_syscalls(o, t.tid) as f64
@@ -227,7 +262,7 @@ fn for_each_cost(
                 io_waits(t) as f64 / waits as f64
             };
             let mine = (requests as f64 * share, seen as f64 * share);
-            let parts = thread_parts(r, o, p.pid, t, mine);
+            let parts = thread_parts(r, o, (p.pid, p.exited), t, mine);
             let stretch = t.time.as_ref().map_or(1.0, contention);
             f(p.pid, t, parts, stretch, alive);
         }
@@ -463,7 +498,7 @@ mod tests {
         let one = thread_parts(
             &r,
             r.overhead.as_ref().unwrap(),
-            10,
+            (10, false),
             &r.processes[0].threads[1],
             (0.0, 0.0),
         );
@@ -491,6 +526,61 @@ mod tests {
             short_lived(&report(vec![thread(1, 10.0, 100, 0, 0)]), 100_000_000),
             None
         );
+    }
+
+    /// A thread's syscall row: `count` calls of `name`, `errors` of them failed.
+    fn call(name: &str, count: u64, errors: u64) -> SyscallStat {
+        SyscallStat {
+            name: name.into(),
+            count,
+            errors,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn forks_execs_and_exits_are_charged_to_the_thread_they_run_in() {
+        // A shell that forked 100 children (2 clones failed) and a child that exec'd once
+        // (after a failed try) and exited with its process.
+        let mut shell = thread(1, 10.0, 0, 0, 0);
+        shell.syscalls = vec![
+            call("clone", 98, 0),
+            call("clone3", 4, 2),
+            call("wait4", 100, 0),
+        ];
+        let mut child = thread(2, 0.001, 0, 0, 0);
+        child.syscalls = vec![call("execve", 2, 1), call("exit_group", 1, 0)];
+        let mut r = report(vec![shell, child]);
+        let o = r.overhead.as_mut().unwrap();
+        // As named on this kernel: the BTF wake-up and the fork's two programs.
+        o.programs.extend([
+            prog("task_newtask", 100, 800.0, 30.0),
+            prog("acct_newtask", 100, 100.0, 30.0),
+            prog("sched_wakeup_new_btf", 100, 700.0, 30.0),
+            prog("sched_process_exec", 1, 1200.0, 30.0),
+            prog("task_rename", 1, 200.0, 30.0),
+            prog("sched_process_exit", 1, 670.0, 30.0),
+            prog("cuda_thread_exit", 1, 570.0, 30.0),
+        ]);
+        let o = r.overhead.as_ref().unwrap();
+        let part = |tid_at: usize, exited: bool| {
+            thread_parts(
+                &r,
+                o,
+                (10, exited),
+                &r.processes[0].threads[tid_at],
+                (0.0, 0.0),
+            )
+            .into_iter()
+            .find(|p| p.what == "fork, exec and exit tracepoints")
+            .map_or(0, |p| p.ns)
+        };
+        // 100 forks at 830 + 130 + 730 ns; the shell's process lives on.
+        assert_eq!(part(0, false), 100 * 1_690);
+        // One exec (1,230 + 230 ns) and, its process exited, one exit (700 + 600 ns).
+        assert_eq!(part(1, true), 1_460 + 1_300);
+        // Its process alive and no `exit` call: no exit of its own yet.
+        assert_eq!(part(1, false), 1_460);
     }
 
     #[test]
@@ -527,7 +617,7 @@ mod tests {
         let quiet = thread_parts(
             &r,
             r.overhead.as_ref().unwrap(),
-            10,
+            (10, false),
             &r.processes[0].threads[0],
             (0.0, 0.0),
         );
