@@ -1270,7 +1270,7 @@ fn a_shell_loops_short_children_are_priced_together() {
     assert_eq!(o["costliest_thread"]["tid"].as_u64(), root, "{o:#}");
     if alive >= 100e6 {
         assert!(
-            run.stdout
+            common::unwrapped(&run.stdout)
                 .contains(&format!("{threads} threads alive under 100 ms")),
             "{}",
             run.stdout
@@ -1341,5 +1341,9 @@ fn gputraces_own_cpu_and_memory_are_in_every_report() {
     assert!(peak_window > 4 << 20 && peak >= peak_window, "{own:#}");
     // The stack map alone is 32,768 preallocated stacks of 127 frames (~34 MB).
     assert!(field("kernel_maps_bytes") > 32 << 20, "{own:#}");
-    assert!(run.stdout.contains("gputrace itself ~"), "{}", run.stdout);
+    assert!(
+        common::unwrapped(&run.stdout).contains("gputrace itself ~"),
+        "{}",
+        run.stdout
+    );
 }

@@ -179,6 +179,12 @@ pub fn loaded_program_names() -> Vec<String> {
         .collect()
 }
 
+/// `text` with every run of whitespace one space: the terminal report wraps its lines at 100
+/// columns, anywhere between words.
+pub fn unwrapped(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// The children of `pid` (its main thread's) with their names.
 pub fn children_of(pid: i32) -> Vec<(u32, String)> {
     std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))

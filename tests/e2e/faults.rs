@@ -1613,6 +1613,19 @@ fn a_storm_of_short_processes_keeps_its_syscall_rows_bounded() {
         "syscall rows of processes that exited",
     );
     assert!(rows > 1000, "{said}");
+    // The children whose rows were not kept are not priced as if they made no syscalls; those
+    // whose rows went to their process's are priced from them.
+    let g = &r["overhead"]["short_lived"];
+    let unknown = g["unknown"].as_u64().unwrap_or(0);
+    assert!(unknown > 100, "{g:#}");
+    assert!(g["threads"].as_u64().unwrap_or(0) > 0, "{g:#}");
+    let syscalls = field_of(&g["parts"], "what", "syscall tracepoints", "ns");
+    assert!(syscalls > 0, "{g:#}");
+    assert!(
+        unwrapped(&run.stdout).contains(&format!("({unknown} more not priced")),
+        "{}",
+        run.stdout
+    );
 }
 
 /// The number right after `before` in the report's warning that has `before` and then

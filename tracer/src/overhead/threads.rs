@@ -15,8 +15,8 @@
 
 use crate::report::model::{
     overhead::{Overhead, ProgramCost, ShortLived, ThreadCost, ThreadCostPart},
-    time::TimeBreakdown,
-    Report, ThreadReport,
+    time::{SyscallStat, TimeBreakdown},
+    ProcessReport, Report, ThreadReport,
 };
 
 /// The costs of program `name`'s versions: itself, and its raw or classic tracepoint variant.
@@ -140,9 +140,9 @@ fn stopped_syscalls(o: &Overhead, tid: u32) -> u64 {
         .map_or(0, |s| s.halted_calls)
 }
 
-/// Calls of the syscalls `names` a thread made that succeeded.
-fn succeeded(t: &ThreadReport, names: &[&str]) -> u64 {
-    t.syscalls
+/// Calls of the syscalls `names` among `calls` that succeeded.
+fn succeeded(calls: &[SyscallStat], names: &[&str]) -> u64 {
+    calls
         .iter()
         .filter(|s| names.contains(&s.name.as_str()))
         .map(|s| s.count.saturating_sub(s.errors))
@@ -157,10 +157,10 @@ fn succeeded(t: &ThreadReport, names: &[&str]) -> u64 {
 /// thread that exited: every thread of a process that exited, and a thread of a live process
 /// that called `exit`. A short child pays these once each, ~3-4 µs on this guest: part of
 /// what a loop of them costs.
-fn lifecycle_ns(o: &Overhead, t: &ThreadReport, process_exited: bool) -> f64 {
-    let forks = succeeded(t, &["clone", "clone3", "fork", "vfork"]) as f64;
-    let execs = succeeded(t, &["execve", "execveat"]) as f64;
-    let exits = if process_exited || t.syscalls.iter().any(|s| s.name == "exit" && s.count > 0) {
+fn lifecycle_ns(o: &Overhead, calls: &[SyscallStat], process_exited: bool) -> f64 {
+    let forks = succeeded(calls, &["clone", "clone3", "fork", "vfork"]) as f64;
+    let execs = succeeded(calls, &["execve", "execveat"]) as f64;
+    let exits = if process_exited || calls.iter().any(|s| s.name == "exit" && s.count > 0) {
         1.0
     } else {
         0.0
@@ -172,17 +172,19 @@ fn lifecycle_ns(o: &Overhead, t: &ThreadReport, process_exited: bool) -> f64 {
 }
 
 /// One thread's cost by what caused it (ns), largest first; parts with no cost are left out.
-/// `requests`: the block requests charged to it (submitted in its context, bar the completion),
-/// and of them those `seen`, counted: while requests are sampled the others ran the block
-/// programs' early returns only.
+/// `calls`: its syscalls (its own table, or its share of its process's rows no thread lists,
+/// see [`unplaced`]). `requests`: the block requests charged to it (submitted in its context,
+/// bar the completion), and of them those `seen`, counted: while requests are sampled the
+/// others ran the block programs' early returns only.
 fn thread_parts(
     r: &Report,
     o: &Overhead,
     (pid, process_exited): (u32, bool),
     t: &ThreadReport,
+    calls: &[SyscallStat],
     (requests, seen): (f64, f64),
 ) -> Vec<ThreadCostPart> {
-    let syscalls: u64 = t.syscalls.iter().map(|s| s.count).sum();
+    let syscalls: u64 = calls.iter().map(|s| s.count).sum();
     let (switches, wakeups) = t.time.as_ref().map_or((0, 0), switches);
     let mut cuda = cuda_calls_seen(r, o, pid, t.tid)
         * (per_hit(o, tracer_common::cuda::ENTRY_PROG) + per_hit(o, tracer_common::cuda::RET_PROG));
@@ -216,7 +218,7 @@ fn thread_parts(
         ("CUDA probes", cuda),
         (
             "fork, exec and exit tracepoints",
-            lifecycle_ns(o, t, process_exited),
+            lifecycle_ns(o, calls, process_exited),
         ),
         (
             "syscall tracepoints, stopped",
@@ -235,15 +237,65 @@ fn thread_parts(
     parts
 }
 
+/// A process's syscalls that no thread of it lists, by name (count and errors): the rows of
+/// exited threads folded into the process's past the retired rows' cap (`accounting::retire`),
+/// whose threads list none. Empty when the threads' tables hold every call.
+fn unplaced(p: &ProcessReport) -> Vec<SyscallStat> {
+    p.syscalls
+        .iter()
+        .filter_map(|s| {
+            let listed = p
+                .threads
+                .iter()
+                .flat_map(|t| &t.syscalls)
+                .filter(|x| x.name == s.name);
+            let (count, errors) =
+                listed.fold((0u64, 0u64), |(c, e), x| (c + x.count, e + x.errors));
+            let left = s.count.saturating_sub(count);
+            (left > 0).then(|| SyscallStat {
+                name: s.name.clone(),
+                count: left,
+                errors: s.errors.saturating_sub(errors).min(left),
+                ..Default::default()
+            })
+        })
+        .collect()
+}
+
+/// `calls` scaled by `share` (rounded).
+fn share_of(calls: &[SyscallStat], share: f64) -> Vec<SyscallStat> {
+    calls
+        .iter()
+        .map(|s| SyscallStat {
+            name: s.name.clone(),
+            count: (s.count as f64 * share).round() as u64,
+            errors: (s.errors as f64 * share).round() as u64,
+            ..Default::default()
+        })
+        .collect()
+}
+
 /// Each traced thread that was alive in the window: its process's pid, the thread, what the
-/// probes cost it (largest first), how much a ns of its CPU cost it (`contention`) and its
-/// alive time.
+/// probes cost it (largest first), how much a ns of its CPU cost it (`contention`), its alive
+/// time, and whether its syscalls are known: false for a thread that lists none in a process
+/// with no rows to share out (its rows were not kept past the cap, or it made no syscall that
+/// returned). A thread that lists no syscalls of its own is charged a share of its
+/// process's rows that no thread lists, by its alive time among such threads: under process
+/// churn, past 100,000 retired rows, a short child's rows are its process's only.
 fn for_each_cost(
     r: &Report,
     o: &Overhead,
-    mut f: impl FnMut(u32, &ThreadReport, Vec<ThreadCostPart>, f64, u64),
+    mut f: impl FnMut(u32, &ThreadReport, Vec<ThreadCostPart>, f64, u64, bool),
 ) {
     for p in &r.processes {
+        let left = unplaced(p);
+        let alive_of = |t: &ThreadReport| t.time.as_ref().map_or(0, |tb| tb.alive_ns);
+        let takers: u64 = p
+            .threads
+            .iter()
+            .filter(|t| t.syscalls.is_empty())
+            .map(alive_of)
+            .sum();
         let requests: u64 = p.block_io.iter().map(|b| b.requests).sum();
         let seen: u64 = p
             .block_io
@@ -262,9 +314,17 @@ fn for_each_cost(
                 io_waits(t) as f64 / waits as f64
             };
             let mine = (requests as f64 * share, seen as f64 * share);
-            let parts = thread_parts(r, o, (p.pid, p.exited), t, mine);
+            let shared;
+            let calls: &[SyscallStat] = if t.syscalls.is_empty() && !left.is_empty() {
+                shared = share_of(&left, alive as f64 / takers.max(1) as f64);
+                &shared
+            } else {
+                &t.syscalls
+            };
+            let known = !calls.is_empty();
+            let parts = thread_parts(r, o, (p.pid, p.exited), t, calls, mine);
             let stretch = t.time.as_ref().map_or(1.0, contention);
-            f(p.pid, t, parts, stretch, alive);
+            f(p.pid, t, parts, stretch, alive, known);
         }
     }
 }
@@ -275,8 +335,9 @@ fn for_each_cost(
 pub fn costliest_thread(r: &Report, min_alive_ns: u64) -> Option<ThreadCost> {
     let o = r.overhead.as_ref()?;
     let mut best: Option<(f64, ThreadCost)> = None;
-    for_each_cost(r, o, |pid, t, parts, stretch, alive| {
-        if alive < min_alive_ns {
+    for_each_cost(r, o, |pid, t, parts, stretch, alive, _| {
+        // The rows dead threads were folded into are no thread to name.
+        if alive < min_alive_ns || t.tid == crate::accounting::aggregate::FOLDED_TID {
             return;
         }
         let ns: u64 = parts.iter().map(|p| p.ns).sum();
@@ -314,8 +375,16 @@ pub fn short_lived(r: &Report, min_alive_ns: u64) -> Option<ShortLived> {
         ..Default::default()
     };
     let mut paid = 0.0;
-    for_each_cost(r, o, |_, t, parts, stretch, alive| {
+    // While the syscall tracepoints were off, a thread's missing rows are what it paid: early
+    // returns, charged to the storm.
+    let off = o.syscalls_off.is_some();
+    for_each_cost(r, o, |_, t, parts, stretch, alive, known| {
         if alive >= min_alive_ns || t.tid == crate::accounting::aggregate::FOLDED_TID {
+            return;
+        }
+        // A share over threads whose syscalls are unknown would read low: they are left out.
+        if !known && !off {
+            g.unknown += 1;
             return;
         }
         g.threads += 1;
@@ -500,6 +569,7 @@ mod tests {
             r.overhead.as_ref().unwrap(),
             (10, false),
             &r.processes[0].threads[1],
+            &r.processes[0].threads[1].syscalls,
             (0.0, 0.0),
         );
         assert_eq!(paid, 40 * one.iter().map(|p| p.ns).sum::<u64>());
@@ -569,6 +639,7 @@ mod tests {
                 o,
                 (10, exited),
                 &r.processes[0].threads[tid_at],
+                &r.processes[0].threads[tid_at].syscalls,
                 (0.0, 0.0),
             )
             .into_iter()
@@ -581,6 +652,50 @@ mod tests {
         assert_eq!(part(1, true), 1_460 + 1_300);
         // Its process alive and no `exit` call: no exit of its own yet.
         assert_eq!(part(1, false), 1_460);
+    }
+
+    #[test]
+    fn threads_whose_rows_were_folded_are_charged_their_share_of_the_process_rows() {
+        // Past the retired rows' cap, two exited threads' 300 reads (lives of 20 and 10 ms)
+        // are their process's only; a third thread keeps its own 50.
+        let own = thread(1, 0.05, 50, 0, 0);
+        let folded = |tid, alive| ThreadReport {
+            syscalls: vec![],
+            samples: 0,
+            ..thread(tid, alive, 0, 0, 0)
+        };
+        let mut r = report(vec![own, folded(2, 0.02), folded(3, 0.01)]);
+        r.processes[0].syscalls = vec![call("read", 350, 0)];
+        // A child whose rows were not kept at all: its cost is unknown.
+        let mut gone =
+            crate::report::fixtures::process(11, Some(10), "true", vec![folded(4, 0.001)]);
+        gone.exited = true;
+        r.processes.push(gone);
+        let o = r.overhead.as_ref().unwrap();
+        let p = &r.processes[0];
+        assert_eq!(unplaced(p), vec![call("read", 300, 0)]);
+        let per_call = per_hit(o, "sys_enter") + per_hit(o, "sys_exit");
+        let mut seen = Vec::new();
+        for_each_cost(&r, o, |_, t, parts, _, _, known| {
+            let ns = parts
+                .iter()
+                .find(|x| x.what == "syscall tracepoints")
+                .map_or(0, |x| x.ns);
+            seen.push((t.tid, ns, known));
+        });
+        assert_eq!(
+            seen,
+            vec![
+                (1, (50.0 * per_call) as u64, true),
+                (2, (200.0 * per_call) as u64, true),
+                (3, (100.0 * per_call) as u64, true),
+                (4, 0, false),
+            ]
+        );
+        // The short-lived group leaves out the one whose cost is unknown, and says so.
+        let g = short_lived(&r, 100_000_000).unwrap();
+        assert_eq!((g.threads, g.unknown), (3, 1));
+        assert_eq!(g.alive_ns, 80_000_000);
     }
 
     #[test]
@@ -619,6 +734,7 @@ mod tests {
             r.overhead.as_ref().unwrap(),
             (10, false),
             &r.processes[0].threads[0],
+            &r.processes[0].threads[0].syscalls,
             (0.0, 0.0),
         );
         assert!(quiet

@@ -200,6 +200,11 @@ pub struct ShortLived {
     pub estimated: f64,
     /// What the cost came from, summed over them, largest first.
     pub parts: Vec<ThreadCostPart>,
+    /// Short-lived threads left out: they list no syscalls and their process has no rows to
+    /// share out (its rows were not kept past the retired rows' cap), so what they paid is
+    /// not known.
+    #[serde(default)]
+    pub unknown: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -349,6 +354,12 @@ impl Overhead {
                 g.under_ns / 1_000_000,
                 g.estimated * 100.0
             ));
+            if g.unknown > 0 {
+                s.push_str(&format!(
+                    " ({} more not priced: their syscall rows were not kept)",
+                    g.unknown
+                ));
+            }
         }
         if let Some(o) = &self.own {
             s.push_str(&format!(
