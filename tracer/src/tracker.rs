@@ -218,6 +218,10 @@ pub struct Tracker {
     last_exit_ns: u64,
     /// Refreshes of all processes so far (every [`FULL_MAPS_EVERY`]th reads every map).
     all_refreshes: u64,
+    /// Processes whose maps are stale (`Tracked::maps_stale`), for the refreshes between two
+    /// of all: under process churn `procs` holds tens of thousands of exited ones, and a walk
+    /// over them at every tick was 4% of gputrace's CPU.
+    stale: std::collections::BTreeSet<u32>,
     /// Syscall storms the kernel reported and the accounting has not taken yet (bounded: the
     /// kernel sends one per block of syscalls until the programs are off).
     pub storms: Vec<ProcEvent>,
@@ -279,6 +283,7 @@ impl Tracker {
             t.info.ppid = ppid.or_else(|| procfs::stat(pid).map(|s| s.ppid));
         }
         t.maps_stale = true;
+        self.stale.insert(pid);
         Self::refresh_names(pid, t);
     }
 
@@ -441,6 +446,7 @@ impl Tracker {
                     t.exec_id = Some(ev.arg);
                 }
                 t.maps_stale = true;
+                self.stale.insert(ev.pid);
                 t.execed = true;
                 // The new image's name, as the event saw it (a process that execs and exits
                 // at once is gone before /proc can name it), and no command line until /proc
@@ -592,7 +598,16 @@ impl Tracker {
         };
         let mut gone = Vec::new();
         let held = &mut self.held;
-        for (pid, t) in self.procs.iter_mut() {
+        let pids: Vec<u32> = if all {
+            self.stale.clear();
+            self.procs.keys().copied().collect()
+        } else {
+            std::mem::take(&mut self.stale).into_iter().collect()
+        };
+        for pid in &pids {
+            let Some(t) = self.procs.get_mut(pid) else {
+                continue;
+            };
             if t.info.exited || !(all || t.maps_stale) {
                 continue;
             }
@@ -616,6 +631,12 @@ impl Tracker {
                 Self::refresh_names(*pid, t);
             }
         }
+        // Still stale (/proc gave no maps yet, or no answer): looked at again next time.
+        self.stale.extend(pids.iter().filter(|p| {
+            self.procs
+                .get(p)
+                .is_some_and(|t| t.maps_stale && !t.info.exited)
+        }));
         // Exited (their pid free, or another process's): their exit event is late or lost.
         for pid in gone {
             self.mark_exited(pid);

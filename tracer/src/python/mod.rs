@@ -200,13 +200,18 @@ impl PyState {
     fn refresh(&mut self, ebpf: &mut Ebpf, tracker: &Tracker) -> Result<()> {
         let mut procs: BpfHashMap<&mut MapData, u32, tracer_common::python::PyOffsets> =
             BpfHashMap::try_from(ebpf.map_mut(PY_PROCS_MAP).context("map PY_PROCS missing")?)?;
-        let mut gone: Vec<u32> = Vec::new();
+        // From the processes known here, a few: under process churn the tracker remembers
+        // tens of thousands of exited ones, and a lookup for each at every tick was 4% of
+        // gputrace's CPU. One it no longer remembers exited too.
+        let gone: Vec<u32> = self
+            .procs
+            .keys()
+            .copied()
+            .filter(|pid| tracker.procs.get(pid).is_none_or(|t| t.info.exited))
+            .collect();
         let mut stale_tids: Vec<u32> = Vec::new();
         for (&pid, t) in &tracker.procs {
             if t.info.exited {
-                if self.procs.contains_key(&pid) {
-                    gone.push(pid);
-                }
                 continue;
             }
             // After an exec the old interpreter's addresses mean nothing: detect again.
