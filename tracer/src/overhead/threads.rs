@@ -241,16 +241,18 @@ fn thread_parts(
 /// exited threads folded into the process's past the retired rows' cap (`accounting::retire`),
 /// whose threads list none. Empty when the threads' tables hold every call.
 fn unplaced(p: &ProcessReport) -> Vec<SyscallStat> {
+    // Summed once: a thread storm's process lists thousands of threads before the report is
+    // bounded.
+    let mut listed: std::collections::HashMap<&str, (u64, u64)> = Default::default();
+    for x in p.threads.iter().flat_map(|t| &t.syscalls) {
+        let e = listed.entry(x.name.as_str()).or_default();
+        e.0 += x.count;
+        e.1 += x.errors;
+    }
     p.syscalls
         .iter()
         .filter_map(|s| {
-            let listed = p
-                .threads
-                .iter()
-                .flat_map(|t| &t.syscalls)
-                .filter(|x| x.name == s.name);
-            let (count, errors) =
-                listed.fold((0u64, 0u64), |(c, e), x| (c + x.count, e + x.errors));
+            let (count, errors) = listed.get(s.name.as_str()).copied().unwrap_or_default();
             let left = s.count.saturating_sub(count);
             (left > 0).then(|| SyscallStat {
                 name: s.name.clone(),
