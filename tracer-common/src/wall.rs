@@ -112,9 +112,10 @@ pub const LIFE_ENTRIES: u32 = 65_536;
 /// (`BPF_F_NO_PREALLOC`), each new row and each row taken out cost the kernel's BPF allocator,
 /// which refills and drains its caches by self-interrupts (VM exits on a guest): under a shell
 /// loop, `sys_exit` cost 280-407 ns a hit where it costs 129-234 ns preallocated, and 18% of
-/// gputrace's own CPU went to deleting the rows it took. A thread storm's 8,000 threads of ~5 rows each in under a second (the e2e
-/// storms) fill 40,000 before user space has taken many dead threads' rows out on a busy host:
-/// at 32,768 a fresh-clone CI run lost 406 of 56,000 getppid calls (`SyscallMapFull`).
+/// gputrace's own CPU went to deleting the rows it took. A thread storm's 8,000 threads of ~5
+/// rows each in under a second (the e2e storms) fill 40,000 before user space has taken many
+/// dead threads' rows out on a busy host: at 32,768 a fresh-clone CI run lost 406 of 56,000
+/// getppid calls (`SyscallMapFull`).
 pub const SYSCALLS_ENTRIES: u32 = 65_536;
 pub const ERRNOS_ENTRIES: u32 = 8_192;
 pub const FILEIO_ENTRIES: u32 = 16_384;

@@ -324,7 +324,6 @@ fn trace(
     ))?;
     let window_end_ktime = probes::ktime_now();
     let usage_ended = crate::overhead::own::Usage::now();
-    let kernel_maps_bytes = crate::overhead::own::kernel_maps_bytes();
     let duration_ns = window_end_ktime.saturating_sub(window_start_ktime);
     // The one that ends the window first, then the others in their order.
     let mut ending: Vec<usize> = (0..families.len()).collect();
@@ -334,6 +333,9 @@ fn trace(
         f.window_ended(&mut ebpf, &tracker)
             .with_context(|| format!("stop the {} probes", f.name()))?;
     }
+    // After the stops, not between the end's clock and the accounting's: a read of every fd's
+    // fdinfo.
+    let kernel_maps_bytes = crate::overhead::own::kernel_maps_bytes();
     // The event loop no longer listens: a second Ctrl-C during the report aborts at once
     // (every link is an fd, so nothing stays attached). A window that ended otherwise has had
     // no first one: the first (a supervisor's SIGTERM, `timeout`'s) lets the report finish.

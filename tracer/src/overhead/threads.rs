@@ -306,7 +306,7 @@ fn for_each_cost(
             .sum();
         let waits: u64 = p.threads.iter().map(io_waits).sum();
         for t in &p.threads {
-            let alive = t.time.as_ref().map_or(0, |tb| tb.alive_ns);
+            let alive = alive_of(t);
             if alive == 0 {
                 continue;
             }
