@@ -280,6 +280,21 @@ fn take<K: aya::Pod, V: aya::Pod>(
     Ok(super::take::take(&mut map, pick))
 }
 
+/// As [`take`], for rows no program writes any more: a dead thread's (`take::take_final`).
+/// A death is recorded after the thread's last rows, and its tid's rows are left while a
+/// live thread holds that tid (`pending`).
+fn take_final<K: aya::Pod, V: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &str,
+    pick: impl Fn(&K) -> bool,
+) -> Result<Vec<(K, V)>> {
+    let mut map: HashMap<&mut MapData, K, V> = HashMap::try_from(
+        ebpf.map_mut(name)
+            .with_context(|| format!("map {name} missing"))?,
+    )?;
+    Ok(super::take::take_final(&mut map, pick))
+}
+
 impl Retired {
     /// The names files passes gave (see `recent`), for the rows left at the end.
     pub fn take_recent_names(&mut self) -> StdHashMap<FdKey, String> {
@@ -323,7 +338,7 @@ impl Retired {
             .into_iter()
             .map(|(tid, st)| (st.tgid, tid))
             .collect();
-        let deaths: Vec<(LifeKey, LifeVal)> = take(ebpf, LIFE_MAP, |_: &LifeKey| true)?;
+        let deaths: Vec<(LifeKey, LifeVal)> = take_final(ebpf, LIFE_MAP, |_: &LifeKey| true)?;
         if deaths.is_empty() && self.pending.is_empty() {
             return Ok(0);
         }
@@ -336,7 +351,7 @@ impl Retired {
             .partition(|t| !live.contains(t));
         self.pending = pending;
         let n = deaths.len();
-        let wall: Vec<(WallKey, WallVal)> = match take(ebpf, WALL_MAP, |k: &WallKey| {
+        let wall: Vec<(WallKey, WallVal)> = match take_final(ebpf, WALL_MAP, |k: &WallKey| {
             instances.contains(&(k.born_ns, k.tid))
         }) {
             Ok(w) => w,
@@ -349,13 +364,13 @@ impl Retired {
         };
         let fold = self.wall.len() >= max_wall_rows();
         self.add_time(deaths, wall, fold);
-        let rows: Vec<(SysKey, SysStat)> = take(ebpf, SYSCALLS_MAP, |k: &SysKey| {
+        let rows: Vec<(SysKey, SysStat)> = take_final(ebpf, SYSCALLS_MAP, |k: &SysKey| {
             tids.contains(&(k.tgid, k.tid))
         })?;
         // One decision for both tables: a thread's errno rows go where its syscall rows went.
         let fold = self.syscalls.len() >= MAX_THREAD_SYSCALL_ROWS;
         self.add_syscalls(rows, fold);
-        let errs: Vec<(ErrnoKey, u64)> = take(ebpf, ERRNOS_MAP, |k: &ErrnoKey| {
+        let errs: Vec<(ErrnoKey, u64)> = take_final(ebpf, ERRNOS_MAP, |k: &ErrnoKey| {
             tids.contains(&(k.tgid, k.tid))
         })?;
         self.add_errnos(errs, fold);
