@@ -1226,7 +1226,8 @@ fn a_fast_runs_syscalls_are_timed_one_in_eight_and_estimated() {
 /// A shell loop of short children (`/bin/true`, ~1 ms each): each is too short to be the
 /// costliest thread, and their parent, blocked in `wait4` for the whole loop, dilutes them in
 /// the whole trace's figure. Priced together (`overhead.short_lived`), they are in the summary
-/// line, and what they paid is their summed parts over their summed lives.
+/// line, and what they paid is their summed parts over their summed lives; the shell paid it
+/// too, waiting for them.
 #[test]
 fn a_shell_loops_short_children_are_priced_together() {
     let _g = serial();
@@ -1268,6 +1269,20 @@ fn a_shell_loops_short_children_are_priced_together() {
     // The shell is the costliest thread: alive the whole loop.
     let root = r["target"]["pids"][0].as_u64();
     assert_eq!(o["costliest_thread"]["tid"].as_u64(), root, "{o:#}");
+    // It waited in wait4 through each child's life, so their probes are in its time too:
+    // about what they paid (their parts times their contention), scaled by its waits over
+    // their lives (a little under 1: it forks before it waits).
+    let waited = common::field_of(
+        &o["costliest_thread"]["parts"],
+        "what",
+        "waited-for children's probes",
+        "ns",
+    ) as f64;
+    let paid = est * alive;
+    assert!(
+        waited > 0.5 * paid && waited < 1.2 * paid,
+        "{waited} ns waited for, {paid} ns paid by the children: {o:#}"
+    );
     if alive >= 100e6 {
         assert!(
             common::unwrapped(&run.stdout)

@@ -13,8 +13,10 @@
 //! A program whose paths were not timed often enough keeps its mean, which prices a traced
 //! thread's switches low on a busy machine; the figure is marked as an estimate.
 
+use std::collections::HashMap;
+
 use crate::report::model::{
-    overhead::{Overhead, ProgramCost, ShortLived, ThreadCost, ThreadCostPart},
+    overhead::{Overhead, ProgramCost, ShortLived, ThreadCost, ThreadCostPart, WAITED_PART},
     time::{SyscallStat, TimeBreakdown},
     ProcessReport, Report, ThreadReport,
 };
@@ -243,7 +245,7 @@ fn thread_parts(
 fn unplaced(p: &ProcessReport) -> Vec<SyscallStat> {
     // Summed once: a thread storm's process lists thousands of threads before the report is
     // bounded.
-    let mut listed: std::collections::HashMap<&str, (u64, u64)> = Default::default();
+    let mut listed: HashMap<&str, (u64, u64)> = Default::default();
     for x in p.threads.iter().flat_map(|t| &t.syscalls) {
         let e = listed.entry(x.name.as_str()).or_default();
         e.0 += x.count;
@@ -331,37 +333,154 @@ fn for_each_cost(
     }
 }
 
-/// The traced thread that paid the largest share of its time for the probes. Threads alive
-/// for under `min_alive_ns` are passed over: a thread that lived a millisecond and was
-/// caught by one sample is not what the budget is about (they are [`short_lived`]).
+/// The syscalls a parent blocks in until a child ends.
+const CHILD_WAITS: [&str; 3] = ["wait4", "waitid", "waitpid"];
+
+/// How long thread `t` was blocked waiting for a child to end.
+fn child_waits(t: &ThreadReport) -> u64 {
+    t.time.as_ref().map_or(0, |tb| {
+        tb.reasons
+            .iter()
+            .filter(|r| CHILD_WAITS.contains(&r.reason.as_str()))
+            .map(|r| r.ns)
+            .sum()
+    })
+}
+
+/// What the probes of the children each thread waited for added to its wait (ns), by (pid,
+/// tid); `own`: what each thread's own probes added to its time (its parts times its
+/// contention).
+///
+/// A parent blocked in `wait4` until a child ends waits as long as the child runs, probes
+/// included: a shell loop of short children, whose shell is alive the whole loop, paid its
+/// children's probes in its waits, 8% of its time here where its own probes were 1.3%. A
+/// process delays its parent by its slowest thread's own and waited-for cost. The children's
+/// delays are scaled by the parent's waits over their summed lives: 1 where it waited for them
+/// one after another; less where they ran side by side (`make -j8`: an eighth), or where it
+/// did not wait for all of them; more where it waited longer than the children the report
+/// knows lived (the rest taken at the known ones' cost per ns). Waits on a child's output
+/// (a pipe) are not counted.
+fn waited_for_children(r: &Report, own: &HashMap<(u32, u32), f64>) -> HashMap<(u32, u32), f64> {
+    let procs = &r.processes;
+    let mut index: HashMap<u32, usize> = HashMap::with_capacity(procs.len());
+    for (i, p) in procs.iter().enumerate() {
+        index.entry(p.pid).or_insert(i);
+    }
+    let mut children: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (i, p) in procs.iter().enumerate() {
+        if let Some(&parent) = p.ppid.and_then(|pp| index.get(&pp)) {
+            if parent != i {
+                children.entry(parent).or_default().push(i);
+            }
+        }
+    }
+    let alive_of = |t: &ThreadReport| t.time.as_ref().map_or(0, |tb| tb.alive_ns);
+    // Per process: the delay it adds to a parent that waits for it.
+    let mut delay = vec![0.0; procs.len()];
+    #[derive(Clone, Copy, PartialEq)]
+    enum Seen {
+        Not,
+        Summing,
+        Done,
+    }
+    let mut seen = vec![Seen::Not; procs.len()];
+    let mut out = HashMap::new();
+    let none = Vec::new();
+    for root in 0..procs.len() {
+        // Post-order without recursion: a chain of processes may be thousands deep.
+        let mut stack = vec![(root, false)];
+        while let Some((i, expanded)) = stack.pop() {
+            let kids = children.get(&i).unwrap_or(&none);
+            if !expanded {
+                if seen[i] != Seen::Not {
+                    continue;
+                }
+                seen[i] = Seen::Summing;
+                stack.push((i, true));
+                stack.extend(
+                    kids.iter()
+                        .filter(|&&c| seen[c] == Seen::Not)
+                        .map(|&c| (c, false)),
+                );
+                continue;
+            }
+            seen[i] = Seen::Done;
+            let p = &procs[i];
+            let waits: u64 = p.threads.iter().map(child_waits).sum();
+            let (mut sum, mut lives) = (0.0, 0u64);
+            // A child still being summed is an ancestor under a reused pid: it adds nothing.
+            for &c in kids.iter().filter(|&&c| seen[c] == Seen::Done) {
+                sum += delay[c];
+                lives += procs[c].threads.iter().map(alive_of).max().unwrap_or(0);
+            }
+            let inherited = if waits == 0 || lives == 0 {
+                0.0
+            } else {
+                sum * waits as f64 / lives as f64
+            };
+            let mut slowest: f64 = 0.0;
+            for t in &p.threads {
+                let mine = inherited * child_waits(t) as f64 / waits.max(1) as f64;
+                if mine >= 1.0 {
+                    out.insert((p.pid, t.tid), mine);
+                }
+                slowest = slowest.max(own.get(&(p.pid, t.tid)).copied().unwrap_or(0.0) + mine);
+            }
+            delay[i] = slowest;
+        }
+    }
+    out
+}
+
+/// The traced thread that paid the largest share of its time for the probes, its own and
+/// those of the children it waited for. Threads alive for under `min_alive_ns` are passed
+/// over: a thread that lived a millisecond and was caught by one sample is not what the
+/// budget is about (they are [`short_lived`]).
 pub fn costliest_thread(r: &Report, min_alive_ns: u64) -> Option<ThreadCost> {
     let o = r.overhead.as_ref()?;
-    let mut best: Option<(f64, ThreadCost)> = None;
+    let mut own: HashMap<(u32, u32), f64> = HashMap::new();
+    let mut candidates = Vec::new();
     for_each_cost(r, o, |pid, t, parts, stretch, alive, _| {
-        // The rows dead threads were folded into are no thread to name.
-        if alive < min_alive_ns || t.tid == crate::accounting::aggregate::FOLDED_TID {
-            return;
-        }
         let ns: u64 = parts.iter().map(|p| p.ns).sum();
-        let share = ns as f64 * stretch / alive as f64;
-        if best.as_ref().is_none_or(|(s, _)| share > *s) {
-            best = Some((
-                share,
-                ThreadCost {
-                    pid,
-                    tid: t.tid,
-                    comm: t.comm.clone(),
-                    // The model stretches CPU time by the thread's preempted waits; where that
-                    // puts the probes past its whole life (a syscall storm beside CPU hogs),
-                    // they took at most all of it. Compared uncapped: of two such threads, the
-                    // one whose probes cost more is named.
-                    estimated: share.min(1.0),
-                    parts,
-                    contention: (stretch >= CONTENTION_SHOWN).then_some(stretch),
-                },
-            ));
+        own.insert((pid, t.tid), ns as f64 * stretch);
+        // The rows dead threads were folded into are no thread to name.
+        if alive >= min_alive_ns && t.tid != crate::accounting::aggregate::FOLDED_TID {
+            candidates.push((pid, t.tid, t.comm.clone(), parts, stretch, alive));
         }
     });
+    let waited = waited_for_children(r, &own);
+    let mut best: Option<(f64, ThreadCost)> = None;
+    for (pid, tid, comm, mut parts, stretch, alive) in candidates {
+        let ns: u64 = parts.iter().map(|p| p.ns).sum();
+        let children = waited.get(&(pid, tid)).copied().unwrap_or(0.0);
+        // Already time the thread waited: not stretched by its contention.
+        let share = (ns as f64 * stretch + children) / alive as f64;
+        if best.as_ref().is_some_and(|(s, _)| share <= *s) {
+            continue;
+        }
+        if children >= 1.0 {
+            parts.push(ThreadCostPart {
+                what: WAITED_PART.into(),
+                ns: children as u64,
+            });
+            parts.sort_by_key(|p| std::cmp::Reverse(p.ns));
+        }
+        best = Some((
+            share,
+            ThreadCost {
+                pid,
+                tid,
+                comm,
+                // The model stretches CPU time by the thread's preempted waits; where that
+                // puts the probes past its whole life (a syscall storm beside CPU hogs), they
+                // took at most all of it. Compared uncapped: of two such threads, the one
+                // whose probes cost more is named.
+                estimated: share.min(1.0),
+                parts,
+                contention: (stretch >= CONTENTION_SHOWN).then_some(stretch),
+            },
+        ));
+    }
     best.map(|(_, c)| c)
 }
 
@@ -900,5 +1019,139 @@ mod tests {
         let c = costliest_thread(&r, 1_000_000).unwrap();
         assert_eq!(c.parts[0].ns, 50_000_000);
         assert!((c.estimated - 0.00505).abs() < 1e-6, "{}", c.estimated);
+    }
+
+    /// A thread alive `alive_s` that made `syscalls` read calls and waited `wait_s` in wait4.
+    fn waiter(tid: u32, alive_s: f64, syscalls: u64, wait_s: f64) -> ThreadReport {
+        let mut t = thread(tid, alive_s, syscalls, 0, 0);
+        t.samples = 0;
+        let tb = t.time.as_mut().unwrap();
+        tb.reasons.retain(|r| r.category != "cuda_sync");
+        if wait_s > 0.0 {
+            tb.reasons.push(ReasonTime {
+                category: "ipc".into(),
+                reason: "wait4".into(),
+                ns: (wait_s * 1e9) as u64,
+                count: 1,
+            });
+        }
+        t
+    }
+
+    fn tree(procs: Vec<(u32, Option<u32>, Vec<ThreadReport>)>) -> Report {
+        let mut r = report(vec![]);
+        r.processes = procs
+            .into_iter()
+            .map(|(pid, ppid, threads)| crate::report::fixtures::process(pid, ppid, "p", threads))
+            .collect();
+        r
+    }
+
+    /// 1,000 syscalls at (130 + 170) + (230 + 170) ns: 0.7 ms.
+    const THOUSAND_CALLS_NS: f64 = 700_000.0;
+
+    /// A wait's switch out and wake-up: sched_switch (mean of its two versions, 2030) and
+    /// sched_wakeup (500).
+    const SWITCH_NS: f64 = 2_530.0;
+
+    /// What each thread's waited-for children added.
+    fn waited(r: &Report) -> HashMap<(u32, u32), f64> {
+        let o = r.overhead.as_ref().unwrap();
+        let mut own = HashMap::new();
+        for_each_cost(r, o, |pid, t, parts, stretch, _, _| {
+            own.insert(
+                (pid, t.tid),
+                parts.iter().map(|p| p.ns).sum::<u64>() as f64 * stretch,
+            );
+        });
+        waited_for_children(r, &own)
+    }
+
+    fn waited_ns(c: &ThreadCost) -> u64 {
+        c.parts
+            .iter()
+            .find(|p| p.what == WAITED_PART)
+            .map_or(0, |p| p.ns)
+    }
+
+    #[test]
+    fn a_parent_pays_the_probes_of_the_children_it_waited_for_one_after_another() {
+        // A shell alive 10 s, 9 s of it in wait4, and 100 children of 90 ms each, one after
+        // another, each with 1,000 syscalls: its own 10 calls are nothing beside theirs.
+        let mut procs = vec![(1, None, vec![waiter(1, 10.0, 10, 9.0)])];
+        procs.extend((2..102).map(|pid| (pid, Some(1), vec![waiter(pid, 0.09, 1_000, 0.0)])));
+        let r = tree(procs);
+        let c = costliest_thread(&r, 100_000_000).unwrap();
+        assert_eq!(c.tid, 1, "{c:?}");
+        let want = 100.0 * THOUSAND_CALLS_NS;
+        assert!((waited_ns(&c) as f64 - want).abs() < 2.0, "{c:?}");
+        assert_eq!(c.parts[0].what, WAITED_PART);
+        let all: u64 = c.parts.iter().map(|p| p.ns).sum();
+        assert!((c.estimated - all as f64 / 10e9).abs() < 1e-12, "{c:?}");
+        // The children alone are still priced as a group, at their own probes.
+        let g = short_lived(&r, 100_000_000).unwrap();
+        assert_eq!(g.threads, 100);
+        assert!(g.parts.iter().all(|p| p.what != WAITED_PART));
+    }
+
+    #[test]
+    fn children_run_side_by_side_add_what_the_parent_waited_for() {
+        // make -j8: eight children of 1 s each at once, the parent waiting 1 s for them.
+        let mut procs = vec![(1, None, vec![waiter(1, 1.5, 0, 1.0)])];
+        procs.extend((2..10).map(|pid| (pid, Some(1), vec![waiter(pid, 1.0, 1_000, 0.0)])));
+        let w = waited(&tree(procs));
+        assert!((w[&(1, 1)] - THOUSAND_CALLS_NS).abs() < 1.0, "{w:?}");
+        // A parent that never waits pays none of its children's probes.
+        let mut procs = vec![(1, None, vec![waiter(1, 1.5, 100, 0.0)])];
+        procs.extend((2..10).map(|pid| (pid, Some(1), vec![waiter(pid, 1.0, 1_000, 0.0)])));
+        let c = costliest_thread(&tree(procs), 100_000_000).unwrap();
+        assert_ne!(c.tid, 1, "{c:?}");
+        assert_eq!(waited_ns(&c), 0);
+    }
+
+    #[test]
+    fn waits_pass_up_the_tree_and_between_the_waiting_threads() {
+        // A launcher waits 2 s for a script, which waits 1 s, in two threads, for a tool
+        // alive 1 s with 10,000 calls (7 ms).
+        let launcher = waiter(1, 3.0, 0, 2.0);
+        let script = vec![waiter(2, 2.0, 0, 0.75), waiter(3, 2.0, 0, 0.25)];
+        let tool = waiter(4, 1.0, 10_000, 0.0);
+        let r = tree(vec![
+            (1, None, vec![launcher]),
+            (2, Some(1), script),
+            (4, Some(2), vec![tool]),
+        ]);
+        let w = waited(&r);
+        let tool_ns = 10.0 * THOUSAND_CALLS_NS;
+        assert!((w[&(2, 2)] - 0.75 * tool_ns).abs() < 1.0, "{w:?}");
+        assert!((w[&(2, 3)] - 0.25 * tool_ns).abs() < 1.0, "{w:?}");
+        // The script delays the launcher by its slowest thread's own probes (its wait's
+        // switch) and its share of the tool's, over the 2 s the launcher waited for its 2 s.
+        assert!(
+            (w[&(1, 1)] - (SWITCH_NS + 0.75 * tool_ns)).abs() < 1.0,
+            "{w:?}"
+        );
+        assert!(!w.contains_key(&(4, 4)));
+    }
+
+    #[test]
+    fn a_loop_of_reused_parent_ids_ends() {
+        // Two processes each naming the other as parent (pids reused), and one its own.
+        let r = tree(vec![
+            (1, Some(2), vec![waiter(1, 1.0, 1_000, 0.5)]),
+            (2, Some(1), vec![waiter(2, 1.0, 1_000, 0.5)]),
+            (3, Some(3), vec![waiter(3, 1.0, 1_000, 0.5)]),
+        ]);
+        let w = waited(&r);
+        // One of the two pays half the other's probes (it waited half the other's life); not
+        // both; and no process its own.
+        assert_eq!(w.len(), 1, "{w:?}");
+        let (&(pid, _), &ns) = w.iter().next().unwrap();
+        assert!(pid == 1 || pid == 2, "{w:?}");
+        assert!(
+            (ns - 0.5 * (THOUSAND_CALLS_NS + SWITCH_NS)).abs() < 1.0,
+            "{w:?}"
+        );
+        assert!(costliest_thread(&r, 100_000_000).is_some());
     }
 }

@@ -77,6 +77,10 @@ pub struct Overhead {
 /// The shortest window [`Overhead::own_line`] warns of gputrace's own CPU over.
 pub const OWN_MIN_WINDOW_NS: u64 = 10_000_000_000;
 
+/// The part of a thread's cost ([`ThreadCost::parts`]) that the probes of the child processes
+/// it waited for added to its waits.
+pub const WAITED_PART: &str = "waited-for children's probes";
+
 /// What gputrace's own threads took (`overhead::own`): user and system CPU time, all threads.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct OwnCost {
@@ -178,7 +182,8 @@ pub struct ThreadCost {
     pub pid: u32,
     pub tid: u32,
     pub comm: String,
-    /// Share of the thread's alive time: what the probes took of its CPU, times `contention`.
+    /// Share of the thread's alive time: what the probes took of its CPU, times `contention`,
+    /// plus what the probes of the children it waited for added to its waits.
     pub estimated: f64,
     /// What the cost came from, largest first.
     pub parts: Vec<ThreadCostPart>,
@@ -421,10 +426,22 @@ impl Overhead {
             .contention
             .map(|x| format!("; x{x:.1} for the CPU it waited for, preempted"))
             .unwrap_or_default();
+        let total: u64 = c.parts.iter().map(|p| p.ns).sum();
+        let children = c
+            .parts
+            .iter()
+            .find(|p| p.what == WAITED_PART)
+            .filter(|p| 2 * p.ns >= total)
+            .map(|_| {
+                "; most of it is its children's probes, paid while it waited for them, which \
+                 the budget does not gate"
+            })
+            .unwrap_or_default();
         Some(format!(
             "over budget: thread {} ({}) paid ~{:.1}% of its time for probes ({}{waited}), over \
              the {}% budget; the budget switches the CUDA probes and, for a thread whose \
-             syscalls alone cost more than the budget, the syscall tracepoints on and off",
+             syscalls alone cost more than the budget, the syscall tracepoints on and off\
+             {children}",
             c.tid,
             c.comm,
             c.estimated * 100.0,
@@ -689,6 +706,26 @@ mod tests {
                 "~4.5% of its time for probes (syscall tracepoints 3.4%, scheduler tracepoints \
                  1.1%; x2.5 for the CPU it waited for, preempted), over the 2% budget"
             ),
+            "{line}"
+        );
+        // A shell that paid mostly for the children it waited for is told so.
+        let mut o = costly(0.04);
+        if let Some(c) = o.costliest_thread.as_mut() {
+            c.parts.insert(
+                0,
+                ThreadCostPart {
+                    what: WAITED_PART.into(),
+                    ns: 400,
+                },
+            );
+        }
+        let line = o.over_budget_line().unwrap();
+        assert!(
+            line.contains("(waited-for children's probes 2.0%, syscall tracepoints 1.5%")
+                && line.ends_with(
+                    "on and off; most of it is its children's probes, paid while it waited \
+                     for them, which the budget does not gate"
+                ),
             "{line}"
         );
     }
