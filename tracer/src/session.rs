@@ -405,6 +405,7 @@ fn trace(
             frequency_hz: args.frequency,
             cpus,
             samples: cpu.total(),
+            in_probes: cpu.in_probes(),
         },
         processes: &infos,
         cpu: &cpu,

@@ -21,6 +21,25 @@ pub struct StackSample {
     pub kernel_mode: bool,
 }
 
+/// Kernel functions a tracing program runs under: the tracepoints' dispatch into BPF (raw, BTF
+/// and classic), the uprobes' handlers, and a uprobe's breakpoint and return trampoline traps.
+/// Network and cgroup programs (a firewall's) run under none of them.
+const PROBE_FRAMES: [&str; 9] = [
+    "bpf_trace_run",
+    "__bpf_trace_",
+    "trace_call_bpf",
+    "__bpf_prog_enter",
+    "uprobe_dispatcher",
+    "uretprobe_dispatcher",
+    "handle_swbp",
+    "uprobe_notify_resume",
+    "uprobe_handle_trampoline",
+];
+
+fn is_probe_frame(f: &Frame) -> bool {
+    f.kernel && PROBE_FRAMES.iter().any(|p| f.name.starts_with(p))
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct CpuProfile {
     pub samples: Vec<StackSample>,
@@ -96,6 +115,19 @@ impl CpuProfile {
 
     pub fn total(&self) -> u64 {
         self.samples.iter().map(|s| s.count).sum()
+    }
+
+    /// Samples that caught a tracing probe running on the traced thread: a BPF program called
+    /// from a tracepoint or a uprobe (their dispatch is in the kernel stack under it), or a
+    /// uprobe's breakpoint trap. gputrace's own sampler program runs in the interrupt that
+    /// takes the sample, outside the stack it records; programs that run with interrupts off
+    /// (the scheduler's) are not caught, their time landing where interrupts come back on.
+    pub fn in_probes(&self) -> u64 {
+        self.samples
+            .iter()
+            .filter(|s| s.frames.iter().any(is_probe_frame))
+            .map(|s| s.count)
+            .sum()
     }
 
     /// Samples grouped by process, in one pass: a fork storm has tens of thousands of
@@ -218,6 +250,58 @@ fn rank_by<'a>(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    #[test]
+    fn samples_under_a_probes_dispatch_or_trap_are_in_probes() {
+        let k = |n: &str| Frame {
+            name: n.into(),
+            module: Some("[kernel]".into()),
+            kernel: true,
+            python: false,
+        };
+        let sample = |frames: Vec<Frame>, count| StackSample {
+            pid: 1,
+            tid: 1,
+            comm: "t".into(),
+            frames,
+            count,
+            kernel_mode: true,
+        };
+        let p = CpuProfile {
+            samples: vec![
+                // A syscall program, its helper at the leaf.
+                sample(
+                    vec![
+                        k("do_syscall_64"),
+                        k("syscall_exit_work"),
+                        k("__bpf_trace_sys_exit"),
+                        k("bpf_trace_run2"),
+                        k("bpf_prog_32095051f6f771e0_sys_exit"),
+                        k("htab_map_update_elem"),
+                    ],
+                    3,
+                ),
+                // A uprobe's breakpoint trap.
+                sample(vec![k("exc_int3"), k("handle_swbp")], 2),
+                // Plain kernel work, and a firewall's program (no tracing dispatch).
+                sample(vec![k("do_syscall_64"), k("vfs_read")], 10),
+                sample(
+                    vec![k("ip_finish_output"), k("bpf_prog_aa_sd_fw_egress")],
+                    1,
+                ),
+                // A user function that happens to be called so.
+                sample(
+                    vec![Frame {
+                        kernel: false,
+                        ..k("handle_swbp")
+                    }],
+                    4,
+                ),
+            ],
+        };
+        assert_eq!(p.in_probes(), 5);
+        assert_eq!(p.total(), 20);
+    }
 
     pub fn f(name: &str) -> Frame {
         Frame::native(name, Some("app".into()))

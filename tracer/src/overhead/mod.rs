@@ -36,7 +36,7 @@ use crate::{
     budget,
     probes::{AttachCtx, FinishCtx, ProbeFamily},
     report::{
-        model::overhead::{Overhead, ProgramCost, ThreadOverhead},
+        model::overhead::{Overhead, ProgramCost, SamplerCheck, ThreadOverhead},
         model::Report,
         ReportData,
     },
@@ -338,6 +338,12 @@ pub fn complete(report: &mut Report) {
     };
     o.costliest_thread = costliest;
     o.short_lived = short;
+    o.seen_by_sampler = SamplerCheck::new(
+        report.sampling.samples,
+        report.sampling.in_probes,
+        report.sampling.frequency_hz,
+        o.traced_cost_ns,
+    );
     if let Some(l) = o.over_budget_line() {
         report.warnings.push(l);
     }
@@ -345,6 +351,9 @@ pub fn complete(report: &mut Report) {
         report.warnings.push(l);
     }
     if let Some(l) = o.own_line() {
+        report.warnings.push(l);
+    }
+    if let Some(l) = o.sampler_line() {
         report.warnings.push(l);
     }
 }

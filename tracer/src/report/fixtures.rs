@@ -31,6 +31,7 @@ pub fn report() -> Report {
             frequency_hz: 99,
             cpus: 4,
             samples: 0,
+            in_probes: 0,
         },
         processes: vec![],
         nvml: None,

@@ -86,6 +86,9 @@ pub struct Sampling {
     pub frequency_hz: u64,
     pub cpus: usize,
     pub samples: u64,
+    /// Of them, those that caught one of the probes running (`CpuProfile::in_probes`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub in_probes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

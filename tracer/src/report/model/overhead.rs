@@ -72,6 +72,54 @@ pub struct Overhead {
     /// not the traced ones) and not capped by the budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub own: Option<OwnCost>,
+    /// The estimate checked against what the CPU sampler saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seen_by_sampler: Option<SamplerCheck>,
+}
+
+/// The probes as the CPU sampler caught them running on the traced threads: a measurement,
+/// where `estimated` is a model (hits times costs per hit). Low by the scheduler's programs,
+/// which run with interrupts off and are never caught.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SamplerCheck {
+    /// The traced threads' CPU samples, and those that caught a probe running.
+    pub samples: u64,
+    pub in_probes: u64,
+    /// `in_probes / samples`, and its standard error (binomial).
+    pub share: f64,
+    pub error: f64,
+    /// What the estimate puts the probes at, over the CPU time the samples stand for (one
+    /// sampling period each): the figure `share` measures.
+    pub estimated: f64,
+}
+
+/// Probe samples below which the sampler's share is too coarse to question the estimate by.
+pub const SAMPLER_MIN_IN_PROBES: u64 = 20;
+
+impl SamplerCheck {
+    /// From the sampler's counts and the estimate's probe time (ns) at `frequency_hz`.
+    pub fn new(samples: u64, in_probes: u64, frequency_hz: u64, probe_ns: u64) -> Option<Self> {
+        if samples == 0 || frequency_hz == 0 {
+            return None;
+        }
+        let n = samples as f64;
+        let share = in_probes as f64 / n;
+        let on_cpu_ns = n * 1e9 / frequency_hz as f64;
+        Some(SamplerCheck {
+            samples,
+            in_probes,
+            share,
+            error: (share * (1.0 - share) / n).sqrt(),
+            estimated: probe_ns as f64 / on_cpu_ns,
+        })
+    }
+
+    /// Whether the sampler caught the probes running clearly more often than the estimate
+    /// says they ran: by more than two standard errors and a quarter, over enough samples.
+    pub fn estimate_low(&self) -> bool {
+        self.in_probes >= SAMPLER_MIN_IN_PROBES
+            && self.share - 2.0 * self.error > 1.25 * self.estimated
+    }
 }
 
 /// The shortest window [`Overhead::own_line`] warns of gputrace's own CPU over.
@@ -366,6 +414,17 @@ impl Overhead {
                 ));
             }
         }
+        if let Some(c) = self
+            .seen_by_sampler
+            .as_ref()
+            .filter(|c| c.in_probes >= SAMPLER_MIN_IN_PROBES)
+        {
+            s.push_str(&format!(
+                "; the CPU sampler caught probes in {:.1}% of traced samples (estimate {:.1}%)",
+                c.share * 100.0,
+                c.estimated * 100.0
+            ));
+        }
         if let Some(o) = &self.own {
             s.push_str(&format!(
                 "; gputrace itself ~{:.1}% of one CPU (of {}), peak {}, kernel maps {}",
@@ -469,6 +528,22 @@ impl Overhead {
             o.machine_share() * 100.0,
             o.cpus,
             pct(self.budget)
+        ))
+    }
+
+    /// Said when the CPU sampler caught the probes running clearly more often than the
+    /// estimate has them: the estimate (and the budget, which acts on it) reads low.
+    pub fn sampler_line(&self) -> Option<String> {
+        let c = self.seen_by_sampler.as_ref().filter(|c| c.estimate_low())?;
+        Some(format!(
+            "the overhead estimate reads low: the CPU sampler caught the probes running in \
+             {:.1}% (±{:.1}%) of the traced threads' samples ({} of {}), where the estimate puts \
+             them at {:.1}% of the CPU time those samples stand for",
+            c.share * 100.0,
+            c.error * 100.0,
+            c.in_probes,
+            c.samples,
+            c.estimated * 100.0
         ))
     }
 
@@ -728,6 +803,36 @@ mod tests {
                 ),
             "{line}"
         );
+    }
+
+    #[test]
+    fn the_samplers_count_checks_the_estimate() {
+        // 1,000 samples at 100 Hz stand for 10 s of CPU; the estimate's 0.5 s is 5% of it.
+        let c = SamplerCheck::new(1_000, 50, 100, 500_000_000).unwrap();
+        assert_eq!((c.share, c.estimated), (0.05, 0.05));
+        assert!((c.error - (0.05f64 * 0.95 / 1000.0).sqrt()).abs() < 1e-12);
+        assert!(!c.estimate_low());
+        assert_eq!(SamplerCheck::new(0, 0, 100, 1), None);
+        // Caught in 15% where the estimate says 5%: low, and said so.
+        let mut o = costly(0.01);
+        o.seen_by_sampler = SamplerCheck::new(1_000, 150, 100, 500_000_000);
+        assert!(o.seen_by_sampler.as_ref().unwrap().estimate_low());
+        assert_eq!(
+            o.sampler_line().unwrap(),
+            "the overhead estimate reads low: the CPU sampler caught the probes running in \
+             15.0% (±1.1%) of the traced threads' samples (150 of 1000), where the estimate \
+             puts them at 5.0% of the CPU time those samples stand for"
+        );
+        assert!(o.summary().contains(
+            "; the CPU sampler caught probes in 15.0% of traced samples (estimate 5.0%)"
+        ));
+        // Too few caught to say: 10 of 40 is 25%, but no warning and no word in the summary.
+        o.seen_by_sampler = SamplerCheck::new(40, 10, 100, 1_000_000);
+        assert_eq!(o.sampler_line(), None);
+        assert!(!o.summary().contains("sampler"));
+        // Within the noise of 200 samples: not low.
+        o.seen_by_sampler = SamplerCheck::new(200, 24, 100, 200_000_000);
+        assert_eq!(o.sampler_line(), None, "{:?}", o.seen_by_sampler);
     }
 
     #[test]
