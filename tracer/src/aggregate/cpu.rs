@@ -22,9 +22,11 @@ pub struct StackSample {
 }
 
 /// Kernel functions a tracing program runs under: the tracepoints' dispatch into BPF (raw, BTF
-/// and classic), the uprobes' handlers, and a uprobe's breakpoint and return trampoline traps.
-/// Network and cgroup programs (a firewall's) run under none of them.
-const PROBE_FRAMES: [&str; 9] = [
+/// and classic), the uprobes' handlers, a uprobe's breakpoint trap (`asm_exc_int3` from user
+/// space: a debugger's breakpoints too, rare on a production job) and its return's (the
+/// `uretprobe` syscall since Linux 6.11, a trap before). Network and cgroup programs (a
+/// firewall's) run under none of them.
+const PROBE_FRAMES: [&str; 11] = [
     "bpf_trace_run",
     "__bpf_trace_",
     "trace_call_bpf",
@@ -34,6 +36,8 @@ const PROBE_FRAMES: [&str; 9] = [
     "handle_swbp",
     "uprobe_notify_resume",
     "uprobe_handle_trampoline",
+    "asm_exc_int3",
+    "__do_sys_uretprobe",
 ];
 
 fn is_probe_frame(f: &Frame) -> bool {
@@ -120,8 +124,11 @@ impl CpuProfile {
     /// Samples that caught a tracing probe running on the traced thread: a BPF program called
     /// from a tracepoint or a uprobe (their dispatch is in the kernel stack under it), or a
     /// uprobe's breakpoint trap. gputrace's own sampler program runs in the interrupt that
-    /// takes the sample, outside the stack it records; programs that run with interrupts off
-    /// (the scheduler's) are not caught, their time landing where interrupts come back on.
+    /// takes the sample, outside the stack it records. What runs with interrupts off is not
+    /// caught, its time landing where interrupts come back on: the scheduler's programs (in
+    /// the next task), and most of a breakpoint trap's entry and return (in the probed
+    /// function, in user space): a launch storm was caught in 12.1-12.7% of its samples where
+    /// its probes cost it 17.0% of its time.
     pub fn in_probes(&self) -> u64 {
         self.samples
             .iter()
@@ -281,8 +288,10 @@ pub(crate) mod tests {
                     ],
                     3,
                 ),
-                // A uprobe's breakpoint trap.
+                // A uprobe's breakpoint trap, its return, and what landed as the trap returned.
                 sample(vec![k("exc_int3"), k("handle_swbp")], 2),
+                sample(vec![k("do_syscall_64"), k("__do_sys_uretprobe")], 6),
+                sample(vec![k("asm_exc_int3"), k("irqentry_exit_to_user_mode")], 7),
                 // Plain kernel work, and a firewall's program (no tracing dispatch).
                 sample(vec![k("do_syscall_64"), k("vfs_read")], 10),
                 sample(
@@ -299,8 +308,8 @@ pub(crate) mod tests {
                 ),
             ],
         };
-        assert_eq!(p.in_probes(), 5);
-        assert_eq!(p.total(), 20);
+        assert_eq!(p.in_probes(), 18);
+        assert_eq!(p.total(), 33);
     }
 
     pub fn f(name: &str) -> Frame {
