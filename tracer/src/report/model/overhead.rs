@@ -492,8 +492,8 @@ impl Overhead {
             .find(|p| p.what == WAITED_PART)
             .filter(|p| 2 * p.ns >= total)
             .map(|_| {
-                "; most of it is its children's probes, paid while it waited for them, which \
-                 the budget does not gate"
+                "; most of it is what its children paid for their probes while it waited for \
+                 them, gated as their own threads are"
             })
             .unwrap_or_default();
         Some(format!(
@@ -798,8 +798,8 @@ mod tests {
         assert!(
             line.contains("(waited-for children's probes 2.0%, syscall tracepoints 1.5%")
                 && line.ends_with(
-                    "on and off; most of it is its children's probes, paid while it waited \
-                     for them, which the budget does not gate"
+                    "on and off; most of it is what its children paid for their probes while \
+                     it waited for them, gated as their own threads are"
                 ),
             "{line}"
         );
