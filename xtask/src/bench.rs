@@ -864,10 +864,14 @@ fn churn(g: &Path, dir: &Path, n: u64) -> Result<String> {
     let mut s = format!(
         "A shell loop of {n} children (`for i in $(seq {n}); do /bin/true; done`) untraced and \
          traced at the default settings (`gputrace -o DIR -- bash -c ...`), ABBA, the loop's \
-         own time by bash's clock; the programs' ns a hit from the report (`overhead.programs`), \
-         gputrace's own CPU in the window as a share of one CPU (`overhead.own`).\n\n\
-         | pair | untraced s | traced s | slowdown | report's estimate | fork / exec / exit ns a hit | sys_exit ns a hit | gputrace's CPU |\n\
-         |---:|---:|---:|---:|---:|---|---:|---:|\n"
+         own time by bash's clock; the report's estimate over the traced threads' lives and its \
+         costliest thread (the shell, with the probes of the children it waited for); the CPU \
+         sampler's share of traced samples that caught a probe running against the estimate's \
+         share of the CPU time they stand for (`overhead.seen_by_sampler`); the programs' ns a \
+         hit from the report (`overhead.programs`), gputrace's own CPU in the window as a share \
+         of one CPU (`overhead.own`).\n\n\
+         | pair | untraced s | traced s | slowdown | report's estimate | costliest thread | sampler / estimate (of CPU) | fork / exec / exit ns a hit | sys_exit ns a hit | gputrace's CPU |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n"
     );
     let untraced = || loop_s(Command::new("bash").args(["-c", &script]));
     let traced = || -> Result<(f64, Value)> {
@@ -897,11 +901,23 @@ fn churn(g: &Path, dir: &Path, n: u64) -> Result<String> {
                 .and_then(|p| p["bpf_ns_per_hit"].as_f64())
                 .map_or("?".to_string(), |v| format!("{v:.0}"))
         };
+        let c = &o["seen_by_sampler"];
+        let sampler = match (
+            c["share"].as_f64(),
+            c["error"].as_f64(),
+            c["estimated"].as_f64(),
+        ) {
+            (Some(sh), Some(e), Some(est)) => {
+                format!("{:.1}% ±{:.1} / {:.1}%", 100.0 * sh, 100.0 * e, 100.0 * est)
+            }
+            _ => "-".to_string(),
+        };
         let _ = writeln!(
             s,
-            "| {pair} | {u:.2} | {t:.2} | {:+.1}% | {:.2}% | {} / {} / {} | {} | {} |",
+            "| {pair} | {u:.2} | {t:.2} | {:+.1}% | {:.2}% | {} | {sampler} | {} / {} / {} | {} | {} |",
             100.0 * (t / u - 1.0),
             100.0 * o["estimated"].as_f64().unwrap_or(0.0),
+            costliest(o),
             per_hit("task_newtask"),
             per_hit("sched_process_exec"),
             per_hit("sched_process_exit"),
