@@ -553,6 +553,34 @@ fn full_budget_counts_every_launch() {
     assert!(!stdout.contains("ESTIMATED"), "{stdout}");
 }
 
+/// Calls of `syscall_loop` (getppid) a run makes.
+const SYSCALL_LOOP_CALLS: &str = "2000000";
+
+/// `syscall_loop`'s ns per call, untraced.
+fn syscall_loop_untraced(bin: &str) -> f64 {
+    let out = std::process::Command::new(bin)
+        .arg(SYSCALL_LOOP_CALLS)
+        .output()
+        .expect("run syscall_loop");
+    assert!(out.status.success(), "{out:?}");
+    ns_per_op(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// `syscall_loop` traced with every probe on, sampled at `hz`, its report in `out`.
+fn syscall_loop_traced(bin: &str, hz: &str, out: &std::path::Path) -> common::Run {
+    common::gputrace(&[
+        "-F",
+        hz,
+        "--max-overhead",
+        "100%",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        bin,
+        SYSCALL_LOOP_CALLS,
+    ])
+}
+
 /// The estimate of what the syscall tracepoints cost a thread agrees with what its syscalls
 /// measurably paid: a getppid storm, traced with every probe on, against the same untraced.
 /// With the tracepoints' cost outside their programs taken from a constant measured on another
@@ -566,15 +594,7 @@ fn a_syscall_storm_is_estimated_at_what_it_pays() {
     }
     let bin = build_c("syscall_loop", &[]);
     let bin = bin.to_str().unwrap();
-    const CALLS: &str = "2000000";
-    let untraced = || {
-        let out = std::process::Command::new(bin)
-            .arg(CALLS)
-            .output()
-            .expect("run syscall_loop");
-        assert!(out.status.success(), "{out:?}");
-        ns_per_op(&String::from_utf8_lossy(&out.stdout))
-    };
+    let untraced = || syscall_loop_untraced(bin);
     // Three traced runs between untraced ones, judged by the median of their ratios: the
     // host's speed drifts, and its noise reaches the programs' measured run times too (on a
     // noisy day (2026-11-26) single runs gave 0.95-1.62, 1.22 the median of five: the
@@ -585,17 +605,7 @@ fn a_syscall_storm_is_estimated_at_what_it_pays() {
     let mut rounds = Vec::new();
     for i in 0..3 {
         let out = common::out_dir(&format!("syscall-estimate-{i}"));
-        let run = common::gputrace(&[
-            "-F",
-            "1",
-            "--max-overhead",
-            "100%",
-            "-o",
-            out.to_str().unwrap(),
-            "--",
-            bin,
-            CALLS,
-        ]);
+        let run = syscall_loop_traced(bin, "1", &out);
         assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
         let traced = ns_per_op(&run.stdout);
         let r = run.report(&out);
@@ -611,7 +621,7 @@ fn a_syscall_storm_is_estimated_at_what_it_pays() {
     }
     bare.sort_by(f64::total_cmp);
     let bare = (bare[3] + bare[4]) / 2.0;
-    let calls: f64 = CALLS.parse().unwrap();
+    let calls: f64 = SYSCALL_LOOP_CALLS.parse().unwrap();
     let mut ratios: Vec<(f64, usize)> = Vec::new();
     for (i, (traced, estimated, _)) in rounds.iter().enumerate() {
         let paid = (traced - bare) * calls;
@@ -648,28 +658,10 @@ fn the_cpu_sampler_catches_the_probes_about_as_often_as_they_cost() {
     }
     let bin = build_c("syscall_loop", &[]);
     let bin = bin.to_str().unwrap();
-    const CALLS: &str = "2000000";
-    let untraced = || {
-        let out = std::process::Command::new(bin)
-            .arg(CALLS)
-            .output()
-            .expect("run syscall_loop");
-        assert!(out.status.success(), "{out:?}");
-        ns_per_op(&String::from_utf8_lossy(&out.stdout))
-    };
+    let untraced = || syscall_loop_untraced(bin);
     let mut bare: Vec<f64> = (0..2).map(|_| untraced()).collect();
     let out = common::out_dir("sampler-check");
-    let run = common::gputrace(&[
-        "-F",
-        "999",
-        "--max-overhead",
-        "100%",
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        bin,
-        CALLS,
-    ]);
+    let run = syscall_loop_traced(bin, "999", &out);
     assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
     bare.extend((0..2).map(|_| untraced()));
     bare.sort_by(f64::total_cmp);

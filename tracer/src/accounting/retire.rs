@@ -267,17 +267,24 @@ fn folded_name(name: &str) -> String {
     }
 }
 
+/// The eBPF object's hash map `name`.
+fn hash_map<'a, K: aya::Pod, V: aya::Pod>(
+    ebpf: &'a mut Ebpf,
+    name: &str,
+) -> Result<HashMap<&'a mut MapData, K, V>> {
+    Ok(HashMap::try_from(
+        ebpf.map_mut(name)
+            .with_context(|| format!("map {name} missing"))?,
+    )?)
+}
+
 /// Takes the entries of `name` whose keys `pick` chooses out of the map.
 fn take<K: aya::Pod, V: aya::Pod>(
     ebpf: &mut Ebpf,
     name: &str,
     pick: impl Fn(&K) -> bool,
 ) -> Result<Vec<(K, V)>> {
-    let mut map: HashMap<&mut MapData, K, V> = HashMap::try_from(
-        ebpf.map_mut(name)
-            .with_context(|| format!("map {name} missing"))?,
-    )?;
-    Ok(super::take::take(&mut map, pick))
+    Ok(super::take::take(&mut hash_map(ebpf, name)?, pick))
 }
 
 /// As [`take`], for rows no program writes any more: a dead thread's (`take::take_final`).
@@ -288,11 +295,7 @@ fn take_final<K: aya::Pod, V: aya::Pod>(
     name: &str,
     pick: impl Fn(&K) -> bool,
 ) -> Result<Vec<(K, V)>> {
-    let mut map: HashMap<&mut MapData, K, V> = HashMap::try_from(
-        ebpf.map_mut(name)
-            .with_context(|| format!("map {name} missing"))?,
-    )?;
-    Ok(super::take::take_final(&mut map, pick))
+    Ok(super::take::take_final(&mut hash_map(ebpf, name)?, pick))
 }
 
 impl Retired {
