@@ -7,7 +7,7 @@
 //!
 //! For plain hash maps only: a per-CPU map's values are one per CPU.
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use aya::{
     maps::{HashMap, IterableMap, MapData},
@@ -49,7 +49,8 @@ pub fn keys<T: std::borrow::Borrow<MapData>, K: Pod, V: Pod>(map: &HashMap<T, K,
 
 /// Deletes `keys` from `map`, a chunk of keys per `BPF_MAP_DELETE_BATCH` (hash maps since
 /// Linux 5.6), where a delete is a syscall per key; says which were deleted. `Err` only where
-/// the first call failed, nothing deleted (a kernel without the command answers EINVAL).
+/// the first call failed, nothing deleted (a kernel without the command answers EINVAL, a map
+/// type without it ENOTSUPP).
 ///
 /// The kernel deletes the keys in order and stops at the first it cannot (one that is gone:
 /// ENOENT), saying how many it did: that key is skipped and the rest sent again.
@@ -57,7 +58,11 @@ pub fn delete<T: std::borrow::Borrow<MapData>, K: Pod, V: Pod>(
     map: &HashMap<T, K, V>,
     keys: &[K],
 ) -> std::io::Result<Vec<bool>> {
-    let fd = map.map().fd().as_fd();
+    // The typed map was made only if the kernel's key size is K's.
+    delete_keys(map.map().fd().as_fd(), keys)
+}
+
+fn delete_keys<K: Pod>(fd: BorrowedFd<'_>, keys: &[K]) -> std::io::Result<Vec<bool>> {
     let mut deleted = vec![false; keys.len()];
     let mut at = 0;
     while at < keys.len() {
@@ -70,10 +75,17 @@ pub fn delete<T: std::borrow::Borrow<MapData>, K: Pod, V: Pod>(
         b.count = n as u32;
         b.map_fd = fd.as_raw_fd() as u32;
         let r = crate::bpf::sys_bpf(bpf_cmd::BPF_MAP_DELETE_BATCH, &mut attr);
-        // SAFETY: the kernel writes `count` back on every path past its argument checks; on
-        // the others it is left as given, so it is trusted only with an answer it gives
-        // after deleting.
-        let done = (unsafe { attr.batch.count } as usize).min(n);
+        // SAFETY: a plain integer of the union's arm written above.
+        let count = unsafe { attr.batch.count } as usize;
+        // The kernel writes `count` back once past its argument checks, always under `n` on
+        // an error (the keys it deleted before the one it could not); an error before them
+        // (no such command, a map type without it, a bad fd) leaves it as given: nothing was
+        // deleted.
+        let done = if r.is_err() && count >= n {
+            0
+        } else {
+            count.min(n)
+        };
         match r {
             Ok(_) => {
                 deleted[at..at + n].fill(true);
@@ -178,10 +190,14 @@ pub(crate) mod tests {
     /// A BPF hash map of u32 -> u64 with room for `entries`, or None (with a loud skip) where
     /// this process may not create one; in CI, a failure.
     pub(crate) fn hash_map_of(entries: u32) -> Option<Map> {
-        // union bpf_attr for BPF_MAP_CREATE: map_type (1: hash), key_size, value_size,
-        // max_entries.
+        map_fd(1, entries).map(|fd| Map::HashMap(MapData::from_fd(fd).expect("map info")))
+    }
+
+    /// A BPF map of type `map_type` (1: hash, 2: array) of u32 -> u64, as [`hash_map_of`].
+    fn map_fd(map_type: u32, entries: u32) -> Option<OwnedFd> {
+        // union bpf_attr for BPF_MAP_CREATE: map_type, key_size, value_size, max_entries.
         let mut attr = [0u8; 72];
-        attr[0..4].copy_from_slice(&1u32.to_ne_bytes());
+        attr[0..4].copy_from_slice(&map_type.to_ne_bytes());
         attr[4..8].copy_from_slice(&4u32.to_ne_bytes());
         attr[8..12].copy_from_slice(&8u32.to_ne_bytes());
         attr[12..16].copy_from_slice(&entries.to_ne_bytes());
@@ -204,8 +220,7 @@ pub(crate) mod tests {
             return None;
         }
         // SAFETY: the syscall returned a new fd that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        Some(Map::HashMap(MapData::from_fd(fd).expect("map info")))
+        Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
     }
 
     #[test]
@@ -233,6 +248,22 @@ pub(crate) mod tests {
         left.sort();
         assert_eq!(left, (1..3000).step_by(2).collect::<Vec<u32>>());
         assert_eq!(delete(&map, &[]).unwrap(), Vec::<bool>::new());
+    }
+
+    #[test]
+    fn a_map_that_cannot_delete_in_batches_says_so_and_keeps_its_entries() {
+        // Arrays have no batch delete (ENOTSUPP): the kernel fails before it writes the
+        // count back, which then still reads as every key given.
+        let Some(fd) = map_fd(2, 8) else { return };
+        let keys: Vec<u32> = (0..5).collect();
+        let e = delete_keys(fd.as_fd(), &keys).expect_err("an array deletes nothing");
+        assert!(
+            matches!(
+                e.raw_os_error(),
+                Some(524) | Some(libc::EINVAL) | Some(libc::EOPNOTSUPP)
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -289,7 +289,12 @@ fn take<K: aya::Pod, V: aya::Pod>(
 
 /// As [`take`], for rows no program writes any more: a dead thread's (`take::take_final`).
 /// A death is recorded after the thread's last rows, and its tid's rows are left while a
-/// live thread holds that tid (`pending`).
+/// live thread holds that tid (`pending`, read at the pass's start). A thread of the same
+/// process given the dead one's tid during the pass would add to its syscall and errno rows
+/// (keyed by process and tid, not by birth) between their listing and their delete, and that
+/// would be lost (the one-step take gave it to the dead thread instead). The kernel hands pids
+/// out in order and a freed one again only after the rest of the range (`pid_max`), so that
+/// takes a pass at the moment they wrap onto the tid, or a tid chosen with `clone3`.
 fn take_final<K: aya::Pod, V: aya::Pod>(
     ebpf: &mut Ebpf,
     name: &str,

@@ -44,6 +44,25 @@ fn is_probe_frame(f: &Frame) -> bool {
     f.kernel && PROBE_FRAMES.iter().any(|p| f.name.starts_with(p))
 }
 
+/// The program a JIT'd BPF frame is (`bpf_prog_<tag>_<name>`, the tag 16 hex digits).
+fn bpf_program(f: &Frame) -> Option<&str> {
+    let rest = f.name.strip_prefix("bpf_prog_")?;
+    rest.get(16..)?.strip_prefix('_')
+}
+
+/// Whether a stack caught one of gputrace's probes running: under a probe's dispatch or trap,
+/// and, where a BPF program is in it, one of gputrace's (the outermost: a subprogram it calls
+/// is named for its own function). Another tool's programs on the same tracepoints (a
+/// security agent's) are not gputrace's cost.
+fn caught_probe(frames: &[Frame]) -> bool {
+    frames.iter().any(is_probe_frame)
+        && frames
+            .iter()
+            .filter(|f| f.kernel)
+            .find_map(bpf_program)
+            .is_none_or(|name| tracer_common::hits::PROGRAMS.contains(&name))
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct CpuProfile {
     pub samples: Vec<StackSample>,
@@ -132,7 +151,7 @@ impl CpuProfile {
     pub fn in_probes(&self) -> u64 {
         self.samples
             .iter()
-            .filter(|s| s.frames.iter().any(is_probe_frame))
+            .filter(|s| caught_probe(&s.frames))
             .map(|s| s.count)
             .sum()
     }
@@ -292,6 +311,23 @@ pub(crate) mod tests {
                 sample(vec![k("exc_int3"), k("handle_swbp")], 2),
                 sample(vec![k("do_syscall_64"), k("__do_sys_uretprobe")], 6),
                 sample(vec![k("asm_exc_int3"), k("irqentry_exit_to_user_mode")], 7),
+                // A subprogram of one of gputrace's programs.
+                sample(
+                    vec![
+                        k("bpf_trace_run2"),
+                        k("bpf_prog_32095051f6f771e0_sys_exit"),
+                        k("bpf_prog_78d19a0ce2075a56_gputrace_name_fd"),
+                    ],
+                    20,
+                ),
+                // Another tool's program on the same tracepoint.
+                sample(
+                    vec![
+                        k("bpf_trace_run2"),
+                        k("bpf_prog_0123456789abcdef_falco_sys"),
+                    ],
+                    50,
+                ),
                 // Plain kernel work, and a firewall's program (no tracing dispatch).
                 sample(vec![k("do_syscall_64"), k("vfs_read")], 10),
                 sample(
@@ -308,8 +344,8 @@ pub(crate) mod tests {
                 ),
             ],
         };
-        assert_eq!(p.in_probes(), 18);
-        assert_eq!(p.total(), 33);
+        assert_eq!(p.in_probes(), 38);
+        assert_eq!(p.total(), 103);
     }
 
     pub fn f(name: &str) -> Frame {

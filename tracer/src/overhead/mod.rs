@@ -333,6 +333,7 @@ pub fn complete(report: &mut Report) {
     o.estimated = traced as f64 / denom.max(1) as f64;
     let costliest = threads::costliest_thread(report, MIN_ALIVE_NS);
     let short = threads::short_lived(report, MIN_ALIVE_NS);
+    let visible = sampler_visible_ns(report);
     let Some(o) = report.overhead.as_mut() else {
         return;
     };
@@ -342,7 +343,7 @@ pub fn complete(report: &mut Report) {
         report.sampling.samples,
         report.sampling.in_probes,
         report.sampling.frequency_hz,
-        o.traced_cost_ns,
+        visible,
     );
     if let Some(l) = o.over_budget_line() {
         report.warnings.push(l);
@@ -365,7 +366,33 @@ const MIN_ALIVE_NS: u64 = 100_000_000;
 /// Hits of each program that the traced threads caused, from what the report counts for them
 /// (the programs that split their paths count them), at what a traced hit costs.
 fn traced_cost_ns(r: &Report) -> u64 {
-    let Some(o) = &r.overhead else { return 0 };
+    traced_costs(r).iter().map(|(_, ns)| ns).sum::<f64>() as u64
+}
+
+/// Programs whose time the CPU sampler never catches on a traced thread: its own (it runs in
+/// the interrupt that takes the sample), the scheduler's (run with interrupts off: their time
+/// lands in the next task) and a request's completion (in an interrupt).
+fn unseen_by_sampler(program: &str) -> bool {
+    program == "cpu_sample"
+        || ["sched_switch", "sched_wakeup", "block_rq_complete"]
+            .iter()
+            .any(|p| program.starts_with(p))
+}
+
+/// [`traced_cost_ns`] less the programs the sampler cannot catch: what its share measures.
+fn sampler_visible_ns(r: &Report) -> u64 {
+    traced_costs(r)
+        .iter()
+        .filter(|(p, _)| !unseen_by_sampler(p))
+        .map(|(_, ns)| ns)
+        .sum::<f64>() as u64
+}
+
+/// Each program's cost to the traced threads (ns), by name.
+fn traced_costs(r: &Report) -> Vec<(&str, f64)> {
+    let Some(o) = &r.overhead else {
+        return Vec::new();
+    };
     let syscalls: u64 = r
         .processes
         .iter()
@@ -408,9 +435,9 @@ fn traced_cost_ns(r: &Report) -> u64 {
                 _ => p.traced_hits(),
             }
             .min(p.hits);
-            hits as f64 * p.traced_ns_per_hit()
+            (p.program.as_str(), hits as f64 * p.traced_ns_per_hit())
         })
-        .sum::<f64>() as u64
+        .collect()
 }
 
 fn scale(v: u64, by: f64) -> u64 {
@@ -817,6 +844,28 @@ mod tests {
             p.early_bpf_ns_per_hit = Some(140.0);
         });
         assert_eq!(traced_cost_ns(&r), 100 * 776);
+    }
+
+    #[test]
+    fn the_sampler_is_checked_against_the_programs_it_can_catch() {
+        // The switches run with interrupts off: none of their 236 us is the sampler's to see.
+        let mut r = switches(|_| {});
+        assert_eq!(sampler_visible_ns(&r), 0);
+        // An exec program's 1,000 hits at 1,036 ns are.
+        let o = r.overhead.as_mut().unwrap();
+        o.programs.push(ProgramCost {
+            program: "sched_process_exec".into(),
+            hits: 1000,
+            timed: 100,
+            bpf_ns_per_hit: 1000.0,
+            trap_ns_per_hit: 30.0,
+            stats_ns_per_hit: 6.0,
+            ..Default::default()
+        });
+        assert_eq!(sampler_visible_ns(&r), 1_036_000);
+        assert_eq!(traced_cost_ns(&r), 1_036_000 + 236_000);
+        assert!(unseen_by_sampler("cpu_sample") && unseen_by_sampler("sched_wakeup_new_tp"));
+        assert!(!unseen_by_sampler("sys_exit") && !unseen_by_sampler("cuda_entry"));
     }
 
     #[test]

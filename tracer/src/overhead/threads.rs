@@ -358,8 +358,8 @@ fn child_waits(t: &ThreadReport) -> u64 {
 /// delays are scaled by the parent's waits over their summed lives: 1 where it waited for them
 /// one after another; less where they ran side by side (`make -j8`: an eighth), or where it
 /// did not wait for all of them; more where it waited longer than the children the report
-/// knows lived (the rest taken at the known ones' cost per ns). Waits on a child's output
-/// (a pipe) are not counted.
+/// knows lived (the rest taken at the known ones' cost per ns), up to all of its waits. Waits
+/// on a child's output (a pipe) are not counted.
 fn waited_for_children(r: &Report, own: &HashMap<(u32, u32), f64>) -> HashMap<(u32, u32), f64> {
     let procs = &r.processes;
     let mut index: HashMap<u32, usize> = HashMap::with_capacity(procs.len());
@@ -413,10 +413,12 @@ fn waited_for_children(r: &Report, own: &HashMap<(u32, u32), f64>) -> HashMap<(u
                 sum += delay[c];
                 lives += procs[c].threads.iter().map(alive_of).max().unwrap_or(0);
             }
+            // Never more than it waited: a parent that waited 10 s for children the report
+            // knows 1 ms of would otherwise multiply their cost by 10,000.
             let inherited = if waits == 0 || lives == 0 {
                 0.0
             } else {
-                sum * waits as f64 / lives as f64
+                (sum * waits as f64 / lives as f64).min(waits as f64)
             };
             let mut slowest: f64 = 0.0;
             for t in &p.threads {
@@ -1132,6 +1134,17 @@ mod tests {
             "{w:?}"
         );
         assert!(!w.contains_key(&(4, 4)));
+    }
+
+    #[test]
+    fn a_parent_pays_at_most_what_it_waited() {
+        // 10 s in wait4 for children of which the report knows one, alive 1 ms with 10,000
+        // calls (7 ms): at that cost per ns, the wait would hold 70 s of probes.
+        let r = tree(vec![
+            (1, None, vec![waiter(1, 11.0, 0, 10.0)]),
+            (2, Some(1), vec![waiter(2, 0.001, 10_000, 0.0)]),
+        ]);
+        assert_eq!(waited(&r)[&(1, 1)], 10e9);
     }
 
     #[test]

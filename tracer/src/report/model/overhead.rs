@@ -374,13 +374,33 @@ pub struct ProbeSampling {
 
 /// `parts` as shares of a whole `estimated` share, in their order: "syscall tracepoints 1.8%,
 /// CPU sampler 0.1%".
-fn shares(parts: &[ThreadCostPart], estimated: f64) -> String {
-    let total = parts.iter().map(|p| p.ns).sum::<u64>().max(1) as f64;
+/// `estimated` split among `parts` by what each added: a thread's own probes stretched by its
+/// `contention`, its waited-for children's already time it waited.
+fn shares(parts: &[ThreadCostPart], estimated: f64, contention: f64) -> String {
+    let total: f64 = parts
+        .iter()
+        .map(|p| weight(p, contention))
+        .sum::<f64>()
+        .max(1.0);
     parts
         .iter()
-        .map(|p| format!("{} {:.1}%", p.what, 100.0 * estimated * p.ns as f64 / total))
+        .map(|p| {
+            format!(
+                "{} {:.1}%",
+                p.what,
+                100.0 * estimated * weight(p, contention) / total
+            )
+        })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+fn weight(p: &ThreadCostPart, contention: f64) -> f64 {
+    if p.what == WAITED_PART {
+        p.ns as f64
+    } else {
+        p.ns as f64 * contention
+    }
 }
 
 impl Overhead {
@@ -470,7 +490,7 @@ impl Overhead {
             s.under_ns / 1_000_000,
             s.alive_ns as f64 / 1e6,
             s.estimated * 100.0,
-            shares(&s.parts, s.estimated),
+            shares(&s.parts, s.estimated, 1.0),
             pct(self.budget)
         ))
     }
@@ -485,12 +505,13 @@ impl Overhead {
             .contention
             .map(|x| format!("; x{x:.1} for the CPU it waited for, preempted"))
             .unwrap_or_default();
-        let total: u64 = c.parts.iter().map(|p| p.ns).sum();
+        let stretch = c.contention.unwrap_or(1.0);
+        let total: f64 = c.parts.iter().map(|p| weight(p, stretch)).sum();
         let children = c
             .parts
             .iter()
             .find(|p| p.what == WAITED_PART)
-            .filter(|p| 2 * p.ns >= total)
+            .filter(|p| 2.0 * p.ns as f64 >= total)
             .map(|_| {
                 "; most of it is what its children paid for their probes while it waited for \
                  them, gated as their own threads are"
@@ -504,7 +525,7 @@ impl Overhead {
             c.tid,
             c.comm,
             c.estimated * 100.0,
-            shares(&c.parts, c.estimated),
+            shares(&c.parts, c.estimated, stretch),
             pct(self.budget)
         ))
     }
@@ -801,6 +822,19 @@ mod tests {
                     "on and off; most of it is what its children paid for their probes while \
                      it waited for them, gated as their own threads are"
                 ),
+            "{line}"
+        );
+        // Its own probes stretched 3x by its preempted waits: 400 ns of children against
+        // (300 + 100) x 3 of its own is not most of it, and the split says so.
+        if let Some(c) = o.costliest_thread.as_mut() {
+            c.contention = Some(3.0);
+        }
+        let line = o.over_budget_line().unwrap();
+        assert!(
+            line.contains(
+                "(waited-for children's probes 1.0%, syscall tracepoints 2.2%, scheduler \
+                 tracepoints 0.8%; x3.0"
+            ) && !line.contains("most of it"),
             "{line}"
         );
     }
