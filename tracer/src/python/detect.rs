@@ -83,6 +83,18 @@ pub fn decode_version_hex(v: u32) -> (u8, u8, Option<u8>) {
     ((v >> 24) as u8, (v >> 16) as u8, Some((v >> 8) as u8))
 }
 
+/// Whether `addr` is in a writable mapping. `_PyRuntime` is written at run time, so it is in
+/// the library's data segment, mapped read-write. While the loader maps a library, the whole
+/// span is at first one read-only mapping of the file from offset 0, and the data segment is
+/// mapped over its place last: a file offset found in that first mapping is off by the data
+/// segment's offset-to-address shift (0x1000 in pyenv's libpython3.12). Seen then (a mapped
+/// executable segment sends gputrace to the maps at once), the runtime's address was wrong
+/// for the whole trace: no thread state found, no Python frame.
+fn writable_at(maps: &[Mapping], addr: u64) -> bool {
+    maps.iter()
+        .any(|m| m.start <= addr && addr < m.end && m.perms.contains('w'))
+}
+
 /// The address at which byte `file_offset` of `path` is mapped by the loader. A shared mapping
 /// is the program's own (or a symbol reader's, such as blazesym's when tracing ourselves), and
 /// may cover the same bytes at another address, or be gone by the time it is read.
@@ -119,6 +131,10 @@ pub fn detect(pid: u32, maps: &[Mapping], mem: &dyn Memory) -> Result<Option<Int
             continue;
         };
         let Some(runtime) = addr[0] else { continue };
+        if !writable_at(maps, runtime) {
+            // Read while the loader was mapping the library: found again at the next look.
+            continue;
+        }
         let code_type = addr[2].ok_or_else(|| format!("{}: no PyCode_Type symbol", m.path))?;
         let version = match addr[1].and_then(|a| mem.u32(a).ok()) {
             Some(v) => decode_version_hex(v),
@@ -384,6 +400,40 @@ mod tests {
             place(&maps, lib, &[far, code_type]),
             vec![None, Some(0x7f00_0035_9cc0)]
         );
+    }
+
+    /// pyenv's libpython3.12 as the loader maps it: first its whole span read-only from
+    /// offset 0, then each segment over its place; `_PyRuntime` (address 0x643340, file
+    /// offset 0x642340: its segment is shifted 0x1000) is found only once the data segment is.
+    #[test]
+    fn the_runtime_is_found_only_once_the_data_segment_is_mapped() {
+        let lib = "/p/lib/libpython3.12.so.1.0";
+        let base = 0x7f74_c8c0_0000;
+        let at = |start: u64, end: u64, offset: u64, perms: &str| Mapping {
+            perms: perms.into(),
+            ..mapping(base + start, base + end, offset, lib)
+        };
+        let runtime = vec![(0x643340, Some(0x642340))];
+        // Text and read-only data mapped over the first mapping; its tail is still there.
+        let during = vec![
+            at(0, 0x106000, 0, "r--p"),
+            at(0x106000, 0x379000, 0x106000, "r-xp"),
+            at(0x379000, 0x4cd000, 0x379000, "r--p"),
+            at(0x4cd000, 0x6b5000, 0x4cd000, "r--p"),
+        ];
+        let wrong = place(&during, lib, std::slice::from_ref(&runtime))[0].unwrap();
+        assert_eq!(wrong, base + 0x642340);
+        assert!(!writable_at(&during, wrong));
+        let done = vec![
+            at(0, 0x106000, 0, "r--p"),
+            at(0x106000, 0x379000, 0x106000, "r-xp"),
+            at(0x379000, 0x4cd000, 0x379000, "r--p"),
+            at(0x4cd000, 0x544000, 0x4cc000, "r--p"),
+            at(0x544000, 0x6b4000, 0x543000, "rw-p"),
+        ];
+        let right = place(&done, lib, &[runtime])[0].unwrap();
+        assert_eq!(right, base + 0x643340);
+        assert!(writable_at(&done, right));
     }
 
     #[test]
