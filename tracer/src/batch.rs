@@ -251,7 +251,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_map_that_cannot_delete_in_batches_says_so_and_keeps_its_entries() {
+    fn a_map_that_cannot_delete_in_batches_is_an_error_not_keys_deleted() {
         // Arrays have no batch delete (ENOTSUPP): the kernel fails before it writes the
         // count back, which then still reads as every key given.
         let Some(fd) = map_fd(2, 8) else { return };

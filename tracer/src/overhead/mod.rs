@@ -312,7 +312,7 @@ impl ProbeFamily for OverheadFamily {
 
 /// After every family has finished: the overhead as a share of the traced threads' alive time.
 pub fn complete(report: &mut Report) {
-    let traced = traced_cost_ns(report);
+    let (traced, visible) = traced_cost_ns(report);
 
     let alive: u64 = report
         .processes
@@ -333,7 +333,6 @@ pub fn complete(report: &mut Report) {
     o.estimated = traced as f64 / denom.max(1) as f64;
     let costliest = threads::costliest_thread(report, MIN_ALIVE_NS);
     let short = threads::short_lived(report, MIN_ALIVE_NS);
-    let visible = sampler_visible_ns(report);
     let Some(o) = report.overhead.as_mut() else {
         return;
     };
@@ -364,9 +363,18 @@ pub fn complete(report: &mut Report) {
 const MIN_ALIVE_NS: u64 = 100_000_000;
 
 /// Hits of each program that the traced threads caused, from what the report counts for them
-/// (the programs that split their paths count them), at what a traced hit costs.
-fn traced_cost_ns(r: &Report) -> u64 {
-    traced_costs(r).iter().map(|(_, ns)| ns).sum::<f64>() as u64
+/// (the programs that split their paths count them), at what a traced hit costs: all of it,
+/// and the part the CPU sampler can catch (what its share measures), from one pass over the
+/// report's processes.
+fn traced_cost_ns(r: &Report) -> (u64, u64) {
+    let (mut all, mut seen) = (0.0, 0.0);
+    for (program, ns) in traced_costs(r) {
+        all += ns;
+        if !unseen_by_sampler(program) {
+            seen += ns;
+        }
+    }
+    (all as u64, seen as u64)
 }
 
 /// Programs whose time the CPU sampler never catches on a traced thread: its own (it runs in
@@ -377,15 +385,6 @@ fn unseen_by_sampler(program: &str) -> bool {
         || ["sched_switch", "sched_wakeup", "block_rq_complete"]
             .iter()
             .any(|p| program.starts_with(p))
-}
-
-/// [`traced_cost_ns`] less the programs the sampler cannot catch: what its share measures.
-fn sampler_visible_ns(r: &Report) -> u64 {
-    traced_costs(r)
-        .iter()
-        .filter(|(p, _)| !unseen_by_sampler(p))
-        .map(|(_, ns)| ns)
-        .sum::<f64>() as u64
 }
 
 /// Each program's cost to the traced threads (ns), by name.
@@ -831,7 +830,7 @@ mod tests {
 
     #[test]
     fn what_the_traced_threads_paid_includes_the_statistics() {
-        assert_eq!(traced_cost_ns(&switches(|_| {})), 236_000);
+        assert_eq!(traced_cost_ns(&switches(|_| {})).0, 236_000);
     }
 
     #[test]
@@ -843,14 +842,14 @@ mod tests {
             p.traced_bpf_ns_per_hit = Some(740.0);
             p.early_bpf_ns_per_hit = Some(140.0);
         });
-        assert_eq!(traced_cost_ns(&r), 100 * 776);
+        assert_eq!(traced_cost_ns(&r).0, 100 * 776);
     }
 
     #[test]
     fn the_sampler_is_checked_against_the_programs_it_can_catch() {
         // The switches run with interrupts off: none of their 236 us is the sampler's to see.
         let mut r = switches(|_| {});
-        assert_eq!(sampler_visible_ns(&r), 0);
+        assert_eq!(traced_cost_ns(&r).1, 0);
         // An exec program's 1,000 hits at 1,036 ns are.
         let o = r.overhead.as_mut().unwrap();
         o.programs.push(ProgramCost {
@@ -862,8 +861,7 @@ mod tests {
             stats_ns_per_hit: 6.0,
             ..Default::default()
         });
-        assert_eq!(sampler_visible_ns(&r), 1_036_000);
-        assert_eq!(traced_cost_ns(&r), 1_036_000 + 236_000);
+        assert_eq!(traced_cost_ns(&r), (1_036_000 + 236_000, 1_036_000));
         assert!(unseen_by_sampler("cpu_sample") && unseen_by_sampler("sched_wakeup_new_tp"));
         assert!(!unseen_by_sampler("sys_exit") && !unseen_by_sampler("cuda_entry"));
     }

@@ -121,6 +121,11 @@ fn cuda_calls_seen(r: &Report, o: &Overhead, pid: u32, tid: u32) -> f64 {
         .sum()
 }
 
+/// How long thread `t` was alive in the window (0 without a time breakdown).
+fn alive_ns(t: &ThreadReport) -> u64 {
+    t.time.as_ref().map_or(0, |tb| tb.alive_ns)
+}
+
 /// Blocking waits on disk I/O: how a process's block requests are shared among its threads.
 fn io_waits(t: &ThreadReport) -> u64 {
     t.time.as_ref().map_or(0, |tb| {
@@ -192,7 +197,7 @@ fn thread_parts(
         * (per_hit(o, tracer_common::cuda::ENTRY_PROG) + per_hit(o, tracer_common::cuda::RET_PROG));
     // The window closes' traps, paid by the thread the gate charged them to.
     if let Some(w) = o.worst_thread.as_ref().filter(|w| w.tid == t.tid) {
-        let alive = t.time.as_ref().map_or(0, |tb| tb.alive_ns) as f64;
+        let alive = alive_ns(t) as f64;
         cuda = cuda.max(w.estimated * alive);
     }
     let mut parts: Vec<ThreadCostPart> = [
@@ -293,12 +298,11 @@ fn for_each_cost(
 ) {
     for p in &r.processes {
         let left = unplaced(p);
-        let alive_of = |t: &ThreadReport| t.time.as_ref().map_or(0, |tb| tb.alive_ns);
         let takers: u64 = p
             .threads
             .iter()
             .filter(|t| t.syscalls.is_empty())
-            .map(alive_of)
+            .map(alive_ns)
             .sum();
         let requests: u64 = p.block_io.iter().map(|b| b.requests).sum();
         let seen: u64 = p
@@ -308,7 +312,7 @@ fn for_each_cost(
             .sum();
         let waits: u64 = p.threads.iter().map(io_waits).sum();
         for t in &p.threads {
-            let alive = alive_of(t);
+            let alive = alive_ns(t);
             if alive == 0 {
                 continue;
             }
@@ -374,7 +378,6 @@ fn waited_for_children(r: &Report, own: &HashMap<(u32, u32), f64>) -> HashMap<(u
             }
         }
     }
-    let alive_of = |t: &ThreadReport| t.time.as_ref().map_or(0, |tb| tb.alive_ns);
     // Per process: the delay it adds to a parent that waits for it.
     let mut delay = vec![0.0; procs.len()];
     #[derive(Clone, Copy, PartialEq)]
@@ -411,7 +414,7 @@ fn waited_for_children(r: &Report, own: &HashMap<(u32, u32), f64>) -> HashMap<(u
             // A child still being summed is an ancestor under a reused pid: it adds nothing.
             for &c in kids.iter().filter(|&&c| seen[c] == Seen::Done) {
                 sum += delay[c];
-                lives += procs[c].threads.iter().map(alive_of).max().unwrap_or(0);
+                lives += procs[c].threads.iter().map(alive_ns).max().unwrap_or(0);
             }
             // Never more than it waited: a parent that waited 10 s for children the report
             // knows 1 ms of would otherwise multiply their cost by 10,000.
