@@ -198,6 +198,10 @@ pub struct Tracker {
     /// `report::timeline::LIFECYCLE_MAX`: a fork storm must not grow memory unbounded).
     pub lifecycle: Vec<ProcEvent>,
     pub procs: BTreeMap<u32, Tracked>,
+    /// The pids of `procs` not exited, for the walks made every tick: under process churn
+    /// `procs` holds thousands of exited processes for each live one, and a walk over them
+    /// all (Python detection, liveness polls) read each one's entry to skip it.
+    running: std::collections::BTreeSet<u32>,
     pub exited_roots: Vec<u32>,
     pub roots: Vec<u32>,
     pub events: u64,
@@ -272,6 +276,9 @@ impl Tracker {
         }
         let t = self.procs.entry(pid).or_default();
         t.info.pid = pid;
+        if !t.info.exited {
+            self.running.insert(pid);
+        }
         if !read_proc {
             t.info.ppid = ppid;
             if t.start.is_none() {
@@ -399,6 +406,7 @@ impl Tracker {
                 // the CUDA probes). The report is by pid: the two share its figures.
                 if self.procs.get(&ev.pid).is_some_and(|t| t.info.exited) {
                     self.procs.remove(&ev.pid);
+                    self.running.remove(&ev.pid);
                     self.held.forget(ev.pid);
                     self.exited_with_maps.retain(|p| *p != ev.pid);
                     self.pids_reused.insert(ev.pid);
@@ -430,6 +438,9 @@ impl Tracker {
             Some(ProcEventKind::Exec) => {
                 let t = self.procs.entry(ev.pid).or_default();
                 t.info.pid = ev.pid;
+                if !t.info.exited {
+                    self.running.insert(ev.pid);
+                }
                 // The old image's maps are not the new one's: a child that execs and exits
                 // before its maps are read was symbolised with its parent's, under the
                 // parent's names. They symbolise the old image's samples, where the kernel
@@ -491,6 +502,7 @@ impl Tracker {
             if !t.info.exited {
                 self.last_exit_ns = self.last_exit_ns.max(ts_ns);
                 t.info.exited = true;
+                self.running.remove(&pid);
                 // Looked for only while it runs.
                 self.held.ns_tgids.remove(&pid);
                 if !t.maps.is_empty() || !t.images.is_empty() {
@@ -580,8 +592,14 @@ impl Tracker {
     /// When the last traced process exited (CLOCK_MONOTONIC ns), if every one did: nothing
     /// of theirs ran after it.
     pub fn ended_at(&self) -> Option<u64> {
-        (self.last_exit_ns > 0 && self.procs.values().all(|t| t.info.exited))
-            .then_some(self.last_exit_ns)
+        (self.last_exit_ns > 0 && self.running.is_empty()).then_some(self.last_exit_ns)
+    }
+
+    /// The processes not exited, by pid.
+    pub fn running(&self) -> impl Iterator<Item = (u32, &Tracked)> {
+        self.running
+            .iter()
+            .filter_map(|pid| Some((*pid, self.procs.get(pid)?)))
     }
 
     pub fn all_roots_exited(&self) -> bool {
@@ -691,10 +709,9 @@ impl Tracker {
     /// Checks liveness of processes whose exit event may have been lost.
     pub fn poll_liveness(&mut self) {
         let dead: Vec<u32> = self
-            .procs
-            .iter()
-            .filter(|(pid, t)| !t.info.exited && !procfs::is_alive(**pid))
-            .map(|(pid, _)| *pid)
+            .running()
+            .filter(|(pid, _)| !procfs::is_alive(*pid))
+            .map(|(pid, _)| pid)
             .collect();
         for pid in dead {
             self.mark_exited(pid);
@@ -1003,5 +1020,52 @@ mod tests {
         assert_eq!(t.procs.len(), MAX_TRACKED);
         assert_eq!(t.untracked, 11);
         assert!(t.procs.values().all(|p| !p.info.exited));
+    }
+
+    /// The index of running processes says what a walk over every entry would, through
+    /// forks, execs, exits (seen or polled), pids taken again and evictions past the cap.
+    #[test]
+    fn the_running_index_matches_the_entries() {
+        let check = |t: &Tracker| {
+            let walked: Vec<u32> = t
+                .procs
+                .iter()
+                .filter(|(_, p)| !p.info.exited)
+                .map(|(pid, _)| *pid)
+                .collect();
+            let indexed: Vec<u32> = t.running().map(|(pid, _)| pid).collect();
+            assert_eq!(indexed, walked);
+            assert_eq!(
+                t.ended_at().is_some(),
+                t.last_exit_ns > 0 && walked.is_empty()
+            );
+        };
+        let mut t = Tracker::new(&[BASE]);
+        t.add(BASE, None);
+        check(&t);
+        // Past the cap, so that exited children are evicted; every third one stays.
+        for i in 1..=(MAX_TRACKED as u32 + 300) {
+            t.on_event(&ev(ProcEventKind::Fork, BASE + i, BASE));
+            if i % 5 == 0 {
+                t.on_event(&ev(ProcEventKind::Exec, BASE + i, 0));
+            }
+            if i % 3 != 0 {
+                t.on_event(&ev(ProcEventKind::Exit, BASE + i, 0));
+            }
+        }
+        assert!(t.untracked > 0);
+        check(&t);
+        // A pid given up and taken again; an exit found by polling.
+        t.on_event(&ev(ProcEventKind::Fork, BASE + 1, BASE));
+        t.mark_exited(BASE + 3);
+        check(&t);
+        assert!(t.running().any(|(pid, _)| pid == BASE + 1));
+        assert!(t.running().all(|(pid, _)| pid != BASE + 3));
+        let all: Vec<u32> = t.running().map(|(pid, _)| pid).collect();
+        for pid in all {
+            t.on_event(&ev(ProcEventKind::Exit, pid, 0));
+        }
+        check(&t);
+        assert_eq!(t.running().count(), 0);
     }
 }

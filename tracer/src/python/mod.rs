@@ -210,10 +210,7 @@ impl PyState {
             .filter(|pid| tracker.procs.get(pid).is_none_or(|t| t.info.exited))
             .collect();
         let mut stale_tids: Vec<u32> = Vec::new();
-        for (&pid, t) in &tracker.procs {
-            if t.info.exited {
-                continue;
-            }
+        for (pid, t) in tracker.running() {
             // After an exec the old interpreter's addresses mean nothing: detect again.
             // `PyCode_Type` always has file data; `_PyRuntime` may be in anonymous memory.
             if let Some(ProcState::Python { interp, .. }) = self.procs.get(&pid) {
