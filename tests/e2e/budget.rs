@@ -1425,3 +1425,60 @@ fn gputraces_own_cpu_and_memory_are_in_every_report() {
         run.stdout
     );
 }
+
+/// The large hash maps take kernel memory as they fill on this kernel (6.1 and later), and
+/// all at the load where `GPUTRACE_PREALLOC=1` asks for what older kernels get. Both load,
+/// count the same calls and lose nothing; the first holds ~60 MB less.
+#[test]
+fn hash_maps_take_kernel_memory_as_they_fill() {
+    let _g = serial();
+    if !require_root("hash_maps_take_kernel_memory_as_they_fill") {
+        return;
+    }
+    let trace = |name: &str, env: &[(&str, &str)]| {
+        let out = common::out_dir(name);
+        let run = common::gputrace_env(
+            &[
+                "-o",
+                out.to_str().unwrap(),
+                "--max-overhead",
+                "100%",
+                "--",
+                "dd",
+                "if=/dev/zero",
+                "of=/dev/null",
+                "bs=1",
+                "count=3000",
+                "status=none",
+            ],
+            env,
+        );
+        assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+        run.report(&out)
+    };
+    let as_used = trace("maps-as-used", &[]);
+    let upfront = trace("maps-upfront", &[("GPUTRACE_PREALLOC", "1")]);
+    let own = |r: &serde_json::Value| r["overhead"]["own"].clone();
+    assert_eq!(own(&as_used)["maps_as_used"], true, "{:#}", own(&as_used));
+    assert_eq!(own(&upfront)["maps_as_used"], false, "{:#}", own(&upfront));
+    let bytes = |r: &serde_json::Value| own(r)["kernel_maps_bytes"].as_u64().unwrap();
+    // Preallocated, the thread-state spill (38 MB), Python stacks (9 MB), sampled stacks'
+    // counts (8 MB) and CUDA rows (8 MB); as used, their bucket arrays and a few rows.
+    assert!(
+        bytes(&upfront) >= bytes(&as_used) + (48 << 20),
+        "upfront {} as used {}",
+        bytes(&upfront),
+        bytes(&as_used)
+    );
+    for r in [&as_used, &upfront] {
+        assert_eq!(r["drops"], serde_json::json!([]), "{:#}", r["drops"]);
+        let p = &r["processes"][0];
+        let count = |name: &str| common::field_of(&p["syscalls"], "name", name, "count");
+        assert!(count("read") >= 3000, "{:#}", p["syscalls"]);
+        assert_eq!(count("write"), 3000, "{:#}", p["syscalls"]);
+    }
+    let reads = |r: &serde_json::Value| {
+        common::field_of(&r["processes"][0]["syscalls"], "name", "read", "count")
+    };
+    assert_eq!(reads(&as_used), reads(&upfront));
+}

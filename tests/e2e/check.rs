@@ -48,6 +48,7 @@ fn check_as_root_passes() {
         "uprobes",
         "perf events",
         "ring buffer",
+        "map memory",
         "ebpf object",
     ] {
         assert_eq!(

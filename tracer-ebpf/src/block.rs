@@ -46,7 +46,8 @@ use tracer_common::hits::Prog;
 /// interrupt context) may interrupt a bio's submission on the same CPU, but they add to
 /// different fields (requests and latencies; bytes). Not preallocated (`BPF_F_NO_PREALLOC`):
 /// a row per CPU of a 128-CPU machine is ~40 KB, and a trace has a few rows, not the 4,096
-/// it may hold.
+/// it may hold. A kernel before 6.1 gets it preallocated, at fewer rows (`prealloc` in the
+/// loader): its verifier warns of a map allocated as used in a tracepoint program.
 #[map(name = "BLOCK_IO")]
 static BLOCK_IO: PerCpuHashMap<BlkKey, BlkStat> =
     PerCpuHashMap::with_max_entries(BLOCK_ENTRIES, BPF_F_NO_PREALLOC);

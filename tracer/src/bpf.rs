@@ -47,8 +47,11 @@ pub fn load(opts: &LoadOptions, families: &[Box<dyn crate::probes::ProbeFamily>]
         f.configure(&mut loader)
             .with_context(|| format!("configure {}", f.name()))?;
     }
+    let alloc = crate::prealloc::mode();
+    crate::prealloc::configure(&mut loader, alloc);
+    let object = crate::prealloc::object(OBJECT, alloc).context("set the maps' allocation")?;
     loader
-        .load(OBJECT)
+        .load(object.bytes())
         .map_err(|e| TraceError::BpfLoad(format!("{:#}", anyhow::Error::from(e))).into())
 }
 

@@ -123,6 +123,7 @@ pub fn gather() -> Vec<Check> {
     v.push(kprobes());
     v.push(perf_events());
     v.push(ring_buffer());
+    v.push(map_memory(privileged));
     v.push(ebpf_object(privileged && tracefs_ok));
     v.push(uprobe_links(privileged && tracefs_ok));
     v.push(nvml());
@@ -342,6 +343,39 @@ fn perf_events() -> Check {
         format!("cannot open a cpu-clock event: {e} (perf_event_paranoid={paranoid})"),
     )
     .fix(fix)
+}
+
+/// Whether the large hash maps take kernel memory as they fill or all at the load.
+fn map_memory(privileged: bool) -> Check {
+    const NAME: &str = "map memory";
+    if !privileged {
+        return Check::new(
+            Status::Info,
+            NAME,
+            "not checked: needs the privileges above",
+        );
+    }
+    match crate::prealloc::mode() {
+        crate::prealloc::Alloc::AsUsed => Check::new(
+            Status::Ok,
+            NAME,
+            "the sparsest hash maps take kernel memory row by row: ~120 MB at the load, up \
+             to ~185 MB full",
+        ),
+        crate::prealloc::Alloc::Upfront => Check::new(
+            Status::Info,
+            NAME,
+            format!(
+                "hash maps are preallocated (~185 MB of kernel memory at the load): {}",
+                if crate::prealloc::forced_upfront() {
+                    "GPUTRACE_PREALLOC=1 asks for it"
+                } else {
+                    "this kernel's verifier refuses maps allocated as used in the CPU sampler \
+                     (Linux 6.1 allows them)"
+                }
+            ),
+        ),
+    }
 }
 
 /// Creates (and closes) a 64 KiB BPF ring buffer map.

@@ -38,6 +38,7 @@ pub mod diff;
 pub mod error;
 pub mod overhead;
 pub mod perf_map;
+pub mod prealloc;
 pub mod probes;
 pub mod procfs;
 pub mod python;

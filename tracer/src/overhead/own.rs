@@ -83,6 +83,7 @@ pub fn own_cost(
         peak_rss_window_bytes: ended.peak_rss_bytes,
         peak_rss_bytes: reported.peak_rss_bytes.max(ended.peak_rss_bytes),
         kernel_maps_bytes,
+        maps_as_used: false,
     })
 }
 

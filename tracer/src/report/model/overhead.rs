@@ -149,6 +149,10 @@ pub struct OwnCost {
     /// Kernel memory its BPF maps held as the window ended (not in its resident memory).
     #[serde(default)]
     pub kernel_maps_bytes: u64,
+    /// Whether the large hash maps took their memory as they filled (Linux 6.1 and later),
+    /// not all at the load (`prealloc`).
+    #[serde(default)]
+    pub maps_as_used: bool,
 }
 
 impl OwnCost {

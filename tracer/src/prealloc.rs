@@ -1,0 +1,337 @@
+//! Whether the eBPF object's large hash maps take their memory up front or as they fill.
+//!
+//! A hash map is preallocated unless created with `BPF_F_NO_PREALLOC`: all of its
+//! `max_entries` rows are kernel memory (charged to gputrace's memory cgroup) from the load
+//! on, though a trace of one training job fills a few of the 65,536 thread-state spill rows
+//! (38 MB) it holds room for. Since Linux 6.1 a hash map
+//! that is not preallocated takes its rows from the BPF memory allocator, which any program
+//! may call, the sampler's from NMI context included. Before that, the verifier refuses such
+//! a map in a `perf_event` program and lets a tracepoint program have one with a kernel
+//! warning ("trace type BPF program uses run-time allocation", a `panic_on_warn` machine
+//! panics), so there every map is preallocated, the per-CPU block rows at fewer rows.
+//!
+//! aya has no setter for a map's flags, so the object's map definitions are patched before
+//! it is loaded, as libbpf's `bpf_map__set_map_flags` does to its own copy.
+
+use anyhow::{bail, Context, Result};
+
+/// The kernel's flag for a hash map that allocates its rows as they are added.
+pub const BPF_F_NO_PREALLOC: u32 = 1;
+
+/// Hash maps that hold room for many more rows than a trace usually fills and add a row
+/// rarely: a thread whose state slot another one holds, a sampled stack, a Python stack, a
+/// device's block I/O, a CUDA function first called or launched. The syscall, time and
+/// thread-death rows stay preallocated, and so do maps whose rows come and go with each
+/// call: a shell loop's children each add ~30 syscall rows, as many time rows and a death
+/// row, and from the allocator those cost the syscall exit ~330 ns more a call and a switch
+/// ~500 ns more (a 2,000-child loop's estimate read 3.0% where it read 2.0%), where a row
+/// from the preallocated free list is cheap.
+pub const AS_USED: &[&str] = &[
+    "THREADS",
+    "CPU_COUNTS",
+    "PY_STACKS",
+    "BLOCK_IO",
+    "CUDA_API",
+    "CUDA_LAUNCH",
+];
+
+/// The per-CPU block rows where they are preallocated: a row is one per CPU (~330 bytes
+/// each), and the 4,096 the map holds were ~170 MB on a 128-CPU machine.
+const BLOCK_IO_MAP: &str = "BLOCK_IO";
+const BLOCK_IO_UPFRONT_BYTES: u64 = 16 << 20;
+
+/// How the maps in [`AS_USED`] take their memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alloc {
+    /// Row by row as they fill (Linux 6.1 and later).
+    AsUsed,
+    /// All up front: an older kernel, or `GPUTRACE_PREALLOC=1`.
+    Upfront,
+}
+
+/// What this kernel allows, probed once. `GPUTRACE_PREALLOC=1` preallocates every map
+/// whatever the kernel allows (the behaviour of older kernels, for tests and benchmarks).
+pub fn mode() -> Alloc {
+    static MODE: std::sync::OnceLock<Alloc> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| {
+        if forced_upfront() {
+            return Alloc::Upfront;
+        }
+        if as_used_allowed() {
+            Alloc::AsUsed
+        } else {
+            Alloc::Upfront
+        }
+    })
+}
+
+/// Whether `GPUTRACE_PREALLOC=1` asks for every map preallocated.
+pub fn forced_upfront() -> bool {
+    std::env::var("GPUTRACE_PREALLOC").is_ok_and(|v| v == "1")
+}
+
+/// The object to load: `object` with the flags of the maps in [`AS_USED`] set for `alloc`
+/// (the embedded one itself when they are already so).
+pub fn object(object: &'static [u8], alloc: Alloc) -> Result<Object> {
+    let want = alloc == Alloc::AsUsed;
+    let mut patched: Option<AlignedBytes> = None;
+    for name in AS_USED {
+        let at = flags_offset(object, name)?;
+        let bytes = patched.as_ref().map_or(object, AlignedBytes::as_slice);
+        let flags = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let new = if want {
+            flags | BPF_F_NO_PREALLOC
+        } else {
+            flags & !BPF_F_NO_PREALLOC
+        };
+        if new != flags {
+            let buf = patched.get_or_insert_with(|| AlignedBytes::copy(object));
+            buf.as_mut_slice()[at..at + 4].copy_from_slice(&new.to_le_bytes());
+        }
+    }
+    Ok(match patched {
+        Some(b) => Object::Patched(b),
+        None => Object::Embedded(object),
+    })
+}
+
+/// The eBPF object as loaded.
+pub enum Object {
+    Embedded(&'static [u8]),
+    Patched(AlignedBytes),
+}
+
+impl Object {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Object::Embedded(b) => b,
+            Object::Patched(b) => b.as_slice(),
+        }
+    }
+}
+
+/// The flags map `name` has in `object`.
+pub fn flags_of(object: &[u8], name: &str) -> Result<u32> {
+    let at = flags_offset(object, name)?;
+    Ok(u32::from_le_bytes(
+        object[at..at + 4].try_into().expect("4 bytes"),
+    ))
+}
+
+/// Rows of the per-CPU block map where it is preallocated on `cpus` CPUs, under
+/// [`BLOCK_IO_UPFRONT_BYTES`] and at most what the object asks for.
+pub fn block_rows_upfront(cpus: u32, row_bytes: u64, asked: u32) -> u32 {
+    let per_row = row_bytes.max(1) * u64::from(cpus.max(1));
+    (BLOCK_IO_UPFRONT_BYTES / per_row).clamp(64, u64::from(asked)) as u32
+}
+
+/// Sets what the object's maps need at `alloc` on `loader`.
+pub fn configure(loader: &mut aya::EbpfLoader<'_>, alloc: Alloc) {
+    if alloc == Alloc::Upfront {
+        let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
+        let row = (std::mem::size_of::<tracer_common::wall::BlkStat>() as u64).next_multiple_of(8);
+        loader.map_max_entries(
+            BLOCK_IO_MAP,
+            block_rows_upfront(cpus, row, tracer_common::wall::BLOCK_ENTRIES),
+        );
+    }
+}
+
+/// The file offset of map `name`'s `map_flags` in the object: legacy map definitions
+/// (`bpf_map_def`: type, key_size, value_size, max_entries, map_flags, ...) in its `maps`
+/// section, one per symbol.
+fn flags_offset(object: &[u8], name: &str) -> Result<usize> {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    const FLAGS_AT: u64 = 16;
+    let elf = object::File::parse(object).context("parse the eBPF object")?;
+    let sym = elf
+        .symbols()
+        .find(|s| s.name() == Ok(name))
+        .with_context(|| format!("map {name} missing from the eBPF object"))?;
+    let section = sym
+        .section_index()
+        .and_then(|i| elf.section_by_index(i).ok())
+        .with_context(|| format!("map {name}: no section"))?;
+    if section.name() != Ok("maps") {
+        bail!("{name} is not a map definition of the eBPF object");
+    }
+    let (start, size) = section
+        .file_range()
+        .with_context(|| format!("map {name}: its section has no data"))?;
+    let at = sym.address() - section.address() + FLAGS_AT;
+    if at + 4 > size {
+        bail!("map {name}: its definition runs past its section");
+    }
+    Ok((start + at) as usize)
+}
+
+/// A copy of the object at the alignment its ELF structures need (8; aya's
+/// `include_bytes_aligned!` gives the embedded one 32).
+pub struct AlignedBytes {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl AlignedBytes {
+    fn copy(bytes: &[u8]) -> Self {
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        // SAFETY: `words` holds at least `bytes.len()` bytes, and any bytes are valid u64s.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), words.as_mut_ptr().cast(), bytes.len())
+        };
+        Self {
+            words,
+            len: bytes.len(),
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: the first `len` bytes of `words`, initialised.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast(), self.len) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast(), self.len) }
+    }
+}
+
+/// Whether the verifier lets a `perf_event` program use a hash map that is not preallocated
+/// (Linux 6.1 and later). Before, it refuses one, where a tracepoint program would load with
+/// a kernel warning: this probe can only fail quietly. False whatever the reason it fails.
+fn as_used_allowed() -> bool {
+    // union bpf_attr for BPF_MAP_CREATE: map_type, key_size, value_size, max_entries,
+    // map_flags.
+    let mut attr = [0u8; 128];
+    attr[0..4].copy_from_slice(&1u32.to_ne_bytes()); // BPF_MAP_TYPE_HASH
+    attr[4..8].copy_from_slice(&4u32.to_ne_bytes());
+    attr[8..12].copy_from_slice(&4u32.to_ne_bytes());
+    attr[12..16].copy_from_slice(&1u32.to_ne_bytes());
+    attr[16..20].copy_from_slice(&BPF_F_NO_PREALLOC.to_ne_bytes());
+    let Ok(map) = raw_bpf(0, &mut attr) else {
+        return false;
+    };
+    // SAFETY: a descriptor the kernel just gave this process, owned here alone.
+    let map = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(map) };
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&map);
+    // *(u32 *)(r10 - 4) = 0; r2 = r10 - 4; r1 = map; call bpf_map_lookup_elem; r0 = 0; exit.
+    let insn = |code: u8, dst: u8, src: u8, off: i16, imm: i32| -> [u8; 8] {
+        let mut i = [0u8; 8];
+        i[0] = code;
+        i[1] = dst | (src << 4);
+        i[2..4].copy_from_slice(&off.to_le_bytes());
+        i[4..8].copy_from_slice(&imm.to_le_bytes());
+        i
+    };
+    let prog: Vec<[u8; 8]> = vec![
+        insn(0x62, 10, 0, -4, 0),
+        insn(0xbf, 2, 10, 0, 0),
+        insn(0x07, 2, 0, 0, -4),
+        insn(0x18, 1, 1, 0, fd), // BPF_PSEUDO_MAP_FD
+        insn(0, 0, 0, 0, 0),
+        insn(0x85, 0, 0, 0, 1), // bpf_map_lookup_elem
+        insn(0xb7, 0, 0, 0, 0),
+        insn(0x95, 0, 0, 0, 0),
+    ];
+    let license = b"GPL\0";
+    // union bpf_attr for BPF_PROG_LOAD: prog_type, insn_cnt, insns, license.
+    let mut attr = [0u8; 128];
+    attr[0..4].copy_from_slice(&7u32.to_ne_bytes()); // BPF_PROG_TYPE_PERF_EVENT
+    attr[4..8].copy_from_slice(&(prog.len() as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(prog.as_ptr() as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+    match raw_bpf(5, &mut attr) {
+        Ok(p) => {
+            // SAFETY: as the map's.
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(p) });
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// bpf(2) with the first bytes of a `union bpf_attr` (the kernel zero-fills the rest).
+fn raw_bpf(cmd: i32, attr: &mut [u8; 128]) -> std::io::Result<i32> {
+    // SAFETY: `attr` is live and as long as the size given; what it points at outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            attr.as_mut_ptr(),
+            attr.len() as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r as i32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bpf::OBJECT;
+
+    #[test]
+    fn the_maps_are_patched_to_the_mode_and_nothing_else_changes() {
+        let as_used = object(OBJECT, Alloc::AsUsed).unwrap();
+        let upfront = object(OBJECT, Alloc::Upfront).unwrap();
+        for name in AS_USED {
+            assert_eq!(
+                flags_of(as_used.bytes(), name).unwrap() & BPF_F_NO_PREALLOC,
+                BPF_F_NO_PREALLOC,
+                "{name}"
+            );
+            assert_eq!(
+                flags_of(upfront.bytes(), name).unwrap() & BPF_F_NO_PREALLOC,
+                0,
+                "{name}"
+            );
+        }
+        // Only the flags' bytes differ from the embedded object, and only where the mode
+        // changed them.
+        for o in [&as_used, &upfront] {
+            let b = o.bytes();
+            assert_eq!(b.len(), OBJECT.len());
+            let changed: Vec<usize> = (0..b.len()).filter(|&i| b[i] != OBJECT[i]).collect();
+            let flags: Vec<usize> = AS_USED
+                .iter()
+                .map(|n| flags_offset(OBJECT, n).unwrap())
+                .collect();
+            assert!(
+                changed
+                    .iter()
+                    .all(|i| flags.iter().any(|f| (*f..f + 4).contains(i))),
+                "{changed:?}"
+            );
+        }
+        // Maps outside the list keep their flags: preallocated.
+        for name in ["SYSCALLS", "WALL", "CUDA_THREAD"] {
+            assert_eq!(flags_of(as_used.bytes(), name).unwrap(), 0, "{name}");
+        }
+        // A patched object parses and its ELF structures are aligned.
+        assert_eq!(as_used.bytes().as_ptr() as usize % 8, 0);
+        aya_obj::Object::parse(as_used.bytes()).unwrap();
+    }
+
+    #[test]
+    fn a_name_that_is_no_map_is_an_error() {
+        assert!(flags_offset(OBJECT, "NO_SUCH_MAP").is_err());
+        // A symbol of the object outside its map definitions.
+        let e = flags_offset(OBJECT, "THREAD_SLOT_MASK").unwrap_err();
+        assert!(format!("{e}").contains("not a map definition"), "{e}");
+    }
+
+    #[test]
+    fn preallocated_block_rows_stay_under_their_bytes() {
+        // Two CPUs: the object's rows fit.
+        assert_eq!(block_rows_upfront(2, 336, 4096), 4096);
+        // 128 CPUs: ~16 MB of rows, not ~170.
+        let rows = block_rows_upfront(128, 336, 4096);
+        assert_eq!(rows, 390);
+        assert!(u64::from(rows) * 128 * 336 <= BLOCK_IO_UPFRONT_BYTES);
+        // Never under a few dozen rows, whatever the machine.
+        assert_eq!(block_rows_upfront(4096, 336, 4096), 64);
+    }
+}
