@@ -1428,57 +1428,89 @@ fn gputraces_own_cpu_and_memory_are_in_every_report() {
 
 /// The large hash maps take kernel memory as they fill on this kernel (6.1 and later), and
 /// all at the load where `GPUTRACE_PREALLOC=1` asks for what older kernels get. Both load,
-/// count the same calls and lose nothing; the first holds ~60 MB less.
+/// count the same calls and block I/O and lose nothing; the first holds ~60 MB less.
 #[test]
 fn hash_maps_take_kernel_memory_as_they_fill() {
     let _g = serial();
     if !require_root("hash_maps_take_kernel_memory_as_they_fill") {
         return;
     }
-    let trace = |name: &str, env: &[(&str, &str)]| {
+    // On the root disk: O_DIRECT there reaches the block layer.
+    let file = common::tmp_dir().join(format!("as-used-{}.bin", std::process::id()));
+    std::fs::write(&file, vec![5u8; 256 * 4096]).unwrap();
+    std::process::Command::new("sync").status().unwrap();
+    let trace = |name: &str, env: &[(&str, &str)], command: &[&str]| {
         let out = common::out_dir(name);
-        let run = common::gputrace_env(
-            &[
-                "-o",
-                out.to_str().unwrap(),
-                "--max-overhead",
-                "100%",
-                "--",
-                "dd",
-                "if=/dev/zero",
-                "of=/dev/null",
-                "bs=1",
-                "count=3000",
-                "status=none",
-            ],
-            env,
-        );
+        let mut args = vec!["-o", out.to_str().unwrap(), "--max-overhead", "100%", "--"];
+        args.extend_from_slice(command);
+        let run = common::gputrace_env(&args, env);
         assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
         run.report(&out)
     };
-    let as_used = trace("maps-as-used", &[]);
-    let upfront = trace("maps-upfront", &[("GPUTRACE_PREALLOC", "1")]);
+    let calls = [
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=1",
+        "count=3000",
+        "status=none",
+    ];
+    let input = format!("if={}", file.display());
+    let direct = [
+        "dd",
+        input.as_str(),
+        "of=/dev/null",
+        "bs=4k",
+        "iflag=direct",
+        "status=none",
+    ];
+    let upfront = [("GPUTRACE_PREALLOC", "1")];
+    let as_used = trace("maps-as-used", &[], &calls);
+    let preallocated = trace("maps-upfront", &upfront, &calls);
+    let as_used_io = trace("maps-as-used-io", &[], &direct);
+    let preallocated_io = trace("maps-upfront-io", &upfront, &direct);
+    let _ = std::fs::remove_file(&file);
+
     let own = |r: &serde_json::Value| r["overhead"]["own"].clone();
-    assert_eq!(own(&as_used)["maps_as_used"], true, "{:#}", own(&as_used));
-    assert_eq!(own(&upfront)["maps_as_used"], false, "{:#}", own(&upfront));
+    for r in [&as_used, &as_used_io] {
+        assert_eq!(own(r)["maps_as_used"], true, "{:#}", own(r));
+    }
+    for r in [&preallocated, &preallocated_io] {
+        assert_eq!(own(r)["maps_as_used"], false, "{:#}", own(r));
+    }
     let bytes = |r: &serde_json::Value| own(r)["kernel_maps_bytes"].as_u64().unwrap();
     // Preallocated, the thread-state spill (38 MB), Python stacks (9 MB), sampled stacks'
     // counts (8 MB) and CUDA rows (8 MB); as used, their bucket arrays and a few rows.
     assert!(
-        bytes(&upfront) >= bytes(&as_used) + (48 << 20),
-        "upfront {} as used {}",
-        bytes(&upfront),
+        bytes(&preallocated) >= bytes(&as_used) + (48 << 20),
+        "preallocated {} as used {}",
+        bytes(&preallocated),
         bytes(&as_used)
     );
-    for r in [&as_used, &upfront] {
+    for r in [&as_used, &preallocated, &as_used_io, &preallocated_io] {
         assert_eq!(r["drops"], serde_json::json!([]), "{:#}", r["drops"]);
-        let p = &r["processes"][0];
-        let count = |name: &str| common::field_of(&p["syscalls"], "name", name, "count");
-        assert!(count("read") >= 3000, "{:#}", p["syscalls"]);
-        assert_eq!(count("write"), 3000, "{:#}", p["syscalls"]);
     }
-    let reads = |r: &serde_json::Value| {
-        common::field_of(&r["processes"][0]["syscalls"], "name", "read", "count")
+    let count = |r: &serde_json::Value, name: &str| {
+        common::field_of(&r["processes"][0]["syscalls"], "name", name, "count")
     };
-    assert_eq!(reads(&as_used), reads(&upfront));
+    for r in [&as_used, &preallocated] {
+        assert!(
+            count(r, "read") >= 3000,
+            "{:#}",
+            r["processes"][0]["syscalls"]
+        );
+        assert_eq!(
+            count(r, "write"),
+            3000,
+            "{:#}",
+            r["processes"][0]["syscalls"]
+        );
+    }
+    assert_eq!(count(&as_used, "read"), count(&preallocated, "read"));
+    // The per-CPU block rows, allocated as used or preallocated: the same 1 MiB read.
+    for r in [&as_used_io, &preallocated_io] {
+        let rows = &r["processes"][0]["block_io"];
+        assert!(common::sum_of(rows, "read_bytes") >= 256 * 4096, "{rows:#}");
+        assert!(common::sum_of(rows, "requests") >= 1, "{rows:#}");
+    }
 }
