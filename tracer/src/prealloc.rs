@@ -200,71 +200,55 @@ impl AlignedBytes {
 /// (Linux 6.1 and later). Before, it refuses one, where a tracepoint program would load with
 /// a kernel warning: this probe can only fail quietly. False whatever the reason it fails.
 fn as_used_allowed() -> bool {
-    // union bpf_attr for BPF_MAP_CREATE: map_type, key_size, value_size, max_entries,
-    // map_flags.
-    let mut attr = [0u8; 128];
-    attr[0..4].copy_from_slice(&1u32.to_ne_bytes()); // BPF_MAP_TYPE_HASH
-    attr[4..8].copy_from_slice(&4u32.to_ne_bytes());
-    attr[8..12].copy_from_slice(&4u32.to_ne_bytes());
-    attr[12..16].copy_from_slice(&1u32.to_ne_bytes());
-    attr[16..20].copy_from_slice(&BPF_F_NO_PREALLOC.to_ne_bytes());
-    let Ok(map) = raw_bpf(0, &mut attr) else {
+    use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_map_type, bpf_prog_type};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: an all-zero bpf_attr is valid (a union of plain integers).
+    let mut attr = unsafe { std::mem::zeroed::<bpf_attr>() };
+    // SAFETY: the map-create arm of the zeroed union, written before the kernel reads it.
+    let m = unsafe { &mut attr.__bindgen_anon_1 };
+    m.map_type = bpf_map_type::BPF_MAP_TYPE_HASH as u32;
+    m.key_size = 4;
+    m.value_size = 4;
+    m.max_entries = 1;
+    m.map_flags = BPF_F_NO_PREALLOC;
+    let Ok(fd) = crate::bpf::sys_bpf(bpf_cmd::BPF_MAP_CREATE, &mut attr) else {
         return false;
     };
     // SAFETY: a descriptor the kernel just gave this process, owned here alone.
-    let map = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(map) };
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&map);
+    let map = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     // *(u32 *)(r10 - 4) = 0; r2 = r10 - 4; r1 = map; call bpf_map_lookup_elem; r0 = 0; exit.
-    let insn = |code: u8, dst: u8, src: u8, off: i16, imm: i32| -> [u8; 8] {
-        let mut i = [0u8; 8];
-        i[0] = code;
-        i[1] = dst | (src << 4);
-        i[2..4].copy_from_slice(&off.to_le_bytes());
-        i[4..8].copy_from_slice(&imm.to_le_bytes());
-        i
+    let insn = |code: u8, dst: u8, src: u8, off: i16, imm: i32| -> u64 {
+        u64::from(code)
+            | u64::from(dst | (src << 4)) << 8
+            | u64::from(off as u16) << 16
+            | u64::from(imm as u32) << 32
     };
-    let prog: Vec<[u8; 8]> = vec![
+    let prog = [
         insn(0x62, 10, 0, -4, 0),
         insn(0xbf, 2, 10, 0, 0),
         insn(0x07, 2, 0, 0, -4),
-        insn(0x18, 1, 1, 0, fd), // BPF_PSEUDO_MAP_FD
-        insn(0, 0, 0, 0, 0),
+        insn(0x18, 1, 1, 0, map.as_raw_fd()), // BPF_PSEUDO_MAP_FD
+        0,
         insn(0x85, 0, 0, 0, 1), // bpf_map_lookup_elem
         insn(0xb7, 0, 0, 0, 0),
         insn(0x95, 0, 0, 0, 0),
     ];
-    let license = b"GPL\0";
-    // union bpf_attr for BPF_PROG_LOAD: prog_type, insn_cnt, insns, license.
-    let mut attr = [0u8; 128];
-    attr[0..4].copy_from_slice(&7u32.to_ne_bytes()); // BPF_PROG_TYPE_PERF_EVENT
-    attr[4..8].copy_from_slice(&(prog.len() as u32).to_ne_bytes());
-    attr[8..16].copy_from_slice(&(prog.as_ptr() as u64).to_ne_bytes());
-    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
-    match raw_bpf(5, &mut attr) {
-        Ok(p) => {
+    let license = c"GPL";
+    // SAFETY: as above.
+    let mut attr = unsafe { std::mem::zeroed::<bpf_attr>() };
+    // SAFETY: the program-load arm of the zeroed union, written before the kernel reads it.
+    let p = unsafe { &mut attr.__bindgen_anon_3 };
+    p.prog_type = bpf_prog_type::BPF_PROG_TYPE_PERF_EVENT as u32;
+    p.insn_cnt = prog.len() as u32;
+    p.insns = prog.as_ptr() as u64;
+    p.license = license.as_ptr() as u64;
+    match crate::bpf::sys_bpf(bpf_cmd::BPF_PROG_LOAD, &mut attr) {
+        Ok(fd) => {
             // SAFETY: as the map's.
-            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(p) });
+            drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
             true
         }
         Err(_) => false,
-    }
-}
-
-/// bpf(2) with the first bytes of a `union bpf_attr` (the kernel zero-fills the rest).
-fn raw_bpf(cmd: i32, attr: &mut [u8; 128]) -> std::io::Result<i32> {
-    // SAFETY: `attr` is live and as long as the size given; what it points at outlives the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd as libc::c_long,
-            attr.as_mut_ptr(),
-            attr.len() as libc::c_uint,
-        )
-    };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(r as i32)
     }
 }
 
