@@ -638,6 +638,9 @@ fn fill_syscalls(
         }
         for t in p.threads.iter_mut() {
             t.syscalls.sort_by_key(|x| std::cmp::Reverse(x.total_ns));
+            // Grown a row at a time: up to twice its rows' room, kept until the report is
+            // bounded (~60,000 one-thread processes under a shell loop).
+            t.syscalls.shrink_to_fit();
         }
         p.syscalls = per_proc
             .into_iter()
