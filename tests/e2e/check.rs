@@ -48,7 +48,6 @@ fn check_as_root_passes() {
         "uprobes",
         "perf events",
         "ring buffer",
-        "map memory",
         "ebpf object",
     ] {
         assert_eq!(
@@ -58,6 +57,15 @@ fn check_as_root_passes() {
             run.stdout
         );
     }
+    // Hash maps allocated as used in every program type: Linux 6.1 and later. Before, every
+    // map is preallocated, said but not a failure.
+    let as_used = kernel_version() >= (6, 1);
+    assert_eq!(
+        status_of(&run.stdout, "map memory"),
+        if as_used { "ok" } else { "info" },
+        "{}",
+        run.stdout
+    );
     // This machine has no kprobes and no NVIDIA driver: said, but not failures.
     assert_eq!(status_of(&run.stdout, "kprobes"), "info", "{}", run.stdout);
     assert!(

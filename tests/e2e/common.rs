@@ -222,3 +222,13 @@ pub fn spawn_ready(cmd: &mut Command) -> Child {
     assert_eq!(ready.trim(), "ready");
     child
 }
+
+/// The running kernel's (major, minor) version.
+pub fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}

@@ -106,6 +106,8 @@ pub const THREADS_ENTRIES: u32 = 65_536;
 pub const THREAD_SLOTS: u32 = 8_192;
 /// `BPF_F_MMAPABLE`, for `THREAD_SLOTS_MAP`.
 pub const MAP_F_MMAPABLE: u32 = 1 << 10;
+/// `BPF_F_NO_PREALLOC`: a hash map whose rows are allocated as they are added.
+pub const MAP_F_NO_PREALLOC: u32 = 1;
 pub const WALL_ENTRIES: u32 = 65_536;
 pub const LIFE_ENTRIES: u32 = 65_536;
 /// Rows of `SYSCALLS`, preallocated (~26 MB of kernel memory). Allocated as they were made

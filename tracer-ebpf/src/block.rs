@@ -29,6 +29,7 @@ use tracer_common::{
     wall::{
         block_selected, log2_bucket, BlkInflight, BlkInflightKey, BlkKey, BlkStat, BlockSample,
         ThreadState, BLOCK_ENTRIES, BLOCK_INFLIGHT_ENTRIES, BLOCK_SHIFT_MAX, HIST_BUCKETS,
+        MAP_F_NO_PREALLOC,
     },
 };
 
@@ -50,9 +51,7 @@ use tracer_common::hits::Prog;
 /// loader): its verifier warns of a map allocated as used in a tracepoint program.
 #[map(name = "BLOCK_IO")]
 static BLOCK_IO: PerCpuHashMap<BlkKey, BlkStat> =
-    PerCpuHashMap::with_max_entries(BLOCK_ENTRIES, BPF_F_NO_PREALLOC);
-
-const BPF_F_NO_PREALLOC: u32 = 1;
+    PerCpuHashMap::with_max_entries(BLOCK_ENTRIES, MAP_F_NO_PREALLOC);
 
 #[map(name = "BLK_INFLIGHT")]
 static BLK_INFLIGHT: HashMap<BlkInflightKey, BlkInflight> =

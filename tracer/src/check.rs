@@ -345,7 +345,8 @@ fn perf_events() -> Check {
     .fix(fix)
 }
 
-/// Whether the large hash maps take kernel memory as they fill or all at the load.
+/// Whether the sparsest hash maps take kernel memory as they fill or all at the load (the
+/// `ebpf object` row says how much the load held).
 fn map_memory(privileged: bool) -> Check {
     const NAME: &str = "map memory";
     if !privileged {
@@ -355,25 +356,16 @@ fn map_memory(privileged: bool) -> Check {
             "not checked: needs the privileges above",
         );
     }
-    match crate::prealloc::mode() {
-        crate::prealloc::Alloc::AsUsed => Check::new(
+    match crate::prealloc::why_upfront() {
+        None => Check::new(
             Status::Ok,
             NAME,
-            "the sparsest hash maps take kernel memory row by row: ~120 MB at the load, up \
-             to ~185 MB full",
+            "the sparsest hash maps take kernel memory as rows are added",
         ),
-        crate::prealloc::Alloc::Upfront => Check::new(
+        Some(why) => Check::new(
             Status::Info,
             NAME,
-            format!(
-                "hash maps are preallocated (~185 MB of kernel memory at the load): {}",
-                if crate::prealloc::forced_upfront() {
-                    "GPUTRACE_PREALLOC=1 asks for it"
-                } else {
-                    "this kernel's verifier refuses maps allocated as used in the CPU sampler \
-                     (Linux 6.1 allows them)"
-                }
-            ),
+            format!("every hash map is preallocated: {why}"),
         ),
     }
 }
@@ -435,6 +427,8 @@ fn ebpf_object(can_load: bool) -> Check {
         }
     };
     let maps = ebpf.maps().count();
+    // Only this object's maps are open here yet.
+    let held = crate::overhead::own::kernel_maps_bytes();
     let mut verified = 0;
     let mut skipped = 0;
     // The BTF tracepoint programs (the defaults where the kernel takes them) are named for
@@ -485,8 +479,11 @@ fn ebpf_object(can_load: bool) -> Check {
     } else {
         String::new()
     };
-    let mut summary =
-        format!("{maps} maps created, {verified} programs passed the verifier{extra}");
+    let mut summary = format!(
+        "{maps} maps created ({} of kernel memory), {verified} programs passed the \
+         verifier{extra}",
+        crate::report::units::bytes(held)
+    );
     let limit = crate::collect::VERIFIER_LIMIT;
     let share = |n: u64| 100.0 * n as f64 / limit as f64;
     if let Some((name, n, took)) = walked.iter().max_by_key(|w| w.1) {

@@ -14,9 +14,7 @@
 //! it is loaded, as libbpf's `bpf_map__set_map_flags` does to its own copy.
 
 use anyhow::{bail, Context, Result};
-
-/// The kernel's flag for a hash map that allocates its rows as they are added.
-pub const BPF_F_NO_PREALLOC: u32 = 1;
+use tracer_common::wall::{BLOCK_MAP, MAP_F_NO_PREALLOC as BPF_F_NO_PREALLOC};
 
 /// Hash maps that hold room for many more rows than a trace usually fills and add a row
 /// rarely: a thread whose state slot another one holds, a sampled stack, a Python stack, a
@@ -36,9 +34,12 @@ pub const AS_USED: &[&str] = &[
 ];
 
 /// The per-CPU block rows where they are preallocated: a row is one per CPU (~330 bytes
-/// each), and the 4,096 the map holds were ~170 MB on a 128-CPU machine.
-const BLOCK_IO_MAP: &str = "BLOCK_IO";
-const BLOCK_IO_UPFRONT_BYTES: u64 = 16 << 20;
+/// each), and the 4,096 the map holds were ~170 MB on a 128-CPU machine. Nothing takes rows
+/// out during a trace (one per process and disk): past what this holds, `BlockMapFull`.
+const BLOCK_IO_UPFRONT_BYTES: u64 = 32 << 20;
+
+/// CPUs assumed where their number cannot be read: few rows rather than too much memory.
+const CPUS_UNKNOWN: u32 = 256;
 
 /// How the maps in [`AS_USED`] take their memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,21 +53,32 @@ pub enum Alloc {
 /// What this kernel allows, probed once. `GPUTRACE_PREALLOC=1` preallocates every map
 /// whatever the kernel allows (the behaviour of older kernels, for tests and benchmarks).
 pub fn mode() -> Alloc {
-    static MODE: std::sync::OnceLock<Alloc> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| {
+    probed().0
+}
+
+/// Why the maps are preallocated where they are ([`Alloc::Upfront`]).
+pub fn why_upfront() -> Option<&'static str> {
+    probed().1.as_deref()
+}
+
+fn probed() -> &'static (Alloc, Option<String>) {
+    static MODE: std::sync::OnceLock<(Alloc, Option<String>)> = std::sync::OnceLock::new();
+    MODE.get_or_init(|| {
         if forced_upfront() {
-            return Alloc::Upfront;
+            return (
+                Alloc::Upfront,
+                Some("GPUTRACE_PREALLOC=1 asks for it".into()),
+            );
         }
-        if as_used_allowed() {
-            Alloc::AsUsed
-        } else {
-            Alloc::Upfront
+        match as_used_allowed() {
+            Ok(()) => (Alloc::AsUsed, None),
+            Err(why) => (Alloc::Upfront, Some(why)),
         }
     })
 }
 
 /// Whether `GPUTRACE_PREALLOC=1` asks for every map preallocated.
-pub fn forced_upfront() -> bool {
+fn forced_upfront() -> bool {
     std::env::var("GPUTRACE_PREALLOC").is_ok_and(|v| v == "1")
 }
 
@@ -119,19 +131,22 @@ pub fn flags_of(object: &[u8], name: &str) -> Result<u32> {
 }
 
 /// Rows of the per-CPU block map where it is preallocated on `cpus` CPUs, under
-/// [`BLOCK_IO_UPFRONT_BYTES`] and at most what the object asks for.
+/// [`BLOCK_IO_UPFRONT_BYTES`] and at most what the object asks for (at least 64 where it asks
+/// for that many).
 pub fn block_rows_upfront(cpus: u32, row_bytes: u64, asked: u32) -> u32 {
     let per_row = row_bytes.max(1) * u64::from(cpus.max(1));
-    (BLOCK_IO_UPFRONT_BYTES / per_row).clamp(64, u64::from(asked)) as u32
+    (BLOCK_IO_UPFRONT_BYTES / per_row)
+        .max(64)
+        .min(u64::from(asked)) as u32
 }
 
 /// Sets what the object's maps need at `alloc` on `loader`.
 pub fn configure(loader: &mut aya::EbpfLoader<'_>, alloc: Alloc) {
     if alloc == Alloc::Upfront {
-        let cpus = aya::util::nr_cpus().map_or(1, |n| n as u32);
+        let cpus = aya::util::nr_cpus().map_or(CPUS_UNKNOWN, |n| n as u32);
         let row = (std::mem::size_of::<tracer_common::wall::BlkStat>() as u64).next_multiple_of(8);
         loader.map_max_entries(
-            BLOCK_IO_MAP,
+            BLOCK_MAP,
             block_rows_upfront(cpus, row, tracer_common::wall::BLOCK_ENTRIES),
         );
     }
@@ -159,8 +174,9 @@ fn flags_offset(object: &[u8], name: &str) -> Result<usize> {
         .file_range()
         .with_context(|| format!("map {name}: its section has no data"))?;
     let at = sym.address() - section.address() + FLAGS_AT;
-    if at + 4 > size {
-        bail!("map {name}: its definition runs past its section");
+    // aya reads a definition's `st_size` bytes: flags past them would be another map's.
+    if sym.size() < FLAGS_AT + 4 || at + 4 > size {
+        bail!("map {name}: its definition has no flags");
     }
     Ok((start + at) as usize)
 }
@@ -197,9 +213,9 @@ impl AlignedBytes {
 }
 
 /// Whether the verifier lets a `perf_event` program use a hash map that is not preallocated
-/// (Linux 6.1 and later). Before, it refuses one, where a tracepoint program would load with
-/// a kernel warning: this probe can only fail quietly. False whatever the reason it fails.
-fn as_used_allowed() -> bool {
+/// (Linux 6.1 and later). Before, it refuses one (EINVAL), where a tracepoint program would
+/// load with a kernel warning: this probe can only fail quietly. Any failure says why.
+fn as_used_allowed() -> std::result::Result<(), String> {
     use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_map_type, bpf_prog_type};
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     // SAFETY: an all-zero bpf_attr is valid (a union of plain integers).
@@ -211,9 +227,8 @@ fn as_used_allowed() -> bool {
     m.value_size = 4;
     m.max_entries = 1;
     m.map_flags = BPF_F_NO_PREALLOC;
-    let Ok(fd) = crate::bpf::sys_bpf(bpf_cmd::BPF_MAP_CREATE, &mut attr) else {
-        return false;
-    };
+    let fd = crate::bpf::sys_bpf(bpf_cmd::BPF_MAP_CREATE, &mut attr)
+        .map_err(|e| format!("a hash map allocated as used could not be made: {e}"))?;
     // SAFETY: a descriptor the kernel just gave this process, owned here alone.
     let map = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     // *(u32 *)(r10 - 4) = 0; r2 = r10 - 4; r1 = map; call bpf_map_lookup_elem; r0 = 0; exit.
@@ -246,9 +261,14 @@ fn as_used_allowed() -> bool {
         Ok(fd) => {
             // SAFETY: as the map's.
             drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
-            true
+            Ok(())
         }
-        Err(_) => false,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Err(
+            "this kernel's verifier refuses a hash map allocated as used in the CPU sampler \
+             (Linux 6.1 allows it)"
+                .into(),
+        ),
+        Err(e) => Err(format!("the probe of the verifier failed: {e}")),
     }
 }
 
@@ -311,11 +331,12 @@ mod tests {
     fn preallocated_block_rows_stay_under_their_bytes() {
         // Two CPUs: the object's rows fit.
         assert_eq!(block_rows_upfront(2, 336, 4096), 4096);
-        // 128 CPUs: ~16 MB of rows, not ~170.
+        // 128 CPUs: ~32 MB of rows, not ~170.
         let rows = block_rows_upfront(128, 336, 4096);
-        assert_eq!(rows, 390);
+        assert_eq!(rows, 780);
         assert!(u64::from(rows) * 128 * 336 <= BLOCK_IO_UPFRONT_BYTES);
-        // Never under a few dozen rows, whatever the machine.
+        // Never under a few dozen rows, whatever the machine, nor over what was asked.
         assert_eq!(block_rows_upfront(4096, 336, 4096), 64);
+        assert_eq!(block_rows_upfront(2, 336, 10), 10);
     }
 }

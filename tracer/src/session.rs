@@ -477,12 +477,11 @@ fn trace(
         crate::overhead::own::Usage::now(),
         duration_ns,
         u32::try_from(cpus).unwrap_or(u32::MAX),
-        kernel_maps_bytes,
-    )
-    .map(|own| crate::report::model::overhead::OwnCost {
-        maps_as_used: crate::prealloc::mode() == crate::prealloc::Alloc::AsUsed,
-        ..own
-    });
+        (
+            kernel_maps_bytes,
+            crate::prealloc::mode() == crate::prealloc::Alloc::AsUsed,
+        ),
+    );
     crate::overhead::complete(&mut data.report);
     // Verdicts first, so that they weigh every process followed, not only those listed.
     report::finalize(&mut data);

@@ -1055,11 +1055,19 @@ mod tests {
         }
         assert!(t.untracked > 0);
         check(&t);
-        // A pid given up and taken again; an exit found by polling.
-        t.on_event(&ev(ProcEventKind::Fork, BASE + 1, BASE));
+        // A pid given up and taken again while its exited process is still remembered (the
+        // last child, exited); an exec of a process never seen fork; an exit found by
+        // polling.
+        let reused = BASE + MAX_TRACKED as u32 + 300;
+        assert!(t.procs[&reused].info.exited);
+        t.on_event(&ev(ProcEventKind::Fork, reused, BASE));
+        assert!(t.pids_reused.contains(&reused));
+        let unseen = BASE + 10_000_000;
+        t.on_event(&ev(ProcEventKind::Exec, unseen, 0));
         t.mark_exited(BASE + 3);
         check(&t);
-        assert!(t.running().any(|(pid, _)| pid == BASE + 1));
+        assert!(t.running().any(|(pid, _)| pid == reused));
+        assert!(t.running().any(|(pid, _)| pid == unseen));
         assert!(t.running().all(|(pid, _)| pid != BASE + 3));
         let all: Vec<u32> = t.running().map(|(pid, _)| pid).collect();
         for pid in all {

@@ -294,8 +294,7 @@ fn take<K: aya::Pod, V: aya::Pod>(
 /// (keyed by process and tid, not by birth) between their listing and their delete, and that
 /// would be lost (the one-step take gave it to the dead thread instead). The kernel hands pids
 /// out in order and a freed one again only after the rest of the range (`pid_max`), so that
-/// takes a pass at the moment they wrap onto the tid, or a tid chosen with `clone3`. The
-/// same holds for a gone process's fd generations, keyed by its pid.
+/// takes a pass at the moment they wrap onto the tid, or a tid chosen with `clone3`.
 fn take_final<K: aya::Pod, V: aya::Pod>(
     ebpf: &mut Ebpf,
     name: &str,
@@ -439,8 +438,10 @@ impl Retired {
             .map(|(tgid, _)| *tgid)
             .filter(|t| gone.contains(t))
             .collect();
-        // Their values are not needed, and no program moves a gone process's generations:
-        // deleted in batches, not a syscall per fd (~1,150 a second under a shell loop).
+        // Their values are not needed, and no program moves a gone process's generations
+        // (but a new process given its pid during the pass, as for `take_final`'s dead
+        // threads; the one-step take deleted those too): deleted in batches, not a syscall
+        // per fd (~1,150 a second under a shell loop).
         let _ = take_final::<FdGenKey, u32>(ebpf, FD_GEN_MAP, |k| forgotten.contains(&k.tgid))?;
         forget_names(ebpf, &named_gone)?;
         Ok((n, forgotten))

@@ -643,12 +643,7 @@ impl ProbeFamily for CudaFamily {
         }
         self.drain();
         if self.ticks.is_multiple_of(SCAN_EVERY_TICKS) {
-            let live: Vec<u32> = tracker
-                .procs
-                .iter()
-                .filter(|(_, t)| !t.info.exited)
-                .map(|(pid, _)| *pid)
-                .collect();
+            let live: Vec<u32> = tracker.running().map(|(pid, _)| pid).collect();
             self.scan(ebpf, &live, self.ticks.is_multiple_of(SCAN_ALL_EVERY_TICKS));
         }
         Ok(())

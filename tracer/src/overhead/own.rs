@@ -68,7 +68,7 @@ pub fn own_cost(
     reported: Usage,
     window_ns: u64,
     cpus: u32,
-    kernel_maps_bytes: u64,
+    (kernel_maps_bytes, maps_as_used): (u64, bool),
 ) -> Option<OwnCost> {
     if reported.cpu_ns == 0 && reported.peak_rss_bytes == 0 {
         return None;
@@ -83,7 +83,7 @@ pub fn own_cost(
         peak_rss_window_bytes: ended.peak_rss_bytes,
         peak_rss_bytes: reported.peak_rss_bytes.max(ended.peak_rss_bytes),
         kernel_maps_bytes,
-        maps_as_used: false,
+        maps_as_used,
     })
 }
 
@@ -106,7 +106,7 @@ mod tests {
             usage(5_100, 280),
             40_000_000_000,
             2,
-            156 << 20,
+            (156 << 20, true),
         )
         .unwrap();
         assert_eq!(c.attach_cpu_ns, 300_000_000);
@@ -117,12 +117,13 @@ mod tests {
         assert_eq!(c.peak_rss_window_bytes, 164 << 20);
         assert_eq!(c.peak_rss_bytes, 280 << 20);
         assert_eq!(c.kernel_maps_bytes, 156 << 20);
+        assert!(c.maps_as_used);
     }
 
     #[test]
     fn failed_readings_report_nothing() {
         let z = Usage::default();
-        assert_eq!(own_cost(z, z, z, 1_000, 2, 0), None);
+        assert_eq!(own_cost(z, z, z, 1_000, 2, (0, false)), None);
     }
 
     #[test]

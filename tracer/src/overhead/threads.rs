@@ -351,6 +351,20 @@ fn child_waits(t: &ThreadReport) -> u64 {
     })
 }
 
+/// How long thread `t` was blocked on another process through the kernel (a pipe, a unix
+/// socket, a vfork) other than in a wait for a child to end: a shell reading a child's
+/// output (`$(cmd)`) or Python's `communicate()` waits as long as the child writes, and
+/// is in `wait4` only for its exit.
+fn ipc_waits(t: &ThreadReport) -> u64 {
+    t.time.as_ref().map_or(0, |tb| {
+        tb.reasons
+            .iter()
+            .filter(|r| r.category == "ipc" && !CHILD_WAITS.contains(&r.reason.as_str()))
+            .map(|r| r.ns)
+            .sum()
+    })
+}
+
 /// What the probes of the children each thread waited for added to its wait (ns), by (pid,
 /// tid); `own`: what each thread's own probes added to its time (its parts times its
 /// contention).
@@ -362,8 +376,12 @@ fn child_waits(t: &ThreadReport) -> u64 {
 /// delays are scaled by the parent's waits over their summed lives: 1 where it waited for them
 /// one after another; less where they ran side by side (`make -j8`: an eighth), or where it
 /// did not wait for all of them; more where it waited longer than the children the report
-/// knows lived (the rest taken at the known ones' cost per ns), up to all of its waits. Waits
-/// on a child's output (a pipe) are not counted.
+/// knows lived (the rest taken at the known ones' cost per ns), up to all of its waits.
+///
+/// Waits through a pipe or another kernel channel count too, but only up to the part of the
+/// children's lives not waited in `wait4`: whom such a wait was on is not known, and a server
+/// that ran one short child and then waited an hour on its sockets waited for the child its
+/// life at most.
 fn waited_for_children(r: &Report, own: &HashMap<(u32, u32), f64>) -> HashMap<(u32, u32), f64> {
     let procs = &r.processes;
     let mut index: HashMap<u32, usize> = HashMap::with_capacity(procs.len());
@@ -409,13 +427,18 @@ fn waited_for_children(r: &Report, own: &HashMap<(u32, u32), f64>) -> HashMap<(u
             }
             seen[i] = Seen::Done;
             let p = &procs[i];
-            let waits: u64 = p.threads.iter().map(child_waits).sum();
             let (mut sum, mut lives) = (0.0, 0u64);
             // A child still being summed is an ancestor under a reused pid: it adds nothing.
             for &c in kids.iter().filter(|&&c| seen[c] == Seen::Done) {
                 sum += delay[c];
                 lives += procs[c].threads.iter().map(alive_ns).max().unwrap_or(0);
             }
+            let in_wait: u64 = p.threads.iter().map(child_waits).sum();
+            let in_ipc: u64 = p.threads.iter().map(ipc_waits).sum();
+            let by_ipc = in_ipc.min(lives.saturating_sub(in_wait));
+            // Of each ns a thread waited through IPC, what counts.
+            let ipc_part = by_ipc as f64 / in_ipc.max(1) as f64;
+            let waits = in_wait + by_ipc;
             // Never more than it waited: a parent that waited 10 s for children the report
             // knows 1 ms of would otherwise multiply their cost by 10,000.
             let inherited = if waits == 0 || lives == 0 {
@@ -425,7 +448,8 @@ fn waited_for_children(r: &Report, own: &HashMap<(u32, u32), f64>) -> HashMap<(u
             };
             let mut slowest: f64 = 0.0;
             for t in &p.threads {
-                let mine = inherited * child_waits(t) as f64 / waits.max(1) as f64;
+                let waited = child_waits(t) as f64 + ipc_waits(t) as f64 * ipc_part;
+                let mine = inherited * waited / waits.max(1) as f64;
                 if mine >= 1.0 {
                     out.insert((p.pid, t.tid), mine);
                 }
@@ -1043,6 +1067,18 @@ mod tests {
         t
     }
 
+    /// A `waiter` that also waited `read_s` on a pipe.
+    fn reader(tid: u32, alive_s: f64, wait_s: f64, read_s: f64) -> ThreadReport {
+        let mut t = waiter(tid, alive_s, 0, wait_s);
+        t.time.as_mut().unwrap().reasons.push(ReasonTime {
+            category: "ipc".into(),
+            reason: "read".into(),
+            ns: (read_s * 1e9) as u64,
+            count: 1,
+        });
+        t
+    }
+
     fn tree(procs: Vec<(u32, Option<u32>, Vec<ThreadReport>)>) -> Report {
         let mut r = report(vec![]);
         r.processes = procs
@@ -1148,6 +1184,51 @@ mod tests {
             (2, Some(1), vec![waiter(2, 0.001, 10_000, 0.0)]),
         ]);
         assert_eq!(waited(&r)[&(1, 1)], 10e9);
+    }
+
+    #[test]
+    fn a_parent_reading_its_childrens_output_pays_their_probes() {
+        // `x=$(cmd)` 100 times: 8.9 s reading the children's output, 0.05 s in wait4 for
+        // their exits, 100 children of 90 ms each with 1,000 syscalls.
+        let mut procs = vec![(1, None, vec![reader(1, 10.0, 0.05, 8.9)])];
+        procs.extend((2..102).map(|pid| (pid, Some(1), vec![waiter(pid, 0.09, 1_000, 0.0)])));
+        let w = waited(&tree(procs));
+        let want = 100.0 * THOUSAND_CALLS_NS * 8.95 / 9.0;
+        assert!((w[&(1, 1)] - want).abs() < 2.0, "{w:?}");
+    }
+
+    #[test]
+    fn waits_through_ipc_count_only_up_to_the_childrens_lives() {
+        // A server that ran one child of 10 ms (1,000 syscalls) and waited an hour on its
+        // sockets: the child delayed it by its own probes at most, whether the server waited
+        // for it in wait4 or by reading its output.
+        for (wait_s, read_s) in [(0.01, 3600.0), (0.0, 3600.0), (0.005, 3600.0)] {
+            let r = tree(vec![
+                (1, None, vec![reader(1, 4000.0, wait_s, read_s)]),
+                (2, Some(1), vec![waiter(2, 0.01, 1_000, 0.0)]),
+            ]);
+            let w = waited(&r);
+            assert!(
+                (w[&(1, 1)] - THOUSAND_CALLS_NS).abs() < 1.0,
+                "{wait_s} {read_s}: {w:?}"
+            );
+        }
+        // Without children, its waits carry nothing.
+        let r = tree(vec![(1, None, vec![reader(1, 4000.0, 0.0, 3600.0)])]);
+        assert!(waited(&r).is_empty());
+        // Two threads, one in wait4, one reading: shared by what each waited that counts.
+        let r = tree(vec![
+            (
+                1,
+                None,
+                vec![waiter(1, 2.0, 0, 0.5), reader(3, 2.0, 0.0, 1.5)],
+            ),
+            (2, Some(1), vec![waiter(2, 1.0, 1_000, 0.0)]),
+        ]);
+        let w = waited(&r);
+        // 0.5 s in wait4 and 0.5 s of the read (the child's life less the wait4) count.
+        assert!((w[&(1, 1)] - 0.5 * THOUSAND_CALLS_NS).abs() < 1.0, "{w:?}");
+        assert!((w[&(1, 3)] - 0.5 * THOUSAND_CALLS_NS).abs() < 1.0, "{w:?}");
     }
 
     #[test]
