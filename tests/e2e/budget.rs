@@ -1286,6 +1286,24 @@ fn a_fast_runs_syscalls_are_timed_one_in_eight_and_estimated() {
     );
 }
 
+/// The report of a traced `bash -c script`, and the run.
+fn shell_loop(name: &str, script: &str) -> (serde_json::Value, common::Run) {
+    let out = common::out_dir(name);
+    let run = common::gputrace(&["-o", out.to_str().unwrap(), "--", "bash", "-c", script]);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    (run.report(&out), run)
+}
+
+/// The costliest thread's waited-for children's part (ns) in `overhead`.
+fn waited_part(overhead: &serde_json::Value) -> f64 {
+    common::field_of(
+        &overhead["costliest_thread"]["parts"],
+        "what",
+        "waited-for children's probes",
+        "ns",
+    ) as f64
+}
+
 /// A shell loop of short children (`/bin/true`, ~1 ms each): each is too short to be the
 /// costliest thread, and their parent, blocked in `wait4` for the whole loop, dilutes them in
 /// the whole trace's figure. Priced together (`overhead.short_lived`), they are in the summary
@@ -1297,17 +1315,7 @@ fn a_shell_loops_short_children_are_priced_together() {
     if !require_root("a_shell_loops_short_children_are_priced_together") {
         return;
     }
-    let out = common::out_dir("short-lived");
-    let run = common::gputrace(&[
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        "bash",
-        "-c",
-        "for i in $(seq 400); do /bin/true; done",
-    ]);
-    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
-    let r = run.report(&out);
+    let (r, run) = shell_loop("short-lived", "for i in $(seq 400); do /bin/true; done");
     let o = &r["overhead"];
     let g = &o["short_lived"];
     assert_eq!(g["under_ns"].as_u64(), Some(100_000_000), "{o:#}");
@@ -1335,12 +1343,7 @@ fn a_shell_loops_short_children_are_priced_together() {
     // It waited in wait4 through each child's life, so their probes are in its time too:
     // about what they paid (their parts times their contention), scaled by its waits over
     // their lives (a little under 1: it forks before it waits).
-    let waited = common::field_of(
-        &o["costliest_thread"]["parts"],
-        "what",
-        "waited-for children's probes",
-        "ns",
-    ) as f64;
+    let waited = waited_part(o);
     let paid = est * alive;
     assert!(
         waited > 0.5 * paid && waited < 1.2 * paid,
@@ -1365,17 +1368,10 @@ fn a_shell_reading_its_childrens_output_pays_their_probes() {
     if !require_root("a_shell_reading_its_childrens_output_pays_their_probes") {
         return;
     }
-    let out = common::out_dir("short-lived-output");
-    let run = common::gputrace(&[
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        "bash",
-        "-c",
+    let (r, _) = shell_loop(
+        "short-lived-output",
         "for i in $(seq 400); do x=$(/bin/true); done",
-    ]);
-    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
-    let r = run.report(&out);
+    );
     let o = &r["overhead"];
     let root = r["target"]["pids"][0].as_u64();
     assert_eq!(o["costliest_thread"]["tid"].as_u64(), root, "{o:#}");
@@ -1399,12 +1395,7 @@ fn a_shell_reading_its_childrens_output_pays_their_probes() {
     assert!(wait("read") > 2 * wait("wait4"), "{reasons:#}");
     let g = &o["short_lived"];
     let paid = g["estimated"].as_f64().unwrap() * g["alive_ns"].as_f64().unwrap();
-    let waited = common::field_of(
-        &o["costliest_thread"]["parts"],
-        "what",
-        "waited-for children's probes",
-        "ns",
-    ) as f64;
+    let waited = waited_part(o);
     assert!(
         waited > 0.5 * paid && waited < 1.2 * paid,
         "{waited} ns waited for, {paid} ns paid by the children: {o:#}"
