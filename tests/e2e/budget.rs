@@ -1375,7 +1375,8 @@ fn a_shell_reading_its_childrens_output_pays_their_probes() {
     let o = &r["overhead"];
     let root = r["target"]["pids"][0].as_u64();
     assert_eq!(o["costliest_thread"]["tid"].as_u64(), root, "{o:#}");
-    // Most of the shell's waits are reads of the pipe, not wait4.
+    // Most of the shell's waits are on the pipe (reads; "syscall unseen" where the budget
+    // took the syscall programs off), not wait4.
     let shell = r["processes"]
         .as_array()
         .unwrap()
@@ -1383,16 +1384,16 @@ fn a_shell_reading_its_childrens_output_pays_their_probes() {
         .find(|p| p["pid"].as_u64() == root)
         .unwrap();
     let reasons = &shell["threads"][0]["time"]["reasons"];
-    let wait = |reason: &str| {
+    let ipc = |wait4: bool| {
         reasons
             .as_array()
             .unwrap()
             .iter()
-            .filter(|x| x["reason"] == reason && x["category"] == "ipc")
+            .filter(|x| x["category"] == "ipc" && (x["reason"] == "wait4") == wait4)
             .map(|x| x["ns"].as_u64().unwrap())
             .sum::<u64>()
     };
-    assert!(wait("read") > 2 * wait("wait4"), "{reasons:#}");
+    assert!(ipc(false) > 2 * ipc(true), "{reasons:#}");
     let g = &o["short_lived"];
     let paid = g["estimated"].as_f64().unwrap() * g["alive_ns"].as_f64().unwrap();
     let waited = waited_part(o);
@@ -1518,11 +1519,17 @@ fn hash_maps_take_kernel_memory_as_they_fill() {
     let _ = std::fs::remove_file(&file);
 
     let own = |r: &serde_json::Value| r["overhead"]["own"].clone();
-    // Linux 6.1 allows maps allocated as used in every program; before, all are preallocated.
+    // Linux 6.1 allows maps allocated as used in every program; before, all are preallocated
+    // (unless a distribution's kernel took the change in).
     let kernel = common::kernel_version();
-    for r in [&as_used, &as_used_io] {
-        assert_eq!(own(r)["maps_as_used"], kernel >= (6, 1), "{:#}", own(r));
-    }
+    let allowed = own(&as_used)["maps_as_used"] == true;
+    assert!(allowed || kernel < (6, 1), "{:#}", own(&as_used));
+    assert_eq!(
+        own(&as_used_io)["maps_as_used"],
+        allowed,
+        "{:#}",
+        own(&as_used_io)
+    );
     for r in [&preallocated, &preallocated_io] {
         assert_eq!(own(r)["maps_as_used"], false, "{:#}", own(r));
     }
@@ -1530,7 +1537,7 @@ fn hash_maps_take_kernel_memory_as_they_fill() {
     // Preallocated, the thread-state spill (38 MB), Python stacks (9 MB), sampled stacks'
     // counts (8 MB) and CUDA rows (8 MB); as used, their bucket arrays and a few rows. A map's
     // fdinfo says what it holds from Linux 6.4; before, its whole size either way.
-    if kernel >= (6, 4) {
+    if allowed && kernel >= (6, 4) {
         assert!(
             bytes(&preallocated) >= bytes(&as_used) + (48 << 20),
             "preallocated {} as used {}",

@@ -480,8 +480,8 @@ fn ebpf_object(can_load: bool) -> Check {
         String::new()
     };
     let mut summary = format!(
-        "{maps} maps created ({} of kernel memory), {verified} programs passed the \
-         verifier{extra}",
+        "{maps} maps created ({} of kernel memory; before Linux 6.4 one allocated as used \
+         counts whole), {verified} programs passed the verifier{extra}",
         crate::report::units::bytes(held)
     );
     let limit = crate::collect::VERIFIER_LIMIT;

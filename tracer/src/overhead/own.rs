@@ -34,8 +34,8 @@ impl Usage {
 }
 
 /// Kernel memory gputrace's BPF maps hold now: what the kernel charges each (`memlock` in the
-/// map's fdinfo: all of a preallocated map, what is in use of one allocated as it fills), each
-/// map once however many fds it has.
+/// map's fdinfo: all of a preallocated map; of one allocated as it fills, what is in use from
+/// Linux 6.4, its whole size before), each map once however many fds it has.
 pub fn kernel_maps_bytes() -> u64 {
     let Ok(dir) = std::fs::read_dir("/proc/self/fdinfo") else {
         return 0;

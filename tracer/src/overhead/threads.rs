@@ -337,6 +337,14 @@ fn for_each_cost(
     }
 }
 
+/// The children `p` forked in the trace, as its syscalls tell: its successful clone-family
+/// calls less the threads it made (each of its threads but the first came of one; fewer
+/// children where some threads were there before the trace).
+fn forked(p: &ProcessReport) -> u64 {
+    let clones = succeeded(&p.syscalls, &["clone", "clone3", "fork", "vfork"]);
+    clones.saturating_sub(p.threads.len().saturating_sub(1) as u64)
+}
+
 /// The syscalls a parent blocks in until a child ends.
 const CHILD_WAITS: [&str; 3] = ["wait4", "waitid", "waitpid"];
 
@@ -352,9 +360,10 @@ fn child_waits(t: &ThreadReport) -> u64 {
 }
 
 /// How long thread `t` was blocked on another process through the kernel (a pipe, a unix
-/// socket, a vfork) other than in a wait for a child to end: a shell reading a child's
-/// output (`$(cmd)`) or Python's `communicate()` waits as long as the child writes, and
-/// is in `wait4` only for its exit.
+/// socket, a terminal, a vfork) other than in a wait for a child to end: a shell reading a
+/// child's output (`$(cmd)`) waits as long as the child writes, and is in `wait4` only for
+/// its exit. (A `poll` or `select` on the pipes, as Python's `communicate()` does with two,
+/// is in the `poll` category: not counted.)
 fn ipc_waits(t: &ThreadReport) -> u64 {
     t.time.as_ref().map_or(0, |tb| {
         tb.reasons
@@ -381,7 +390,12 @@ fn ipc_waits(t: &ThreadReport) -> u64 {
 /// Waits through a pipe or another kernel channel count too, but only up to the part of the
 /// children's lives not waited in `wait4`: whom such a wait was on is not known, and a server
 /// that ran one short child and then waited an hour on its sockets waited for the child its
-/// life at most.
+/// life at most. That bounds the time, not whom it was spent on: a wait on a terminal or on
+/// another process fills the room the children's lives leave (a pipeline's shell reading its
+/// script from a pipe is charged each stage's probes, not the slowest stage's), at most at
+/// the children's cost per ns of their lives. Children the report no longer holds (past the
+/// tracker's cap, a loop's exited children are forgotten) are taken to have lived as the
+/// known ones did, by the parent's forks.
 fn waited_for_children(r: &Report, own: &HashMap<(u32, u32), f64>) -> HashMap<(u32, u32), f64> {
     let procs = &r.processes;
     let mut index: HashMap<u32, usize> = HashMap::with_capacity(procs.len());
@@ -427,15 +441,17 @@ fn waited_for_children(r: &Report, own: &HashMap<(u32, u32), f64>) -> HashMap<(u
             }
             seen[i] = Seen::Done;
             let p = &procs[i];
-            let (mut sum, mut lives) = (0.0, 0u64);
+            let (mut sum, mut lives, mut known) = (0.0, 0u64, 0u64);
             // A child still being summed is an ancestor under a reused pid: it adds nothing.
             for &c in kids.iter().filter(|&&c| seen[c] == Seen::Done) {
                 sum += delay[c];
                 lives += procs[c].threads.iter().map(alive_ns).max().unwrap_or(0);
+                known += 1;
             }
+            let all_lives = lives as f64 * forked(p).max(known) as f64 / known.max(1) as f64;
             let in_wait: u64 = p.threads.iter().map(child_waits).sum();
             let in_ipc: u64 = p.threads.iter().map(ipc_waits).sum();
-            let by_ipc = in_ipc.min(lives.saturating_sub(in_wait));
+            let by_ipc = in_ipc.min((all_lives as u64).saturating_sub(in_wait));
             // Of each ns a thread waited through IPC, what counts.
             let ipc_part = by_ipc as f64 / in_ipc.max(1) as f64;
             let waits = in_wait + by_ipc;
@@ -1195,6 +1211,41 @@ mod tests {
         let w = waited(&tree(procs));
         let want = 100.0 * THOUSAND_CALLS_NS * 8.95 / 9.0;
         assert!((w[&(1, 1)] - want).abs() < 2.0, "{w:?}");
+    }
+
+    #[test]
+    fn a_readers_forgotten_children_lived_as_the_known_ones() {
+        // 400 children forked, 100 of them in the report (the rest forgotten past the
+        // tracker's cap), 90 ms each: 35.6 s reading their output, 0.2 s in wait4.
+        let mut parent = reader(1, 40.0, 0.2, 35.6);
+        // Lock and poll waits are no waits on a child's output.
+        for (category, reason) in [("lock", "futex"), ("poll", "poll"), ("io", "read")] {
+            parent.time.as_mut().unwrap().reasons.push(ReasonTime {
+                category: category.into(),
+                reason: reason.into(),
+                ns: 3_000_000_000,
+                count: 1,
+            });
+        }
+        let mut procs = vec![(1, None, vec![parent])];
+        procs.extend((2..102).map(|pid| (pid, Some(1), vec![waiter(pid, 0.09, 1_000, 0.0)])));
+        let mut r = tree(procs);
+        r.processes[0].syscalls = vec![SyscallStat {
+            name: "clone".into(),
+            count: 400,
+            ..Default::default()
+        }];
+        let w = waited(&r);
+        // At the known children's cost per ns of life, over 35.8 s of waits.
+        let want = 100.0 * THOUSAND_CALLS_NS * 35.8 / 9.0;
+        assert!((w[&(1, 1)] - want).abs() < 10.0, "{w:?}");
+        // Without the forks, only the known children's lives leave room: 9 s.
+        r.processes[0].syscalls.clear();
+        let w = waited(&r);
+        assert!(
+            (w[&(1, 1)] - 100.0 * THOUSAND_CALLS_NS).abs() < 2.0,
+            "{w:?}"
+        );
     }
 
     #[test]
