@@ -1286,6 +1286,52 @@ fn a_fast_runs_syscalls_are_timed_one_in_eight_and_estimated() {
     );
 }
 
+/// A long trace of short processes each reading a disk: their block rows (one per process
+/// and disk) are taken out of the kernel's map once they are gone, so that a map of 16 rows
+/// holds 24 readers' I/O with none lost.
+#[test]
+fn gone_readers_leave_room_for_the_next_ones_block_rows() {
+    let _g = serial();
+    if !require_root("gone_readers_leave_room_for_the_next_ones_block_rows") {
+        return;
+    }
+    // On the root disk: O_DIRECT there reaches the block layer.
+    let file = common::tmp_dir().join(format!("readers-{}.bin", std::process::id()));
+    std::fs::write(&file, vec![7u8; 24 * 4096]).unwrap();
+    std::process::Command::new("sync").status().unwrap();
+    let out = common::out_dir("gone-readers");
+    let script = format!(
+        "for i in $(seq 0 23); do dd if={} of=/dev/null bs=4k count=1 skip=$i iflag=direct \
+         status=none; sleep 0.3; done",
+        file.display()
+    );
+    let run = common::gputrace_env(
+        &["-o", out.to_str().unwrap(), "--", "bash", "-c", &script],
+        &[("GPUTRACE_BLOCK_ROWS", "16")],
+    );
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(run.code(), 0, "stderr:\n{}", run.stderr);
+    let r = run.report(&out);
+    assert!(
+        r["drops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["reason"] != "BlockMapFull"),
+        "{:#}",
+        r["drops"]
+    );
+    let readers: Vec<u64> = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["comm"] == "dd")
+        .map(|p| common::sum_of(&p["block_io"], "read_bytes"))
+        .collect();
+    assert_eq!(readers.len(), 24, "{readers:?}");
+    assert!(readers.iter().all(|&b| b >= 4096), "{readers:?}");
+}
+
 /// The report of a traced `bash -c script`, and the run.
 fn shell_loop(name: &str, script: &str) -> (serde_json::Value, common::Run) {
     let out = common::out_dir(name);

@@ -140,15 +140,22 @@ pub fn block_rows_upfront(cpus: u32, row_bytes: u64, asked: u32) -> u32 {
         .min(u64::from(asked)) as u32
 }
 
-/// Sets what the object's maps need at `alloc` on `loader`.
+/// Sets what the object's maps need at `alloc` on `loader`. `GPUTRACE_BLOCK_ROWS` lowers the
+/// block rows, for tests.
 pub fn configure(loader: &mut aya::EbpfLoader<'_>, alloc: Alloc) {
-    if alloc == Alloc::Upfront {
+    let asked = crate::env_cap(
+        "GPUTRACE_BLOCK_ROWS",
+        tracer_common::wall::BLOCK_ENTRIES as usize,
+    ) as u32;
+    let rows = if alloc == Alloc::Upfront {
         let cpus = aya::util::nr_cpus().map_or(CPUS_UNKNOWN, |n| n as u32);
         let row = (std::mem::size_of::<tracer_common::wall::BlkStat>() as u64).next_multiple_of(8);
-        loader.map_max_entries(
-            BLOCK_MAP,
-            block_rows_upfront(cpus, row, tracer_common::wall::BLOCK_ENTRIES),
-        );
+        block_rows_upfront(cpus, row, asked)
+    } else {
+        asked
+    };
+    if rows != tracer_common::wall::BLOCK_ENTRIES {
+        loader.map_max_entries(BLOCK_MAP, rows.max(1));
     }
 }
 

@@ -387,6 +387,7 @@ pub fn fill(
         comms.get(&tid).map(|c| c.1.clone()).unwrap_or_default()
     });
     let closed = std::mem::take(&mut retired.files);
+    let gone_block = std::mem::take(&mut retired.block);
     let recent = retired.take_recent_names();
     fill_syscalls(ebpf, data, retired)?;
     let gens = fd_gens(ebpf).unwrap_or_default();
@@ -404,7 +405,7 @@ pub fn fill(
         &closed,
         &lineage,
     )?;
-    fill_block(ebpf, data, &open)?;
+    fill_block(ebpf, data, &open, gone_block)?;
     data.time = render::folded(&rows, &verdicts, ctx, data, comms, seeded, &mut stacks);
     Ok(())
 }
@@ -771,6 +772,18 @@ fn file_of<'a>(
     Some(last.as_str())
 }
 
+/// The map's rows and those taken out of it, one row a process and disk (a pid a new
+/// process took has its rows in both: summed, as its other figures are).
+fn merged_block(
+    rows: Vec<(BlkKey, BlkStat)>,
+    mut taken: BTreeMap<BlkKey, BlkStat>,
+) -> Vec<(BlkKey, BlkStat)> {
+    for (k, v) in rows {
+        taken.entry(k).or_default().add(&v);
+    }
+    taken.into_iter().collect()
+}
+
 /// `BLOCK_IO`'s rows, each CPU's copy summed.
 fn read_block(ebpf: &Ebpf) -> Result<Vec<(BlkKey, BlkStat)>> {
     let map: aya::maps::PerCpuHashMap<&MapData, BlkKey, BlkStat> =
@@ -825,9 +838,15 @@ fn device_name(dev: u32) -> String {
     }
 }
 
-fn fill_block(ebpf: &Ebpf, data: &mut ReportData, open: &[(u32, ThreadState)]) -> Result<()> {
+/// `gone`: the rows the passes took out of the map (gone processes').
+fn fill_block(
+    ebpf: &Ebpf,
+    data: &mut ReportData,
+    open: &[(u32, ThreadState)],
+    gone: BTreeMap<BlkKey, BlkStat>,
+) -> Result<()> {
     let mut rows: Vec<(BlkKey, BlkStat)> = match read_block(ebpf) {
-        Ok(r) => r,
+        Ok(r) => merged_block(r, gone),
         Err(_) => return Ok(()),
     };
     add_held_bio(&mut rows, open);
@@ -1310,6 +1329,28 @@ mod tests {
             vec![2],
             "{unseen:?}"
         );
+    }
+
+    #[test]
+    fn block_rows_taken_out_of_the_map_join_those_left() {
+        let key = |tgid, dev| BlkKey { tgid, dev };
+        let stat = |requests, read_bytes| BlkStat {
+            requests,
+            read_bytes,
+            ..Default::default()
+        };
+        let taken: BTreeMap<BlkKey, BlkStat> =
+            [(key(7, 8), stat(2, 8192)), (key(9, 8), stat(1, 4096))].into();
+        // Pid 7 taken again by a new process that read the same disk; pid 11 still live.
+        let rows = merged_block(
+            vec![(key(7, 8), stat(3, 12288)), (key(11, 8), stat(1, 512))],
+            taken,
+        );
+        let got: Vec<(u32, u64, u64)> = rows
+            .iter()
+            .map(|(k, s)| (k.tgid, s.requests, s.read_bytes))
+            .collect();
+        assert_eq!(got, [(7, 5, 20480), (9, 1, 4096), (11, 1, 512)]);
     }
 
     #[test]

@@ -26,9 +26,9 @@ use aya::{
     Ebpf,
 };
 use tracer_common::wall::{
-    ErrnoKey, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysKey, SysStat, WallKey, WallVal,
-    DEATHS_MAP, ERRNOS_MAP, FD_EPOCH_MAP, FD_GEN_MAP, FD_NAMES_MAP, FD_NAME_WAYS, FILEIO_MAP,
-    LIFE_MAP, SYSCALLS_MAP, WALL_MAP,
+    BlkKey, BlkStat, ErrnoKey, FdGenKey, FdKey, FdName, FdStat, LifeKey, LifeVal, SysKey, SysStat,
+    WallKey, WallVal, BLOCK_MAP, DEATHS_MAP, ERRNOS_MAP, FD_EPOCH_MAP, FD_GEN_MAP, FD_NAMES_MAP,
+    FD_NAME_WAYS, FILEIO_MAP, LIFE_MAP, SYSCALLS_MAP, WALL_MAP,
 };
 
 use super::aggregate::{FoldedLives, Row, FOLDED_TID};
@@ -164,6 +164,9 @@ pub struct Retired {
     pending: Threads,
     /// Closed files' I/O by (tgid, name), taken out of `FILEIO` and named when taken.
     pub files: BTreeMap<(u32, String), FdStat>,
+    /// Gone processes' block I/O by (tgid, disk), taken out of `BLOCK_IO` (each CPU's copy
+    /// summed), at most [`MAX_BLOCK_ROWS`].
+    pub block: BTreeMap<BlkKey, BlkStat>,
     /// Closed files whose I/O went under their directory's name (`MAX_CLOSED_FILES`).
     pub files_folded: u64,
     /// Closed files whose I/O was not kept (past the folded rows' room too), and its bytes.
@@ -182,6 +185,11 @@ pub struct Retired {
     recent: StdHashMap<FdKey, String>,
     recent_order: std::collections::VecDeque<FdKey>,
 }
+
+/// Gone processes' block rows kept (~340 bytes each): past this they stay in `BLOCK_IO`, whose
+/// 4,096 rows (one per process and disk) a long trace of short processes reading a disk
+/// filled (`BlockMapFull`).
+pub const MAX_BLOCK_ROWS: usize = 65_536;
 
 /// Names kept for a closed file's later rows (~100 bytes each).
 pub const RECENT_NAMES: usize = 65_536;
@@ -444,7 +452,43 @@ impl Retired {
         // per fd (~1,150 a second under a shell loop).
         let _ = take_final::<FdGenKey, u32>(ebpf, FD_GEN_MAP, |k| forgotten.contains(&k.tgid))?;
         forget_names(ebpf, &named_gone)?;
+        self.take_block(ebpf, gone)?;
         Ok((n, forgotten))
+    }
+
+    /// Takes the block rows of the `gone` processes out of `BLOCK_IO`, up to
+    /// [`MAX_BLOCK_ROWS`] kept. Their requests completed a pass ago or more (a completion
+    /// after that, in flight at the exit for over a second, is lost with the row's delete).
+    fn take_block(&mut self, ebpf: &mut Ebpf, gone: &BTreeSet<u32>) -> Result<()> {
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let Some(map) = ebpf.map_mut(BLOCK_MAP) else {
+            return Ok(());
+        };
+        let mut map: aya::maps::PerCpuHashMap<&mut MapData, BlkKey, BlkStat> =
+            aya::maps::PerCpuHashMap::try_from(map)?;
+        let keys: Vec<BlkKey> = map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| gone.contains(&k.tgid))
+            .collect();
+        for k in keys {
+            if self.block.len() >= MAX_BLOCK_ROWS && !self.block.contains_key(&k) {
+                break;
+            }
+            let Ok(per_cpu) = map.get(&k, 0) else {
+                continue;
+            };
+            if map.remove(&k).is_err() {
+                continue;
+            }
+            let row = self.block.entry(k).or_default();
+            for v in per_cpu.iter() {
+                row.add(v);
+            }
+        }
+        Ok(())
     }
 
     /// Adds a closed file's I/O under its name, under its directory's past `max` names, and
