@@ -34,8 +34,9 @@ pub const AS_USED: &[&str] = &[
 ];
 
 /// The per-CPU block rows where they are preallocated: a row is one per CPU (~330 bytes
-/// each), and the 4,096 the map holds were ~170 MB on a 128-CPU machine. Nothing takes rows
-/// out during a trace (one per process and disk): past what this holds, `BlockMapFull`.
+/// each), and the 4,096 the map holds were ~170 MB on a 128-CPU machine. A row (one per
+/// process and disk) stays until its process is gone a pass: past what this holds of live
+/// ones, `BlockMapFull`.
 const BLOCK_IO_UPFRONT_BYTES: u64 = 32 << 20;
 
 /// CPUs assumed where their number cannot be read: few rows rather than too much memory.
@@ -82,49 +83,25 @@ fn forced_upfront() -> bool {
     std::env::var("GPUTRACE_PREALLOC").is_ok_and(|v| v == "1")
 }
 
-/// The object to load: `object` with the flags of the maps in [`AS_USED`] set for `alloc`
-/// (the embedded one itself when they are already so).
-pub fn object(object: &'static [u8], alloc: Alloc) -> Result<Object> {
-    let want = alloc == Alloc::AsUsed;
-    let mut patched: Option<AlignedBytes> = None;
-    for name in AS_USED {
-        let at = flags_offset(object, name)?;
-        let bytes = patched.as_ref().map_or(object, AlignedBytes::as_slice);
-        let flags = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
-        let new = if want {
-            flags | BPF_F_NO_PREALLOC
-        } else {
-            flags & !BPF_F_NO_PREALLOC
+/// The object to load: a copy of `object` with the flags of the maps in [`AS_USED`] set for
+/// `alloc` (either way some change: the block rows are allocated as used in the object).
+pub fn object(object: &[u8], alloc: Alloc) -> Result<AlignedBytes> {
+    let mut copy = AlignedBytes::copy(object);
+    for at in flags_offsets(object, AS_USED)? {
+        let bytes = &mut copy.as_mut_slice()[at..at + 4];
+        let flags = u32::from_le_bytes((&*bytes).try_into().expect("4 bytes"));
+        let new = match alloc {
+            Alloc::AsUsed => flags | BPF_F_NO_PREALLOC,
+            Alloc::Upfront => flags & !BPF_F_NO_PREALLOC,
         };
-        if new != flags {
-            let buf = patched.get_or_insert_with(|| AlignedBytes::copy(object));
-            buf.as_mut_slice()[at..at + 4].copy_from_slice(&new.to_le_bytes());
-        }
+        bytes.copy_from_slice(&new.to_le_bytes());
     }
-    Ok(match patched {
-        Some(b) => Object::Patched(b),
-        None => Object::Embedded(object),
-    })
-}
-
-/// The eBPF object as loaded.
-pub enum Object {
-    Embedded(&'static [u8]),
-    Patched(AlignedBytes),
-}
-
-impl Object {
-    pub fn bytes(&self) -> &[u8] {
-        match self {
-            Object::Embedded(b) => b,
-            Object::Patched(b) => b.as_slice(),
-        }
-    }
+    Ok(copy)
 }
 
 /// The flags map `name` has in `object`.
 pub fn flags_of(object: &[u8], name: &str) -> Result<u32> {
-    let at = flags_offset(object, name)?;
+    let at = flags_offsets(object, &[name])?[0];
     Ok(u32::from_le_bytes(
         object[at..at + 4].try_into().expect("4 bytes"),
     ))
@@ -159,33 +136,38 @@ pub fn configure(loader: &mut aya::EbpfLoader<'_>, alloc: Alloc) {
     }
 }
 
-/// The file offset of map `name`'s `map_flags` in the object: legacy map definitions
+/// The file offsets of the `map_flags` of maps `names` in the object: legacy map definitions
 /// (`bpf_map_def`: type, key_size, value_size, max_entries, map_flags, ...) in its `maps`
 /// section, one per symbol.
-fn flags_offset(object: &[u8], name: &str) -> Result<usize> {
+fn flags_offsets(object: &[u8], names: &[&str]) -> Result<Vec<usize>> {
     use object::{Object, ObjectSection, ObjectSymbol};
     const FLAGS_AT: u64 = 16;
     let elf = object::File::parse(object).context("parse the eBPF object")?;
-    let sym = elf
-        .symbols()
-        .find(|s| s.name() == Ok(name))
-        .with_context(|| format!("map {name} missing from the eBPF object"))?;
-    let section = sym
-        .section_index()
-        .and_then(|i| elf.section_by_index(i).ok())
-        .with_context(|| format!("map {name}: no section"))?;
-    if section.name() != Ok("maps") {
-        bail!("{name} is not a map definition of the eBPF object");
-    }
-    let (start, size) = section
-        .file_range()
-        .with_context(|| format!("map {name}: its section has no data"))?;
-    let at = sym.address() - section.address() + FLAGS_AT;
-    // aya reads a definition's `st_size` bytes: flags past them would be another map's.
-    if sym.size() < FLAGS_AT + 4 || at + 4 > size {
-        bail!("map {name}: its definition has no flags");
-    }
-    Ok((start + at) as usize)
+    names
+        .iter()
+        .map(|&name| {
+            let sym = elf
+                .symbols()
+                .find(|s| s.name() == Ok(name))
+                .with_context(|| format!("map {name} missing from the eBPF object"))?;
+            let section = sym
+                .section_index()
+                .and_then(|i| elf.section_by_index(i).ok())
+                .with_context(|| format!("map {name}: no section"))?;
+            if section.name() != Ok("maps") {
+                bail!("{name} is not a map definition of the eBPF object");
+            }
+            let (start, size) = section
+                .file_range()
+                .with_context(|| format!("map {name}: its section has no data"))?;
+            let at = sym.address() - section.address() + FLAGS_AT;
+            // aya reads a definition's `st_size` bytes: flags past them would be another map's.
+            if sym.size() < FLAGS_AT + 4 || at + 4 > size {
+                bail!("map {name}: its definition has no flags");
+            }
+            Ok((start + at) as usize)
+        })
+        .collect()
 }
 
 /// A copy of the object at the alignment its ELF structures need (8; aya's
@@ -208,7 +190,7 @@ impl AlignedBytes {
         }
     }
 
-    fn as_slice(&self) -> &[u8] {
+    pub fn bytes(&self) -> &[u8] {
         // SAFETY: the first `len` bytes of `words`, initialised.
         unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast(), self.len) }
     }
@@ -306,10 +288,7 @@ mod tests {
             let b = o.bytes();
             assert_eq!(b.len(), OBJECT.len());
             let changed: Vec<usize> = (0..b.len()).filter(|&i| b[i] != OBJECT[i]).collect();
-            let flags: Vec<usize> = AS_USED
-                .iter()
-                .map(|n| flags_offset(OBJECT, n).unwrap())
-                .collect();
+            let flags = flags_offsets(OBJECT, AS_USED).unwrap();
             assert!(
                 changed
                     .iter()
@@ -328,9 +307,9 @@ mod tests {
 
     #[test]
     fn a_name_that_is_no_map_is_an_error() {
-        assert!(flags_offset(OBJECT, "NO_SUCH_MAP").is_err());
+        assert!(flags_offsets(OBJECT, &["THREADS", "NO_SUCH_MAP"]).is_err());
         // A symbol of the object outside its map definitions.
-        let e = flags_offset(OBJECT, "THREAD_SLOT_MASK").unwrap_err();
+        let e = flags_offsets(OBJECT, &["THREAD_SLOT_MASK"]).unwrap_err();
         assert!(format!("{e}").contains("not a map definition"), "{e}");
     }
 
