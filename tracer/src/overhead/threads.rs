@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use crate::report::model::{
     overhead::{Overhead, ProgramCost, ShortLived, ThreadCost, ThreadCostPart, WAITED_PART},
-    time::{SyscallStat, TimeBreakdown},
+    time::{ReasonTime, SyscallStat, TimeBreakdown},
     ProcessReport, Report, ThreadReport,
 };
 
@@ -348,15 +348,16 @@ fn forked(p: &ProcessReport) -> u64 {
 /// The syscalls a parent blocks in until a child ends.
 const CHILD_WAITS: [&str; 3] = ["wait4", "waitid", "waitpid"];
 
+/// How long thread `t` was off CPU for the reasons `keep` picks.
+fn blocked_ns(t: &ThreadReport, keep: impl Fn(&ReasonTime) -> bool) -> u64 {
+    t.time.as_ref().map_or(0, |tb| {
+        tb.reasons.iter().filter(|r| keep(r)).map(|r| r.ns).sum()
+    })
+}
+
 /// How long thread `t` was blocked waiting for a child to end.
 fn child_waits(t: &ThreadReport) -> u64 {
-    t.time.as_ref().map_or(0, |tb| {
-        tb.reasons
-            .iter()
-            .filter(|r| CHILD_WAITS.contains(&r.reason.as_str()))
-            .map(|r| r.ns)
-            .sum()
-    })
+    blocked_ns(t, |r| CHILD_WAITS.contains(&r.reason.as_str()))
 }
 
 /// How long thread `t` was blocked on another process through the kernel (a pipe, a unix
@@ -365,12 +366,8 @@ fn child_waits(t: &ThreadReport) -> u64 {
 /// its exit. (A `poll` or `select` on the pipes, as Python's `communicate()` does with two,
 /// is in the `poll` category: not counted.)
 fn ipc_waits(t: &ThreadReport) -> u64 {
-    t.time.as_ref().map_or(0, |tb| {
-        tb.reasons
-            .iter()
-            .filter(|r| r.category == "ipc" && !CHILD_WAITS.contains(&r.reason.as_str()))
-            .map(|r| r.ns)
-            .sum()
+    blocked_ns(t, |r| {
+        r.category == "ipc" && !CHILD_WAITS.contains(&r.reason.as_str())
     })
 }
 
@@ -577,7 +574,7 @@ mod tests {
     use crate::report::model::{
         cuda::{ApiStat, ProcessCuda, ThreadCuda},
         overhead::{ProbeSampling, ProgramCost, StormThread, SyscallsOff, ThreadOverhead},
-        time::{ReasonTime, SyscallStat},
+        time::SyscallStat,
     };
 
     fn prog(name: &str, hits: u64, bpf: f64, trap: f64) -> ProgramCost {
