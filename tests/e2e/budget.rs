@@ -1591,8 +1591,16 @@ fn hash_maps_take_kernel_memory_as_they_fill() {
             bytes(&as_used)
         );
     }
+    // Nothing lost but a switch the kernel ran no program for (`SwitchInUnseen`: the
+    // scheduler's, either way; cuda.rs and faults.rs leave it out alike).
     for r in [&as_used, &preallocated, &as_used_io, &preallocated_io] {
-        assert_eq!(r["drops"], serde_json::json!([]), "{:#}", r["drops"]);
+        let lost: Vec<&serde_json::Value> = r["drops"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["reason"] != "SwitchInUnseen")
+            .collect();
+        assert!(lost.is_empty(), "{:#}", r["drops"]);
     }
     let count = |r: &serde_json::Value, name: &str| {
         common::field_of(&r["processes"][0]["syscalls"], "name", name, "count")
