@@ -1626,6 +1626,48 @@ fn a_storm_of_short_processes_keeps_its_syscall_rows_bounded() {
         "{}",
         run.stdout
     );
+    // The whole trace's estimate prices every call the children made, those whose rows were
+    // not kept included: each syscall program's traced runs at a traced run's price.
+    let o = &r["overhead"];
+    let syscalls: f64 = o["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["program"].as_str().is_some_and(|n| n.starts_with("sys_")))
+        .map(|p| {
+            let runs = p["traced_hits"].as_f64().expect("traced runs counted");
+            let ns = p["traced_bpf_ns_per_hit"]
+                .as_f64()
+                .unwrap_or_else(|| p["bpf_ns_per_hit"].as_f64().unwrap());
+            let outside =
+                p["trap_ns_per_hit"].as_f64().unwrap() + p["stats_ns_per_hit"].as_f64().unwrap();
+            runs * (ns + outside).max(0.0)
+        })
+        .sum();
+    let cost = o["traced_cost_ns"].as_f64().unwrap();
+    assert!(
+        syscalls > 0.0 && cost >= syscalls - 1.0,
+        "{syscalls} ns of syscalls: {o:#}"
+    );
+    // And it is a share of the time of every thread it priced: the children the report does
+    // not list lived at least while the shell waited for them.
+    let root = r["target"]["pids"][0].as_u64();
+    let shell = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == root)
+        .expect("the shell is listed");
+    let waited = field_of(&shell["time"]["reasons"], "reason", "wait4", "ns");
+    assert!(waited > 0, "{:#}", shell["time"]);
+    let alive = o["traced_alive_ns"].as_u64().unwrap();
+    let shells = shell["time"]["alive_ns"].as_u64().unwrap();
+    assert!(
+        alive >= shells + waited * 9 / 10,
+        "{shells} + {waited} ns: {o:#}"
+    );
+    let est = o["estimated"].as_f64().unwrap();
+    assert!((est - cost / alive as f64).abs() <= 1e-6 * est, "{o:#}");
 }
 
 /// The number right after `before` in the report's warning that has `before` and then

@@ -356,6 +356,12 @@ pub fn fill(
         v
     });
 
+    // Every instance's, those of processes the report does not remember included: the
+    // overhead estimate prices all their syscalls (`overhead::complete`).
+    data.report
+        .overhead
+        .get_or_insert_with(Default::default)
+        .traced_alive_ns = Some(threads.iter().map(ThreadTime::alive_ns).sum());
     fill_time(data, &threads, &folded, comms);
     // Before the syscall tables are made: under process churn each holds tens of MB at once.
     drop(threads);

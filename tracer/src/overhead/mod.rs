@@ -314,7 +314,7 @@ impl ProbeFamily for OverheadFamily {
 pub fn complete(report: &mut Report) {
     let (traced, visible) = traced_cost_ns(report);
 
-    let alive: u64 = report
+    let listed: u64 = report
         .processes
         .iter()
         .flat_map(|p| p.threads.iter())
@@ -323,6 +323,8 @@ pub fn complete(report: &mut Report) {
     let Some(o) = report.overhead.as_mut() else {
         return;
     };
+    // The cost counts every traced thread's syscalls: so does the time it is a share of.
+    let alive = o.traced_alive_ns.unwrap_or(0).max(listed);
     // Without per-thread times, charge everything to one thread alive for the whole window.
     let denom = if alive > 0 {
         alive
@@ -428,7 +430,10 @@ fn traced_costs(r: &Report) -> Vec<(&str, f64)> {
         .iter()
         .map(|p| {
             let hits = match p.program.as_str() {
-                "sys_enter" | "sys_enter_btf" | "sys_exit" => syscalls,
+                // Every traced call: under process churn the report keeps the rows of the
+                // first few thousand short processes only (`accounting::retire`), and a
+                // minute of a shell loop was priced at half what the CPU sampler caught.
+                "sys_enter" | "sys_enter_btf" | "sys_exit" => p.traced_hits.unwrap_or(syscalls),
                 n if n == ENTRY_PROG || n == RET_PROG => cuda,
                 "cpu_sample" => r.sampling.samples,
                 _ => p.traced_hits(),
@@ -826,6 +831,64 @@ mod tests {
             ..Default::default()
         });
         r
+    }
+
+    /// The data-loading job with one program, `sys_exit`: 10,000 hits at 300 ns (no trap, no
+    /// statistics), of which `traced` did the traced work.
+    fn syscall_exits(traced: Option<u64>) -> Report {
+        let mut r = crate::report::fixtures::data_loading_job();
+        r.overhead = Some(Overhead {
+            programs: vec![ProgramCost {
+                program: "sys_exit".into(),
+                hits: 10_000,
+                timed: 100,
+                bpf_ns_per_hit: 300.0,
+                traced_hits: traced,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        r
+    }
+
+    #[test]
+    fn every_traced_syscall_is_priced_not_only_the_rows_kept() {
+        let tables: u64 = crate::report::fixtures::data_loading_job()
+            .processes
+            .iter()
+            .flat_map(|p| &p.syscalls)
+            .map(|s| s.count)
+            .sum();
+        assert!(tables > 0 && tables < 5_000);
+        // Under process churn the rows of most short processes are not kept: the program's
+        // count of its traced runs says how many calls the traced threads made.
+        assert_eq!(traced_cost_ns(&syscall_exits(Some(5_000))).0, 5_000 * 300);
+        // A program that did not count them: the calls in the report's tables.
+        assert_eq!(traced_cost_ns(&syscall_exits(None)).0, tables * 300);
+    }
+
+    #[test]
+    fn the_estimate_is_a_share_of_every_traced_threads_time() {
+        let estimated = |alive: Option<u64>| {
+            let mut r = syscall_exits(Some(5_000));
+            r.overhead.as_mut().unwrap().traced_alive_ns = alive;
+            complete(&mut r);
+            r.overhead.unwrap().estimated
+        };
+        let listed: u64 = crate::report::fixtures::data_loading_job()
+            .processes
+            .iter()
+            .flat_map(|p| &p.threads)
+            .filter_map(|t| t.time.as_ref())
+            .map(|t| t.alive_ns)
+            .sum();
+        let cost = 5_000.0 * 300.0;
+        assert_eq!(estimated(None), cost / listed as f64);
+        // The threads the report neither lists nor names count too: they made calls the cost
+        // counts.
+        assert_eq!(estimated(Some(4 * listed)), cost / (4 * listed) as f64);
+        // Never below the listed threads' time.
+        assert_eq!(estimated(Some(listed / 2)), cost / listed as f64);
     }
 
     #[test]

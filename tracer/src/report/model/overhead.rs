@@ -27,11 +27,19 @@ pub struct Overhead {
     /// for every thread, traced or not, and return early for the others).
     pub probe_hits: u64,
     pub probe_cost_ns: u64,
-    /// The part of that cost paid by the traced threads: per program, the hits the report
-    /// counts for them (syscalls, CUDA calls seen, CPU samples) at the program's cost per hit;
-    /// the low-rate scheduler and process programs are charged in full (an upper bound).
+    /// The part of that cost paid by the traced threads: per program, the hits it counted as
+    /// theirs (`ProgramCost::traced_hits`: every syscall of theirs, those whose rows were not
+    /// kept included) or, for programs that do not count them, the hits the report counts for
+    /// them (CUDA calls seen, CPU samples), at the program's cost per hit; the low-rate
+    /// process programs are charged in full (an upper bound).
     #[serde(default)]
     pub traced_cost_ns: u64,
+    /// Every traced thread's time alive in the window, summed: what `estimated` is a share
+    /// of. Under process churn it counts the threads the report neither lists nor names (their
+    /// time folded into their processes', or of processes not remembered). None where the
+    /// per-thread time was not kept; `estimated` is then a share of the listed threads' time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traced_alive_ns: Option<u64>,
     /// Per program, costliest first.
     pub programs: Vec<ProgramCost>,
     /// Whether the uprobe trap costs were measured at startup on this machine (false: the
