@@ -1670,6 +1670,111 @@ fn a_storm_of_short_processes_keeps_its_syscall_rows_bounded() {
     assert!((est - cost / alive as f64).abs() <= 1e-6 * est, "{o:#}");
 }
 
+/// The kernel memory of gputrace `pid`'s map of CPU sample counts (its fdinfo `memlock`),
+/// found by its shape: keys of 48 bytes, counts of 8, 65,536 rows.
+fn sample_counts_memlock(pid: i32) -> Option<u64> {
+    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .ok()?
+        .flatten()
+    {
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if field("key_size:") == Some(48)
+            && field("value_size:") == Some(8)
+            && field("max_entries:") == Some(65_536)
+        {
+            return field("memlock:");
+        }
+    }
+    None
+}
+
+/// The CPU samples of processes the tracker forgot (past its cap: under a shell loop, just
+/// after the pids wrap, those that just exited) leave the kernel's map at the passes over
+/// exited processes, as those of the processes it remembers do. They had stayed to the end,
+/// listed again at every pass, and gputrace's CPU grew through the trace. Seen in the map's
+/// kernel memory: allocated as rows are added (Linux 6.1), counted by its fdinfo (6.4).
+#[test]
+fn forgotten_processes_samples_leave_the_kernels_map_as_they_go() {
+    let _g = serial();
+    if !require_root("forgotten_processes_samples_leave_the_kernels_map_as_they_go") {
+        return;
+    }
+    if kernel_version() < (6, 4) {
+        eprintln!("SKIPPED: a map's fdinfo counts the rows it holds from Linux 6.4");
+        return;
+    }
+    let dir = out_dir("forgotten-samples");
+    // 400 children of ~10 ms of CPU each, sampled at 999 Hz; the tracker remembers 2
+    // processes, so most are forgotten before a pass (every 2 exits) takes their rows.
+    let script = "i=0; while [ $i -lt 400 ]; do \
+                  sh -c 'j=0; while [ $j -lt 10000 ]; do j=$((j+1)); done'; i=$((i+1)); done";
+    let mut live = Live::start_env(
+        &[
+            "-F",
+            "999",
+            "-o",
+            dir.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        &[
+            ("GPUTRACE_MAX_TRACKED", "2"),
+            ("GPUTRACE_MAX_EXITED_MAPS", "4"),
+        ],
+    );
+    let pid = live.pid();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen: Vec<u64> = Vec::new();
+    while Instant::now() < deadline && live.child.try_wait().expect("try_wait").is_none() {
+        seen.extend(sample_counts_memlock(pid));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let st = live
+        .wait_for(Duration::from_secs(60))
+        .expect("gputrace ends");
+    assert!(st.success(), "{}", live.stderr());
+    let r = report_at(&dir, &live);
+    assert!(
+        r["followed"]["forgotten"].as_u64().unwrap_or(0) > 300,
+        "{:#}",
+        r["followed"]
+    );
+    // The children's samples, each nearly a row of its own (its own pid and stacks).
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).expect("cpu.folded");
+    let children: u64 = folded
+        .lines()
+        .filter(|l| l.starts_with("sh-") && !l.contains(&format!("-{}/", r["target"]["pids"][0])))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(
+        children > 1000,
+        "{children} samples of the children:\n{folded}"
+    );
+    assert!(
+        seen.len() > 10,
+        "the map's memory read {} times",
+        seen.len()
+    );
+    let (low, high) = (seen.iter().min().unwrap(), seen.iter().max().unwrap());
+    // A row takes ~104 bytes: what stays at any time is the live processes' rows (the shell's
+    // and a child's), not an eighth of the children's (before: nearly all, 368 KB of 3,400
+    // samples' rows; after: 10 KB).
+    assert!(
+        high - low < 104 * children / 8,
+        "grew {} bytes ({low} -> {high}) for {children} samples of the children",
+        high - low
+    );
+}
+
 /// The number right after `before` in the report's warning that has `before` and then
 /// `what`, and the warning from there.
 fn said_count(report: &serde_json::Value, before: &str, what: &str) -> (u64, String) {
