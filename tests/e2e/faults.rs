@@ -1629,13 +1629,13 @@ fn a_storm_of_short_processes_keeps_its_syscall_rows_bounded() {
     // The whole trace's estimate prices every call the children made, those whose rows were
     // not kept included: each syscall program's traced runs at a traced run's price.
     let o = &r["overhead"];
-    let syscalls: f64 = o["programs"]
-        .as_array()
-        .unwrap()
+    let programs = o["programs"].as_array().unwrap();
+    let syscalls: f64 = programs
         .iter()
         .filter(|p| p["program"].as_str().is_some_and(|n| n.starts_with("sys_")))
         .map(|p| {
-            let runs = p["traced_hits"].as_f64().expect("traced runs counted");
+            let runs = p["traced_hits"].as_u64().expect("traced runs counted");
+            let runs = runs.min(p["hits"].as_u64().unwrap()) as f64;
             let ns = p["traced_bpf_ns_per_hit"]
                 .as_f64()
                 .unwrap_or_else(|| p["bpf_ns_per_hit"].as_f64().unwrap());
@@ -1649,25 +1649,13 @@ fn a_storm_of_short_processes_keeps_its_syscall_rows_bounded() {
         syscalls > 0.0 && cost >= syscalls - 1.0,
         "{syscalls} ns of syscalls: {o:#}"
     );
-    // And it is a share of the time of every thread it priced: the children the report does
-    // not list lived at least while the shell waited for them.
-    let root = r["target"]["pids"][0].as_u64();
-    let shell = r["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"].as_u64() == root)
-        .expect("the shell is listed");
-    let waited = field_of(&shell["time"]["reasons"], "reason", "wait4", "ns");
-    assert!(waited > 0, "{:#}", shell["time"]);
-    let alive = o["traced_alive_ns"].as_u64().unwrap();
-    let shells = shell["time"]["alive_ns"].as_u64().unwrap();
+    // Those runs are the calls: the ones not kept are among them.
+    let (dropped, _) = said_count(&r, "syscall rows of processes that exited (", "calls)");
+    let exits = field_of(&o["programs"], "program", "sys_exit", "traced_hits");
     assert!(
-        alive >= shells + waited * 9 / 10,
-        "{shells} + {waited} ns: {o:#}"
+        exits >= dropped,
+        "{exits} traced sys_exit runs, {dropped} calls not kept"
     );
-    let est = o["estimated"].as_f64().unwrap();
-    assert!((est - cost / alive as f64).abs() <= 1e-6 * est, "{o:#}");
 }
 
 /// The kernel memory of gputrace `pid`'s map of CPU sample counts (its fdinfo `memlock`),
@@ -1764,7 +1752,14 @@ fn forgotten_processes_samples_leave_the_kernels_map_as_they_go() {
         "the map's memory read {} times",
         seen.len()
     );
+    // Preallocated, the map's memory says nothing of its rows.
+    let own = &r["overhead"]["own"];
+    assert_eq!(own["maps_as_used"], true, "{own:#}");
     let (low, high) = (seen.iter().min().unwrap(), seen.iter().max().unwrap());
+    assert!(
+        high > low,
+        "the live processes' rows never showed: {seen:?}"
+    );
     // A row takes ~104 bytes: what stays at any time is the live processes' rows (the shell's
     // and a child's), not an eighth of the children's (before: nearly all, 368 KB of 3,400
     // samples' rows; after: 10 KB).
@@ -1773,6 +1768,29 @@ fn forgotten_processes_samples_leave_the_kernels_map_as_they_go() {
         "grew {} bytes ({low} -> {high}) for {children} samples of the children",
         high - low
     );
+    // The overhead estimate is a share of the time of every thread whose calls it prices,
+    // the forgotten children's too: they lived at least while the shell waited for them.
+    let o = &r["overhead"];
+    let root = r["target"]["pids"][0].as_u64();
+    let shell = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_u64() == root)
+        .expect("the shell is listed");
+    let waited = field_of(&shell["time"]["reasons"], "reason", "wait4", "ns");
+    let shells = shell["time"]["alive_ns"].as_u64().unwrap();
+    let alive = o["traced_alive_ns"].as_u64().unwrap();
+    assert!(waited > 1_000_000_000, "{:#}", shell["time"]);
+    assert!(
+        alive >= shells + waited * 9 / 10,
+        "{shells} + {waited} ns: {o:#}"
+    );
+    let (est, cost) = (
+        o["estimated"].as_f64().unwrap(),
+        o["traced_cost_ns"].as_f64().unwrap(),
+    );
+    assert!((est - cost / alive as f64).abs() <= 1e-6 * est, "{o:#}");
 }
 
 /// The number right after `before` in the report's warning that has `before` and then

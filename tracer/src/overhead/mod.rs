@@ -400,6 +400,9 @@ fn traced_costs(r: &Report) -> Vec<(&str, f64)> {
         .flat_map(|p| p.syscalls.iter())
         .map(|s| s.count)
         .sum();
+    // From the report's CUDA tables, which hold the processes the tracker remembers: under
+    // a churn of CUDA processes past its cap, the forgotten ones' calls are not priced while
+    // their lives are in `traced_alive_ns`, and the CUDA part reads low.
     let mut cuda: u64 = 0;
     let mut launches_scaled: u64 = 0;
     for c in r.processes.iter().filter_map(|p| p.cuda.as_ref()) {
