@@ -1737,10 +1737,11 @@ fn forgotten_processes_samples_leave_the_kernels_map_as_they_go() {
         r["followed"]
     );
     // The children's samples, each nearly a row of its own (its own pid and stacks).
+    let (root, shell) = target_process(&r);
     let folded = std::fs::read_to_string(dir.join("cpu.folded")).expect("cpu.folded");
     let children: u64 = folded
         .lines()
-        .filter(|l| l.starts_with("sh-") && !l.contains(&format!("-{}/", r["target"]["pids"][0])))
+        .filter(|l| l.starts_with("sh-") && !l.contains(&format!("-{root}/")))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum();
     assert!(
@@ -1771,13 +1772,6 @@ fn forgotten_processes_samples_leave_the_kernels_map_as_they_go() {
     // The overhead estimate is a share of the time of every thread whose calls it prices,
     // the forgotten children's too: they lived at least while the shell waited for them.
     let o = &r["overhead"];
-    let root = r["target"]["pids"][0].as_u64();
-    let shell = r["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"].as_u64() == root)
-        .expect("the shell is listed");
     let waited = field_of(&shell["time"]["reasons"], "reason", "wait4", "ns");
     let shells = shell["time"]["alive_ns"].as_u64().unwrap();
     let alive = o["traced_alive_ns"].as_u64().unwrap();

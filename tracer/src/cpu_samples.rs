@@ -104,7 +104,6 @@ impl Exited {
         tracker: &mut Tracker,
         drain: impl FnOnce(&mut Tracker),
     ) -> bool {
-        self.exits += exits(&tracker.lives);
         if self.failed.is_some() {
             return false;
         }
@@ -163,7 +162,6 @@ impl Exited {
         // read now, they are symbolised as the new process's, as at the end.
         let before = tracker.lives.len();
         drain(tracker);
-        self.exits += exits(&tracker.lives[before..]);
         self.note_gone(&tracker.lives[before..]);
         self.sym.use_held(tracker.held.paths());
         self.sym.use_perf_maps(tracker.held.perf_map_paths());
@@ -182,14 +180,19 @@ impl Exited {
         Ok(())
     }
 
-    /// Notes the exits in `lives` (this tick's forks and exits, in order), and forgets a pid
-    /// a fork took again: the new process's rows are not the gone one's.
+    /// Counts and notes the exits in `lives` (this tick's forks and exits, in order), and
+    /// forgets a pid a fork took again: the new process's rows are not the gone one's.
     fn note_gone(&mut self, lives: &[Life]) {
         for l in lives {
             match l {
-                Life::Exited(pid) => self.gone.insert(*pid),
-                Life::Forked(pid) => self.gone.remove(pid),
-            };
+                Life::Exited(pid) => {
+                    self.exits += 1;
+                    self.gone.insert(*pid);
+                }
+                Life::Forked(pid) => {
+                    self.gone.remove(pid);
+                }
+            }
         }
     }
 
@@ -254,13 +257,6 @@ pub struct Finished {
     pub folded: Option<String>,
 }
 
-fn exits(lives: &[Life]) -> usize {
-    lives
-        .iter()
-        .filter(|l| matches!(l, Life::Exited(_)))
-        .count()
-}
-
 /// Turns the kernel's (pid, tid, stack ids) counts into symbolised stacks.
 pub fn symbolize(
     ebpf: &Ebpf,
@@ -314,5 +310,6 @@ mod tests {
         // Pid 7 came back: its rows are the new process's now.
         e.note_gone(&[Life::Forked(7), Life::Exited(8)]);
         assert_eq!(e.gone, BTreeSet::from([8, 9]));
+        assert_eq!(e.exits, 3);
     }
 }
