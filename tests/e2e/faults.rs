@@ -1803,3 +1803,69 @@ fn said_count(report: &serde_json::Value, before: &str, what: &str) -> (u64, Str
         .unwrap_or_else(|| panic!("{said}"));
     (n, said.to_string())
 }
+
+/// Every short process's user stacks are new ones (its libraries sit at other addresses), and a
+/// stack map keeps one stack a slot and never frees one: under process churn they took its
+/// slots, and the stacks that came later were lost, the long-running job's too (a third of ten
+/// minutes of a shell loop's samples had no stack). Threads under a second old (short
+/// processes) keep their user stacks in a map of their own, and kernel stacks have theirs. With
+/// the young threads' map filled (lowered to 16 slots) by 300 short children, the job, past its
+/// first second, keeps the user stack of a wait it reaches after them; and the kernel stacks
+/// lose next to nothing (a few hundred in 16,384 slots).
+#[test]
+fn short_processes_stacks_leave_the_long_running_jobs_their_slots() {
+    let _g = serial();
+    if !require_root("short_processes_stacks_leave_the_long_running_jobs_their_slots") {
+        return;
+    }
+    let bin = build_c("late_stack", &[]);
+    let dir = out_dir("late-stack");
+    let run = gputrace_env(
+        &[
+            "--max-overhead",
+            "100%",
+            "-F",
+            "999",
+            "--output",
+            dir.to_str().unwrap(),
+            "--",
+            bin.to_str().unwrap(),
+            "300",
+        ],
+        &[("GPUTRACE_YOUNG_STACKS", "16")],
+    );
+    assert!(run.output.status.success(), "{}", run.stderr);
+    let r = run.report(&dir);
+    let lost = |reason: &str| field_of(&r["drops"], "reason", reason, "count");
+    // The children's user stacks went to the young threads' map, and filled it.
+    assert!(lost("YoungStackCollision") >= 50, "{:#}", r["drops"]);
+    let offcpu = std::fs::read_to_string(dir.join("offcpu.folded")).expect("offcpu.folded");
+    let late = offcpu
+        .lines()
+        .filter(|l| l.starts_with("late_stack-") && l.contains(";[sleep];"))
+        .collect::<Vec<_>>();
+    assert!(
+        late.iter().any(|l| l.split(';').any(|f| f == "late_wait")),
+        "the job's late wait lost its user stack ({} young threads' user stacks lost, {} older \
+         ones'):\n{}",
+        lost("YoungStackCollision"),
+        lost("StackCollision"),
+        late.join("\n")
+    );
+    // The children's kernel stacks (their exec, faults and exit) were kept.
+    let children_kernel = offcpu
+        .lines()
+        .chain(
+            std::fs::read_to_string(dir.join("cpu.folded"))
+                .expect("cpu.folded")
+                .lines(),
+        )
+        .filter(|l| l.starts_with("true-") && l.contains("_[k]"))
+        .count();
+    assert!(children_kernel > 0, "no child's kernel stack kept");
+    assert!(
+        lost("KernelStackCollision") * 4 < lost("YoungStackCollision"),
+        "{:#}",
+        r["drops"]
+    );
+}

@@ -3,15 +3,48 @@
 /// Map names.
 pub const CPU_COUNTS_MAP: &str = "CPU_COUNTS";
 pub const STACKS_MAP: &str = "STACKS";
+pub const KSTACKS_MAP: &str = "KSTACKS";
 
 /// Capacity of the sample-count hash; a full map is counted in [`crate::drops::Drop::CpuCountsFull`].
 pub const CPU_COUNTS_ENTRIES: u32 = 65_536;
-/// Capacity of the shared stack-trace map (user and kernel stacks, also used by off-CPU stacks).
+/// Capacity of the user stacks' map of threads [`YOUNG_NS`] old or more (CPU samples, off-CPU
+/// switch-outs, CUDA call sites).
 pub const STACKS_ENTRIES: u32 = 32_768;
+/// Map of the user stacks of threads younger than [`YOUNG_NS`], and its capacity. A stack map
+/// keeps one stack a slot (its hash's) and never frees one; every short process's user stacks
+/// are new ones (its libraries sit at other addresses). A job that runs a program a second
+/// (`nvidia-smi`, a shell-out) filled the one map in an hour or so, and the job's own stacks
+/// from then on (a checkpoint's, an evaluation's) found their slots taken. Its threads, older
+/// than a second, now have their own map, which short processes never reach.
+pub const YOUNG_STACKS_MAP: &str = "YOUNG_STACKS";
+pub const YOUNG_STACKS_ENTRIES: u32 = 16_384;
+/// Below this age (since the thread's accounting began: its birth, or the attach) a thread's
+/// user stacks go to [`YOUNG_STACKS_MAP`].
+pub const YOUNG_NS: u64 = 1_000_000_000;
+/// Set in the id of a stack of [`YOUNG_STACKS_MAP`] (ids are under 2^15; errors, negative,
+/// are not tagged).
+pub const YOUNG_STACK_BIT: i32 = 1 << 30;
+
+/// The map of user stack `id` (whether it is a young thread's) and its id there.
+pub const fn user_stack_slot(id: i32) -> (bool, i32) {
+    if id >= 0 && id & YOUNG_STACK_BIT != 0 {
+        (true, id & !YOUNG_STACK_BIT)
+    } else {
+        (false, id)
+    }
+}
+/// Capacity of the kernel stacks' map. Apart from the user stacks: a stack map keeps one stack
+/// per slot (its hash's), and every short process's user stacks are new ones (its libraries
+/// sit at other addresses), so under process churn they took the slots and the kernel stacks
+/// that followed, of the long-running job too, collided and were lost with them (a third of
+/// ten minutes of a shell loop's samples had no stack). The kernel's code is the same for
+/// every process: its stacks are far fewer.
+pub const KSTACKS_ENTRIES: u32 = 16_384;
 
 /// Key of the sample-count map. A negative stack id means no stack was captured
-/// (`-EFAULT` for a kernel stack while the CPU was in user mode, `-EEXIST`/`-ENOMEM` when the
-/// stack map was full).
+/// (`-EFAULT` for a kernel stack while the CPU was in user mode, `-EEXIST` when another stack
+/// held its slot, `-ENOMEM` when the stack map was full). A young thread's user stack id
+/// carries [`YOUNG_STACK_BIT`] ([`user_stack_slot`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SampleKey {
@@ -29,3 +62,20 @@ pub struct SampleKey {
 }
 
 crate::user_pod!(SampleKey);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_young_threads_stack_id_names_its_map() {
+        let max = YOUNG_STACKS_ENTRIES.max(STACKS_ENTRIES) as i32;
+        assert!(max <= YOUNG_STACK_BIT);
+        assert_eq!(user_stack_slot(7), (false, 7));
+        assert_eq!(user_stack_slot(7 | YOUNG_STACK_BIT), (true, 7));
+        assert_eq!(user_stack_slot(YOUNG_STACK_BIT), (true, 0));
+        // Errors are not ids of either map.
+        assert_eq!(user_stack_slot(-17), (false, -17));
+        assert_eq!(user_stack_slot(-14), (false, -14));
+    }
+}

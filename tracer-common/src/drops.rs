@@ -28,10 +28,12 @@ pub enum Drop {
     CudaFull = 8,
     /// The CUDA event ring buffer was full: an allocation, free or kernel-name event was lost.
     CudaEventsFull = 9,
-    /// Two stacks hashed to one slot of the stack-trace map (it keeps the first): a sample or
-    /// wait was counted without its stack. Grows with the number of distinct stacks, and with
-    /// the waits of a thread whose stack lost its slot (each counted: its failed walk is
-    /// reused, not tried again, since 2026-11-25).
+    /// Two user stacks hashed to one slot of the user stacks' map of threads a second old or
+    /// more (it keeps the first): a sample or wait was counted without its user stack. Grows
+    /// with the number of distinct stacks, and with the waits of a thread whose stack lost its
+    /// slot (each counted: its failed walk is reused, not tried again, since 2026-11-25).
+    /// Kernel stacks and young threads' user stacks have their own maps and counters
+    /// ([`Drop::KernelStackCollision`], [`Drop::YoungStackCollision`]) since 2026-12-07.
     StackCollision = 10,
     /// The kernel failed to store a stack for another reason than a full map or a collision
     /// (for example its stack map's lock was contended): a sample or wait was counted without
@@ -61,15 +63,25 @@ pub enum Drop {
     /// Every slot of a file-name set (`FD_NAMES`) held a file still open: the oldest name was
     /// overwritten, and that file's I/O reads `<closed fd N>` unless /proc named it first.
     FileNameLost = 17,
+    /// As [`Drop::StackCollision`], for the kernel stacks' map: a sample counted without its
+    /// kernel stack (still as taken in kernel mode), a wait classified without its kernel
+    /// stack (by its syscall and file).
+    KernelStackCollision = 18,
+    /// As [`Drop::StackCollision`], for the user stacks of threads younger than a second
+    /// (`tracer_common::cpu::YOUNG_NS`: short processes', and any process's first second),
+    /// which have their own map.
+    YoungStackCollision = 19,
 }
 
 impl Drop {
-    pub const COUNT: u32 = 18;
+    pub const COUNT: u32 = 20;
 
-    pub const ALL: [Drop; 18] = [
+    pub const ALL: [Drop; 20] = [
         Drop::CpuCountsFull,
         Drop::StackMapFull,
         Drop::StackCollision,
+        Drop::YoungStackCollision,
+        Drop::KernelStackCollision,
         Drop::StackFailed,
         Drop::ProcEventsFull,
         Drop::TracedFull,
@@ -93,6 +105,8 @@ impl Drop {
             Drop::CpuCountsFull => "cpu_sample",
             Drop::StackMapFull => "cpu_sample, sched_switch",
             Drop::StackCollision => "cpu_sample, sched_switch",
+            Drop::KernelStackCollision => "cpu_sample, sched_switch",
+            Drop::YoungStackCollision => "cpu_sample, sched_switch",
             Drop::StackFailed => "cpu_sample, sched_switch",
             Drop::ProcEventsFull => "task_newtask, sched_process_exec, sched_process_exit",
             Drop::TracedFull => "task_newtask",
@@ -126,8 +140,18 @@ impl Drop {
             Drop::CpuCountsFull => "CPU samples not counted (sample map full)",
             Drop::StackMapFull => "CPU/off-CPU samples counted without a stack (stack map full)",
             Drop::StackCollision => {
-                "CPU/off-CPU samples counted without a stack (another stack held its slot in the \
-                 stack map)"
+                "CPU/off-CPU samples of threads a second old or more counted without their user \
+                 stack (another stack held its slot in their user stacks' map)"
+            }
+            Drop::YoungStackCollision => {
+                "CPU/off-CPU samples of threads under a second old (short processes') counted \
+                 without their user stack (another stack held its slot in their user stacks' \
+                 map, apart from the older threads')"
+            }
+            Drop::KernelStackCollision => {
+                "CPU samples counted without their kernel stack (in kernel mode all the \
+                 same), waits classified without it (by their syscall and file): another stack \
+                 held its slot in the kernel stacks' map"
             }
             Drop::StackFailed => {
                 "CPU/off-CPU samples counted without a stack (the kernel could not store it: \

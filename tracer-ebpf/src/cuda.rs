@@ -7,13 +7,12 @@
 //! asks for them (the runtime's lazy module loading calls cuModuleGetFunction itself).
 
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_attach_cookie, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_str_bytes,
     },
     macros::{map, tracepoint, uprobe, uretprobe},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{tracing::StackIdContext, ProbeContext, RetProbeContext, TracePointContext},
+    programs::{ProbeContext, RetProbeContext, TracePointContext},
     EbpfContext, Global,
 };
 use tracer_common::{
@@ -32,7 +31,7 @@ use tracer_common::{
 
 use crate::{
     account,
-    maps::{add_to, atomic_add, count_drop, current_ids, is_traced, maybe_traced, STACKS},
+    maps::{add_to, atomic_add, count_drop, current_ids, is_traced, maybe_traced},
 };
 
 #[no_mangle]
@@ -316,10 +315,9 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     let ustack = if is_launch_shape(cookie.shape) {
         -1
     } else {
-        match ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64) {
-            Ok(id) => id as i32,
-            Err(_) => -1,
-        }
+        let young = account::state(tid)
+            .is_some_and(|st| crate::maps::is_young(unsafe { (*st).born_ns }, now));
+        crate::maps::user_stack(&ctx, young).unwrap_or(-1)
     };
     let pystack = crate::python::python_stack(tgid, tid);
     account::enter_override(

@@ -1,6 +1,7 @@
 //! Maps and helpers shared by several program families.
 
 use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
     macros::map,
     maps::{Array, HashMap, PerCpuArray, StackTrace},
     programs::tracing::StackIdContext,
@@ -137,9 +138,20 @@ fn end(p: hits::Prog) {
     }
 }
 
-/// User and kernel stacks of CPU samples (and of off-CPU switch-outs).
+/// User stacks of CPU samples, off-CPU switch-outs and CUDA calls, of threads a second old or
+/// more.
 #[map(name = "STACKS")]
 pub static STACKS: StackTrace = StackTrace::with_max_entries(cpu::STACKS_ENTRIES, 0);
+
+/// User stacks of threads younger than a second (`tracer_common::cpu::YOUNG_STACKS_MAP` says
+/// why apart).
+#[map(name = "YOUNG_STACKS")]
+pub static YOUNG_STACKS: StackTrace = StackTrace::with_max_entries(cpu::YOUNG_STACKS_ENTRIES, 0);
+
+/// Kernel stacks of CPU samples and off-CPU switch-outs (`tracer_common::cpu::KSTACKS_ENTRIES`
+/// says why apart from the user ones).
+#[map(name = "KSTACKS")]
+pub static KSTACKS: StackTrace = StackTrace::with_max_entries(cpu::KSTACKS_ENTRIES, 0);
 
 /// For rings that user space drains on its ticks (timeline, CUDA events) rather than waits
 /// on: a commit into an empty ring otherwise queues an irq_work to wake a reader, a
@@ -150,26 +162,69 @@ const EFAULT: i32 = 14;
 const EEXIST: i32 = 17;
 const ENOMEM: i32 = 12;
 
-/// The id of the current stack in `STACKS` (`flags`: 0 for the kernel stack,
-/// `BPF_F_USER_STACK` for the user one), or the negative errno, counted by what it means:
-/// -EFAULT (no kernel stack in user mode, no user stack in a kernel thread) is normal, -EEXIST
-/// is another stack in the slot, -ENOMEM a full map.
+/// The id of the current kernel stack in `KSTACKS`, or the negative errno (counted by
+/// [`count_stack_error`]).
 #[inline(always)]
-pub fn stack_id<C: StackIdContext>(ctx: &C, flags: u64) -> i32 {
-    match ctx.get_stackid(&STACKS, flags) {
+pub fn kernel_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
+    match ctx.get_stackid(&KSTACKS, 0) {
         Ok(id) => id as i32,
         Err(e) => {
-            count_stack_error(e);
+            count_stack_error(e, Drop::KernelStackCollision);
             e
         }
     }
 }
 
-/// Counts a stack id that is an error (see [`stack_id`]); a stack id is left alone.
+/// The id of the current user stack: in `STACKS`, or, for a thread younger than
+/// `tracer_common::cpu::YOUNG_NS` ([`is_young`]), in `YOUNG_STACKS` with `YOUNG_STACK_BIT` set;
+/// or the negative errno (counted by [`count_stack_error`]).
 #[inline(always)]
-pub fn count_stack_error(e: i32) {
+pub fn user_stack_id<C: StackIdContext>(ctx: &C, young: bool) -> i32 {
+    match user_stack(ctx, young) {
+        Ok(id) => id,
+        Err(e) => {
+            count_stack_error(e, user_collision(young));
+            e
+        }
+    }
+}
+
+/// [`user_stack_id`], its error not counted.
+#[inline(always)]
+pub fn user_stack<C: StackIdContext>(ctx: &C, young: bool) -> Result<i32, i32> {
+    if young {
+        ctx.get_stackid(&YOUNG_STACKS, BPF_F_USER_STACK as u64)
+            .map(|id| id as i32 | cpu::YOUNG_STACK_BIT)
+    } else {
+        ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64)
+            .map(|id| id as i32)
+    }
+}
+
+/// What a user stack that lost its slot is counted as.
+#[inline(always)]
+pub fn user_collision(young: bool) -> Drop {
+    if young {
+        Drop::YoungStackCollision
+    } else {
+        Drop::StackCollision
+    }
+}
+
+/// Whether a thread whose accounting began at `born_ns` is young at `now`: its user stacks go
+/// to `YOUNG_STACKS`.
+#[inline(always)]
+pub fn is_young(born_ns: u64, now: u64) -> bool {
+    now.wrapping_sub(born_ns) < cpu::YOUNG_NS
+}
+
+/// Counts a stack id that is an error: -EFAULT (no kernel stack in user mode, no user stack in
+/// a kernel thread) is normal, -EEXIST another stack in the slot (`collision`), -ENOMEM a full
+/// map. A stack id is left alone.
+#[inline(always)]
+pub fn count_stack_error(e: i32, collision: Drop) {
     if e == -EEXIST {
-        count_drop(Drop::StackCollision);
+        count_drop(collision);
     } else if e == -ENOMEM {
         count_drop(Drop::StackMapFull);
     } else if e < 0 && e != -EFAULT {

@@ -3,7 +3,6 @@
 //! nothing is streamed per sample.
 
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
     helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
     macros::{map, perf_event},
     maps::HashMap,
@@ -16,7 +15,9 @@ use tracer_common::{
 
 use tracer_common::hits::Prog;
 
-use crate::maps::{add_to, by_path, current_ids, is_traced, stack_id, traced};
+use crate::maps::{
+    add_to, by_path, current_ids, is_traced, is_young, kernel_stack_id, traced, user_stack_id,
+};
 
 #[map(name = "CPU_COUNTS")]
 static CPU_COUNTS: HashMap<SampleKey, u64> = HashMap::with_max_entries(CPU_COUNTS_ENTRIES, 0);
@@ -37,15 +38,17 @@ fn sample(ctx: &PerfEventContext, p: Prog) {
     // It is running: a state off CPU missed its switch-in (`sched::gputrace_switched_in`).
     // A thread that makes no syscall and never leaves the CPU would have no other program
     // of its own to close it.
+    // A thread without a state (none was free) is taken as an old one.
+    let mut young = false;
     if let Some(st) = crate::account::state(tid) {
         if unsafe { (*st).tgid } == tgid {
-            crate::sched::running(tid, st, crate::sched::SAMPLE_MIN_RUN_NS, || unsafe {
-                bpf_ktime_get_ns()
-            });
+            let now = unsafe { bpf_ktime_get_ns() };
+            young = is_young(unsafe { (*st).born_ns }, now);
+            crate::sched::running(tid, st, crate::sched::SAMPLE_MIN_RUN_NS, || now);
         }
     }
-    let user_stack_id = stack_id(ctx, BPF_F_USER_STACK as u64);
-    let kernel_stack_id = stack_id(ctx, 0);
+    let user_stack_id = user_stack_id(ctx, young);
+    let kernel_stack_id = kernel_stack_id(ctx);
     let key = SampleKey {
         pid: tgid,
         tid,

@@ -13,7 +13,6 @@
 //! arguments expected here. User space loads one of the three.
 
 use aya_ebpf::{
-    bindings::BPF_F_USER_STACK,
     helpers::{bpf_get_current_task, bpf_ktime_get_ns},
     macros::{btf_tracepoint, map, raw_tracepoint, tracepoint},
     maps::{Array, PerCpuArray},
@@ -30,7 +29,10 @@ use tracer_common::wall::{
 use crate::{
     account::{born, close, died, gputrace_flush, state},
     kread::{Direct, Kernel, Probe},
-    maps::{by_path, count_drop, current_ids, is_traced, maybe_traced, stack_id, traced},
+    maps::{
+        by_path, count_drop, current_ids, is_traced, kernel_stack_id, maybe_traced, traced,
+        user_stack_id,
+    },
 };
 use tracer_common::{drops::Drop, hits::Prog, python::PY_STACK_PENDING};
 
@@ -444,6 +446,7 @@ fn switch_out<C: StackIdContext, K: Kernel>(
     // (`STEADY_MAX`).
     if st.phase == PHASE_BLOCKED && OFFCPU_STACKS.load() != 0 {
         let (nr, arg0) = (sys_nr, st.sys_arg0);
+        let young = crate::maps::is_young(st.born_ns, now);
         let mut found = WALK_SLOTS;
         // Replaced on a miss: this wait's expired walk, else an empty slot or the oldest walk
         // (a live one's walk is under 50 ms old, so the oldest is the next to expire).
@@ -464,8 +467,8 @@ fn switch_out<C: StackIdContext, K: Kernel>(
             found = victim;
             if let Some(w) = st.walked.get_mut(victim) {
                 // Field by field: a whole `Walked` built first goes through the stack.
-                let kstack = stack_id(ctx, 0);
-                let ustack = stack_id(ctx, BPF_F_USER_STACK as u64);
+                let kstack = kernel_stack_id(ctx);
+                let ustack = user_stack_id(ctx, young);
                 let pystack = crate::python::python_stack(tgid, tid);
                 // A process not classified yet is walked again at the first reuse limit: its
                 // slot's pending Python stack costs a lookup at every reuse until then.
@@ -497,8 +500,8 @@ fn switch_out<C: StackIdContext, K: Kernel>(
             };
             // This wait goes without the stacks that failed: counted as a walk would be.
             if !fresh {
-                crate::maps::count_stack_error(w.kstack);
-                crate::maps::count_stack_error(w.ustack);
+                crate::maps::count_stack_error(w.kstack, Drop::KernelStackCollision);
+                crate::maps::count_stack_error(w.ustack, crate::maps::user_collision(young));
             }
         }
     } else {

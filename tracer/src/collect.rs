@@ -8,7 +8,7 @@ use aya::{
     Ebpf,
 };
 use tracer_common::{
-    cpu::{SampleKey, CPU_COUNTS_MAP, STACKS_MAP},
+    cpu::{user_stack_slot, SampleKey, CPU_COUNTS_MAP, KSTACKS_MAP, STACKS_MAP, YOUNG_STACKS_MAP},
     drops::{Drop, DROPS_MAP},
 };
 
@@ -30,21 +30,32 @@ pub fn cpu_counts(ebpf: &Ebpf) -> Result<Vec<RawSample>> {
     Ok(out)
 }
 
-/// Reads stacks by id (instruction pointers, leaf first). Missing ids are simply absent.
+/// Reads stacks by id (instruction pointers, leaf first), user stacks from `STACKS` or
+/// `YOUNG_STACKS` (by the id's `YOUNG_STACK_BIT`) and kernel ones from `KSTACKS`: an id means
+/// nothing without its map. Missing ids are simply absent.
 pub struct Stacks<'a> {
+    user: StackMap<'a>,
+    young: StackMap<'a>,
+    kernel: StackMap<'a>,
+}
+
+struct StackMap<'a> {
     map: StackTraceMap<&'a MapData>,
     cache: StdHashMap<u32, Vec<u64>>,
 }
 
-impl<'a> Stacks<'a> {
-    pub fn new(ebpf: &'a Ebpf) -> Result<Self> {
+impl<'a> StackMap<'a> {
+    fn open(ebpf: &'a Ebpf, name: &str) -> Result<Self> {
+        let map = ebpf
+            .map(name)
+            .with_context(|| format!("map {name} missing"))?;
         Ok(Self {
-            map: StackTraceMap::try_from(ebpf.map(STACKS_MAP).context("map STACKS missing")?)?,
+            map: StackTraceMap::try_from(map).with_context(|| format!("open map {name}"))?,
             cache: StdHashMap::new(),
         })
     }
 
-    pub fn get(&mut self, id: i32) -> Option<&[u64]> {
+    fn get(&mut self, id: i32) -> Option<&[u64]> {
         if id < 0 {
             return None;
         }
@@ -61,6 +72,29 @@ impl<'a> Stacks<'a> {
             self.cache.insert(id, ips);
         }
         self.cache.get(&id).map(Vec::as_slice)
+    }
+}
+
+impl<'a> Stacks<'a> {
+    pub fn new(ebpf: &'a Ebpf) -> Result<Self> {
+        Ok(Self {
+            user: StackMap::open(ebpf, STACKS_MAP)?,
+            young: StackMap::open(ebpf, YOUNG_STACKS_MAP)?,
+            kernel: StackMap::open(ebpf, KSTACKS_MAP)?,
+        })
+    }
+
+    /// The user stack `id` (a `*ustack` or `user_stack_id`).
+    pub fn user(&mut self, id: i32) -> Option<&[u64]> {
+        match user_stack_slot(id) {
+            (true, id) => self.young.get(id),
+            (false, id) => self.user.get(id),
+        }
+    }
+
+    /// The kernel stack `id` (a `*kstack` or `kernel_stack_id`).
+    pub fn kernel(&mut self, id: i32) -> Option<&[u64]> {
+        self.kernel.get(id)
     }
 }
 

@@ -274,14 +274,14 @@ pub fn symbolize(
         // maps those ranges): they are read as an exited process's are.
         let alive = !earlier && tracker.procs.get(&pid).is_some_and(|t| !t.info.exited);
         let mut frames = Vec::new();
-        if let Some(ips) = stacks.get(s.key.user_stack_id).map(<[u64]>::to_vec) {
+        if let Some(ips) = stacks.user(s.key.user_stack_id).map(<[u64]>::to_vec) {
             let mut user = sym.user(pid, maps, alive, &ips);
             user.reverse();
             frames.extend(user);
         }
         let mut frames = python.merge(pid, s.key.py_stack, frames);
-        let kernel_mode = s.key.kernel_stack_id >= 0;
-        if let Some(ips) = stacks.get(s.key.kernel_stack_id).map(<[u64]>::to_vec) {
+        let kernel_mode = in_kernel(s.key.kernel_stack_id);
+        if let Some(ips) = stacks.kernel(s.key.kernel_stack_id).map(<[u64]>::to_vec) {
             let mut k = sym.kernel(&ips);
             k.reverse();
             frames.extend(k);
@@ -298,9 +298,23 @@ pub fn symbolize(
     Ok(CpuProfile::from_samples(out))
 }
 
+/// Whether a sample with kernel stack `id` was taken in kernel mode: the kernel stored a stack,
+/// or had one to store and found its slot taken (-EEXIST). In user mode there is none to walk
+/// (-EFAULT).
+fn in_kernel(id: i32) -> bool {
+    const EEXIST: i32 = 17;
+    id >= 0 || id == -EEXIST
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kernel_stack_that_lost_its_slot_is_still_kernel_mode() {
+        assert!(in_kernel(0) && in_kernel(4000) && in_kernel(-17));
+        assert!(!in_kernel(-14) && !in_kernel(-12) && !in_kernel(-1));
+    }
 
     #[test]
     fn a_gone_process_is_taken_unless_a_fork_took_its_pid_again() {

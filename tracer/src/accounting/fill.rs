@@ -300,7 +300,7 @@ pub fn fill(
                     None => (&[][..], false),
                 };
                 stacks
-                    .get(k.ustack)
+                    .user(k.ustack)
                     .map(<[u64]>::to_vec)
                     .map(|ips| {
                         sym.user(k.tgid, maps, alive, &ips)

@@ -38,7 +38,7 @@ pub(super) fn kernel_frames(
             .collect();
     }
     let mut frames = stacks
-        .get(k.kstack)
+        .kernel(k.kstack)
         .map(<[u64]>::to_vec)
         .map(|ips| sym.kernel(&ips))
         .unwrap_or_default();
@@ -140,7 +140,7 @@ fn user_frames(
     stacks: &mut Stacks<'_>,
 ) -> Vec<Frame> {
     let mut frames = Vec::new();
-    if let Some(ips) = stacks.get(k.ustack).map(<[u64]>::to_vec) {
+    if let Some(ips) = stacks.user(k.ustack).map(<[u64]>::to_vec) {
         let (maps, alive) = match ctx.tracker.procs.get(&k.tgid) {
             Some(t) => (t.maps.as_slice(), !t.info.exited),
             None => (&[][..], false),

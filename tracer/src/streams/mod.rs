@@ -164,7 +164,7 @@ impl ProbeFamily for TimelineFamily {
             let id = convert::kernel_stack(&ev);
             let frames = kframes.entry(id).or_insert_with(|| {
                 stacks
-                    .get(id)
+                    .kernel(id)
                     .map(<[u64]>::to_vec)
                     .map(|ips| {
                         ctx.symbolizer
