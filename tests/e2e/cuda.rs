@@ -391,6 +391,7 @@ fn counted_exactly_after(name: &str, env: &[(&str, &str)], delay_ms: u32) -> Run
         report["drops"].as_array().unwrap().iter().all(|d| {
             let reason = d["reason"].as_str().unwrap_or("");
             reason.starts_with("Stack")
+                || reason.ends_with("StackCollision")
                 || reason == "SwitchInUnseen"
                 || (reason == "KernelSkipped"
                     && !d["programs"].as_str().unwrap_or("").starts_with("cuda"))

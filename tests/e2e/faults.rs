@@ -534,8 +534,12 @@ fn assert_storm_counted_whole(r: &serde_json::Value, p: &serde_json::Value, call
         .unwrap()
         .iter()
         // A switch-in the kernel ran no program for (the sandbox agent's) is closed late, and
-        // loses no count.
-        .filter(|d| d["reason"] != "StackCollision" && d["reason"] != "SwitchInUnseen")
+        // loses no count; a stack that lost its slot (in any of the three stack maps) costs a
+        // sample or wait its stack, not a count.
+        .filter(|d| {
+            let reason = d["reason"].as_str().unwrap_or("");
+            !reason.ends_with("StackCollision") && reason != "SwitchInUnseen"
+        })
         .collect();
     assert!(drops.is_empty(), "{drops:#?}");
     let warnings = r["warnings"].to_string();
@@ -1837,8 +1841,9 @@ fn short_processes_stacks_leave_the_long_running_jobs_their_slots() {
     assert!(run.output.status.success(), "{}", run.stderr);
     let r = run.report(&dir);
     let lost = |reason: &str| field_of(&r["drops"], "reason", reason, "count");
-    // The children's user stacks went to the young threads' map, and filled it.
-    assert!(lost("YoungStackCollision") >= 50, "{:#}", r["drops"]);
+    // The children's user stacks went to the young threads' map, and filled it (~250 lost on
+    // the development VM: nearly every sample of a child is of a new stack).
+    assert!(lost("YoungStackCollision") >= 20, "{:#}", r["drops"]);
     let offcpu = std::fs::read_to_string(dir.join("offcpu.folded")).expect("offcpu.folded");
     let late = offcpu
         .lines()
@@ -1863,8 +1868,10 @@ fn short_processes_stacks_leave_the_long_running_jobs_their_slots() {
         .filter(|l| l.starts_with("true-") && l.contains("_[k]"))
         .count();
     assert!(children_kernel > 0, "no child's kernel stack kept");
+    // A few hundred kernel stacks in 16,384 slots: a few lost at most (none on the
+    // development VM), where the children's user stacks lose nearly all.
     assert!(
-        lost("KernelStackCollision") * 4 < lost("YoungStackCollision"),
+        lost("KernelStackCollision") < lost("YoungStackCollision"),
         "{:#}",
         r["drops"]
     );

@@ -19,7 +19,10 @@ pub const STACKS_ENTRIES: u32 = 32_768;
 pub const YOUNG_STACKS_MAP: &str = "YOUNG_STACKS";
 pub const YOUNG_STACKS_ENTRIES: u32 = 16_384;
 /// Below this age (since the thread's accounting began: its birth, or the attach) a thread's
-/// user stacks go to [`YOUNG_STACKS_MAP`].
+/// user stacks go to [`YOUNG_STACKS_MAP`], as do those of a thread with no state. By thread,
+/// not process: a job's new thread is young too (its stacks are mostly its process's, already
+/// in the other map), and a short process that lives past a second puts the rest of its
+/// stacks in the older threads' map.
 pub const YOUNG_NS: u64 = 1_000_000_000;
 /// Set in the id of a stack of [`YOUNG_STACKS_MAP`] (ids are under 2^15; errors, negative,
 /// are not tagged).

@@ -9,7 +9,7 @@ pub const DROPS_MAP: &str = "DROPS";
 pub enum Drop {
     /// `CPU_COUNTS` was full: a CPU sample was not counted.
     CpuCountsFull = 0,
-    /// The stack-trace map had no free slot (`-ENOMEM`): a sample was counted without its stack.
+    /// A stack-trace map had no free slot (`-ENOMEM`): a sample was counted without its stack.
     StackMapFull = 1,
     /// The process-event ring buffer was full: a fork/exec/exit event was lost.
     ProcEventsFull = 2,

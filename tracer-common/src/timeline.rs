@@ -41,7 +41,7 @@ pub const TL_BLOCK: u32 = 4;
 /// One timeline record. What `a32` and `args` hold depends on `kind`:
 /// - off-CPU: `a32` the task state at switch-out; args `[syscall nr (i64, -1 none), CUDA
 ///   override category or u32::MAX, wake-up ktime (0 if preempted), kernel stack id in
-///   `STACKS` walked at switch-out by the accounting (i64, negative: none)]`.
+///   `KSTACKS` walked at switch-out by the accounting (i64, negative: none)]`.
 /// - syscall: `a32` the syscall nr; args `[return value (i64), first argument]`.
 /// - CUDA: `a32` the function id; args `[cookie, return code (i64), a0..a5, 7th argument]`;
 ///   for the `Ex` launch shapes a3..a5 are replaced by the grid and block dims read from the

@@ -339,7 +339,8 @@ pub struct Walked {
     pub ns: u64,
     pub arg0: u64,
     pub sys_nr: i32,
-    /// `STACKS` ids of the kernel and user stacks (negative: none).
+    /// Ids of the kernel stack (`KSTACKS`) and user stack (`STACKS`, or `YOUNG_STACKS` for an
+    /// id with `crate::cpu::YOUNG_STACK_BIT`); negative: none.
     pub kstack: i32,
     pub ustack: i32,
     /// How many walks in a row for this wait found the stacks the one before had: each

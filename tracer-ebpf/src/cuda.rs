@@ -315,8 +315,9 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     let ustack = if is_launch_shape(cookie.shape) {
         -1
     } else {
+        // As the sampler does: young unless its state says otherwise.
         let young = account::state(tid)
-            .is_some_and(|st| crate::maps::is_young(unsafe { (*st).born_ns }, now));
+            .is_none_or(|st| crate::maps::is_young(unsafe { (*st).born_ns }, now));
         crate::maps::user_stack(&ctx, young).unwrap_or(-1)
     };
     let pystack = crate::python::python_stack(tgid, tid);

@@ -38,8 +38,9 @@ fn sample(ctx: &PerfEventContext, p: Prog) {
     // It is running: a state off CPU missed its switch-in (`sched::gputrace_switched_in`).
     // A thread that makes no syscall and never leaves the CPU would have no other program
     // of its own to close it.
-    // A thread without a state (none was free) is taken as an old one.
-    let mut young = false;
+    // A thread without a state (before the seeding, or none was free: a churn of threads) is
+    // taken as a young one: the older threads' map is kept for those known to be.
+    let mut young = true;
     if let Some(st) = crate::account::state(tid) {
         if unsafe { (*st).tgid } == tgid {
             let now = unsafe { bpf_ktime_get_ns() };

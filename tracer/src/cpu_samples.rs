@@ -298,12 +298,12 @@ pub fn symbolize(
     Ok(CpuProfile::from_samples(out))
 }
 
-/// Whether a sample with kernel stack `id` was taken in kernel mode: the kernel stored a stack,
-/// or had one to store and found its slot taken (-EEXIST). In user mode there is none to walk
-/// (-EFAULT).
+/// Whether a sample with kernel stack `id` was taken in kernel mode: in user mode there is no
+/// kernel stack to walk (-EFAULT); any other error (its slot taken, -EEXIST; the map full,
+/// -ENOMEM) is of a stack that was there.
 fn in_kernel(id: i32) -> bool {
-    const EEXIST: i32 = 17;
-    id >= 0 || id == -EEXIST
+    const EFAULT: i32 = 14;
+    id != -EFAULT
 }
 
 #[cfg(test)]
@@ -312,8 +312,8 @@ mod tests {
 
     #[test]
     fn a_kernel_stack_that_lost_its_slot_is_still_kernel_mode() {
-        assert!(in_kernel(0) && in_kernel(4000) && in_kernel(-17));
-        assert!(!in_kernel(-14) && !in_kernel(-12) && !in_kernel(-1));
+        assert!(in_kernel(0) && in_kernel(4000) && in_kernel(-17) && in_kernel(-12));
+        assert!(!in_kernel(-14));
     }
 
     #[test]
