@@ -13,9 +13,11 @@ pub const STACKS_ENTRIES: u32 = 32_768;
 /// Map of the user stacks of threads younger than [`YOUNG_NS`], and its capacity. A stack map
 /// keeps one stack a slot (its hash's) and never frees one; every short process's user stacks
 /// are new ones (its libraries sit at other addresses). A job that runs a program a second
-/// (`nvidia-smi`, a shell-out) filled the one map in an hour or so, and the job's own stacks
-/// from then on (a checkpoint's, an evaluation's) found their slots taken. Its threads, older
-/// than a second, now have their own map, which short processes never reach.
+/// (`nvidia-smi`, a shell-out) would fill one shared map in one to two hours (an estimate, at
+/// 5-10 new stacks a process), and the job's own stacks from then on (a checkpoint's, an
+/// evaluation's) find their slots taken; under a shell loop the shell lost 6% of its samples'
+/// stacks in ten minutes. Its threads, older than a second, now have their own map, which
+/// short processes never reach.
 pub const YOUNG_STACKS_MAP: &str = "YOUNG_STACKS";
 pub const YOUNG_STACKS_ENTRIES: u32 = 16_384;
 /// Below this age (since the thread's accounting began: its birth, or the attach) a thread's
