@@ -67,7 +67,17 @@ static int stale(double secs) {
     long base = 0;
     if (!last || fscanf(last, "%ld", &base) != 1) return 1;
     fclose(last);
-    for (pid_t pid = base + 1000; pid < base + 1100; pid++) {
+    /* Past pid_max the pids wrap (a machine that ran a few hundred thousand processes sits
+     * near 32,768): clone3 refuses a pid above it. */
+    long max = 32768;
+    FILE *m = fopen("/proc/sys/kernel/pid_max", "r");
+    if (m) {
+        if (fscanf(m, "%ld", &max) != 1) max = 32768;
+        fclose(m);
+    }
+    long start = base + 1000;
+    if (start + 100 >= max) start = 1000;
+    for (pid_t pid = start; pid < start + 100; pid++) {
         char path[64];
         snprintf(path, sizeof path, "/tmp/perf-%d.map", (int)pid);
         FILE *f = fopen(path, "w");
