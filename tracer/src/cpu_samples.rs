@@ -302,8 +302,7 @@ pub fn symbolize(
 /// kernel stack to walk (-EFAULT); any other error (its slot taken, -EEXIST; the map full,
 /// -ENOMEM) is of a stack that was there.
 fn in_kernel(id: i32) -> bool {
-    const EFAULT: i32 = 14;
-    id != -EFAULT
+    id != -libc::EFAULT
 }
 
 #[cfg(test)]
