@@ -2,14 +2,17 @@
  * job that shells out (`nvidia-smi`, a script) and later reaches a code path it had not run
  * (a checkpoint, an evaluation).
  *
- *   late_stack CHILDREN
+ *   late_stack CHILDREN [thread]
  *
- * Sleeps 1.2 s (so that its thread is past the tracer's first second), runs CHILDREN
- * `/bin/true` one after the other, reaping each, then sleeps 0.3 s in late_wait(), with the
- * syscall made right there so that a frame-pointer walk starts in late_wait() itself.
+ * Sleeps 1.2 s (so that it is past the tracer's first second), runs CHILDREN `/bin/true` one
+ * after the other, reaping each, then sleeps 0.3 s in late_wait(), with the syscall made right
+ * there so that a frame-pointer walk starts in late_wait() itself. With `thread`, late_wait()
+ * runs in a new thread (late_thread()), as a job's thread per request or new worker does.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -25,6 +28,12 @@ __attribute__((noinline)) void late_wait(void) {
     (void)ret;
 }
 
+__attribute__((noinline)) void *late_thread(void *arg) {
+    (void)arg;
+    late_wait();
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     int children = argc > 1 ? atoi(argv[1]) : 300;
     struct timespec first = {1, 200000000};
@@ -38,6 +47,13 @@ int main(int argc, char **argv) {
         if (pid > 0)
             waitpid(pid, NULL, 0);
     }
-    late_wait();
+    if (argc > 2 && strcmp(argv[2], "thread") == 0) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, late_thread, NULL) != 0)
+            return 1;
+        pthread_join(t, NULL);
+    } else {
+        late_wait();
+    }
     return 0;
 }

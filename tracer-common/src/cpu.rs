@@ -7,30 +7,29 @@ pub const KSTACKS_MAP: &str = "KSTACKS";
 
 /// Capacity of the sample-count hash; a full map is counted in [`crate::drops::Drop::CpuCountsFull`].
 pub const CPU_COUNTS_ENTRIES: u32 = 65_536;
-/// Capacity of the user stacks' map of threads [`YOUNG_NS`] old or more (CPU samples, off-CPU
+/// Capacity of the user stacks' map of processes [`YOUNG_NS`] old or more (CPU samples, off-CPU
 /// switch-outs, CUDA call sites).
 pub const STACKS_ENTRIES: u32 = 32_768;
-/// Map of the user stacks of threads younger than [`YOUNG_NS`], and its capacity. A stack map
+/// Map of the user stacks of processes younger than [`YOUNG_NS`], and its capacity. A stack map
 /// keeps one stack a slot (its hash's) and never frees one; every short process's user stacks
 /// are new ones (its libraries sit at other addresses). A job that runs a program a second
 /// (`nvidia-smi`, a shell-out) would fill one shared map in one to two hours (an estimate, at
 /// 5-10 new stacks a process), and the job's own stacks from then on (a checkpoint's, an
 /// evaluation's) find their slots taken; under a shell loop the shell lost 6% of its samples'
-/// stacks in ten minutes. Its threads, older than a second, now have their own map, which
-/// short processes never reach.
+/// stacks in ten minutes. Processes older than a second, the job among them, now have a map
+/// of their own, which short processes never reach.
 pub const YOUNG_STACKS_MAP: &str = "YOUNG_STACKS";
 pub const YOUNG_STACKS_ENTRIES: u32 = 16_384;
-/// Below this age (since the thread's accounting began: its birth, or the attach) a thread's
-/// user stacks go to [`YOUNG_STACKS_MAP`], as do those of a thread with no state. By thread,
-/// not process: a job's new thread is young too (its stacks are mostly its process's, already
-/// in the other map), and a short process that lives past a second puts the rest of its
-/// stacks in the older threads' map.
+/// Below this age of its process (`crate::wall::ThreadState::proc_born_ns`) a thread's user
+/// stacks go to [`YOUNG_STACKS_MAP`], as do those of a thread with no state. By process, not
+/// thread: a long-running job's new threads keep their stacks in the older threads' map. A
+/// short process that lives past a second still puts the rest of its stacks there.
 pub const YOUNG_NS: u64 = 1_000_000_000;
 /// Set in the id of a stack of [`YOUNG_STACKS_MAP`] (ids are under 2^15; errors, negative,
 /// are not tagged).
 pub const YOUNG_STACK_BIT: i32 = 1 << 30;
 
-/// The map of user stack `id` (whether it is a young thread's) and its id there.
+/// The map of user stack `id` (whether it is a young process's) and its id there.
 pub const fn user_stack_slot(id: i32) -> (bool, i32) {
     if id >= 0 && id & YOUNG_STACK_BIT != 0 {
         (true, id & !YOUNG_STACK_BIT)
@@ -48,7 +47,7 @@ pub const KSTACKS_ENTRIES: u32 = 16_384;
 
 /// Key of the sample-count map. A negative stack id means no stack was captured
 /// (`-EFAULT` for a kernel stack while the CPU was in user mode, `-EEXIST` when another stack
-/// held its slot, `-ENOMEM` when the stack map was full). A young thread's user stack id
+/// held its slot, `-ENOMEM` when the stack map was full). A young process's user stack id
 /// carries [`YOUNG_STACK_BIT`] ([`user_stack_slot`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -28,11 +28,11 @@ pub enum Drop {
     CudaFull = 8,
     /// The CUDA event ring buffer was full: an allocation, free or kernel-name event was lost.
     CudaEventsFull = 9,
-    /// Two user stacks hashed to one slot of the user stacks' map of threads a second old or
+    /// Two user stacks hashed to one slot of the user stacks' map of processes a second old or
     /// more (it keeps the first): a sample or wait was counted without its user stack. Grows
     /// with the number of distinct stacks, and with the waits of a thread whose stack lost its
     /// slot (each counted: its failed walk is reused, not tried again, since 2026-11-25).
-    /// Kernel stacks and young threads' user stacks have their own maps and counters
+    /// Kernel stacks and young processes' user stacks have their own maps and counters
     /// ([`Drop::KernelStackCollision`], [`Drop::YoungStackCollision`]) since 2026-12-07.
     StackCollision = 10,
     /// The kernel failed to store a stack for another reason than a full map or a collision
@@ -67,9 +67,10 @@ pub enum Drop {
     /// kernel stack (still as taken in kernel mode), a wait classified without its kernel
     /// stack (by its syscall and file).
     KernelStackCollision = 18,
-    /// As [`Drop::StackCollision`], for the user stacks of threads younger than a second
+    /// As [`Drop::StackCollision`], for the user stacks of processes younger than a second
     /// (`tracer_common::cpu::YOUNG_NS`: short processes', and any process's first second),
-    /// which have their own map.
+    /// which have their own map. By thread until 2026-12-07 (evening): a job's new thread
+    /// was young too.
     YoungStackCollision = 19,
 }
 
@@ -140,13 +141,13 @@ impl Drop {
             Drop::CpuCountsFull => "CPU samples not counted (sample map full)",
             Drop::StackMapFull => "CPU/off-CPU samples counted without a stack (stack map full)",
             Drop::StackCollision => {
-                "CPU/off-CPU samples of threads a second old or more counted without their user \
-                 stack (another stack held its slot in their user stacks' map)"
+                "CPU/off-CPU samples of processes a second old or more counted without their \
+                 user stack (another stack held its slot in their user stacks' map)"
             }
             Drop::YoungStackCollision => {
-                "CPU/off-CPU samples of threads under a second old (short processes') counted \
+                "CPU/off-CPU samples of processes under a second old (short processes') counted \
                  without their user stack (another stack held its slot in their user stacks' \
-                 map, apart from the older threads')"
+                 map, apart from the older processes')"
             }
             Drop::KernelStackCollision => {
                 "CPU samples counted without their kernel stack (in kernel mode all the \

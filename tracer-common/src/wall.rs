@@ -180,6 +180,13 @@ pub struct ThreadState {
     /// When accounting of this thread started: its creation, or the seeding at attach.
     /// Identifies the thread across tid reuse.
     pub born_ns: u64,
+    /// When the thread's process began, as near as known: a thread created in a live process
+    /// takes its creator's, a new process its birth, a thread seeded at the attach its
+    /// process's start from /proc. A thread's user stacks go to the young processes' map while
+    /// its process is under `crate::cpu::YOUNG_NS` old: by the process's age, not the
+    /// thread's, so that a long-running job's new threads (a thread per request, a loader's
+    /// workers) do not share that map with the churn of short processes.
+    pub proc_born_ns: u64,
     /// Start of the running interval.
     pub start_ns: u64,
     /// Entry time of the syscall in progress.
@@ -477,6 +484,7 @@ impl ThreadState {
     pub const fn new(born_ns: u64, tid: u32, tgid: u32, phase: u32) -> Self {
         ThreadState {
             born_ns,
+            proc_born_ns: born_ns,
             start_ns: born_ns,
             sys_start_ns: 0,
             sys_arg0: 0,

@@ -315,13 +315,22 @@ pub extern "C" fn gputrace_died(tid: u32, now: u64, own: u32) -> u32 {
 #[inline(always)]
 pub fn born(tid: u32, tgid: u32, now: u64) {
     gputrace_flush(tid);
-    gputrace_born(tid, tgid, now);
+    // A new thread of a live process is as old as its process, which its leader's state
+    // dates; a new process, or a thread whose leader is gone, from now.
+    let proc_born = if tid == tgid {
+        now
+    } else {
+        state(tgid)
+            .filter(|l| unsafe { (**l).tgid } == tgid)
+            .map_or(now, |l| unsafe { (*l).proc_born_ns })
+    };
+    gputrace_born(tid, tgid, now, proc_born);
 }
 
 /// [`born`] once a state left under `tid` was flushed.
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64) -> u32 {
+pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64, proc_born: u64) -> u32 {
     // Before the seeding, a thread born while the other families attached would be alive
     // before the window: the seeding takes it from /proc as the window opens, or its first
     // switch-out after it (a child process forked meanwhile).
@@ -342,7 +351,10 @@ pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64) -> u32 {
     let Some(st) = NEW_STATE.get_ptr_mut(0) else {
         return 0;
     };
-    unsafe { *st = ThreadState::new(now, tid, tgid, PHASE_RUNNABLE) };
+    unsafe {
+        *st = ThreadState::new(now, tid, tgid, PHASE_RUNNABLE);
+        (*st).proc_born_ns = proc_born;
+    }
     let owner = unsafe { (*slot).tid };
     if owner == 0 || owner == tid {
         // Two CPUs may fill one free slot at once (plain stores) only for two threads born

@@ -315,9 +315,11 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     let ustack = if is_launch_shape(cookie.shape) {
         -1
     } else {
-        // As the sampler does: young unless its state says otherwise.
-        let young = account::state(tid)
-            .is_none_or(|st| crate::maps::is_young(unsafe { (*st).born_ns }, now));
+        // As the sampler does: by its state, else young once the threads are seeded.
+        let young = match account::state(tid) {
+            Some(st) => crate::maps::is_young(unsafe { (*st).proc_born_ns }, now),
+            None => account::seeded(),
+        };
         crate::maps::user_stack(&ctx, young).unwrap_or(-1)
     };
     let pystack = crate::python::python_stack(tgid, tid);

@@ -138,8 +138,8 @@ fn end(p: hits::Prog) {
     }
 }
 
-/// User stacks of CPU samples, off-CPU switch-outs and CUDA calls, of threads a second old or
-/// more.
+/// User stacks of CPU samples, off-CPU switch-outs and CUDA calls, of processes a second old
+/// or more.
 #[map(name = "STACKS")]
 pub static STACKS: StackTrace = StackTrace::with_max_entries(cpu::STACKS_ENTRIES, 0);
 
@@ -175,7 +175,7 @@ pub fn kernel_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
     }
 }
 
-/// The id of the current user stack: in `STACKS`, or, for a thread younger than
+/// The id of the current user stack: in `STACKS`, or, for a thread of a process younger than
 /// `tracer_common::cpu::YOUNG_NS` ([`is_young`]), in `YOUNG_STACKS` with `YOUNG_STACK_BIT` set;
 /// or the negative errno (counted by [`count_stack_error`]).
 #[inline(always)]
@@ -211,11 +211,11 @@ pub fn user_collision(young: bool) -> Drop {
     }
 }
 
-/// Whether a thread whose accounting began at `born_ns` is young at `now`: its user stacks go
-/// to `YOUNG_STACKS`.
+/// Whether a thread whose process began at `proc_born_ns` (`ThreadState::proc_born_ns`) is
+/// young at `now`: its user stacks go to `YOUNG_STACKS`.
 #[inline(always)]
-pub fn is_young(born_ns: u64, now: u64) -> bool {
-    now.wrapping_sub(born_ns) < cpu::YOUNG_NS
+pub fn is_young(proc_born_ns: u64, now: u64) -> bool {
+    now.wrapping_sub(proc_born_ns) < cpu::YOUNG_NS
 }
 
 /// Counts a stack id that is an error: -EFAULT (no kernel stack in user mode, no user stack in

@@ -38,13 +38,15 @@ fn sample(ctx: &PerfEventContext, p: Prog) {
     // It is running: a state off CPU missed its switch-in (`sched::gputrace_switched_in`).
     // A thread that makes no syscall and never leaves the CPU would have no other program
     // of its own to close it.
-    // A thread without a state (before the seeding, or none was free: a churn of threads) is
-    // taken as a young one: the older threads' map is kept for those known to be.
-    let mut young = true;
+    // A thread without a state: before the seeding, one of the processes found at the attach
+    // (or a child forked since), taken as old; after it, one whose birth went unseen or that
+    // found no state free (a churn of threads), taken as young: the older processes' map is
+    // kept for those known to be.
+    let mut young = crate::account::seeded();
     if let Some(st) = crate::account::state(tid) {
         if unsafe { (*st).tgid } == tgid {
             let now = unsafe { bpf_ktime_get_ns() };
-            young = is_young(unsafe { (*st).born_ns }, now);
+            young = is_young(unsafe { (*st).proc_born_ns }, now);
             crate::sched::running(tid, st, crate::sched::SAMPLE_MIN_RUN_NS, || now);
         }
     }

@@ -446,7 +446,7 @@ fn switch_out<C: StackIdContext, K: Kernel>(
     // (`STEADY_MAX`).
     if st.phase == PHASE_BLOCKED && OFFCPU_STACKS.load() != 0 {
         let (nr, arg0) = (sys_nr, st.sys_arg0);
-        let young = crate::maps::is_young(st.born_ns, now);
+        let young = crate::maps::is_young(st.proc_born_ns, now);
         let mut found = WALK_SLOTS;
         // Replaced on a miss: this wait's expired walk, else an empty slot or the oldest walk
         // (a live one's walk is under 50 ms old, so the oldest is the next to expire).

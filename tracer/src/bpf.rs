@@ -46,7 +46,7 @@ pub fn load(opts: &LoadOptions, families: &[Box<dyn crate::probes::ProbeFamily>]
         .override_global("OFF_NEWTASK_FLAGS", &newtask_flags, true)
         .override_global("OFF_EXIT_GROUP_DEAD", &exit_group_dead, true)
         .override_global("OFF_EXEC_OLD_PID", &exec_old_pid, true);
-    // Lowered (never raised) by a test that fills the young threads' stack map in seconds.
+    // Lowered (never raised) by a test that fills the young processes' stack map in seconds.
     let young = crate::env_cap("GPUTRACE_YOUNG_STACKS", YOUNG_STACKS_ENTRIES as usize) as u32;
     if young < YOUNG_STACKS_ENTRIES {
         loader.map_max_entries(YOUNG_STACKS_MAP, young.max(1));

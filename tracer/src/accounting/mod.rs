@@ -744,6 +744,7 @@ fn seed_threads(
         Seeding::Release => ktime_now(),
     };
     let states = States::open(ebpf)?;
+    let mut proc_born = BTreeMap::new();
     for &(pid, tid) in &tids {
         let Some(Now {
             phase,
@@ -809,11 +810,24 @@ fn seed_threads(
             } else {
                 PY_STACK_PENDING
             },
+            // A process running since before the attach is not young for its first second
+            // of the trace: its threads' stacks go to the older threads' map at once.
+            proc_born_ns: *proc_born
+                .entry(pid)
+                .or_insert_with(|| process_born(pid, now)),
             ..ThreadState::new(now, tid, pid, phase)
         };
         states.seed(ebpf, &st)?;
     }
     Ok(())
+}
+
+/// When process `pid` started, on the clock of `now` (the programs'), and not after `now`;
+/// `now` where /proc does not say.
+fn process_born(pid: u32, now: u64) -> u64 {
+    procfs::stat(pid)
+        .and_then(|s| procfs::start_floor_ktime(s.starttime))
+        .map_or(now, |s| s.min(now))
 }
 
 /// Reads /proc for what a thread is doing now.
