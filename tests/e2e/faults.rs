@@ -1864,7 +1864,24 @@ fn a_long_running_jobs_new_thread_keeps_its_stacks_among_short_processes() {
     if !require_root("a_long_running_jobs_new_thread_keeps_its_stacks_among_short_processes") {
         return;
     }
-    let (r, _dir, late) = late_stack_run("late-stack-thread", &["thread"]);
+    assert_new_thread_kept("late-stack-thread", "thread");
+}
+
+/// As above where the job's main thread has left (pthread_exit) before the new thread starts:
+/// the new thread takes its process's age from the thread that made it, not from the leader's
+/// state, which went with the leader (a build without that fallback lost the wait's user stack
+/// in 2 of 2 runs).
+#[test]
+fn a_new_thread_of_a_job_whose_leader_left_keeps_its_stacks() {
+    let _g = serial();
+    if !require_root("a_new_thread_of_a_job_whose_leader_left_keeps_its_stacks") {
+        return;
+    }
+    assert_new_thread_kept("late-stack-leaderless", "leaderless");
+}
+
+fn assert_new_thread_kept(name: &str, mode: &str) {
+    let (r, _dir, late) = late_stack_run(name, &[mode]);
     let lost = |reason: &str| field_of(&r["drops"], "reason", reason, "count");
     assert!(
         late.iter().any(|l| {

@@ -2,12 +2,14 @@
  * job that shells out (`nvidia-smi`, a script) and later reaches a code path it had not run
  * (a checkpoint, an evaluation).
  *
- *   late_stack CHILDREN [thread]
+ *   late_stack CHILDREN [thread|leaderless]
  *
  * Sleeps 1.2 s (so that it is past the tracer's first second), runs CHILDREN `/bin/true` one
  * after the other, reaping each, then sleeps 0.3 s in late_wait(), with the syscall made right
  * there so that a frame-pointer walk starts in late_wait() itself. With `thread`, late_wait()
- * runs in a new thread (late_thread()), as a job's thread per request or new worker does.
+ * runs in a new thread (late_thread()), as a job's thread per request or new worker does. With
+ * `leaderless`, the main thread starts a thread and leaves by pthread_exit; that thread, once
+ * the main one is gone, starts late_thread().
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -34,6 +36,17 @@ __attribute__((noinline)) void *late_thread(void *arg) {
     return NULL;
 }
 
+static void *start_late(void *arg) {
+    (void)arg;
+    /* Time for the main thread to be gone. */
+    struct timespec gone = {0, 100000000};
+    nanosleep(&gone, NULL);
+    pthread_t t;
+    if (pthread_create(&t, NULL, late_thread, NULL) == 0)
+        pthread_join(t, NULL);
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     int children = argc > 1 ? atoi(argv[1]) : 300;
     struct timespec first = {1, 200000000};
@@ -47,7 +60,12 @@ int main(int argc, char **argv) {
         if (pid > 0)
             waitpid(pid, NULL, 0);
     }
-    if (argc > 2 && strcmp(argv[2], "thread") == 0) {
+    if (argc > 2 && strcmp(argv[2], "leaderless") == 0) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, start_late, NULL) != 0)
+            return 1;
+        pthread_exit(NULL);
+    } else if (argc > 2 && strcmp(argv[2], "thread") == 0) {
         pthread_t t;
         if (pthread_create(&t, NULL, late_thread, NULL) != 0)
             return 1;

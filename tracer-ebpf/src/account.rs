@@ -316,13 +316,18 @@ pub extern "C" fn gputrace_died(tid: u32, now: u64, own: u32) -> u32 {
 pub fn born(tid: u32, tgid: u32, now: u64) {
     gputrace_flush(tid);
     // A new thread of a live process is as old as its process, which its leader's state
-    // dates; a new process, or a thread whose leader is gone, from now.
+    // dates, or where the leader is gone (it left by pthread_exit) its creator's, the running
+    // thread when it is of the process; a new process from now.
     let proc_born = if tid == tgid {
         now
     } else {
         state(tgid)
-            .filter(|l| unsafe { (**l).tgid } == tgid)
-            .map_or(now, |l| unsafe { (*l).proc_born_ns })
+            .filter(|s| unsafe { (**s).tgid } == tgid)
+            .or_else(|| {
+                let (cur_tgid, cur) = crate::maps::current_ids();
+                state(cur).filter(|s| cur_tgid == tgid && unsafe { (**s).tgid } == tgid)
+            })
+            .map_or(now, |s| unsafe { (*s).proc_born_ns })
     };
     gputrace_born(tid, tgid, now, proc_born);
 }
