@@ -1909,7 +1909,8 @@ fn a_process_older_than_the_attach_is_not_young() {
         return;
     }
     let spin = build_c("spin", &[]);
-    let target = Bg::spawn(Command::new(&spin).arg("8"));
+    // Long enough for a slow host's attach; killed when the test ends.
+    let target = Bg::spawn(Command::new(&spin).arg("30"));
     // Past its first second before gputrace even loads (its attach takes ~2 s more).
     std::thread::sleep(Duration::from_millis(1200));
     let dir = out_dir("old-at-attach");

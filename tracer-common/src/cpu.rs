@@ -20,10 +20,13 @@ pub const STACKS_ENTRIES: u32 = 32_768;
 /// of their own, which short processes never reach.
 pub const YOUNG_STACKS_MAP: &str = "YOUNG_STACKS";
 pub const YOUNG_STACKS_ENTRIES: u32 = 16_384;
-/// Below this age of its process (`crate::wall::ThreadState::proc_born_ns`) a thread's user
-/// stacks go to [`YOUNG_STACKS_MAP`], as do those of a thread with no state. By process, not
-/// thread: a long-running job's new threads keep their stacks in the older threads' map. A
-/// short process that lives past a second still puts the rest of its stacks there.
+/// Below this age of its process (`crate::wall::ThreadState::proc_born_ns`: since its fork or
+/// its last exec) a thread's user stacks go to [`YOUNG_STACKS_MAP`], as do those of a thread
+/// with no state after the seeding (before it, those of a child forked since the attach:
+/// `crate::proc::TRACED_AT_ATTACH`). By process, not thread: a long-running job's new threads
+/// keep their stacks in the older processes' map, with the job's. A short process that lives
+/// past a second still puts the rest of its stacks there; a forked worker that does not exec
+/// puts its first second's in the young map.
 pub const YOUNG_NS: u64 = 1_000_000_000;
 /// Set in the id of a stack of [`YOUNG_STACKS_MAP`] (ids are under 2^15; errors, negative,
 /// are not tagged).
@@ -72,7 +75,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_young_threads_stack_id_names_its_map() {
+    fn a_young_processs_stack_id_names_its_map() {
         let max = YOUNG_STACKS_ENTRIES.max(STACKS_ENTRIES) as i32;
         assert!(max <= YOUNG_STACK_BIT);
         assert_eq!(user_stack_slot(7), (false, 7));

@@ -68,9 +68,8 @@ pub enum Drop {
     /// stack (by its syscall and file).
     KernelStackCollision = 18,
     /// As [`Drop::StackCollision`], for the user stacks of processes younger than a second
-    /// (`tracer_common::cpu::YOUNG_NS`: short processes', and any process's first second),
-    /// which have their own map. By thread until 2026-12-07 (evening): a job's new thread
-    /// was young too.
+    /// (`tracer_common::cpu::YOUNG_NS`: short processes', and the first second after any
+    /// process's fork or exec), which have their own map. By thread until 2026-12-07 (evening): a job's new thread was young too.
     YoungStackCollision = 19,
 }
 

@@ -7,6 +7,12 @@
 pub const TRACED_MAP: &str = "TRACED";
 pub const PROC_EVENTS_MAP: &str = "PROC_EVENTS";
 pub const TRACED_ENTRIES: u32 = 16_384;
+/// `TRACED` values: a process user space traced at the attach (the targets, their
+/// descendants then, a launched command), and a child the kernel added at its fork. Before the
+/// threads are seeded, a thread with no state is taken as old when its process is of the
+/// first kind (it ran before the attach), as young when of the second.
+pub const TRACED_AT_ATTACH: u32 = 1;
+pub const TRACED_FOLLOWED: u32 = 0;
 /// One byte per id (a tid or a tgid) modulo `MAYBE_SLOTS`: 1 once that id may be traced. Set
 /// before any entry for the id goes into `TRACED` or `THREADS` (by the kernel side and by user
 /// space), never cleared: the hot tracepoints stop an untraced thread's event at one array

@@ -180,12 +180,12 @@ pub struct ThreadState {
     /// When accounting of this thread started: its creation, or the seeding at attach.
     /// Identifies the thread across tid reuse.
     pub born_ns: u64,
-    /// When the thread's process began, as near as known: a thread created in a live process
-    /// takes its creator's, a new process its birth, a thread seeded at the attach its
-    /// process's start from /proc. A thread's user stacks go to the young processes' map while
-    /// its process is under `crate::cpu::YOUNG_NS` old: by the process's age, not the
-    /// thread's, so that a long-running job's new threads (a thread per request, a loader's
-    /// workers) do not share that map with the churn of short processes.
+    /// When the thread's process began, as near as known: its fork, or its last exec; a thread
+    /// created in a live process takes its leader's (its creator's where the leader is gone),
+    /// a thread seeded at the attach its process's start from /proc. A thread's user stacks go
+    /// to the young processes' map while this is under `crate::cpu::YOUNG_NS` ago: by the
+    /// process's age, not the thread's, so that a long-running job's new threads (a thread per
+    /// request) do not share that map with the churn of short processes.
     pub proc_born_ns: u64,
     /// Start of the running interval.
     pub start_ns: u64,

@@ -315,10 +315,10 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     let ustack = if is_launch_shape(cookie.shape) {
         -1
     } else {
-        // As the sampler does: by its state, else young once the threads are seeded.
-        let young = match account::state(tid) {
+        // As the sampler does.
+        let young = match account::state(tid).filter(|st| unsafe { (**st).tgid } == tgid) {
             Some(st) => crate::maps::is_young(unsafe { (*st).proc_born_ns }, now),
-            None => account::seeded(),
+            None => crate::maps::stateless_young(tgid),
         };
         crate::maps::user_stack(&ctx, young).unwrap_or(-1)
     };

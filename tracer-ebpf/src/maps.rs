@@ -143,7 +143,7 @@ fn end(p: hits::Prog) {
 #[map(name = "STACKS")]
 pub static STACKS: StackTrace = StackTrace::with_max_entries(cpu::STACKS_ENTRIES, 0);
 
-/// User stacks of threads younger than a second (`tracer_common::cpu::YOUNG_STACKS_MAP` says
+/// User stacks of processes younger than a second (`tracer_common::cpu::YOUNG_STACKS_MAP` says
 /// why apart).
 #[map(name = "YOUNG_STACKS")]
 pub static YOUNG_STACKS: StackTrace = StackTrace::with_max_entries(cpu::YOUNG_STACKS_ENTRIES, 0);
@@ -235,6 +235,17 @@ pub fn count_stack_error(e: i32, collision: Drop) {
 #[inline(always)]
 pub fn is_traced(tgid: u32) -> bool {
     maybe_traced(tgid) && unsafe { TRACED.get(&tgid) }.is_some()
+}
+
+/// Whether a thread of traced process `tgid` with no state puts its user stacks in
+/// `YOUNG_STACKS`: after the seeding, one whose birth went unseen or that found no state free
+/// (a churn of threads); before it, a child forked since the attach, not a process that ran
+/// before it (`tracer_common::proc::TRACED_AT_ATTACH`). The older processes' map is kept for
+/// those known to be.
+#[inline(always)]
+pub fn stateless_young(tgid: u32) -> bool {
+    crate::account::seeded()
+        || unsafe { TRACED.get(&tgid) }.is_none_or(|v| *v != proc::TRACED_AT_ATTACH)
 }
 
 /// As [`count_drop`], `n` times.

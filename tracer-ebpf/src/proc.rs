@@ -76,7 +76,10 @@ pub fn task_newtask(ctx: TracePointContext) -> u32 {
     let child = child as u32;
     if FOLLOW_CHILDREN.load() != 0 {
         crate::maps::mark_maybe(child);
-        if TRACED.insert(&child, &0, 0).is_err() {
+        if TRACED
+            .insert(&child, &tracer_common::proc::TRACED_FOLLOWED, 0)
+            .is_err()
+        {
             count_drop(Drop::TracedFull);
         }
     }
@@ -95,6 +98,11 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
             if old > 0 && old as u32 != tid {
                 exec_moved(old as u32, tgid, unsafe { bpf_ktime_get_ns() });
             }
+        }
+        // A new image: its user stacks are new ones, young for its first second, as a new
+        // process's (a long-running process that execs its job: a wrapper script).
+        if let Some(st) = crate::account::state(tid) {
+            unsafe { (*st).proc_born_ns = bpf_ktime_get_ns() };
         }
         crate::python::exec(tgid);
         crate::cuda::forget_runtime_text(tgid);

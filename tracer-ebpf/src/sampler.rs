@@ -16,7 +16,8 @@ use tracer_common::{
 use tracer_common::hits::Prog;
 
 use crate::maps::{
-    add_to, by_path, current_ids, is_traced, is_young, kernel_stack_id, traced, user_stack_id,
+    add_to, by_path, current_ids, is_traced, is_young, kernel_stack_id, stateless_young, traced,
+    user_stack_id,
 };
 
 #[map(name = "CPU_COUNTS")]
@@ -38,18 +39,15 @@ fn sample(ctx: &PerfEventContext, p: Prog) {
     // It is running: a state off CPU missed its switch-in (`sched::gputrace_switched_in`).
     // A thread that makes no syscall and never leaves the CPU would have no other program
     // of its own to close it.
-    // A thread without a state: before the seeding, one of the processes found at the attach
-    // (or a child forked since), taken as old; after it, one whose birth went unseen or that
-    // found no state free (a churn of threads), taken as young: the older processes' map is
-    // kept for those known to be.
-    let mut young = crate::account::seeded();
+    let mut young = None;
     if let Some(st) = crate::account::state(tid) {
         if unsafe { (*st).tgid } == tgid {
             let now = unsafe { bpf_ktime_get_ns() };
-            young = is_young(unsafe { (*st).proc_born_ns }, now);
+            young = Some(is_young(unsafe { (*st).proc_born_ns }, now));
             crate::sched::running(tid, st, crate::sched::SAMPLE_MIN_RUN_NS, || now);
         }
     }
+    let young = young.unwrap_or_else(|| stateless_young(tgid));
     let user_stack_id = user_stack_id(ctx, young);
     let kernel_stack_id = kernel_stack_id(ctx);
     let key = SampleKey {

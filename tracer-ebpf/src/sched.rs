@@ -635,8 +635,15 @@ fn wakeup_new(pid: i32) -> u32 {
         return 0;
     }
     let pid = pid as u32;
-    if is_traced(pid) && state(pid).is_none() {
-        born(pid, pid, unsafe { bpf_ktime_get_ns() });
+    if !is_traced(pid) {
+        return 0;
+    }
+    match state(pid) {
+        None => born(pid, pid, unsafe { bpf_ktime_get_ns() }),
+        // A state before the process first ran: the seeding's (it read /proc while the fork
+        // went on), or one left under its pid by a process whose death went unseen (whose age
+        // would make this one old). It is new, as a birth here would have it.
+        Some(st) => unsafe { (*st).proc_born_ns = bpf_ktime_get_ns() },
     }
     0
 }

@@ -83,7 +83,7 @@ pub fn trace_pids(ebpf: &mut Ebpf, pids: &[u32]) -> Result<()> {
         HashMap::try_from(ebpf.map_mut(TRACED_MAP).context("map TRACED missing")?)?;
     for &pid in pids {
         traced
-            .insert(pid, 0, 0)
+            .insert(pid, tracer_common::proc::TRACED_AT_ATTACH, 0)
             .with_context(|| format!("add pid {pid} to the traced set"))?;
     }
     Ok(())

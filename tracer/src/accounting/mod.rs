@@ -810,8 +810,9 @@ fn seed_threads(
             } else {
                 PY_STACK_PENDING
             },
-            // A process running since before the attach is not young for its first second
-            // of the trace: its threads' stacks go to the older threads' map at once.
+            // A process running since before the attach is not young for the trace's first
+            // second: its threads' stacks go to the older processes' map at once. (Dated by
+            // its start: /proc does not say when it last exec'd.)
             proc_born_ns: *proc_born
                 .entry(pid)
                 .or_insert_with(|| process_born(pid, now)),
