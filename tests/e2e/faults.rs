@@ -1880,6 +1880,19 @@ fn a_new_thread_of_a_job_whose_leader_left_keeps_its_stacks() {
     assert_new_thread_kept("late-stack-leaderless", "leaderless");
 }
 
+/// A child the job forks and that does not exec (a data loader's worker, a pre-fork server's)
+/// runs its parent's code: it takes its parent's age until it execs (an exec is told from the
+/// `mm` it was forked with, which the exec replaces before its tracepoint). Dated from its fork,
+/// as a new process, its wait here lost its user stack (2 of 2 runs).
+#[test]
+fn a_forked_worker_of_the_job_keeps_its_stacks_among_short_processes() {
+    let _g = serial();
+    if !require_root("a_forked_worker_of_the_job_keeps_its_stacks_among_short_processes") {
+        return;
+    }
+    assert_new_thread_kept("late-stack-fork", "fork");
+}
+
 fn assert_new_thread_kept(name: &str, mode: &str) {
     let (r, _dir, late) = late_stack_run(name, &[mode]);
     let lost = |reason: &str| field_of(&r["drops"], "reason", reason, "count");

@@ -2,14 +2,15 @@
  * job that shells out (`nvidia-smi`, a script) and later reaches a code path it had not run
  * (a checkpoint, an evaluation).
  *
- *   late_stack CHILDREN [thread|leaderless]
+ *   late_stack CHILDREN [thread|leaderless|fork]
  *
  * Sleeps 1.2 s (so that it is past its first second however it was traced), runs CHILDREN
  * `/bin/true` one after the other, reaping each, then sleeps 0.3 s in late_wait(), with the
  * syscall made right there so that a frame-pointer walk starts in late_wait() itself. With
  * `thread`, late_wait() runs in a new thread (late_thread()), as a job's thread per request or
  * new worker does. With `leaderless`, the main thread starts a thread and leaves by
- * pthread_exit; that thread, once the main one is a zombie, starts late_thread().
+ * pthread_exit; that thread, once the main one is a zombie, starts late_thread(). With `fork`,
+ * late_thread() runs in a forked child that does not exec, as a data loader's worker does.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -89,6 +90,14 @@ int main(int argc, char **argv) {
         if (pthread_create(&t, NULL, late_thread, NULL) != 0)
             return 1;
         pthread_join(t, NULL);
+    } else if (strcmp(mode, "fork") == 0) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            late_thread(NULL);
+            _exit(0);
+        }
+        if (pid > 0)
+            waitpid(pid, NULL, 0);
     } else {
         late_wait();
     }

@@ -20,13 +20,13 @@ pub const STACKS_ENTRIES: u32 = 32_768;
 /// of their own, which short processes never reach.
 pub const YOUNG_STACKS_MAP: &str = "YOUNG_STACKS";
 pub const YOUNG_STACKS_ENTRIES: u32 = 16_384;
-/// Below this age of its process (`crate::wall::ThreadState::proc_born_ns`: since its fork or
-/// its last exec) a thread's user stacks go to [`YOUNG_STACKS_MAP`], as do those of a thread
-/// with no state after the seeding (before it, those of a child forked since the attach:
+/// Below this age of its process (`crate::wall::ThreadState::proc_born_ns`: since its last
+/// exec, or its fork; a forked child that has not exec'd is as old as its parent) a thread's
+/// user stacks go to [`YOUNG_STACKS_MAP`], as do those of a thread with no state after the
+/// seeding (before it, those of a child forked since the attach:
 /// `crate::proc::TRACED_AT_ATTACH`). By process, not thread: a long-running job's new threads
-/// keep their stacks in the older processes' map, with the job's. A short process that lives
-/// past a second still puts the rest of its stacks there; a forked worker that does not exec
-/// puts its first second's in the young map.
+/// and forked workers keep their stacks in the older processes' map, with the job's. A short
+/// process that lives past a second still puts the rest of its stacks there.
 pub const YOUNG_NS: u64 = 1_000_000_000;
 /// Set in the id of a stack of [`YOUNG_STACKS_MAP`] (ids are under 2^15; errors, negative,
 /// are not tagged).

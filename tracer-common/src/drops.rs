@@ -69,7 +69,8 @@ pub enum Drop {
     KernelStackCollision = 18,
     /// As [`Drop::StackCollision`], for the user stacks of processes younger than a second
     /// (`tracer_common::cpu::YOUNG_NS`: short processes', and the first second after any
-    /// process's fork or exec), which have their own map. By thread until 2026-12-07 (evening): a job's new thread was young too.
+    /// process's exec; a forked child that has not exec'd is as old as its parent), which
+    /// have their own map. By thread until 2026-12-07 (evening): a job's new thread was young too.
     YoungStackCollision = 19,
 }
 

@@ -180,13 +180,21 @@ pub struct ThreadState {
     /// When accounting of this thread started: its creation, or the seeding at attach.
     /// Identifies the thread across tid reuse.
     pub born_ns: u64,
-    /// When the thread's process began, as near as known: its fork, or its last exec; a thread
-    /// created in a live process takes its leader's (its creator's where the leader is gone),
-    /// a thread seeded at the attach its process's start from /proc. A thread's user stacks go
+    /// When the thread's process began, as near as known: its last exec, or its fork; a forked
+    /// child takes its parent's until it execs (see `image_mm`), a thread created in a live
+    /// process its leader's (its creator's where the leader is gone), a thread seeded at the
+    /// attach its process's start from /proc. A thread's user stacks go
     /// to the young processes' map while this is under `crate::cpu::YOUNG_NS` ago: by the
     /// process's age, not the thread's, so that a long-running job's new threads (a thread per
-    /// request) do not share that map with the churn of short processes.
+    /// request) and forked workers (a data loader's) do not share that map with the churn of
+    /// short processes.
     pub proc_born_ns: u64,
+    /// A forked child that has not exec'd runs its parent's code, and takes its parent's
+    /// `proc_born_ns`: this is its `mm` (`task_struct.mm`) at its fork, else 0. An exec
+    /// replaces the `mm` before its tracepoint: while the current `mm` differs, the thread
+    /// counts as young (the stacks taken inside a shell child's exec filled the older
+    /// processes' map when such a child counted as old until the tracepoint).
+    pub image_mm: u64,
     /// Start of the running interval.
     pub start_ns: u64,
     /// Entry time of the syscall in progress.
@@ -485,6 +493,7 @@ impl ThreadState {
         ThreadState {
             born_ns,
             proc_born_ns: born_ns,
+            image_mm: 0,
             start_ns: born_ns,
             sys_start_ns: 0,
             sys_arg0: 0,

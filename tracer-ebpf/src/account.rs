@@ -316,41 +316,49 @@ pub extern "C" fn gputrace_died(tid: u32, now: u64, own: u32) -> u32 {
 #[inline(always)]
 pub fn born(tid: u32, tgid: u32, now: u64) {
     gputrace_flush(tid);
-    gputrace_born(tid, tgid, now);
+    gputrace_born(tid, tgid, now, 0);
 }
 
-/// `ThreadState::proc_born_ns` of a new thread `tid` of live process `tgid`: its leader's, or
-/// where the leader is gone (it left by pthread_exit) the running thread's, its creator. None
-/// for a process's first thread, and where neither has a state (the thread itself runs: a
-/// birth first seen at its switch-out).
-///
-/// A forked child that does not exec (a data loader's worker) counts as a new process, though
-/// it runs its parent's code: taking its parent's age, a shell's child was old until its exec's
-/// tracepoint, and the stacks taken in its exec before that filled the older processes' map (in
-/// two minutes of a shell loop beside a request-serving job, 2,692 of the job's samples lost
-/// their user stack, against 17 so).
+/// [`born`] for a new process forked by the running thread, whose `mm` is `mm` (0: unknown,
+/// then it counts from now): until it execs it takes its parent's age.
 #[inline(always)]
-pub fn thread_process_age(tid: u32, tgid: u32) -> Option<u64> {
+pub fn born_forked(pid: u32, now: u64, mm: u64) {
+    gputrace_flush(pid);
+    gputrace_born(pid, pid, now, mm);
+}
+
+/// `(ThreadState::proc_born_ns, ThreadState::image_mm)` of a new thread `tid` of live process
+/// `tgid`: its leader's, or where the leader is gone (it left by pthread_exit) the running
+/// thread's, its creator. For a process's first thread forked with `mm` (not 0), its parent's
+/// age, the running thread's, and `mm`. None where no state says (a new process whose `mm` is
+/// unknown; the thread itself runs: a birth first seen at its switch-out).
+#[inline(always)]
+pub fn inherited_age(tid: u32, tgid: u32, mm: u64) -> Option<(u64, u64)> {
+    let (cur_tgid, cur) = crate::maps::current_ids();
     if tid == tgid {
-        return None;
+        if mm == 0 || cur_tgid == tgid {
+            return None;
+        }
+        return state(cur)
+            .filter(|s| unsafe { (**s).tgid } == cur_tgid)
+            .map(|s| (unsafe { (*s).proc_born_ns }, mm));
     }
     if let Some(l) = state(tgid).filter(|l| unsafe { (**l).tgid } == tgid) {
-        return Some(unsafe { (*l).proc_born_ns });
+        return Some(unsafe { ((*l).proc_born_ns, (*l).image_mm) });
     }
-    let (cur_tgid, cur) = crate::maps::current_ids();
     if cur == tid || cur_tgid != tgid {
         return None;
     }
     state(cur)
         .filter(|s| unsafe { (**s).tgid } == tgid)
-        .map(|s| unsafe { (*s).proc_born_ns })
+        .map(|s| unsafe { ((*s).proc_born_ns, (*s).image_mm) })
 }
 
-/// [`born`] once a state left under `tid` was flushed. The process's age is looked up here,
-/// not at the call sites: this function is verified once.
+/// [`born`] once a state left under `tid` was flushed; `mm` as [`born_forked`]'s. The
+/// process's age is looked up here, not at the call sites: this function is verified once.
 #[no_mangle]
 #[inline(never)]
-pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64) -> u32 {
+pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64, mm: u64) -> u32 {
     // Before the seeding, a thread born while the other families attached would be alive
     // before the window: the seeding takes it from /proc as the window opens, or its first
     // switch-out after it (a child process forked meanwhile).
@@ -371,10 +379,11 @@ pub extern "C" fn gputrace_born(tid: u32, tgid: u32, now: u64) -> u32 {
     let Some(st) = NEW_STATE.get_ptr_mut(0) else {
         return 0;
     };
-    let age = thread_process_age(tid, tgid).unwrap_or(now);
+    let (age, image_mm) = inherited_age(tid, tgid, mm).unwrap_or((now, 0));
     unsafe {
         *st = ThreadState::new(now, tid, tgid, PHASE_RUNNABLE);
         (*st).proc_born_ns = age;
+        (*st).image_mm = image_mm;
     }
     let owner = unsafe { (*slot).tid };
     if owner == 0 || owner == tid {

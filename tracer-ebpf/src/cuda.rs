@@ -317,7 +317,7 @@ pub fn cuda_entry(ctx: ProbeContext) -> u32 {
     } else {
         // As the sampler does.
         let young = match account::state(tid).filter(|st| unsafe { (**st).tgid } == tgid) {
-            Some(st) => crate::maps::is_young(unsafe { (*st).proc_born_ns }, now),
+            Some(st) => crate::maps::stacks_young(unsafe { &*st }, now),
             None => crate::maps::stateless_young(tgid),
         };
         crate::maps::user_stack(&ctx, young).unwrap_or(-1)

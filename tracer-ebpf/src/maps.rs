@@ -218,6 +218,14 @@ pub fn is_young(proc_born_ns: u64, now: u64) -> bool {
     now.wrapping_sub(proc_born_ns) < cpu::YOUNG_NS
 }
 
+/// Whether the running thread, whose state is `st`, puts its user stacks in `YOUNG_STACKS` at
+/// `now`: by its process's age, or, a forked child at its parent's age, once an exec has
+/// replaced the `mm` it was forked with (`ThreadState::image_mm`).
+#[inline(always)]
+pub fn stacks_young(st: &tracer_common::wall::ThreadState, now: u64) -> bool {
+    is_young(st.proc_born_ns, now) || (st.image_mm != 0 && crate::proc::current_mm() != st.image_mm)
+}
+
 /// Counts a stack id that is an error: -EFAULT (no kernel stack in user mode, no user stack in
 /// a kernel thread) is normal, -EEXIST another stack in the slot (`collision`), -ENOMEM a full
 /// map. A stack id is left alone.

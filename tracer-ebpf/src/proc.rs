@@ -42,6 +42,22 @@ static OFF_TASK_EXIT_CODE: Global<u32> = Global::new(0);
 #[no_mangle]
 static OFF_TASK_SELF_EXEC_ID: Global<u32> = Global::new(0);
 
+/// `task_struct.mm`, from the kernel's BTF (0: unknown, not read: forked children then count
+/// as new processes).
+#[no_mangle]
+pub static OFF_TASK_MM: Global<u32> = Global::new(0);
+
+/// The running task's `mm`, 0 where unknown.
+#[inline(always)]
+pub fn current_mm() -> u64 {
+    let off = OFF_TASK_MM.load();
+    if off == 0 {
+        return 0;
+    }
+    let task = unsafe { aya_ebpf::helpers::bpf_get_current_task() };
+    <crate::kread::Probe as crate::kread::Kernel>::read(task, off)
+}
+
 /// The current process's execs so far (`task_struct.self_exec_id`, inherited at fork), 0 when
 /// unknown: tells CPU samples of an image from those of the image it exec'd.
 #[inline(always)]
@@ -102,7 +118,10 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
         // A new image: its user stacks are new ones, young for its first second, as a new
         // process's (a long-running process that execs its job: a wrapper script).
         if let Some(st) = crate::account::state(tid) {
-            unsafe { (*st).proc_born_ns = bpf_ktime_get_ns() };
+            unsafe {
+                (*st).proc_born_ns = bpf_ktime_get_ns();
+                (*st).image_mm = 0;
+            }
         }
         crate::python::exec(tgid);
         crate::cuda::forget_runtime_text(tgid);

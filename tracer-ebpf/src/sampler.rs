@@ -16,8 +16,8 @@ use tracer_common::{
 use tracer_common::hits::Prog;
 
 use crate::maps::{
-    add_to, by_path, current_ids, is_traced, is_young, kernel_stack_id, stateless_young, traced,
-    user_stack_id,
+    add_to, by_path, current_ids, is_traced, kernel_stack_id, stacks_young, stateless_young,
+    traced, user_stack_id,
 };
 
 #[map(name = "CPU_COUNTS")]
@@ -43,7 +43,7 @@ fn sample(ctx: &PerfEventContext, p: Prog) {
     if let Some(st) = crate::account::state(tid) {
         if unsafe { (*st).tgid } == tgid {
             let now = unsafe { bpf_ktime_get_ns() };
-            young = Some(is_young(unsafe { (*st).proc_born_ns }, now));
+            young = Some(stacks_young(unsafe { &*st }, now));
             crate::sched::running(tid, st, crate::sched::SAMPLE_MIN_RUN_NS, || now);
         }
     }

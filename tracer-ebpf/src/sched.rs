@@ -446,7 +446,7 @@ fn switch_out<C: StackIdContext, K: Kernel>(
     // (`STEADY_MAX`).
     if st.phase == PHASE_BLOCKED && OFFCPU_STACKS.load() != 0 {
         let (nr, arg0) = (sys_nr, st.sys_arg0);
-        let young = crate::maps::is_young(st.proc_born_ns, now);
+        let young = crate::maps::stacks_young(st, now);
         let mut found = WALK_SLOTS;
         // Replaced on a miss: this wait's expired walk, else an empty slot or the oldest walk
         // (a live one's walk is under 50 ms old, so the oldest is the next to expire).
@@ -614,23 +614,40 @@ pub fn task_rename(ctx: TracePointContext) -> u32 {
 #[raw_tracepoint(tracepoint = "sched_wakeup_new")]
 pub fn sched_wakeup_new(ctx: RawTracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::SchedWakeupNew);
-    wakeup_new(task_pid::<Probe>(ctx.arg(0)))
+    let task: u64 = ctx.arg(0);
+    wakeup_new(task_pid::<Probe>(task), task_mm::<Probe>(task))
 }
 
 #[btf_tracepoint(function = "sched_wakeup_new")]
 pub fn sched_wakeup_new_btf(ctx: BtfTracePointContext) -> i32 {
     crate::maps::hit(tracer_common::hits::Prog::SchedWakeupNewBtf);
-    wakeup_new(task_pid::<Direct>(ctx.arg(0))) as i32
+    let task: u64 = ctx.arg(0);
+    // The mm through a helper: a BTF program's plain load of a pointer field is refused.
+    wakeup_new(task_pid::<Direct>(task), task_mm::<Probe>(task)) as i32
 }
 
 #[tracepoint]
 pub fn sched_wakeup_new_tp(ctx: TracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::SchedWakeupNewTp);
-    wakeup_new(unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0))
+    wakeup_new(
+        unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0),
+        0,
+    )
 }
 
+/// A task's `mm` (`crate::proc::OFF_TASK_MM`), 0 where unknown.
 #[inline(always)]
-fn wakeup_new(pid: i32) -> u32 {
+fn task_mm<K: Kernel>(task: u64) -> u64 {
+    let off = crate::proc::OFF_TASK_MM.load();
+    if off == 0 {
+        return 0;
+    }
+    K::read(task, off)
+}
+
+/// `mm`: the new process's (0: unknown).
+#[inline(always)]
+fn wakeup_new(pid: i32, mm: u64) -> u32 {
     if pid <= 0 {
         return 0;
     }
@@ -639,7 +656,7 @@ fn wakeup_new(pid: i32) -> u32 {
         return 0;
     }
     match state(pid) {
-        None => born(pid, pid, unsafe { bpf_ktime_get_ns() }),
+        None => crate::account::born_forked(pid, unsafe { bpf_ktime_get_ns() }, mm),
         // A state before the process first ran: the seeding's (it read /proc while the fork
         // went on), or one left under its pid by a process whose death went unseen (whose age
         // would make this one old). It is new, as a birth here would have it.

@@ -368,6 +368,12 @@ impl Offsets {
         let mut v = vec![
             ("OFF_TASK_PID", *raw.as_ref().unwrap_or(&0)),
             ("OFF_TASK_SELF_EXEC_ID", exec_id.unwrap_or(0)),
+            // A forked child's image until it execs (the eBPF crate's `proc::current_mm`; 0
+            // leaves it unread: such a child then counts as a new process).
+            (
+                "OFF_TASK_MM",
+                on_btf(&btf, |b| b.member_offset("task_struct", "mm")).unwrap_or(0),
+            ),
             // A process's wait status at its exit (the eBPF crate's `proc::emit_exit`).
             (
                 "OFF_TASK_EXIT_CODE",
