@@ -312,7 +312,7 @@ pub extern "C" fn gputrace_died(tid: u32, now: u64, own: u32) -> u32 {
 
 /// Starts accounting a thread created at `now`; it is runnable until it first runs. A state
 /// left by a thread whose death went unseen keeps the time it held: written out first. Its
-/// process's age is [`thread_process_age`]'s, else it counts from now (a new process).
+/// process's age is [`inherited_age`]'s, else it counts from now (a new process).
 #[inline(always)]
 pub fn born(tid: u32, tgid: u32, now: u64) {
     gputrace_flush(tid);
