@@ -978,8 +978,16 @@ fn many_short_lived_files_are_all_counted() {
         .filter_map(|f| f["bytes"].as_u64())
         .sum();
     let expected = (files * (1 + rounds) + 1) * 65536 + DUPS_BYTES;
+    // The dynamic loader's reads of libc (its ELF headers: 2,400 bytes here), on the fd the
+    // files take after it, are counted under libc's name, or, where that name was lost to the
+    // burst of opens before the first pass (once in a fresh-clone CI run, a loaded host), under
+    // that fd's number with the files' lost names. Less than one of the dups' 4 KiB reads.
+    let libc_named = listed
+        .iter()
+        .any(|f| f["file"].as_str().is_some_and(|n| n.contains("/libc.so")));
+    let extra = bytes.checked_sub(expected);
     assert!(
-        bytes == expected || bytes == expected + 1,
+        extra.is_some_and(|e| e <= 1 || (!libc_named && e < 4096)),
         "{bytes} bytes counted, {expected} read: {listed:#?}"
     );
     for i in 0..files {
