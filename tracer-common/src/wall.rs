@@ -183,11 +183,10 @@ pub struct ThreadState {
     /// When the thread's process began, as near as known: its last exec, or its fork; a forked
     /// child takes its parent's until it execs (see `image_mm`), a thread created in a live
     /// process its leader's (its creator's where the leader is gone), a thread seeded at the
-    /// attach its process's start from /proc. A thread's user stacks go
-    /// to the young processes' map while this is under `crate::cpu::YOUNG_NS` ago: by the
-    /// process's age, not the thread's, so that a long-running job's new threads (a thread per
-    /// request) and forked workers (a data loader's) do not share that map with the churn of
-    /// short processes.
+    /// attach its process's start from /proc. A thread's user stacks go to the young
+    /// processes' map while this is under `crate::cpu::YOUNG_NS` ago: by the process's age, not
+    /// the thread's, so that a long-running job's new threads (a thread per request) and forked
+    /// workers (a data loader's) do not share that map with the churn of short processes.
     pub proc_born_ns: u64,
     /// A forked child that has not exec'd runs its parent's code, and takes its parent's
     /// `proc_born_ns`: this is its `mm` (`task_struct.mm`) at its fork, else 0. An exec

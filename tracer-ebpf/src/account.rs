@@ -327,6 +327,17 @@ pub fn born_forked(pid: u32, now: u64, mm: u64) {
     gputrace_born(pid, pid, now, mm);
 }
 
+/// Thread state `st` runs a new image from `now`: young for its first second, as a new
+/// process, and no longer its parent's (`ThreadState::image_mm`: a stale one would keep it young
+/// for good, its `mm` never the running one's again).
+#[inline(always)]
+pub fn new_image(st: *mut ThreadState, now: u64) {
+    unsafe {
+        (*st).proc_born_ns = now;
+        (*st).image_mm = 0;
+    }
+}
+
 /// `(ThreadState::proc_born_ns, ThreadState::image_mm)` of a new thread `tid` of live process
 /// `tgid`: its leader's, or where the leader is gone (it left by pthread_exit) the running
 /// thread's, its creator. For a process's first thread forked with `mm` (not 0), its parent's

@@ -15,7 +15,10 @@ use tracer_common::{
     proc::{ProcEvent, ProcEventKind, PROC_EVENTS_BYTES},
 };
 
-use crate::maps::{count_drop, current_ids, is_traced, TRACED};
+use crate::{
+    kread::{Kernel, Probe},
+    maps::{count_drop, current_ids, is_traced, TRACED},
+};
 
 #[map(name = "PROC_EVENTS")]
 static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(PROC_EVENTS_BYTES, 0);
@@ -45,29 +48,38 @@ static OFF_TASK_SELF_EXEC_ID: Global<u32> = Global::new(0);
 /// `task_struct.mm`, from the kernel's BTF (0: unknown, not read: forked children then count
 /// as new processes).
 #[no_mangle]
-pub static OFF_TASK_MM: Global<u32> = Global::new(0);
+static OFF_TASK_MM: Global<u32> = Global::new(0);
+
+/// The field of `task_struct` at `off` (one of the `OFF_TASK_*` offsets) of `task`, None where
+/// the kernel's BTF did not give its place (0).
+#[inline(always)]
+fn task_field<K: Kernel, T: Copy + Default>(task: u64, off: u32) -> Option<T> {
+    (off != 0).then(|| K::read(task, off))
+}
+
+/// [`task_field`] of the running task, whose pointer is taken only where the offset is known.
+#[inline(always)]
+fn current_field<T: Copy + Default>(off: u32) -> Option<T> {
+    (off != 0).then(|| Probe::read(unsafe { aya_ebpf::helpers::bpf_get_current_task() }, off))
+}
+
+/// Task `task`'s `mm`, 0 where unknown.
+#[inline(always)]
+pub fn task_mm<K: Kernel>(task: u64) -> u64 {
+    task_field::<K, u64>(task, OFF_TASK_MM.load()).unwrap_or(0)
+}
 
 /// The running task's `mm`, 0 where unknown.
 #[inline(always)]
 pub fn current_mm() -> u64 {
-    let off = OFF_TASK_MM.load();
-    if off == 0 {
-        return 0;
-    }
-    let task = unsafe { aya_ebpf::helpers::bpf_get_current_task() };
-    <crate::kread::Probe as crate::kread::Kernel>::read(task, off)
+    current_field(OFF_TASK_MM.load()).unwrap_or(0)
 }
 
 /// The current process's execs so far (`task_struct.self_exec_id`, inherited at fork), 0 when
 /// unknown: tells CPU samples of an image from those of the image it exec'd.
 #[inline(always)]
 pub fn self_exec_id() -> u32 {
-    let off = OFF_TASK_SELF_EXEC_ID.load();
-    if off == 0 {
-        return 0;
-    }
-    let task = unsafe { aya_ebpf::helpers::bpf_get_current_task() };
-    <crate::kread::Probe as crate::kread::Kernel>::read(task, off)
+    current_field(OFF_TASK_SELF_EXEC_ID.load()).unwrap_or(0)
 }
 
 const CLONE_THREAD: u64 = 0x0001_0000;
@@ -118,10 +130,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
         // A new image: its user stacks are new ones, young for its first second, as a new
         // process's (a long-running process that execs its job: a wrapper script).
         if let Some(st) = crate::account::state(tid) {
-            unsafe {
-                (*st).proc_born_ns = bpf_ktime_get_ns();
-                (*st).image_mm = 0;
-            }
+            crate::account::new_image(st, unsafe { bpf_ktime_get_ns() });
         }
         crate::python::exec(tgid);
         crate::cuda::forget_runtime_text(tgid);
@@ -204,13 +213,7 @@ fn wake_flags(kind: ProcEventKind) -> u64 {
 /// this tracepoint), -1 where the kernel's BTF did not give its place.
 #[inline(always)]
 fn emit_exit(tgid: u32, tid: u32) {
-    let off = OFF_TASK_EXIT_CODE.load();
-    let code: i32 = if off == 0 {
-        -1
-    } else {
-        let task = unsafe { aya_ebpf::helpers::bpf_get_current_task() };
-        <crate::kread::Probe as crate::kread::Kernel>::read(task, off)
-    };
+    let code: i32 = current_field(OFF_TASK_EXIT_CODE.load()).unwrap_or(-1);
     emit_full(ProcEventKind::Exit, tgid, tid, 0, 0, code);
 }
 

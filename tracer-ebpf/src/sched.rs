@@ -615,7 +615,7 @@ pub fn task_rename(ctx: TracePointContext) -> u32 {
 pub fn sched_wakeup_new(ctx: RawTracePointContext) -> u32 {
     crate::maps::hit(tracer_common::hits::Prog::SchedWakeupNew);
     let task: u64 = ctx.arg(0);
-    wakeup_new(task_pid::<Probe>(task), task_mm::<Probe>(task))
+    wakeup_new(task_pid::<Probe>(task), crate::proc::task_mm::<Probe>(task))
 }
 
 #[btf_tracepoint(function = "sched_wakeup_new")]
@@ -623,7 +623,10 @@ pub fn sched_wakeup_new_btf(ctx: BtfTracePointContext) -> i32 {
     crate::maps::hit(tracer_common::hits::Prog::SchedWakeupNewBtf);
     let task: u64 = ctx.arg(0);
     // The mm through a helper: a BTF program's plain load of a pointer field is refused.
-    wakeup_new(task_pid::<Direct>(task), task_mm::<Probe>(task)) as i32
+    wakeup_new(
+        task_pid::<Direct>(task),
+        crate::proc::task_mm::<Probe>(task),
+    ) as i32
 }
 
 #[tracepoint]
@@ -633,16 +636,6 @@ pub fn sched_wakeup_new_tp(ctx: TracePointContext) -> u32 {
         unsafe { ctx.read_at(OFF_WAKE_PID.load() as usize) }.unwrap_or(0),
         0,
     )
-}
-
-/// A task's `mm` (`crate::proc::OFF_TASK_MM`), 0 where unknown.
-#[inline(always)]
-fn task_mm<K: Kernel>(task: u64) -> u64 {
-    let off = crate::proc::OFF_TASK_MM.load();
-    if off == 0 {
-        return 0;
-    }
-    K::read(task, off)
 }
 
 /// `mm`: the new process's (0: unknown).
@@ -660,7 +653,7 @@ fn wakeup_new(pid: i32, mm: u64) -> u32 {
         // A state before the process first ran: the seeding's (it read /proc while the fork
         // went on), or one left under its pid by a process whose death went unseen (whose age
         // would make this one old). It is new, as a birth here would have it.
-        Some(st) => unsafe { (*st).proc_born_ns = bpf_ktime_get_ns() },
+        Some(st) => crate::account::new_image(st, unsafe { bpf_ktime_get_ns() }),
     }
     0
 }

@@ -819,9 +819,15 @@ fn seed_threads(
             // A process running since before the attach is not young for the trace's first
             // second: its threads' stacks go to the older processes' map at once. (Dated by
             // its start: /proc does not say when it last exec'd.)
-            proc_born_ns: *proc_born
-                .entry(pid)
-                .or_insert_with(|| process_born(pid, now)),
+            proc_born_ns: *proc_born.entry(pid).or_insert_with(|| {
+                // The leader's start is its process's, read already.
+                let start = if tid == pid {
+                    Some(started)
+                } else {
+                    procfs::stat(pid).map(|s| s.starttime)
+                };
+                process_born(start, now)
+            }),
             ..ThreadState::new(now, tid, pid, phase)
         };
         states.seed(ebpf, &st)?;
@@ -829,11 +835,11 @@ fn seed_threads(
     Ok(())
 }
 
-/// When process `pid` started, on the clock of `now` (the programs'), and not after `now`;
-/// `now` where /proc does not say.
-fn process_born(pid: u32, now: u64) -> u64 {
-    procfs::stat(pid)
-        .and_then(|s| procfs::start_floor_ktime(s.starttime))
+/// When a process that started at `start` (/proc's clock ticks since boot) started, on the
+/// clock of `now` (the programs'), and not after `now`; `now` where /proc does not say.
+fn process_born(start: Option<u64>, now: u64) -> u64 {
+    start
+        .and_then(procfs::start_floor_ktime)
         .map_or(now, |s| s.min(now))
 }
 
