@@ -21,7 +21,8 @@ pub const MAYBE_MAP: &str = "MAYBE_IDS";
 pub const MAYBE_SLOTS: u32 = 65_536;
 /// ~18,700 events of 56 bytes: a thread storm's 8,000 births and 8,000 deaths in under a
 /// second fit whole while user space, on a busy host, drains them late (at 256 KiB a
-/// fresh-clone CI run lost 125 of them).
+/// fresh-clone CI run lost 125 of them). An exec's is 576 ([`ExecEvent`]): ~1,800 of them
+/// between two looks (10 ms), where a shell loop makes ~10.
 pub const PROC_EVENTS_BYTES: u32 = 1024 * 1024;
 
 /// Globals set by the loader.
@@ -86,3 +87,65 @@ pub struct ProcEvent {
 }
 
 crate::user_pod!(ProcEvent);
+
+/// Words of the new image's auxiliary vector an exec's event carries: its (type, value) pairs
+/// as the kernel saved them (`mm_struct.saved_auxv`). Linux puts `AT_BASE` and `AT_ENTRY`
+/// within its first twelve pairs (x86-64, arm64).
+pub const EXEC_AUXV_WORDS: usize = 32;
+/// Bytes of the exec's file name an exec's event carries (NUL-terminated, cut beyond).
+pub const EXEC_PATH_BYTES: usize = 256;
+
+/// An exec's event, as the kernel side sends a [`ProcEventKind::Exec`] where it could read the
+/// new image's place: where the executable and its loader lie in memory. A process that execs
+/// and exits before user space reads its maps (a shell loop's `true`: most of them) is
+/// symbolised with them, not with no maps at all.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExecEvent {
+    pub head: ProcEvent,
+    /// `mm_struct.saved_auxv`'s first words, all 0 where the kernel's BTF did not give its
+    /// place.
+    pub auxv: [u64; EXEC_AUXV_WORDS],
+    /// The inode of the executable the process runs (`mm->exe_file`): tells the file at
+    /// `path` from another (replaced since, another mount namespace's). 0 when unread.
+    pub exe_ino: u64,
+    /// The file exec'd (the tracepoint's `filename`), as the caller named it: a script's, not
+    /// its interpreter's; maybe relative to the caller's directory.
+    pub path: [u8; EXEC_PATH_BYTES],
+}
+
+crate::user_pod!(ExecEvent);
+
+/// The value of auxiliary vector entry `key` (`AT_*`) in `words` ((type, value) pairs, ended by
+/// `AT_NULL`).
+pub fn auxv_value(words: &[u64], key: u64) -> Option<u64> {
+    words
+        .chunks_exact(2)
+        .take_while(|p| p[0] != 0)
+        .find(|p| p[0] == key)
+        .map(|p| p[1])
+}
+
+/// The loader's load address (the interpreter's bias), 0 for a static executable.
+pub const AT_BASE: u64 = 7;
+/// The executable's entry point, where its bias shows: `e_entry` plus that bias.
+pub const AT_ENTRY: u64 = 9;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_an_auxv_entry_up_to_its_end() {
+        let words = [
+            33, 0x7000, AT_BASE, 0x7f00, AT_ENTRY, 0x5510, 0, 0, AT_ENTRY, 1,
+        ];
+        assert_eq!(auxv_value(&words, AT_BASE), Some(0x7f00));
+        assert_eq!(auxv_value(&words, AT_ENTRY), Some(0x5510));
+        // Past AT_NULL is nothing (a cut vector's zeroes, or stale words).
+        assert_eq!(auxv_value(&words, 1), None);
+        assert_eq!(auxv_value(&[0; 4], AT_BASE), None);
+        // An odd word (a pair cut by the vector's end) is no entry.
+        assert_eq!(auxv_value(&[AT_BASE], AT_BASE), None);
+    }
+}

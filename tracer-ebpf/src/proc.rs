@@ -4,15 +4,18 @@
 //! `format` files, so a kernel that moves a field does not make us read garbage.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_current_comm, bpf_ktime_get_ns, bpf_probe_read_kernel_buf,
+        bpf_probe_read_kernel_str_bytes,
+    },
     macros::{map, tracepoint},
     maps::RingBuf,
     programs::TracePointContext,
-    Global,
+    EbpfContext, Global,
 };
 use tracer_common::{
     drops::Drop,
-    proc::{ProcEvent, ProcEventKind, PROC_EVENTS_BYTES},
+    proc::{ExecEvent, ProcEvent, ProcEventKind, EXEC_AUXV_WORDS, PROC_EVENTS_BYTES},
 };
 
 use crate::{
@@ -49,6 +52,20 @@ static OFF_TASK_SELF_EXEC_ID: Global<u32> = Global::new(0);
 /// as new processes).
 #[no_mangle]
 static OFF_TASK_MM: Global<u32> = Global::new(0);
+
+// Where an exec's new image lies (`tracer_common::proc::ExecEvent`), from the kernel's BTF
+// (0: unknown, not read).
+#[no_mangle]
+static OFF_MM_SAVED_AUXV: Global<u32> = Global::new(0);
+#[no_mangle]
+static OFF_MM_EXE_FILE: Global<u32> = Global::new(0);
+#[no_mangle]
+static OFF_FILE_INODE: Global<u32> = Global::new(0);
+#[no_mangle]
+static OFF_INODE_INO: Global<u32> = Global::new(0);
+/// sched/sched_process_exec's `filename` (a `__data_loc`; 0: not read).
+#[no_mangle]
+static OFF_EXEC_FILENAME: Global<u32> = Global::new(0);
 
 /// The field of `task_struct` at `off` (one of the `OFF_TASK_*` offsets) of `task`, None where
 /// the kernel's BTF did not give its place (0).
@@ -134,9 +151,78 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
         }
         crate::python::exec(tgid);
         crate::cuda::forget_runtime_text(tgid);
-        emit_arg(ProcEventKind::Exec, tgid, tid, 0, self_exec_id());
+        emit_exec(&ctx, tgid, tid);
     }
     0
+}
+
+/// The `Exec` event, with where the new image lies ([`ExecEvent`]): the process may exit
+/// before user space, which looks every 10 ms, can read its maps.
+#[inline(always)]
+fn emit_exec(ctx: &TracePointContext, tgid: u32, tid: u32) {
+    let Some(mut entry) = PROC_EVENTS.reserve::<ExecEvent>(0) else {
+        count_drop(Drop::ProcEventsFull);
+        return;
+    };
+    let ev = entry.as_mut_ptr();
+    // Written in place: the event is larger than a program's stack allows.
+    unsafe {
+        (*ev).head = ProcEvent {
+            kind: ProcEventKind::Exec as u32,
+            pid: tgid,
+            tid,
+            ppid: 0,
+            ts_ns: bpf_ktime_get_ns(),
+            exit_code: 0,
+            arg: self_exec_id(),
+            comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        };
+        (*ev).auxv = [0; EXEC_AUXV_WORDS];
+        (*ev).exe_ino = 0;
+        (*ev).path[0] = 0;
+        let mm = current_mm();
+        let off = OFF_MM_SAVED_AUXV.load();
+        if mm != 0 && off != 0 {
+            let words = &mut (*ev).auxv;
+            let bytes = core::slice::from_raw_parts_mut(
+                words.as_mut_ptr().cast::<u8>(),
+                core::mem::size_of_val(words),
+            );
+            // A failed read leaves zeroes: no entries.
+            let _ = bpf_probe_read_kernel_buf((mm + off as u64) as *const u8, bytes);
+        }
+        (*ev).exe_ino = exe_ino(mm);
+        let off = OFF_EXEC_FILENAME.load();
+        if off != 0 {
+            let loc: u32 = ctx.read_at(off as usize).unwrap_or(0);
+            let at = ctx.as_ptr() as usize + (loc & 0xffff) as usize;
+            // A failed read leaves the bytes zeroed: no path.
+            let _ = bpf_probe_read_kernel_str_bytes(at as *const u8, &mut (*ev).path);
+        }
+    }
+    entry.submit(wake_flags(ProcEventKind::Exec));
+}
+
+/// The inode number of `mm`'s executable (`mm->exe_file->f_inode->i_ino`), 0 where unknown.
+#[inline(always)]
+fn exe_ino(mm: u64) -> u64 {
+    let (exe, inode, ino) = (
+        OFF_MM_EXE_FILE.load(),
+        OFF_FILE_INODE.load(),
+        OFF_INODE_INO.load(),
+    );
+    if mm == 0 || exe == 0 || inode == 0 || ino == 0 {
+        return 0;
+    }
+    let file: u64 = Probe::read(mm, exe);
+    if file == 0 {
+        return 0;
+    }
+    let node: u64 = Probe::read(file, inode);
+    if node == 0 {
+        return 0;
+    }
+    Probe::read(node, ino)
 }
 
 /// A thread other than the leader exec'd (Go's `syscall.Exec` runs on any thread): the kernel

@@ -31,6 +31,8 @@ struct Type {
     target: u32,
     /// Struct members as (name, bit offset); function prototype parameters as (name, type).
     members: Vec<(u32, u32)>,
+    /// Struct members' types, in `members`' order.
+    member_types: Vec<u32>,
 }
 
 pub struct Btf {
@@ -77,6 +79,7 @@ impl Btf {
             name: 0,
             target: 0,
             members: Vec::new(),
+            member_types: Vec::new(),
         }];
         let mut o = type_off;
         while o < type_off + type_len {
@@ -88,6 +91,7 @@ impl Btf {
             let vlen = (info & 0xffff) as usize;
             let bitfields = info >> 31 != 0;
             let mut members = Vec::new();
+            let mut member_types = Vec::new();
             match kind {
                 KIND_INT | KIND_VAR | KIND_DECL_TAG => o += 4,
                 KIND_ARRAY => o += 12,
@@ -97,6 +101,7 @@ impl Btf {
                         let off = u32_at(m + 8)?;
                         let bits = if bitfields { off & 0x00ff_ffff } else { off };
                         members.push((u32_at(m)?, bits));
+                        member_types.push(u32_at(m + 4)?);
                     }
                     o += vlen * 12;
                 }
@@ -124,6 +129,7 @@ impl Btf {
                 name,
                 target: size_or_type,
                 members,
+                member_types,
             });
         }
         let mut btf = Btf {
@@ -153,21 +159,62 @@ impl Btf {
         std::str::from_utf8(&bytes[..len]).unwrap_or("")
     }
 
-    /// Byte offset of `strukt.field` (a direct member; not a bitfield).
+    /// Byte offset of `strukt.field` (a direct member, or one of an unnamed struct or union
+    /// member, as most of `mm_struct`'s are; not a bitfield).
     pub fn member_offset(&self, strukt: &str, field: &str) -> Result<u32> {
         let id = self
             .by_name
             .get(&(KIND_STRUCT, strukt.to_string()))
             .with_context(|| format!("no struct {strukt} in the kernel's BTF"))?;
-        let (_, bits) = self.types[*id as usize]
-            .members
-            .iter()
-            .find(|(n, _)| self.name(*n) == field)
+        let bits = self
+            .member_bits(*id, field, 0)
             .with_context(|| format!("no field {field} in struct {strukt}"))?;
         if bits % 8 != 0 {
             bail!("{strukt}.{field} is a bitfield");
         }
         Ok(bits / 8)
+    }
+
+    /// Bit offset of member `field` of struct or union `id`, looked for in its unnamed
+    /// members too (nested up to a few deep).
+    fn member_bits(&self, id: u32, field: &str, depth: u32) -> Option<u32> {
+        let t = self.types.get(id as usize)?;
+        if let Some((_, bits)) = t.members.iter().find(|(n, _)| self.name(*n) == field) {
+            return Some(*bits);
+        }
+        if depth >= 4 {
+            return None;
+        }
+        t.members
+            .iter()
+            .zip(&t.member_types)
+            .filter(|((n, _), _)| *n == 0)
+            .find_map(|((_, bits), &ty)| {
+                let inner = self.unqualified(ty)?;
+                let inner_kind = self.types.get(inner as usize)?.kind;
+                if !matches!(inner_kind, KIND_STRUCT | KIND_UNION) {
+                    return None;
+                }
+                Some(bits + self.member_bits(inner, field, depth + 1)?)
+            })
+    }
+
+    /// Type `id` without its typedefs and qualifiers (volatile, const, restrict, type tags).
+    fn unqualified(&self, mut id: u32) -> Option<u32> {
+        const KIND_VOLATILE: u32 = 9;
+        const KIND_CONST: u32 = 10;
+        const KIND_RESTRICT: u32 = 11;
+        const KIND_TYPE_TAG: u32 = 18;
+        for _ in 0..8 {
+            let t = self.types.get(id as usize)?;
+            match t.kind {
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => {
+                    id = t.target
+                }
+                _ => return Some(id),
+            }
+        }
+        None
     }
 
     /// The value of the enumerator `name` (of any enum; the kernel's enumerator names are
@@ -211,7 +258,7 @@ mod tests {
     /// A table with `struct task { int a; int pid; }` and `typedef void (*btf_trace_x)(void *,
     /// int, int)`, laid out as the kernel writes it.
     fn tiny() -> Vec<u8> {
-        let strings = b"\0task\0a\0pid\0int\0btf_trace_x\0op\0OP_READ\0OP_WRITE\0";
+        let strings = b"\0task\0a\0pid\0int\0btf_trace_x\0op\0OP_READ\0OP_WRITE\0mm\0x\0auxv\0";
         let s = |name: &str| -> u32 {
             let pat = format!("\0{name}\0");
             strings
@@ -233,6 +280,11 @@ mod tests {
         // 6: enum op { OP_READ = 0, OP_WRITE = 7 }
         t.extend([s("op"), (KIND_ENUM << 24) | 2, 4]);
         t.extend([s("OP_READ"), 0, s("OP_WRITE"), 7]);
+        // 7: struct mm { x @0, (unnamed, 8) @64 bits }; 8: struct { int auxv @32 bits }
+        t.extend([s("mm"), (KIND_STRUCT << 24) | 2, 16]);
+        t.extend([s("x"), 1, 0, 0, 8, 64]);
+        t.extend([0, (KIND_STRUCT << 24) | 1, 8]);
+        t.extend([s("auxv"), 1, 32]);
         let types: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut d = Vec::new();
         d.extend(MAGIC.to_le_bytes());
@@ -259,6 +311,10 @@ mod tests {
         assert_eq!(b.enum_value("OP_WRITE").unwrap(), 7);
         assert_eq!(b.enum_value("OP_READ").unwrap(), 0);
         assert!(b.enum_value("OP_FLUSH").is_err());
+        // A member of an unnamed struct member is its container's, at the sum of both offsets.
+        assert_eq!(b.member_offset("mm", "x").unwrap(), 0);
+        assert_eq!(b.member_offset("mm", "auxv").unwrap(), 12);
+        assert!(b.member_offset("mm", "pid").is_err());
     }
 
     #[test]
@@ -300,5 +356,12 @@ mod tests {
             assert!(b.member_offset("sched_info", "run_delay").is_ok());
         }
         assert!(b.member_offset("rq", "clock").is_ok());
+        // Where an exec's new image lies (tracer_common::proc::ExecEvent): mm_struct's fields
+        // sit in an unnamed struct.
+        let auxv = b.member_offset("mm_struct", "saved_auxv").unwrap();
+        let exe = b.member_offset("mm_struct", "exe_file").unwrap();
+        assert!(auxv > 0 && exe > 0 && auxv != exe);
+        assert!(b.member_offset("file", "f_inode").is_ok());
+        assert!(b.member_offset("inode", "i_ino").is_ok());
     }
 }

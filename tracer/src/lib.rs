@@ -36,6 +36,7 @@ pub mod cuda;
 pub mod demo;
 pub mod diff;
 pub mod error;
+pub mod image;
 pub mod overhead;
 pub mod perf_map;
 pub mod prealloc;

@@ -15,7 +15,7 @@ use aya::{
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
 use tracer_common::{
     drops::Drop,
-    proc::{ProcEvent, PROC_EVENTS_MAP},
+    proc::{ExecEvent, ProcEvent, ProcEventKind, PROC_EVENTS_MAP},
 };
 
 use crate::{
@@ -926,6 +926,11 @@ fn drain(ring: &mut RingBuf<MapData>, tracker: &mut Tracker) {
             // SAFETY: ProcEvent is repr(C) plain data written whole by the eBPF side.
             let ev: ProcEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
             tracker.on_event(&ev);
+            if ev.kind == ProcEventKind::Exec as u32 && item.len() >= size_of::<ExecEvent>() {
+                // SAFETY: as above; an exec's event is an ExecEvent, written whole.
+                let image: ExecEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                tracker.on_exec_image(&image);
+            }
         }
     }
 }

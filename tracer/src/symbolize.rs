@@ -98,7 +98,7 @@ pub const MAX_STACK_FRAMES: usize = 127;
 pub const TRUNCATED: &str = "[truncated]";
 
 /// The kernel's name for the vDSO's mapping in /proc/PID/maps.
-const VDSO: &str = "[vdso]";
+pub const VDSO: &str = "[vdso]";
 
 /// The module of a function named by a JIT's perf map.
 pub const JIT: &str = "[jit]";

@@ -5,9 +5,12 @@
 //! loop): at most [`MAX_TRACKED`] processes are known by name and at most
 //! [`MAX_EXITED_MAPS`] exited ones keep their maps; what is forgotten is counted and reported.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    path::PathBuf,
+};
 
-use tracer_common::proc::{ProcEvent, ProcEventKind};
+use tracer_common::proc::{ExecEvent, ProcEvent, ProcEventKind};
 
 use crate::{
     procfs::{self, Mapping},
@@ -129,6 +132,15 @@ impl HeldFiles {
         }
     }
 
+    /// Whether the file of mappings named by `key` (inode, path) is not held yet and room is
+    /// left to hold it.
+    fn wants(&mut self, key: &(u64, String)) -> bool {
+        let cap = *self
+            .cap
+            .get_or_insert_with(|| MAX_HELD_FILES.min(open_files_quarter()));
+        self.files.len() + self.perf_maps.len() < cap && !self.files.contains_key(key)
+    }
+
     /// Lets go of process `pid`'s perf map: it exec'd (the new image's JIT writes its own,
     /// which the next read of its maps opens), or its maps were dropped (its samples cannot
     /// be symbolised any more).
@@ -163,6 +175,24 @@ impl HeldFiles {
             })
             .collect()
     }
+}
+
+/// The root and working directories of process `ppid` as this process reaches them, which a
+/// child it forked execs with unless it moved (a subshell's `cd`: its files are then not
+/// found, the inode check tells). Our own root where the two are one (names then resolve as
+/// /proc's maps give them); ours and no directory where the parent is gone.
+fn parent_dirs(ppid: u32) -> (PathBuf, Option<PathBuf>) {
+    use std::os::unix::fs::MetadataExt;
+    let root = PathBuf::from(format!("/proc/{ppid}/root"));
+    let ours = std::fs::metadata("/").ok();
+    let Ok(theirs) = std::fs::metadata(&root) else {
+        return (PathBuf::from("/"), None);
+    };
+    let cwd = Some(PathBuf::from(format!("/proc/{ppid}/cwd")));
+    if ours.is_some_and(|o| (o.dev(), o.ino()) == (theirs.dev(), theirs.ino())) {
+        return (PathBuf::from("/"), cwd);
+    }
+    (root, cwd)
 }
 
 /// Processes known by name and parent; beyond this new ones are counted, not stored.
@@ -212,6 +242,11 @@ pub struct Tracker {
     pub untracked: u64,
     /// Exited processes whose maps were evicted; their samples are not symbolised.
     pub maps_evicted: u64,
+    /// Execs whose code was placed from their event, /proc having given no maps
+    /// ([`Tracker::on_exec_image`]).
+    pub images_placed: u64,
+    /// The exec'd files read for that.
+    images: crate::image::Images,
     /// Exited processes that still hold maps, oldest first.
     exited_with_maps: VecDeque<u32>,
     /// The code files of the maps read so far, open.
@@ -480,6 +515,37 @@ impl Tracker {
             | Some(ProcEventKind::SyscallStorm)
             | Some(ProcEventKind::MappedExec)
             | None => {}
+        }
+    }
+
+    /// Where the image of an exec just handled (its [`ProcEventKind::Exec`] event) lies,
+    /// from the event: the process's code until /proc gives its maps, and for good where it
+    /// exited first (most of a shell loop's children: 10 ms pass between two reads of the
+    /// events).
+    pub fn on_exec_image(&mut self, ev: &ExecEvent) {
+        let pid = ev.head.pid;
+        let Some(t) = self.procs.get(&pid) else {
+            return;
+        };
+        // Read since the exec, or placed already.
+        if !t.maps_stale || !t.maps.is_empty() {
+            return;
+        }
+        let (root, cwd) = t.info.ppid.map_or((PathBuf::from("/"), None), parent_dirs);
+        let (maps, files) = self.images.exec_maps(ev, &root, cwd.as_deref());
+        if maps.is_empty() {
+            return;
+        }
+        for f in files {
+            if self.held.wants(&f.key) {
+                if let Some(file) = f.open(&root, cwd.as_deref()) {
+                    self.held.files.insert(f.key.clone(), file);
+                }
+            }
+        }
+        if let Some(t) = self.procs.get_mut(&pid) {
+            t.maps = maps;
+            self.images_placed += 1;
         }
     }
 
@@ -969,6 +1035,40 @@ mod tests {
     }
 
     /// An exec keeps the old image's maps for the samples the kernel says are of it.
+    #[test]
+    fn an_image_gone_before_its_maps_are_read_is_placed_from_its_exec() {
+        use crate::image::tests::{exe, own_exec};
+        let mut t = storm_parent();
+        let child = BASE + 1;
+        t.on_event(&ev(ProcEventKind::Fork, child, BASE));
+        let mut exec = ev(ProcEventKind::Exec, child, 0);
+        exec.arg = 2;
+        t.on_event(&exec);
+        // No such process here: /proc gave no maps.
+        assert!(t.maps_for(child).is_empty());
+        let (path, ino) = exe();
+        let mut image = own_exec(&path, ino);
+        image.head = exec;
+        t.on_exec_image(&image);
+        let (maps, earlier) = t.maps_for_image(child, 2);
+        assert!(!earlier && maps.iter().any(|m| m.path == path), "{maps:?}");
+        assert_eq!(t.images_placed, 1);
+        // Its files are held, for a report written after they are replaced on disk.
+        assert!(t.held.paths().contains_key(&(ino, path.clone())));
+        // Maps /proc gave since the exec are the process's own: kept.
+        let me = std::process::id();
+        let mut t = Tracker::new(&[me]);
+        t.add(me, None);
+        t.refresh_maps(true);
+        let before = t.maps_for(me).to_vec();
+        assert!(!before.is_empty());
+        let mut image = own_exec(&path, ino);
+        image.head.pid = me;
+        t.on_exec_image(&image);
+        assert_eq!(t.maps_for(me), &before[..]);
+        assert_eq!(t.images_placed, 0);
+    }
+
     #[test]
     fn samples_of_an_earlier_image_get_its_maps() {
         let mut t = Tracker::new(&[BASE]);

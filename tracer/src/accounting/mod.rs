@@ -374,6 +374,30 @@ impl Offsets {
                 "OFF_TASK_MM",
                 on_btf(&btf, |b| b.member_offset("task_struct", "mm")).unwrap_or(0),
             ),
+            // Where an exec's new image lies (`tracer_common::proc::ExecEvent`), for a process
+            // gone before its maps are read; each 0 leaves that part unread.
+            (
+                "OFF_MM_SAVED_AUXV",
+                on_btf(&btf, |b| b.member_offset("mm_struct", "saved_auxv")).unwrap_or(0),
+            ),
+            (
+                "OFF_MM_EXE_FILE",
+                on_btf(&btf, |b| b.member_offset("mm_struct", "exe_file")).unwrap_or(0),
+            ),
+            (
+                "OFF_FILE_INODE",
+                on_btf(&btf, |b| b.member_offset("file", "f_inode")).unwrap_or(0),
+            ),
+            (
+                "OFF_INODE_INO",
+                on_btf(&btf, |b| b.member_offset("inode", "i_ino")).unwrap_or(0),
+            ),
+            (
+                "OFF_EXEC_FILENAME",
+                Format::read("sched", "sched_process_exec")
+                    .and_then(|f| f.offset("filename"))
+                    .unwrap_or(0),
+            ),
             // A process's wait status at its exit (the eBPF crate's `proc::emit_exit`).
             (
                 "OFF_TASK_EXIT_CODE",
