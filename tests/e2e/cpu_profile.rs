@@ -286,21 +286,17 @@ fn programs_gone_before_their_maps_are_read_are_named() {
             named += n;
         }
     }
-    assert!(
-        all >= 150,
-        "{all} samples
-{folded}"
-    );
+    assert!(all >= 150, "{all} samples\n{folded}");
     assert!(
         spinning >= 60 && spinning * 4 >= all,
-        "{spinning} of {all} in the spin
-{programs}"
+        "{spinning} of {all} in the spin\n{programs}"
     );
-    assert!(
-        named * 4 >= all * 3,
-        "{named} of {all} named
-{programs}"
-    );
+    assert!(named * 4 >= all * 3, "{named} of {all} named\n{programs}");
+    // Most of the 300 were placed so, not read from /proc (~280 here).
+    let placed = run.report(&dir)["followed"]["exec_images_placed"]
+        .as_u64()
+        .unwrap();
+    assert!((150..=300).contains(&placed), "{placed} placed");
 }
 
 /// Traces a shell running 60 programs of 30 ms each one after the other, the maps of 10

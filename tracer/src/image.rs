@@ -135,15 +135,24 @@ impl Images {
 }
 
 impl Image {
-    /// The executable `name` (found from `dir`: `cwd` where `from_cwd`, else `root`), where
-    /// it has inode `inode` (a script's name does not: its interpreter was exec'd), and the
-    /// loader it names under `root`.
+    /// The executable `name` (found from `dir`: `cwd` where `from_cwd`, else `root`) where it
+    /// has inode `inode`, or a script's interpreter (its `#!` line's, under `root`) where
+    /// that has it; and the loader it names under `root`.
     fn read(dir: &Path, name: &str, from_cwd: bool, inode: u64, root: &Path) -> Option<Image> {
-        let head = open_checked(dir, name, Some(inode))?.1;
+        let (file, head) = open_checked(dir, name, None)?;
+        let (dir, name, from_cwd, head) = if file.metadata().ok()?.ino() == inode {
+            (dir, name.to_string(), from_cwd, head)
+        } else {
+            // The kernel exec'd the interpreter a script names (binfmt_script), whose file
+            // the process maps; an interpreter that is a script itself is not followed.
+            let interp = shebang(&head)?;
+            let head = open_checked(root, &interp, Some(inode))?.1;
+            (root, interp, false, head)
+        };
         let exe = Segments::parse(&head)?;
         let exe_file = ImageFile {
-            key: (inode, mapping_path(root, dir, name)),
-            name: name.to_string(),
+            key: (inode, mapping_path(root, dir, &name)),
+            name,
             from_cwd,
         };
         let loader = exe.interp.as_deref().and_then(|interp| {
@@ -212,6 +221,15 @@ fn open_checked(dir: &Path, name: &str, inode: Option<u64>) -> Option<(File, Vec
     let mut head = Vec::new();
     (&file).take(HEAD_BYTES).read_to_end(&mut head).ok()?;
     Some((file, head))
+}
+
+/// The interpreter a script's first bytes `head` name (`#!/bin/sh -e`: `/bin/sh`), where it
+/// is an absolute path.
+fn shebang(head: &[u8]) -> Option<String> {
+    let line = head.strip_prefix(b"#!")?.split(|&b| b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?;
+    let interp = line.split_whitespace().next()?;
+    interp.starts_with('/').then(|| interp.to_string())
 }
 
 /// What an ELF file's headers say of its loading.
@@ -400,6 +418,27 @@ pub(crate) mod tests {
             .exec_maps(&own_exec(file, ino), Path::new("/"), None)
             .0
             .is_empty());
+    }
+
+    #[test]
+    fn a_script_is_placed_as_its_interpreter() {
+        let (path, ino) = exe();
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("job.sh");
+        std::fs::write(&script, format!("#!{path} --flag\necho hi\n")).unwrap();
+        let script = script.display().to_string();
+        let mut images = Images::default();
+        let (maps, files) = images.exec_maps(&own_exec(&script, ino), Path::new("/"), None);
+        assert!(maps.iter().any(|m| m.path == path), "{maps:?}");
+        assert_eq!(files.len(), 2);
+        // An interpreter other than the one exec'd (its inode) is not taken.
+        assert!(images
+            .exec_maps(&own_exec(&script, ino + 1), Path::new("/"), None)
+            .0
+            .is_empty());
+        assert_eq!(shebang(b"#! /bin/sh -e\nx"), Some("/bin/sh".into()));
+        assert_eq!(shebang(b"#!sh\n"), None);
+        assert_eq!(shebang(b"\x7fELF"), None);
     }
 
     #[test]

@@ -845,6 +845,7 @@ fn bound_report(data: &mut report::ReportData, tracker: &Tracker) {
     report.followed.processes = tracker.seen;
     report.followed.forgotten = tracker.untracked;
     report.followed.maps_evicted = tracker.maps_evicted;
+    report.followed.exec_images_placed = tracker.images_placed;
     let out = report::bound::limit_processes(
         report,
         report::bound::MAX_IDLE_PROCESSES,

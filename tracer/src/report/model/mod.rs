@@ -165,6 +165,10 @@ pub struct Followed {
     pub forgotten: u64,
     /// Exited processes whose memory maps were evicted: their samples are not symbolised.
     pub maps_evicted: u64,
+    /// Processes gone before their memory maps could be read, whose executable, loader and
+    /// vDSO were placed from their exec (`crate::image`): their libraries' code is unnamed.
+    #[serde(default)]
+    pub exec_images_placed: u64,
     /// Threads left out of the listed processes' `threads` (the lightest beyond
     /// `report::bound::MAX_LISTED_THREADS` each); the processes' totals include them.
     #[serde(default)]
