@@ -46,6 +46,9 @@ pub enum ProcEventKind {
     /// PROT_EXEC and a file): a library came in, maybe a CUDA one, to probe before its first
     /// call rather than at the next scan of the process's maps.
     MappedExec = 6,
+    /// A thread of a process in its first second (`pid`, `tid`) mapped a file's code
+    /// ([`MappedCodeEvent`]): where, for a process gone before /proc gives its maps.
+    MappedCode = 7,
 }
 
 /// A thread's syscalls are timed in blocks of `SYS_STORM_CALLS`, as many as cost the budget
@@ -62,6 +65,7 @@ impl ProcEventKind {
             4 => Some(Self::ThreadExit),
             5 => Some(Self::SyscallStorm),
             6 => Some(Self::MappedExec),
+            7 => Some(Self::MappedCode),
             _ => None,
         }
     }
@@ -115,6 +119,26 @@ pub struct ExecEvent {
 }
 
 crate::user_pod!(ExecEvent);
+
+/// A file's code mapped by a young process (`mmap` with `PROT_EXEC` and a file: the loader
+/// mapping a library's text), as [`ProcEventKind::MappedCode`]: with the exec's
+/// ([`ExecEvent`]) the process's code where it exits before its maps are read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MappedCodeEvent {
+    pub head: ProcEvent,
+    /// Where it was mapped, its length as asked (the mapping rounds it up to a page), and
+    /// the file offset it maps from.
+    pub addr: u64,
+    pub len: u64,
+    pub offset: u64,
+    /// The file's inode and device (the kernel's `dev_t`: major << 20 | minor), 0 when unread.
+    pub ino: u64,
+    pub dev: u32,
+    pub _pad: u32,
+}
+
+crate::user_pod!(MappedCodeEvent);
 
 /// The value of auxiliary vector entry `key` (`AT_*`) in `words` ((type, value) pairs, ended by
 /// `AT_NULL`).

@@ -15,7 +15,9 @@ use aya_ebpf::{
 };
 use tracer_common::{
     drops::Drop,
-    proc::{ExecEvent, ProcEvent, ProcEventKind, EXEC_AUXV_WORDS, PROC_EVENTS_BYTES},
+    proc::{
+        ExecEvent, MappedCodeEvent, ProcEvent, ProcEventKind, EXEC_AUXV_WORDS, PROC_EVENTS_BYTES,
+    },
 };
 
 use crate::{
@@ -63,6 +65,21 @@ static OFF_MM_EXE_FILE: Global<u32> = Global::new(0);
 static OFF_FILE_INODE: Global<u32> = Global::new(0);
 #[no_mangle]
 static OFF_INODE_INO: Global<u32> = Global::new(0);
+// A mapped file's identity from its fd (`MappedCodeEvent`), from the kernel's BTF (0: unknown,
+// no event).
+#[no_mangle]
+static OFF_TASK_FILES: Global<u32> = Global::new(0);
+#[no_mangle]
+static OFF_FILES_FDT: Global<u32> = Global::new(0);
+/// `fdtable.max_fds`, its first field: `u32::MAX` where unknown.
+#[no_mangle]
+static OFF_FDT_MAX_FDS: Global<u32> = Global::new(u32::MAX);
+#[no_mangle]
+static OFF_FDT_FD: Global<u32> = Global::new(0);
+#[no_mangle]
+static OFF_INODE_SB: Global<u32> = Global::new(0);
+#[no_mangle]
+static OFF_SB_DEV: Global<u32> = Global::new(0);
 /// sched/sched_process_exec's `filename` (a `__data_loc`; 0: not read).
 #[no_mangle]
 static OFF_EXEC_FILENAME: Global<u32> = Global::new(0);
@@ -201,6 +218,76 @@ fn emit_exec(ctx: &TracePointContext, tgid: u32, tid: u32) {
         }
     }
     entry.submit(wake_flags(ProcEventKind::Exec));
+}
+
+/// Thread `tid` of young process `tgid` mapped `len` bytes of file `fd`'s code from `offset`
+/// at `addr`: where, and which file (its inode and device), for a process that may exit
+/// before user space reads its maps.
+#[inline(always)]
+pub fn mapped_code(tgid: u32, tid: u32, addr: u64, len: u64, offset: u64, fd: i32) {
+    let Some((ino, dev)) = fd_file_id(fd) else {
+        return;
+    };
+    let Some(mut entry) = PROC_EVENTS.reserve::<MappedCodeEvent>(0) else {
+        count_drop(Drop::ProcEventsFull);
+        return;
+    };
+    entry.write(MappedCodeEvent {
+        head: ProcEvent {
+            kind: ProcEventKind::MappedCode as u32,
+            pid: tgid,
+            tid,
+            ppid: 0,
+            ts_ns: unsafe { bpf_ktime_get_ns() },
+            exit_code: 0,
+            arg: 0,
+            comm: [0; 16],
+        },
+        addr,
+        len,
+        offset,
+        ino,
+        dev,
+        _pad: 0,
+    });
+    entry.submit(wake_flags(ProcEventKind::MappedCode));
+}
+
+/// The inode number and device of the running task's open file `fd`
+/// (`current->files->fdt->fd[fd]`), None where unknown.
+#[inline(always)]
+fn fd_file_id(fd: i32) -> Option<(u64, u32)> {
+    let (files, fdt, max, arr, sb, dev) = (
+        OFF_TASK_FILES.load(),
+        OFF_FILES_FDT.load(),
+        OFF_FDT_MAX_FDS.load(),
+        OFF_FDT_FD.load(),
+        OFF_INODE_SB.load(),
+        OFF_SB_DEV.load(),
+    );
+    if files == 0 || fdt == 0 || max == u32::MAX || arr == 0 || sb == 0 || dev == 0 || fd < 0 {
+        return None;
+    }
+    let files: u64 = current_field(files)?;
+    let table: u64 = Probe::read(nonzero(files)?, fdt);
+    let table = nonzero(table)?;
+    let max: u32 = Probe::read(table, max);
+    if fd as u32 >= max {
+        return None;
+    }
+    let arr: u64 = Probe::read(table, arr);
+    let file: u64 = Probe::read(nonzero(arr)?, (fd as u32) * 8);
+    let inode: u64 = Probe::read(nonzero(file)?, OFF_FILE_INODE.load());
+    let inode = nonzero(inode)?;
+    let ino: u64 = Probe::read(inode, OFF_INODE_INO.load());
+    let sb_ptr: u64 = Probe::read(inode, sb);
+    let dev: u32 = Probe::read(nonzero(sb_ptr)?, dev);
+    (ino != 0).then_some((ino, dev))
+}
+
+#[inline(always)]
+fn nonzero(p: u64) -> Option<u64> {
+    (p != 0).then_some(p)
 }
 
 /// The inode number of `mm`'s executable (`mm->exe_file->f_inode->i_ino`), 0 where unknown.

@@ -148,6 +148,9 @@ static OFF_REGS_ARG2: Global<u32> = Global::new(96);
 static OFF_REGS_ARG3: Global<u32> = Global::new(56);
 #[no_mangle]
 static OFF_REGS_ARG4: Global<u32> = Global::new(72);
+/// mmap's offset (x86-64 r9, arm64 x5).
+#[no_mangle]
+static OFF_REGS_ARG5: Global<u32> = Global::new(64);
 const PROT_EXEC: u64 = 4;
 const MAP_ANONYMOUS: u64 = 0x20;
 /// The open family (set by user space per architecture; `u32::MAX - 1` where a syscall does
@@ -684,7 +687,16 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
         let fd: u64 = Probe::read(regs, OFF_REGS_ARG4.load());
         // The kernel takes the fd as an int, whatever the upper half of the register holds.
         if prot & PROT_EXEC != 0 && flags & MAP_ANONYMOUS == 0 && (fd as i32) >= 0 {
-            mapped_exec(tgid, tid, clock(&mut now));
+            let at = clock(&mut now);
+            mapped_exec(tgid, tid, at);
+            // A young process's library (its loader mapping libc's text) may be gone before
+            // user space reads its maps: where it went, and which file. Not later: a JIT that
+            // maps code through a file would flood the ring.
+            if ret > 0 && crate::maps::is_young(st.proc_born_ns, at) {
+                let len: u64 = Probe::read(regs, OFF_REGS_ARG1.load());
+                let offset: u64 = Probe::read(regs, OFF_REGS_ARG5.load());
+                crate::proc::mapped_code(tgid, tid, ret as u64, len, offset, fd as i32);
+            }
         }
     }
     if nr == SYS_CLOSE.load() as i32 && ret == 0 {

@@ -15,7 +15,7 @@ use aya::{
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
 use tracer_common::{
     drops::Drop,
-    proc::{ExecEvent, ProcEvent, ProcEventKind, PROC_EVENTS_MAP},
+    proc::{ExecEvent, MappedCodeEvent, ProcEvent, ProcEventKind, PROC_EVENTS_MAP},
 };
 
 use crate::{
@@ -846,6 +846,7 @@ fn bound_report(data: &mut report::ReportData, tracker: &Tracker) {
     report.followed.forgotten = tracker.untracked;
     report.followed.maps_evicted = tracker.maps_evicted;
     report.followed.exec_images_placed = tracker.images_placed;
+    report.followed.libraries_placed = tracker.libraries_placed;
     let out = report::bound::limit_processes(
         report,
         report::bound::MAX_IDLE_PROCESSES,
@@ -931,6 +932,13 @@ fn drain(ring: &mut RingBuf<MapData>, tracker: &mut Tracker) {
                 // SAFETY: as above; an exec's event is an ExecEvent, written whole.
                 let image: ExecEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
                 tracker.on_exec_image(&image);
+            } else if ev.kind == ProcEventKind::MappedCode as u32
+                && item.len() >= size_of::<MappedCodeEvent>()
+            {
+                // SAFETY: as above; written whole as a MappedCodeEvent.
+                let code: MappedCodeEvent =
+                    unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+                tracker.on_mapped_code(&code);
             }
         }
     }

@@ -10,7 +10,7 @@ use std::{
     path::PathBuf,
 };
 
-use tracer_common::proc::{ExecEvent, ProcEvent, ProcEventKind};
+use tracer_common::proc::{ExecEvent, MappedCodeEvent, ProcEvent, ProcEventKind};
 
 use crate::{
     procfs::{self, Mapping},
@@ -69,6 +69,9 @@ pub const MAX_HELD_PERF_MAPS: usize = 256;
 #[derive(Debug, Default)]
 pub struct HeldFiles {
     files: std::collections::HashMap<(u64, String), std::fs::File>,
+    /// The paths of `files` by their device (major, minor) and inode: the kernel names a
+    /// young process's mapped library so (`MappedCodeEvent`).
+    by_id: std::collections::HashMap<(u32, u32, u64), String>,
     /// How many may be held: [`MAX_HELD_FILES`], or a quarter of the open-files limit where
     /// that is lower, so that the probes always have fds (read at the first hold).
     cap: Option<usize>,
@@ -103,7 +106,7 @@ impl HeldFiles {
                 continue;
             }
             if let Ok(f) = std::fs::File::open(procfs::map_file_path(procfs::mm_pid(pid), m)) {
-                self.files.insert(key, f);
+                self.insert(key, f);
             }
         }
     }
@@ -130,6 +133,21 @@ impl HeldFiles {
         if let Some(f) = f {
             self.perf_maps.insert(pid, f);
         }
+    }
+
+    /// Holds `file` as the file of mappings named by `key` (inode, path).
+    fn insert(&mut self, key: (u64, String), file: std::fs::File) {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(m) = file.metadata() {
+            let id = (libc::major(m.dev()), libc::minor(m.dev()), m.ino());
+            self.by_id.entry(id).or_insert_with(|| key.1.clone());
+        }
+        self.files.insert(key, file);
+    }
+
+    /// The path the maps name a held file by, by its device (major, minor) and inode.
+    fn path_of(&self, major: u32, minor: u32, ino: u64) -> Option<&str> {
+        self.by_id.get(&(major, minor, ino)).map(String::as_str)
     }
 
     /// Whether the file of mappings named by `key` (inode, path) is not held yet and room is
@@ -247,6 +265,8 @@ pub struct Tracker {
     pub images_placed: u64,
     /// The exec'd files read for that.
     images: crate::image::Images,
+    /// Code mappings placed from a young process's mmap ([`Tracker::on_mapped_code`]).
+    pub libraries_placed: u64,
     /// Exited processes that still hold maps, oldest first.
     exited_with_maps: VecDeque<u32>,
     /// The code files of the maps read so far, open.
@@ -423,6 +443,10 @@ impl Tracker {
             }
             return;
         }
+        if ev.kind == ProcEventKind::MappedCode as u32 {
+            // Its mapping comes with the rest of its event (`on_mapped_code`).
+            return;
+        }
         if ev.kind == ProcEventKind::MappedExec as u32 {
             self.mapped.entry(ev.pid).or_insert(ev.ts_ns);
             self.mapped_ever.insert(ev.pid);
@@ -514,6 +538,7 @@ impl Tracker {
             Some(ProcEventKind::ThreadExit)
             | Some(ProcEventKind::SyscallStorm)
             | Some(ProcEventKind::MappedExec)
+            | Some(ProcEventKind::MappedCode)
             | None => {}
         }
     }
@@ -539,7 +564,7 @@ impl Tracker {
         for f in files {
             if self.held.wants(&f.key) {
                 if let Some(file) = f.open(&root, cwd.as_deref()) {
-                    self.held.files.insert(f.key.clone(), file);
+                    self.held.insert(f.key.clone(), file);
                 }
             }
         }
@@ -547,6 +572,45 @@ impl Tracker {
             t.maps = maps;
             self.images_placed += 1;
         }
+    }
+
+    /// A young process mapped a file's code ([`MappedCodeEvent`]): where maps read from
+    /// /proc or placed from the exec do not have it yet (a library its loader mapped after
+    /// the exec), it goes in, named as another process's maps named that file (a shell loop's
+    /// children map the shell's libc), for the process that exits before its maps are read.
+    /// A file no maps read so far named stays out.
+    pub fn on_mapped_code(&mut self, ev: &MappedCodeEvent) {
+        let Some(t) = self.procs.get_mut(&ev.head.pid) else {
+            return;
+        };
+        let end = ev
+            .addr
+            .checked_add(ev.len)
+            .and_then(|e| e.checked_next_multiple_of(4096));
+        let (Some(end), true) = (end, ev.ino != 0 && ev.len > 0) else {
+            return;
+        };
+        if crate::symbolize::find_mapping(&t.maps, ev.addr).is_some() {
+            return;
+        }
+        let Some(path) = self.held.path_of(ev.dev >> 20, ev.dev & 0xf_ffff, ev.ino) else {
+            return;
+        };
+        // A fixed mapping replaces what it covers.
+        t.maps.retain(|m| m.end <= ev.addr || m.start >= end);
+        let at = t.maps.partition_point(|m| m.start < ev.addr);
+        t.maps.insert(
+            at,
+            Mapping {
+                start: ev.addr,
+                end,
+                offset: ev.offset,
+                perms: "r-xp".into(),
+                inode: ev.ino,
+                path: path.to_string(),
+            },
+        );
+        self.libraries_placed += 1;
     }
 
     /// An exit found by polling: it happened by now.
@@ -1067,6 +1131,66 @@ mod tests {
         t.on_exec_image(&image);
         assert_eq!(t.maps_for(me), &before[..]);
         assert_eq!(t.images_placed, 0);
+    }
+
+    #[test]
+    fn a_young_processs_library_is_placed_from_its_mmap() {
+        use std::os::unix::fs::MetadataExt;
+        let mut t = storm_parent();
+        let child = BASE + 1;
+        t.on_event(&ev(ProcEventKind::Fork, child, BASE));
+        t.on_event(&ev(ProcEventKind::Exec, child, 0));
+        assert!(t.maps_for(child).is_empty());
+        // A file another process's maps named (held): this test binary.
+        let (path, ino) = crate::image::tests::exe();
+        let file = std::fs::File::open(&path).unwrap();
+        let dev = file.metadata().unwrap().dev();
+        t.held.insert((ino, path.clone()), file);
+        let base = 0x7000_0000_0000;
+        let mut code = MappedCodeEvent {
+            head: ev(ProcEventKind::MappedCode, child, 0),
+            addr: base,
+            len: 0x1800,
+            offset: 0x2000,
+            ino,
+            dev: (libc::major(dev) << 20) | libc::minor(dev),
+            _pad: 0,
+        };
+        t.on_mapped_code(&code);
+        let placed = Mapping {
+            start: base,
+            end: base + 0x2000,
+            offset: 0x2000,
+            perms: "r-xp".into(),
+            inode: ino,
+            path: path.clone(),
+        };
+        assert_eq!(t.maps_for(child), &[placed.clone()][..]);
+        // Where the maps have it already, nothing more.
+        t.on_mapped_code(&code);
+        assert_eq!(t.maps_for(child).len(), 1);
+        // A file no maps named, or unread: left out.
+        code.addr = base + 0x10_0000;
+        for other in [ino + 1, 0] {
+            code.ino = other;
+            t.on_mapped_code(&code);
+        }
+        code.ino = ino;
+        code.dev += 1;
+        t.on_mapped_code(&code);
+        assert_eq!(t.maps_for(child), &[placed][..]);
+        // A mapping over part of it replaces it.
+        code.dev -= 1;
+        code.addr = base - 0x1000;
+        t.on_mapped_code(&code);
+        let maps = t.maps_for(child);
+        assert_eq!(maps.len(), 1);
+        assert_eq!((maps[0].start, maps[0].end), (base - 0x1000, base + 0x1000));
+        assert_eq!(t.libraries_placed, 2);
+        // An unknown process: nothing.
+        code.head.pid = BASE + 9;
+        t.on_mapped_code(&code);
+        assert_eq!(t.libraries_placed, 2);
     }
 
     #[test]

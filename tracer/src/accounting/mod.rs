@@ -341,11 +341,11 @@ impl Offsets {
         } else {
             104
         };
-        // mmap's prot, flags and fd (x86-64 dx, r10, r8; arm64 x2, x3, x4).
-        let (regs_arg2, regs_arg3, regs_arg4) = if cfg!(target_arch = "aarch64") {
-            (16, 24, 32)
+        // mmap's prot, flags, fd and offset (x86-64 dx, r10, r8, r9; arm64 x2-x5).
+        let (regs_arg2, regs_arg3, regs_arg4, regs_arg5) = if cfg!(target_arch = "aarch64") {
+            (16, 24, 32, 40)
         } else {
-            (96, 56, 72)
+            (96, 56, 72, 64)
         };
         // The open family, whose paths name the files (arm64 has only openat and openat2).
         const NONE: u32 = u32::MAX - 1;
@@ -392,6 +392,32 @@ impl Offsets {
                 "OFF_INODE_INO",
                 on_btf(&btf, |b| b.member_offset("inode", "i_ino")).unwrap_or(0),
             ),
+            // Which file a young process maps code from (`MappedCodeEvent`): its fd's.
+            (
+                "OFF_TASK_FILES",
+                on_btf(&btf, |b| b.member_offset("task_struct", "files")).unwrap_or(0),
+            ),
+            (
+                "OFF_FILES_FDT",
+                on_btf(&btf, |b| b.member_offset("files_struct", "fdt")).unwrap_or(0),
+            ),
+            (
+                "OFF_FDT_MAX_FDS",
+                // Its first field: offset 0, and unknown u32::MAX.
+                on_btf(&btf, |b| b.member_offset("fdtable", "max_fds")).unwrap_or(u32::MAX),
+            ),
+            (
+                "OFF_FDT_FD",
+                on_btf(&btf, |b| b.member_offset("fdtable", "fd")).unwrap_or(0),
+            ),
+            (
+                "OFF_INODE_SB",
+                on_btf(&btf, |b| b.member_offset("inode", "i_sb")).unwrap_or(0),
+            ),
+            (
+                "OFF_SB_DEV",
+                on_btf(&btf, |b| b.member_offset("super_block", "s_dev")).unwrap_or(0),
+            ),
             (
                 "OFF_EXEC_FILENAME",
                 Format::read("sched", "sched_process_exec")
@@ -422,6 +448,7 @@ impl Offsets {
             ("OFF_REGS_ARG2", regs_arg2),
             ("OFF_REGS_ARG3", regs_arg3),
             ("OFF_REGS_ARG4", regs_arg4),
+            ("OFF_REGS_ARG5", regs_arg5),
             ("SYS_MMAP", if arm { 222 } else { 9 }),
             ("SYS_OPEN", sys_open),
             ("SYS_CREAT", sys_creat),

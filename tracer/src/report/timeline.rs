@@ -185,7 +185,11 @@ pub fn add_lifecycle(
             ),
             Some(K::Exec) => (format!("exec {comm}"), ev.pid, vec![]),
             Some(K::Exit) => ("exit".to_string(), ev.pid, exit_status(ev.exit_code)),
-            Some(K::ThreadExit) | Some(K::SyscallStorm) | Some(K::MappedExec) | None => continue,
+            Some(K::ThreadExit)
+            | Some(K::SyscallStorm)
+            | Some(K::MappedExec)
+            | Some(K::MappedCode)
+            | None => continue,
         };
         t.push(TimelineEvent {
             ts_ns: ev.ts_ns.saturating_sub(window_start_ktime),

@@ -169,6 +169,11 @@ pub struct Followed {
     /// vDSO were placed from their exec (`crate::image`): their libraries' code is unnamed.
     #[serde(default)]
     pub exec_images_placed: u64,
+    /// Libraries' code mappings placed from a young process's `mmap` where its maps did not
+    /// have them (its loader mapped libc after the exec): named as other processes' maps
+    /// named the same file.
+    #[serde(default)]
+    pub libraries_placed: u64,
     /// Threads left out of the listed processes' `threads` (the lightest beyond
     /// `report::bound::MAX_LISTED_THREADS` each); the processes' totals include them.
     #[serde(default)]
