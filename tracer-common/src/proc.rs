@@ -21,7 +21,7 @@ pub const MAYBE_MAP: &str = "MAYBE_IDS";
 pub const MAYBE_SLOTS: u32 = 65_536;
 /// ~18,700 events of 56 bytes: a thread storm's 8,000 births and 8,000 deaths in under a
 /// second fit whole while user space, on a busy host, drains them late (at 256 KiB a
-/// fresh-clone CI run lost 125 of them). An exec's is 576 ([`ExecEvent`]): ~1,800 of them
+/// fresh-clone CI run lost 125 of them). An exec's is 584 ([`ExecEvent`]): ~1,800 of them
 /// between two looks (10 ms), where a shell loop makes ~10.
 pub const PROC_EVENTS_BYTES: u32 = 1024 * 1024;
 
@@ -110,9 +110,12 @@ pub struct ExecEvent {
     /// `mm_struct.saved_auxv`'s first words, all 0 where the kernel's BTF did not give its
     /// place.
     pub auxv: [u64; EXEC_AUXV_WORDS],
-    /// The inode of the executable the process runs (`mm->exe_file`): tells the file at
-    /// `path` from another (replaced since, another mount namespace's). 0 when unread.
+    /// The inode and device (the kernel's `dev_t`: major << 20 | minor) of the executable the
+    /// process runs (`mm->exe_file`): tell the file at `path` from another (replaced since,
+    /// another mount namespace's, another filesystem's). 0 when unread.
     pub exe_ino: u64,
+    pub exe_dev: u32,
+    pub _pad: u32,
     /// The file exec'd (the tracepoint's `filename`), as the caller named it: a script's, not
     /// its interpreter's; maybe relative to the caller's directory.
     pub path: [u8; EXEC_PATH_BYTES],

@@ -65,8 +65,8 @@ static OFF_MM_EXE_FILE: Global<u32> = Global::new(0);
 static OFF_FILE_INODE: Global<u32> = Global::new(0);
 #[no_mangle]
 static OFF_INODE_INO: Global<u32> = Global::new(0);
-// A mapped file's identity from its fd (`MappedCodeEvent`), from the kernel's BTF (0: unknown,
-// no event).
+// A mapped file's identity from its fd (`MappedCodeEvent`), and a file's (its inode's number
+// and device), from the kernel's BTF (0: unknown, no event).
 #[no_mangle]
 static OFF_TASK_FILES: Global<u32> = Global::new(0);
 #[no_mangle]
@@ -208,10 +208,18 @@ fn emit_exec(ctx: &TracePointContext, tgid: u32, tid: u32) {
             // A failed read leaves zeroes: no entries.
             let _ = bpf_probe_read_kernel_buf((mm + off as u64) as *const u8, bytes);
         }
-        (*ev).exe_ino = exe_ino(mm);
+        let (ino, dev) = exe_id(mm).unwrap_or((0, 0));
+        (*ev).exe_ino = ino;
+        (*ev).exe_dev = dev;
+        (*ev)._pad = 0;
         let off = OFF_EXEC_FILENAME.load();
-        if off != 0 {
-            let loc: u32 = ctx.read_at(off as usize).unwrap_or(0);
+        let loc: u32 = if off != 0 {
+            ctx.read_at(off as usize).unwrap_or(0)
+        } else {
+            0
+        };
+        // 0: unread (offset 0 would be the record's header).
+        if loc != 0 {
             let at = ctx.as_ptr() as usize + (loc & 0xffff) as usize;
             // A failed read leaves the bytes zeroed: no path.
             let _ = bpf_probe_read_kernel_str_bytes(at as *const u8, &mut (*ev).path);
@@ -257,15 +265,13 @@ pub fn mapped_code(tgid: u32, tid: u32, addr: u64, len: u64, offset: u64, fd: i3
 /// (`current->files->fdt->fd[fd]`), None where unknown.
 #[inline(always)]
 fn fd_file_id(fd: i32) -> Option<(u64, u32)> {
-    let (files, fdt, max, arr, sb, dev) = (
+    let (files, fdt, max, arr) = (
         OFF_TASK_FILES.load(),
         OFF_FILES_FDT.load(),
         OFF_FDT_MAX_FDS.load(),
         OFF_FDT_FD.load(),
-        OFF_INODE_SB.load(),
-        OFF_SB_DEV.load(),
     );
-    if files == 0 || fdt == 0 || max == u32::MAX || arr == 0 || sb == 0 || dev == 0 || fd < 0 {
+    if files == 0 || fdt == 0 || max == u32::MAX || arr == 0 || fd < 0 {
         return None;
     }
     let files: u64 = current_field(files)?;
@@ -277,12 +283,7 @@ fn fd_file_id(fd: i32) -> Option<(u64, u32)> {
     }
     let arr: u64 = Probe::read(table, arr);
     let file: u64 = Probe::read(nonzero(arr)?, (fd as u32) * 8);
-    let inode: u64 = Probe::read(nonzero(file)?, OFF_FILE_INODE.load());
-    let inode = nonzero(inode)?;
-    let ino: u64 = Probe::read(inode, OFF_INODE_INO.load());
-    let sb_ptr: u64 = Probe::read(inode, sb);
-    let dev: u32 = Probe::read(nonzero(sb_ptr)?, dev);
-    (ino != 0).then_some((ino, dev))
+    file_id(file)
 }
 
 #[inline(always)]
@@ -290,26 +291,35 @@ fn nonzero(p: u64) -> Option<u64> {
     (p != 0).then_some(p)
 }
 
-/// The inode number of `mm`'s executable (`mm->exe_file->f_inode->i_ino`), 0 where unknown.
+/// The inode number and device of `mm`'s executable (`mm->exe_file`), None where unknown.
 #[inline(always)]
-fn exe_ino(mm: u64) -> u64 {
-    let (exe, inode, ino) = (
-        OFF_MM_EXE_FILE.load(),
+fn exe_id(mm: u64) -> Option<(u64, u32)> {
+    let exe = OFF_MM_EXE_FILE.load();
+    if exe == 0 {
+        return None;
+    }
+    let file: u64 = Probe::read(nonzero(mm)?, exe);
+    file_id(file)
+}
+
+/// The inode number and device of open file `file`, None where unknown.
+#[inline(always)]
+fn file_id(file: u64) -> Option<(u64, u32)> {
+    let (inode, ino, sb, dev) = (
         OFF_FILE_INODE.load(),
         OFF_INODE_INO.load(),
+        OFF_INODE_SB.load(),
+        OFF_SB_DEV.load(),
     );
-    if mm == 0 || exe == 0 || inode == 0 || ino == 0 {
-        return 0;
+    if inode == 0 || ino == 0 || sb == 0 || dev == 0 {
+        return None;
     }
-    let file: u64 = Probe::read(mm, exe);
-    if file == 0 {
-        return 0;
-    }
-    let node: u64 = Probe::read(file, inode);
-    if node == 0 {
-        return 0;
-    }
-    Probe::read(node, ino)
+    let node: u64 = Probe::read(nonzero(file)?, inode);
+    let node = nonzero(node)?;
+    let ino: u64 = Probe::read(node, ino);
+    let sb_ptr: u64 = Probe::read(node, sb);
+    let dev: u32 = Probe::read(nonzero(sb_ptr)?, dev);
+    (ino != 0).then_some((ino, dev))
 }
 
 /// A thread other than the leader exec'd (Go's `syscall.Exec` runs on any thread): the kernel

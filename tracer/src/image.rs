@@ -5,14 +5,23 @@
 //! A process that execs and exits within the 10 ms between two reads of the events (a shell
 //! loop's `true`, a build's compiler drivers) is gone before /proc can give its maps: its CPU
 //! samples were `[unknown]` throughout, though most of such a process's user time is its
-//! loader's (relocations, CPU feature probes). Libraries the loader maps later (libc) are not
-//! known from the exec, and stay unnamed.
+//! loader's (relocations, CPU feature probes). The libraries the loader maps later come from
+//! their own events (`crate::tracker::Tracker::on_mapped_code`).
+//!
+//! The files are the target's, found by the names it used: a hostile one may swap a name for
+//! a link or a device between its exec and our look. So a file is looked up inside the
+//! process's root (`RESOLVE_IN_ROOT`), first without opening it (`O_PATH`), and opened only
+//! as a regular file of a real filesystem, the executable only where it is the file the kernel
+//! exec'd (device and inode).
 
 use std::{
     collections::HashMap,
     fs::File,
     io::Read,
-    os::unix::fs::MetadataExt,
+    os::{
+        fd::{AsRawFd, OwnedFd},
+        unix::fs::{MetadataExt, OpenOptionsExt},
+    },
     path::{Path, PathBuf},
 };
 
@@ -28,39 +37,110 @@ use crate::procfs::Mapping;
 /// Bytes read from the start of an ELF file: its header and program headers, and the
 /// loader's name, lie well within them (a linker puts them first).
 const HEAD_BYTES: u64 = 64 * 1024;
+/// Bytes read of a file that is not the one exec'd, to find a script's `#!` line (the
+/// kernel's own limit, `BINPRM_BUF_SIZE`).
+const SHEBANG_BYTES: u64 = 256;
 
 const PAGE: u64 = 4096;
 
+/// A file's device (major, minor) and inode.
+pub type FileId = (u32, u32, u64);
+
+/// A [`FileId`] from the kernel's `dev_t` (major << 20 | minor) and an inode number.
+pub fn kernel_file_id(dev: u32, ino: u64) -> FileId {
+    (dev >> 20, dev & 0xf_ffff, ino)
+}
+
+fn meta_id(m: &std::fs::Metadata) -> FileId {
+    (libc::major(m.dev()), libc::minor(m.dev()), m.ino())
+}
+
+/// Where a process's files are looked up: its root and working directories, as this process
+/// reaches them, as of its exec (its parent's: a child execs with its parent's unless it
+/// moved, which the executable's identity check catches).
+pub struct Dirs {
+    root: PathBuf,
+    cwd: Option<PathBuf>,
+    /// The root's own path from ours (its link's target), taken off the paths found under
+    /// it; None where the root is ours.
+    prefix: Option<String>,
+}
+
+impl Dirs {
+    /// Process `ppid`'s, None where it is gone.
+    pub fn of(ppid: u32) -> Option<Dirs> {
+        let root = PathBuf::from(format!("/proc/{ppid}/root"));
+        let theirs = std::fs::metadata(&root).ok()?;
+        let cwd = Some(PathBuf::from(format!("/proc/{ppid}/cwd")));
+        if std::fs::metadata("/").is_ok_and(|o| meta_id(&o) == meta_id(&theirs)) {
+            return Some(Dirs {
+                root: PathBuf::from("/"),
+                cwd,
+                prefix: None,
+            });
+        }
+        let prefix = std::fs::read_link(&root).ok()?.display().to_string();
+        Some(Dirs {
+            root,
+            cwd,
+            prefix: Some(prefix),
+        })
+    }
+
+    /// Ours (gputrace's root, no working directory): for a process whose parent is gone (or
+    /// unknown). Its executable is still found only as the file the kernel exec'd, which at
+    /// the same path under our root is the same file; its loader, found by name, is the one
+    /// our root has there, which a process whose root differs may not have (a container with
+    /// the host's binaries but its own loader: its loader's frames misnamed, never outside our
+    /// root).
+    pub fn ours() -> Dirs {
+        Dirs {
+            root: PathBuf::from("/"),
+            cwd: None,
+            prefix: None,
+        }
+    }
+
+    fn dir(&self, from_cwd: bool) -> Option<&Path> {
+        if from_cwd {
+            self.cwd.as_deref()
+        } else {
+            Some(&self.root)
+        }
+    }
+}
+
 /// One file of a placed image: the key its mappings hold it by (inode, path as the process's
-/// maps would name it), and its name under the directory it was found from (the process's
-/// root, or its working directory), to open it again and hold it while the trace runs: by the
-/// report that name may lead elsewhere, or, under a parent gone since, nowhere.
+/// maps would name it), and how it was found, to open it again and hold it while the trace
+/// runs (by the report its name may lead elsewhere, or, under a parent gone since, nowhere).
 #[derive(Debug)]
 pub struct ImageFile {
     pub key: (u64, String),
     name: String,
     from_cwd: bool,
+    id: FileId,
 }
 
 impl ImageFile {
-    /// The file, where it still has its inode: opened as it was found, from `root` or `cwd`.
-    pub fn open(&self, root: &Path, cwd: Option<&Path>) -> Option<File> {
-        let dir = if self.from_cwd { cwd? } else { root };
-        open_checked(dir, &self.name, Some(self.key.0)).map(|(f, _)| f)
+    /// The file, opened, where its name under `dirs` still leads to it.
+    pub fn open(&self, dirs: &Dirs) -> Option<File> {
+        find(dirs, self.from_cwd, &self.name, Some(self.id)).map(|f| f.file)
     }
 }
 
-/// What was read of exec'd files: a shell loop
-/// execs the same few files thousands of times, and each read was two files' opens and
-/// headers, ~23 µs of gputrace's CPU an exec here.
+/// What was read of exec'd files: a shell loop execs the same few files thousands of times,
+/// and each read was two files' opens and headers, ~23 µs of gputrace's CPU an exec here.
 #[derive(Debug, Default)]
 pub struct Images {
-    /// By (the directory it was found from, its name there, its inode).
-    parsed: HashMap<(PathBuf, String, u64), Option<Image>>,
+    /// By (the directory the name was found from, the name, the executable).
+    parsed: HashMap<(FileId, String, FileId), Image>,
 }
 
 /// Files kept parsed, at most; past it the cache starts again.
 const MAX_IMAGES: usize = 1024;
+
+/// How long a loader found is taken as still there.
+const LOADER_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// An executable's code segments and its loader's, where it names one.
 #[derive(Debug)]
@@ -68,44 +148,55 @@ struct Image {
     exe: Segments,
     exe_file: ImageFile,
     loader: Option<(Segments, ImageFile)>,
+    /// When the loader was last found to be the file read.
+    checked: std::time::Instant,
 }
 
 impl Images {
     /// The code mappings of the image an exec started, sorted by start, and the files they
-    /// map. Empty where the event lacks the place (`AT_ENTRY`) or the executable's inode, or
-    /// where the file it names is not the one exec'd: `root` is the process's root directory
-    /// as this process can reach it, `cwd` its working directory (for a relative name), each
-    /// as of the exec.
-    pub fn exec_maps(
-        &mut self,
-        ev: &ExecEvent,
-        root: &Path,
-        cwd: Option<&Path>,
-    ) -> (Vec<Mapping>, Vec<&ImageFile>) {
+    /// map. Empty where the event lacks the place (`AT_ENTRY`) or the executable's identity,
+    /// or where the name it was exec'd by does not lead to that file under `dirs`.
+    pub fn exec_maps(&mut self, ev: &ExecEvent, dirs: &Dirs) -> (Vec<Mapping>, Vec<&ImageFile>) {
         let mut maps = Vec::new();
         let mut files = Vec::new();
         let Some(entry) = auxv_value(&ev.auxv, AT_ENTRY) else {
             return (maps, files);
         };
         let name = cstr(&ev.path);
-        if name.is_empty() || ev.exe_ino == 0 {
+        if name.is_empty() || ev.exe_ino == 0 || ev.exe_dev == 0 {
             return (maps, files);
         }
+        let want = kernel_file_id(ev.exe_dev, ev.exe_ino);
         let from_cwd = !name.starts_with('/');
-        let dir = match (from_cwd, cwd) {
-            (false, _) => root,
-            (true, Some(cwd)) => cwd,
-            (true, None) => return (maps, files),
+        let Some(dir) = dirs.dir(from_cwd).and_then(|d| std::fs::metadata(d).ok()) else {
+            return (maps, files);
         };
-        let key = (dir.to_path_buf(), name, ev.exe_ino);
-        if !self.parsed.contains_key(&key) {
+        let key = (meta_id(&dir), name, want);
+        // A hit's loader may have been replaced since (an upgrade): looked at again, once a
+        // second at most (five syscalls an exec were ~2 µs of gputrace's CPU each).
+        let now = std::time::Instant::now();
+        let fresh = self.parsed.get_mut(&key).is_some_and(|i| {
+            if now.duration_since(i.checked) < LOADER_RECHECK {
+                return true;
+            }
+            i.checked = now;
+            i.loader
+                .as_ref()
+                .is_none_or(|(_, f)| identify(dirs, false, &f.name) == Some(f.id))
+        });
+        if !fresh {
+            self.parsed.remove(&key);
+            // Not kept where not found: a name that leads nowhere now may lead to the file
+            // later, and a failure may be passing (out of descriptors).
+            let Some(image) = Image::read(dirs, &key.1, from_cwd, want) else {
+                return (maps, files);
+            };
             if self.parsed.len() >= MAX_IMAGES {
                 self.parsed.clear();
             }
-            let image = Image::read(dir, &key.1, from_cwd, ev.exe_ino, root);
             self.parsed.insert(key.clone(), image);
         }
-        let Some(Some(image)) = self.parsed.get(&key) else {
+        let Some(image) = self.parsed.get(&key) else {
             return (maps, files);
         };
         let bias = entry.wrapping_sub(image.exe.entry);
@@ -135,36 +226,34 @@ impl Images {
 }
 
 impl Image {
-    /// The executable `name` (found from `dir`: `cwd` where `from_cwd`, else `root`) where it
-    /// has inode `inode`, or a script's interpreter (its `#!` line's, under `root`) where
-    /// that has it; and the loader it names under `root`.
-    fn read(dir: &Path, name: &str, from_cwd: bool, inode: u64, root: &Path) -> Option<Image> {
-        let (file, head) = open_checked(dir, name, None)?;
-        let (dir, name, from_cwd, head) = if file.metadata().ok()?.ino() == inode {
-            (dir, name.to_string(), from_cwd, head)
+    /// The executable exec'd as `name` (from the working directory where `from_cwd`, else the
+    /// root), where that is the file `want`, or a script whose `#!` interpreter is; and the
+    /// loader it names.
+    fn read(dirs: &Dirs, name: &str, from_cwd: bool, want: FileId) -> Option<Image> {
+        let found = find(dirs, from_cwd, name, None)?;
+        let (found, name, from_cwd) = if found.id == want {
+            (found, name.to_string(), from_cwd)
         } else {
             // The kernel exec'd the interpreter a script names (binfmt_script), whose file
             // the process maps; an interpreter that is a script itself is not followed.
-            let interp = shebang(&head)?;
-            let head = open_checked(root, &interp, Some(inode))?.1;
-            (root, interp, false, head)
+            let interp = shebang(&read_head(&found.file, SHEBANG_BYTES))?;
+            (find(dirs, false, &interp, Some(want))?, interp, false)
         };
-        let exe = Segments::parse(&head)?;
+        let exe = Segments::parse(&read_head(&found.file, HEAD_BYTES))?;
         let exe_file = ImageFile {
-            key: (inode, mapping_path(root, dir, &name)),
+            key: (want.2, found.path),
             name,
             from_cwd,
+            id: want,
         };
         let loader = exe.interp.as_deref().and_then(|interp| {
-            let (file, head) = open_checked(root, interp, None)?;
-            let segments = Segments::parse(&head)?;
-            let ino = file.metadata().ok()?.ino();
-            let name = interp.to_string();
-            let key = (ino, mapping_path(root, root, &name));
+            let ld = find(dirs, false, interp, None)?;
+            let segments = Segments::parse(&read_head(&ld.file, HEAD_BYTES))?;
             let file = ImageFile {
-                key,
-                name,
+                key: (ld.id.2, ld.path),
+                name: interp.to_string(),
                 from_cwd: false,
+                id: ld.id,
             };
             Some((segments, file))
         });
@@ -172,8 +261,92 @@ impl Image {
             exe,
             exe_file,
             loader,
+            checked: std::time::Instant::now(),
         })
     }
+}
+
+/// A file found by [`find`]: opened, its identity, and its path as the process's maps would
+/// name it (as the kernel resolves it, links followed, from the process's root).
+struct Found {
+    file: File,
+    id: FileId,
+    path: String,
+}
+
+/// Filesystems whose files are the kernel's, not code: what a planted link may lead to
+/// (`/proc/kmsg` reads consume the kernel's log).
+const PSEUDO_FS: [i64; 11] = [
+    0x9fa0,      // proc
+    0x6265_6572, // sysfs
+    0x6462_6720, // debugfs
+    0x7472_6163, // tracefs
+    0x7363_6673, // securityfs
+    0x0027_e0eb, // cgroup
+    0x6367_7270, // cgroup2
+    0xcafe_4a11, // bpf
+    0x6265_6570, // configfs
+    0xde5e_81e4, // efivarfs
+    0x6165_676c, // pstore
+];
+
+/// The regular file `name` inside `dirs`' root (or working directory, where `from_cwd`),
+/// where it is `want` (when given), on a real filesystem, opened read-only: looked up first
+/// (`O_PATH`, never opening a device or a FIFO, nor leaving the root), opened after the checks.
+fn find(dirs: &Dirs, from_cwd: bool, name: &str, want: Option<FileId>) -> Option<Found> {
+    let (path, id) = look_up(dirs, from_cwd, name)?;
+    if want.is_some_and(|w| w != id) {
+        return None;
+    }
+    // SAFETY: an all-zero statfs is valid; fstatfs fills it.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a statfs to fill.
+    if unsafe { libc::fstatfs(path.as_raw_fd(), &mut fs) } != 0
+        || PSEUDO_FS.contains(&(fs.f_type as i64))
+    {
+        return None;
+    }
+    let link = format!("/proc/self/fd/{}", path.as_raw_fd());
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&link)
+        .ok()?;
+    if file.metadata().ok().map(|m| meta_id(&m)) != Some(id) {
+        return None;
+    }
+    let real = std::fs::read_link(&link).ok()?.display().to_string();
+    let path = match &dirs.prefix {
+        Some(p) if p != "/" => real.strip_prefix(p.as_str())?.to_string(),
+        _ => real,
+    };
+    path.starts_with('/').then_some(Found { file, id, path })
+}
+
+/// [`find`]'s look-up: the file `name` leads to, not opened (`O_PATH`), and its identity,
+/// where it is a regular file.
+fn look_up(dirs: &Dirs, from_cwd: bool, name: &str) -> Option<(OwnedFd, FileId)> {
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dirs.dir(from_cwd)?)
+        .ok()?;
+    let fd = crate::perf_map::open_within(&dir.into(), name, libc::O_PATH)?;
+    let file = File::from(fd);
+    let meta = file.metadata().ok()?;
+    meta.is_file().then(|| (file.into(), meta_id(&meta)))
+}
+
+/// The identity of the regular file `name` leads to under `dirs`.
+fn identify(dirs: &Dirs, from_cwd: bool, name: &str) -> Option<FileId> {
+    look_up(dirs, from_cwd, name).map(|(_, id)| id)
+}
+
+/// The first `n` bytes of `file` (fewer where it is shorter or unreadable).
+fn read_head(file: &File, n: u64) -> Vec<u8> {
+    let mut head = Vec::new();
+    let _ = file.take(n).read_to_end(&mut head);
+    head
 }
 
 /// The vDSO's address in the auxiliary vector.
@@ -190,39 +363,6 @@ fn own_vdso_len() -> Option<u64> {
     })
 }
 
-/// The path a process's maps would name file `name` found from `dir` by: its real path where
-/// the process shares our root `/` (as /proc/PID/maps resolves links:
-/// `/lib64/ld-linux-x86-64.so.2` is `/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2` there),
-/// else `name` as given (its links are the other root's, not resolved from ours).
-fn mapping_path(root: &Path, dir: &Path, name: &str) -> String {
-    if root == Path::new("/") {
-        if let Ok(real) = std::fs::canonicalize(dir.join(name)) {
-            return real.display().to_string();
-        }
-    }
-    name.to_string()
-}
-
-/// The regular file `name` inside directory `dir` ([`crate::perf_map::open_within`]: never
-/// out of it, as a container's absolute symlink would lead from its root), where its inode is
-/// `inode` (when given), and its first [`HEAD_BYTES`].
-fn open_checked(dir: &Path, name: &str, inode: Option<u64>) -> Option<(File, Vec<u8>)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
-        .open(dir)
-        .ok()?;
-    let file = File::from(crate::perf_map::open_within(&dir.into(), name, 0)?);
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || inode.is_some_and(|i| i != meta.ino()) {
-        return None;
-    }
-    let mut head = Vec::new();
-    (&file).take(HEAD_BYTES).read_to_end(&mut head).ok()?;
-    Some((file, head))
-}
-
 /// The interpreter a script's first bytes `head` name (`#!/bin/sh -e`: `/bin/sh`), where it
 /// is an absolute path.
 fn shebang(head: &[u8]) -> Option<String> {
@@ -231,6 +371,9 @@ fn shebang(head: &[u8]) -> Option<String> {
     let interp = line.split_whitespace().next()?;
     interp.starts_with('/').then(|| interp.to_string())
 }
+
+/// Segments larger than this are not code a loader maps (a corrupt or hostile header).
+const MAX_SEGMENT: u64 = 1 << 30;
 
 /// What an ELF file's headers say of its loading.
 #[derive(Debug)]
@@ -244,7 +387,8 @@ struct Segments {
 }
 
 impl Segments {
-    /// A 64-bit ELF file's, from its first bytes `head`.
+    /// A 64-bit ELF file's, from its first bytes `head`. Segments no loader would map (over
+    /// [`MAX_SEGMENT`], or whose address and file offset differ within a page) are left out.
     fn parse(head: &[u8]) -> Option<Segments> {
         let header = elf::FileHeader64::<Endianness>::parse(head).ok()?;
         let endian = header.endian().ok()?;
@@ -256,8 +400,15 @@ impl Segments {
         for ph in header.program_headers(endian, head).ok()? {
             match ph.p_type(endian) {
                 elf::PT_LOAD if ph.p_flags(endian) & elf::PF_X != 0 => {
-                    out.code
-                        .push((ph.p_vaddr(endian), ph.p_memsz(endian), ph.p_offset(endian)))
+                    let (vaddr, memsz, offset) =
+                        (ph.p_vaddr(endian), ph.p_memsz(endian), ph.p_offset(endian));
+                    if memsz > 0
+                        && memsz <= MAX_SEGMENT
+                        && offset <= u64::MAX / 2
+                        && (vaddr ^ offset) & (PAGE - 1) == 0
+                    {
+                        out.code.push((vaddr, memsz, offset));
+                    }
                 }
                 elf::PT_INTERP => {
                     out.interp = ph
@@ -273,22 +424,23 @@ impl Segments {
     }
 
     /// Its code's mappings once loaded at `bias`, as /proc/PID/maps would give them (`key`:
-    /// inode and path).
+    /// inode and path); none that would wrap past the address space's end.
     fn mappings<'a>(
         &'a self,
         bias: u64,
         key: &'a (u64, String),
     ) -> impl Iterator<Item = Mapping> + 'a {
-        self.code.iter().map(move |&(vaddr, memsz, offset)| {
+        self.code.iter().filter_map(move |&(vaddr, memsz, offset)| {
             let at = bias.wrapping_add(vaddr);
-            Mapping {
+            let end = at.checked_add(memsz)?.checked_next_multiple_of(PAGE)?;
+            Some(Mapping {
                 start: at & !(PAGE - 1),
-                end: at.wrapping_add(memsz).next_multiple_of(PAGE),
+                end,
                 offset: offset & !(PAGE - 1),
                 perms: "r-xp".into(),
                 inode: key.0,
                 path: key.1.clone(),
-            }
+            })
         })
     }
 }
@@ -304,8 +456,8 @@ pub(crate) mod tests {
     use tracer_common::proc::{ProcEvent, EXEC_AUXV_WORDS, EXEC_PATH_BYTES};
 
     /// This process's exec as the kernel side would send it: its saved auxv (from
-    /// /proc/self/auxv), its executable's inode, and `path`.
-    pub(crate) fn own_exec(path: &str, ino: u64) -> ExecEvent {
+    /// /proc/self/auxv), its executable's identity `id`, and `path`.
+    pub(crate) fn own_exec(path: &str, id: FileId) -> ExecEvent {
         let raw = std::fs::read("/proc/self/auxv").unwrap();
         let mut auxv = [0u64; EXEC_AUXV_WORDS];
         for (w, b) in auxv.iter_mut().zip(raw.chunks_exact(8)) {
@@ -325,23 +477,29 @@ pub(crate) mod tests {
                 comm: [0; 16],
             },
             auxv,
-            exe_ino: ino,
+            exe_ino: id.2,
+            exe_dev: (id.0 << 20) | id.1,
+            _pad: 0,
             path: p,
         }
     }
 
-    /// This test binary's path and inode.
-    pub(crate) fn exe() -> (String, u64) {
+    /// This test binary's path and identity.
+    pub(crate) fn exe() -> (String, FileId) {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let ino = std::fs::metadata(&exe).unwrap().ino();
-        (exe.display().to_string(), ino)
+        let id = meta_id(&std::fs::metadata(&exe).unwrap());
+        (exe.display().to_string(), id)
+    }
+
+    fn other(id: FileId) -> FileId {
+        (id.0, id.1, id.2 + 1)
     }
 
     #[test]
     fn places_the_executable_and_its_loader_where_the_kernel_mapped_them() {
-        let (path, ino) = exe();
+        let (path, id) = exe();
         let mut images = Images::default();
-        let (maps, files) = images.exec_maps(&own_exec(&path, ino), Path::new("/"), None);
+        let (maps, files) = images.exec_maps(&own_exec(&path, id), &Dirs::ours());
         let real: Vec<Mapping> = crate::procfs::read_maps(std::process::id())
             .unwrap()
             .into_iter()
@@ -375,65 +533,71 @@ pub(crate) mod tests {
             .expect("the loader's code");
         assert!(ld.path.contains("ld-linux"), "{ld:?}");
         assert!(maps.windows(2).all(|w| w[0].start < w[1].start));
+        // Again from what was read the first time: the same.
+        let again = images.exec_maps(&own_exec(&path, id), &Dirs::ours()).0;
+        assert_eq!(again, maps);
     }
 
     #[test]
     fn another_file_at_the_name_is_not_taken() {
-        let (path, ino) = exe();
-        // Replaced since (or a script, whose interpreter was mapped): another inode.
-        assert!(Images::default()
-            .exec_maps(&own_exec(&path, ino + 1), Path::new("/"), None)
-            .0
-            .is_empty());
-        // Unread inode, no name, no auxv: nothing is guessed.
-        assert!(Images::default()
-            .exec_maps(&own_exec(&path, 0), Path::new("/"), None)
-            .0
-            .is_empty());
-        assert!(Images::default()
-            .exec_maps(&own_exec("", ino), Path::new("/"), None)
-            .0
-            .is_empty());
-        let mut ev = own_exec(&path, ino);
+        let (path, id) = exe();
+        let mut images = Images::default();
+        // Replaced since (or a script, whose interpreter was mapped): another inode; or
+        // another filesystem's file of that inode number.
+        for wrong in [other(id), (id.0, id.1 + 1, id.2)] {
+            let ev = own_exec(&path, wrong);
+            assert!(images.exec_maps(&ev, &Dirs::ours()).0.is_empty());
+        }
+        // Unread identity, no name, no auxv: nothing is guessed.
+        let mut ev = own_exec(&path, id);
+        ev.exe_ino = 0;
+        assert!(images.exec_maps(&ev, &Dirs::ours()).0.is_empty());
+        let mut ev = own_exec(&path, id);
+        ev.exe_dev = 0;
+        assert!(images.exec_maps(&ev, &Dirs::ours()).0.is_empty());
+        let ev = own_exec("", id);
+        assert!(images.exec_maps(&ev, &Dirs::ours()).0.is_empty());
+        let mut ev = own_exec(&path, id);
         ev.auxv = [0; tracer_common::proc::EXEC_AUXV_WORDS];
-        assert!(Images::default()
-            .exec_maps(&ev, Path::new("/"), None)
-            .0
-            .is_empty());
+        assert!(images.exec_maps(&ev, &Dirs::ours()).0.is_empty());
     }
 
     #[test]
     fn a_relative_name_is_found_from_the_working_directory() {
-        let (path, ino) = exe();
+        let (path, id) = exe();
         let p = Path::new(&path);
         let (dir, file) = (
             p.parent().unwrap(),
             p.file_name().unwrap().to_str().unwrap(),
         );
-        let (maps, _) =
-            Images::default().exec_maps(&own_exec(file, ino), Path::new("/"), Some(dir));
+        let dirs = Dirs {
+            cwd: Some(dir.to_path_buf()),
+            ..Dirs::ours()
+        };
+        let mut images = Images::default();
+        let (maps, _) = images.exec_maps(&own_exec(file, id), &dirs);
         assert!(maps.iter().any(|m| m.path == path), "{maps:?}");
         // Without a directory to start from, it is not guessed.
-        assert!(Images::default()
-            .exec_maps(&own_exec(file, ino), Path::new("/"), None)
+        assert!(images
+            .exec_maps(&own_exec(file, id), &Dirs::ours())
             .0
             .is_empty());
     }
 
     #[test]
     fn a_script_is_placed_as_its_interpreter() {
-        let (path, ino) = exe();
+        let (path, id) = exe();
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("job.sh");
         std::fs::write(&script, format!("#!{path} --flag\necho hi\n")).unwrap();
         let script = script.display().to_string();
         let mut images = Images::default();
-        let (maps, files) = images.exec_maps(&own_exec(&script, ino), Path::new("/"), None);
+        let (maps, files) = images.exec_maps(&own_exec(&script, id), &Dirs::ours());
         assert!(maps.iter().any(|m| m.path == path), "{maps:?}");
         assert_eq!(files.len(), 2);
         // An interpreter other than the one exec'd (its inode) is not taken.
         assert!(images
-            .exec_maps(&own_exec(&script, ino + 1), Path::new("/"), None)
+            .exec_maps(&own_exec(&script, other(id)), &Dirs::ours())
             .0
             .is_empty());
         assert_eq!(shebang(b"#! /bin/sh -e\nx"), Some("/bin/sh".into()));
@@ -443,34 +607,83 @@ pub(crate) mod tests {
 
     #[test]
     fn a_link_under_another_root_leads_nowhere_outside_it() {
-        let (path, ino) = exe();
+        let (path, id) = exe();
         // A container's `/bin/prog`, a link to `path`: in its tree, not ours (a planted link
         // would have us read, and name frames after, any file of the host's).
         let root = tempfile::tempdir().unwrap();
         std::fs::create_dir(root.path().join("bin")).unwrap();
         std::os::unix::fs::symlink(&path, root.path().join("bin/prog")).unwrap();
+        let dirs = Dirs {
+            root: root.path().to_path_buf(),
+            cwd: Some(root.path().to_path_buf()),
+            prefix: Some(root.path().display().to_string()),
+        };
         let mut images = Images::default();
         assert!(images
-            .exec_maps(&own_exec("/bin/prog", ino), root.path(), None)
+            .exec_maps(&own_exec("/bin/prog", id), &dirs)
             .0
             .is_empty());
         // Nor up out of it, nor from the working directory.
         let up = format!("../../../../../../../..{path}");
-        assert!(images
-            .exec_maps(&own_exec(&up, ino), root.path(), Some(root.path()))
-            .0
-            .is_empty());
+        assert!(images.exec_maps(&own_exec(&up, id), &dirs).0.is_empty());
+        // A file of the kernel's (a link to /proc/kmsg, whose reads take the kernel's log)
+        // is not opened: no regular file of a real filesystem.
+        assert!(look_up(&Dirs::ours(), false, "/proc/self/status").is_some());
+        assert!(find(&Dirs::ours(), false, "/proc/self/status", None).is_none());
+        assert!(find(&Dirs::ours(), false, "/dev/null", None).is_none());
+        assert!(find(&Dirs::ours(), false, &path, None).is_some());
     }
 
     #[test]
     fn a_name_is_looked_up_under_the_processs_root() {
-        let (path, ino) = exe();
+        let (path, id) = exe();
         // Our own root through /proc, as a process in another mount namespace's would be.
-        let root = format!("/proc/{}/root", std::process::id());
+        let root = PathBuf::from(format!("/proc/{}/root", std::process::id()));
+        let prefix = std::fs::read_link(&root).unwrap().display().to_string();
+        let dirs = Dirs {
+            root,
+            cwd: None,
+            prefix: Some(prefix),
+        };
         let mut images = Images::default();
-        let (maps, files) = images.exec_maps(&own_exec(&path, ino), Path::new(&root), None);
+        let (maps, files) = images.exec_maps(&own_exec(&path, id), &dirs);
         assert_eq!(files.len(), 2);
-        // Named as given (links under another root are not resolved from ours).
         assert!(maps.iter().any(|m| m.path == path), "{maps:?}");
+        // And opened again from there, to hold.
+        assert!(files.iter().all(|f| f.open(&dirs).is_some()));
+    }
+
+    #[test]
+    fn segments_are_placed_at_their_bias_and_odd_ones_left_out() {
+        let key = (7, "/x".to_string());
+        // A non-PIE executable (bias 0) whose code's address and offset differ.
+        let s = Segments {
+            entry: 0x401000,
+            interp: None,
+            code: vec![(0x401000, 0x1234, 0x1000)],
+        };
+        let m: Vec<Mapping> = s.mappings(0, &key).collect();
+        assert_eq!(
+            (m[0].start, m[0].end, m[0].offset),
+            (0x401000, 0x403000, 0x1000)
+        );
+        // PIE at a bias; a segment starting within a page.
+        let s = Segments {
+            entry: 0x1100,
+            interp: None,
+            code: vec![(0x1100, 0x100, 0x1100)],
+        };
+        let m: Vec<Mapping> = s.mappings(0x5555_0000_0000, &key).collect();
+        assert_eq!(
+            (m[0].start, m[0].end, m[0].offset),
+            (0x5555_0000_1000, 0x5555_0000_2000, 0x1000)
+        );
+        // One that would wrap the address space is none.
+        let s = Segments {
+            entry: 0,
+            interp: None,
+            code: vec![(u64::MAX - 0x10, 0x100, 0)],
+        };
+        assert_eq!(s.mappings(0, &key).count(), 0);
     }
 }

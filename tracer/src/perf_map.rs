@@ -177,18 +177,22 @@ pub fn open(pid: u32, ns_tgid_seen: &mut Option<u32>) -> Option<File> {
 /// symlink in a container's tree resolves in that tree, never gputrace's), read-only,
 /// non-blocking, never through a symlink of its own or a magic link.
 fn open_in_root(root: &OwnedFd, name: &str) -> Option<OwnedFd> {
-    open_within(root, name, libc::O_NOFOLLOW)
+    open_within(
+        root,
+        name,
+        libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+    )
 }
 
-/// Opens `name` (relative, or absolute: from `root` all the same) inside directory `root`,
-/// read-only and non-blocking, with openat2's `RESOLVE_IN_ROOT`: `..` and the symlinks on the
-/// way, an absolute one too, resolve as if `root` were `/`, never to a file outside it, nor
-/// through a magic link (/proc's). `flags`: more open flags (`O_NOFOLLOW`).
+/// Opens `name` (relative, or absolute: from `root` all the same) inside directory `root`
+/// with open flags `flags` (and `O_CLOEXEC`), by openat2's `RESOLVE_IN_ROOT`: `..` and the
+/// symlinks on the way, an absolute one too, resolve as if `root` were `/`, never to a file
+/// outside it, nor through a magic link (/proc's).
 pub fn open_within(root: &OwnedFd, name: &str, flags: i32) -> Option<OwnedFd> {
     let c = CString::new(name).ok()?;
     // SAFETY: an all-zero open_how is valid; the fields are set below.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | flags | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64;
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
     how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
     // SAFETY: valid pointers to a C string and an open_how of the size given.
     let fd = unsafe {

@@ -5,10 +5,7 @@
 //! loop): at most [`MAX_TRACKED`] processes are known by name and at most
 //! [`MAX_EXITED_MAPS`] exited ones keep their maps; what is forgotten is counted and reported.
 
-use std::{
-    collections::{BTreeMap, VecDeque},
-    path::PathBuf,
-};
+use std::collections::{BTreeMap, VecDeque};
 
 use tracer_common::proc::{ExecEvent, MappedCodeEvent, ProcEvent, ProcEventKind};
 
@@ -146,8 +143,8 @@ impl HeldFiles {
     }
 
     /// The path the maps name a held file by, by its device (major, minor) and inode.
-    fn path_of(&self, major: u32, minor: u32, ino: u64) -> Option<&str> {
-        self.by_id.get(&(major, minor, ino)).map(String::as_str)
+    fn path_of(&self, id: crate::image::FileId) -> Option<&str> {
+        self.by_id.get(&id).map(String::as_str)
     }
 
     /// Whether the file of mappings named by `key` (inode, path) is not held yet and room is
@@ -193,24 +190,6 @@ impl HeldFiles {
             })
             .collect()
     }
-}
-
-/// The root and working directories of process `ppid` as this process reaches them, which a
-/// child it forked execs with unless it moved (a subshell's `cd`: its files are then not
-/// found, the inode check tells). Our own root where the two are one (names then resolve as
-/// /proc's maps give them); ours and no directory where the parent is gone.
-fn parent_dirs(ppid: u32) -> (PathBuf, Option<PathBuf>) {
-    use std::os::unix::fs::MetadataExt;
-    let root = PathBuf::from(format!("/proc/{ppid}/root"));
-    let ours = std::fs::metadata("/").ok();
-    let Ok(theirs) = std::fs::metadata(&root) else {
-        return (PathBuf::from("/"), None);
-    };
-    let cwd = Some(PathBuf::from(format!("/proc/{ppid}/cwd")));
-    if ours.is_some_and(|o| (o.dev(), o.ino()) == (theirs.dev(), theirs.ino())) {
-        return (PathBuf::from("/"), cwd);
-    }
-    (root, cwd)
 }
 
 /// Processes known by name and parent; beyond this new ones are counted, not stored.
@@ -556,21 +535,33 @@ impl Tracker {
         if !t.maps_stale || !t.maps.is_empty() {
             return;
         }
-        let (root, cwd) = t.info.ppid.map_or((PathBuf::from("/"), None), parent_dirs);
-        let (maps, files) = self.images.exec_maps(ev, &root, cwd.as_deref());
+        // Its files are found where its parent's are; from our root where the parent is gone
+        // by now (its events read late: a busy host, the end's last read) or unknown.
+        let dirs = t
+            .info
+            .ppid
+            .and_then(crate::image::Dirs::of)
+            .unwrap_or_else(crate::image::Dirs::ours);
+        let (maps, files) = self.images.exec_maps(ev, &dirs);
         if maps.is_empty() {
             return;
         }
         for f in files {
             if self.held.wants(&f.key) {
-                if let Some(file) = f.open(&root, cwd.as_deref()) {
+                if let Some(file) = f.open(&dirs) {
                     self.held.insert(f.key.clone(), file);
                 }
             }
         }
-        if let Some(t) = self.procs.get_mut(&pid) {
-            t.maps = maps;
-            self.images_placed += 1;
+        let Some(t) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        t.maps = maps;
+        self.images_placed += 1;
+        // Its exit was seen first (a poll): its maps go where the exited ones' are bounded.
+        if t.info.exited && !self.exited_with_maps.contains(&pid) {
+            self.exited_with_maps.push_back(pid);
+            self.evict_exited_maps();
         }
     }
 
@@ -593,7 +584,10 @@ impl Tracker {
         if crate::symbolize::find_mapping(&t.maps, ev.addr).is_some() {
             return;
         }
-        let Some(path) = self.held.path_of(ev.dev >> 20, ev.dev & 0xf_ffff, ev.ino) else {
+        let Some(path) = self
+            .held
+            .path_of(crate::image::kernel_file_id(ev.dev, ev.ino))
+        else {
             return;
         };
         // A fixed mapping replaces what it covers.
@@ -640,6 +634,14 @@ impl Tracker {
                 }
             }
         }
+        self.evict_exited_maps();
+        if self.roots.contains(&pid) && !self.exited_roots.contains(&pid) {
+            self.exited_roots.push(pid);
+        }
+    }
+
+    /// Drops the maps of the earliest exited processes past [`max_exited_maps`].
+    fn evict_exited_maps(&mut self) {
         while self.exited_with_maps.len() > max_exited_maps() {
             let Some(old) = self.exited_with_maps.pop_front() else {
                 break;
@@ -655,9 +657,6 @@ impl Tracker {
                     }
                 }
             }
-        }
-        if self.roots.contains(&pid) && !self.exited_roots.contains(&pid) {
-            self.exited_roots.push(pid);
         }
     }
 
@@ -1103,22 +1102,32 @@ mod tests {
     fn an_image_gone_before_its_maps_are_read_is_placed_from_its_exec() {
         use crate::image::tests::{exe, own_exec};
         let mut t = storm_parent();
+        // Forked by a live process (this one), whose root it is looked up in.
         let child = BASE + 1;
-        t.on_event(&ev(ProcEventKind::Fork, child, BASE));
+        t.on_event(&ev(ProcEventKind::Fork, child, std::process::id()));
         let mut exec = ev(ProcEventKind::Exec, child, 0);
         exec.arg = 2;
         t.on_event(&exec);
         // No such process here: /proc gave no maps.
         assert!(t.maps_for(child).is_empty());
-        let (path, ino) = exe();
-        let mut image = own_exec(&path, ino);
+        let (path, id) = exe();
+        let mut image = own_exec(&path, id);
         image.head = exec;
         t.on_exec_image(&image);
         let (maps, earlier) = t.maps_for_image(child, 2);
         assert!(!earlier && maps.iter().any(|m| m.path == path), "{maps:?}");
         assert_eq!(t.images_placed, 1);
         // Its files are held, for a report written after they are replaced on disk.
-        assert!(t.held.paths().contains_key(&(ino, path.clone())));
+        assert!(t.held.paths().contains_key(&(id.2, path.clone())));
+        // A child whose parent is gone by now: from our root, its executable checked all
+        // the same.
+        let orphan = BASE + 2;
+        t.on_event(&ev(ProcEventKind::Fork, orphan, BASE));
+        t.on_event(&ev(ProcEventKind::Exec, orphan, 0));
+        image.head.pid = orphan;
+        t.on_exec_image(&image);
+        assert!(t.maps_for(orphan).iter().any(|m| m.path == path));
+        assert_eq!(t.images_placed, 2);
         // Maps /proc gave since the exec are the process's own: kept.
         let me = std::process::id();
         let mut t = Tracker::new(&[me]);
@@ -1126,7 +1135,7 @@ mod tests {
         t.refresh_maps(true);
         let before = t.maps_for(me).to_vec();
         assert!(!before.is_empty());
-        let mut image = own_exec(&path, ino);
+        let mut image = own_exec(&path, id);
         image.head.pid = me;
         t.on_exec_image(&image);
         assert_eq!(t.maps_for(me), &before[..]);
@@ -1142,7 +1151,8 @@ mod tests {
         t.on_event(&ev(ProcEventKind::Exec, child, 0));
         assert!(t.maps_for(child).is_empty());
         // A file another process's maps named (held): this test binary.
-        let (path, ino) = crate::image::tests::exe();
+        let (path, id) = crate::image::tests::exe();
+        let ino = id.2;
         let file = std::fs::File::open(&path).unwrap();
         let dev = file.metadata().unwrap().dev();
         t.held.insert((ino, path.clone()), file);
