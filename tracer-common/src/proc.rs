@@ -139,6 +139,10 @@ pub struct MappedCodeEvent {
     pub ino: u64,
     pub dev: u32,
     pub _pad: u32,
+    /// The path the fd was opened by, as the syscall programs kept it (`FD_NAMES`; empty
+    /// where they did not): a library no maps read so far named (a `dlopen`ed one, or any
+    /// on overlayfs, whose mapped file is another inode than the fd's) is found by it.
+    pub path: [u8; crate::wall::FD_NAME_LEN],
 }
 
 crate::user_pod!(MappedCodeEvent);

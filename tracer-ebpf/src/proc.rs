@@ -184,16 +184,7 @@ fn emit_exec(ctx: &TracePointContext, tgid: u32, tid: u32) {
     let ev = entry.as_mut_ptr();
     // Written in place: the event is larger than a program's stack allows.
     unsafe {
-        (*ev).head = ProcEvent {
-            kind: ProcEventKind::Exec as u32,
-            pid: tgid,
-            tid,
-            ppid: 0,
-            ts_ns: bpf_ktime_get_ns(),
-            exit_code: 0,
-            arg: self_exec_id(),
-            comm: bpf_get_current_comm().unwrap_or([0; 16]),
-        };
+        (*ev).head = head(ProcEventKind::Exec, tgid, tid, 0, self_exec_id(), 0);
         (*ev).auxv = [0; EXEC_AUXV_WORDS];
         (*ev).exe_ino = 0;
         (*ev).path[0] = 0;
@@ -232,7 +223,15 @@ fn emit_exec(ctx: &TracePointContext, tgid: u32, tid: u32) {
 /// at `addr`: where, and which file (its inode and device), for a process that may exit
 /// before user space reads its maps.
 #[inline(always)]
-pub fn mapped_code(tgid: u32, tid: u32, addr: u64, len: u64, offset: u64, fd: i32) {
+pub fn mapped_code(
+    tgid: u32,
+    tid: u32,
+    addr: u64,
+    len: u64,
+    offset: u64,
+    fd: i32,
+    path: Option<*const u8>,
+) {
     let Some((ino, dev)) = fd_file_id(fd) else {
         return;
     };
@@ -240,24 +239,22 @@ pub fn mapped_code(tgid: u32, tid: u32, addr: u64, len: u64, offset: u64, fd: i3
         count_drop(Drop::ProcEventsFull);
         return;
     };
-    entry.write(MappedCodeEvent {
-        head: ProcEvent {
-            kind: ProcEventKind::MappedCode as u32,
-            pid: tgid,
-            tid,
-            ppid: 0,
-            ts_ns: unsafe { bpf_ktime_get_ns() },
-            exit_code: 0,
-            arg: 0,
-            comm: [0; 16],
-        },
-        addr,
-        len,
-        offset,
-        ino,
-        dev,
-        _pad: 0,
-    });
+    let ev = entry.as_mut_ptr();
+    // Written in place: the event is larger than a program's stack allows.
+    unsafe {
+        (*ev).head = head(ProcEventKind::MappedCode, tgid, tid, 0, 0, 0);
+        (*ev).addr = addr;
+        (*ev).len = len;
+        (*ev).offset = offset;
+        (*ev).ino = ino;
+        (*ev).dev = dev;
+        (*ev)._pad = 0;
+        (*ev).path[0] = 0;
+        if let Some(p) = path {
+            // A failed read leaves zeroes: no path.
+            let _ = bpf_probe_read_kernel_buf(p, &mut (*ev).path);
+        }
+    }
     entry.submit(wake_flags(ProcEventKind::MappedCode));
 }
 
@@ -431,7 +428,14 @@ fn emit_full(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32, arg: u32, exit_
         count_drop(Drop::ProcEventsFull);
         return;
     };
-    entry.write(ProcEvent {
+    entry.write(head(kind, pid, tid, ppid, arg, exit_code));
+    entry.submit(wake_flags(kind));
+}
+
+/// An event's common part, at this instant, with the running task's name.
+#[inline(always)]
+fn head(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32, arg: u32, exit_code: i32) -> ProcEvent {
+    ProcEvent {
         kind: kind as u32,
         pid,
         tid,
@@ -440,6 +444,5 @@ fn emit_full(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32, arg: u32, exit_
         exit_code,
         arg,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
-    });
-    entry.submit(wake_flags(kind));
+    }
 }

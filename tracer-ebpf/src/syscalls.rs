@@ -373,6 +373,28 @@ fn mapped_exec(tgid: u32, tid: u32, now: u64) {
     crate::proc::mapped_exec(tgid, tid);
 }
 
+/// Where the path file `fd` of `tgid` was opened by is kept, if an `FD_NAMES` slot names it.
+#[inline(always)]
+fn fd_path(tgid: u32, fd: i32) -> Option<*const u8> {
+    let key = FdKey {
+        tgid,
+        fd,
+        gen: fd_gen(tgid, fd),
+        _pad: 0,
+    };
+    let set = FdName::set(&key);
+    let mut i = 0;
+    while i < FD_NAME_WAYS {
+        let slot = unsafe { &*FD_NAMES.get_ptr(set + i)? };
+        // A path, not a dup's mark or a cleared name.
+        if slot.key == key && slot.path[0] > FD_DUP_MARK {
+            return Some(slot.path.as_ptr());
+        }
+        i += 1;
+    }
+    None
+}
+
 /// The `FD_NAMES` slot for the file `fd` of `tgid` just got (under the generation it has:
 /// closes of that fd number so far), and its key; written in place, no map update. None when
 /// that key already named a file (see below).
@@ -695,7 +717,8 @@ fn exit(ctx: &RawTracePointContext, p: Prog) {
             if ret > 0 && crate::maps::is_young(st.proc_born_ns, at) {
                 let len: u64 = Probe::read(regs, OFF_REGS_ARG1.load());
                 let offset: u64 = Probe::read(regs, OFF_REGS_ARG5.load());
-                crate::proc::mapped_code(tgid, tid, ret as u64, len, offset, fd as i32);
+                let path = fd_path(tgid, fd as i32);
+                crate::proc::mapped_code(tgid, tid, ret as u64, len, offset, fd as i32, path);
             }
         }
     }

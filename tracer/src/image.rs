@@ -323,6 +323,12 @@ fn find(dirs: &Dirs, from_cwd: bool, name: &str, want: Option<FileId>) -> Option
     path.starts_with('/').then_some(Found { file, id, path })
 }
 
+/// The file `name` (absolute from `dirs`' root, else from its working directory) leads to,
+/// opened, where it is `want`, and its path as the process's maps would name it.
+pub fn find_file(dirs: &Dirs, name: &str, want: FileId) -> Option<(File, String)> {
+    find(dirs, !name.starts_with('/'), name, Some(want)).map(|f| (f.file, f.path))
+}
+
 /// [`find`]'s look-up: the file `name` leads to, not opened (`O_PATH`), and its identity,
 /// where it is a regular file.
 fn look_up(dirs: &Dirs, from_cwd: bool, name: &str) -> Option<(OwnedFd, FileId)> {
@@ -445,7 +451,8 @@ impl Segments {
     }
 }
 
-fn cstr(bytes: &[u8]) -> String {
+/// The text of NUL-terminated `bytes` (all of them where none is NUL).
+pub fn cstr(bytes: &[u8]) -> String {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }

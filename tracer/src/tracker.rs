@@ -135,10 +135,20 @@ impl HeldFiles {
     /// Holds `file` as the file of mappings named by `key` (inode, path).
     fn insert(&mut self, key: (u64, String), file: std::fs::File) {
         use std::os::unix::fs::MetadataExt;
-        if let Ok(m) = file.metadata() {
-            let id = (libc::major(m.dev()), libc::minor(m.dev()), m.ino());
-            self.by_id.entry(id).or_insert_with(|| key.1.clone());
+        match file.metadata() {
+            Ok(m) => {
+                let id = (libc::major(m.dev()), libc::minor(m.dev()), m.ino());
+                self.insert_as(key, file, id)
+            }
+            Err(_) => {
+                self.files.insert(key, file);
+            }
         }
+    }
+
+    /// [`HeldFiles::insert`] of a file whose device and inode are `id`.
+    fn insert_as(&mut self, key: (u64, String), file: std::fs::File, id: crate::image::FileId) {
+        self.by_id.entry(id).or_insert_with(|| key.1.clone());
         self.files.insert(key, file);
     }
 
@@ -567,11 +577,11 @@ impl Tracker {
 
     /// A young process mapped a file's code ([`MappedCodeEvent`]): where maps read from
     /// /proc or placed from the exec do not have it yet (a library its loader mapped after
-    /// the exec), it goes in, named as another process's maps named that file (a shell loop's
-    /// children map the shell's libc), for the process that exits before its maps are read.
-    /// A file no maps read so far named stays out.
+    /// the exec), it goes in, for the process that exits before its maps are read. Named as
+    /// another process's maps named that file (a shell loop's children map the shell's libc),
+    /// else found by the path it was opened by (checked to be that file, and held).
     pub fn on_mapped_code(&mut self, ev: &MappedCodeEvent) {
-        let Some(t) = self.procs.get_mut(&ev.head.pid) else {
+        let Some(t) = self.procs.get(&ev.head.pid) else {
             return;
         };
         let end = ev
@@ -584,10 +594,30 @@ impl Tracker {
         if crate::symbolize::find_mapping(&t.maps, ev.addr).is_some() {
             return;
         }
-        let Some(path) = self
-            .held
-            .path_of(crate::image::kernel_file_id(ev.dev, ev.ino))
-        else {
+        let id = crate::image::kernel_file_id(ev.dev, ev.ino);
+        let path = match self.held.path_of(id) {
+            Some(p) => p.to_string(),
+            None => {
+                let name = crate::image::cstr(&ev.path);
+                if name.is_empty() {
+                    return;
+                }
+                let dirs = t
+                    .info
+                    .ppid
+                    .and_then(crate::image::Dirs::of)
+                    .unwrap_or_else(crate::image::Dirs::ours);
+                let Some((file, path)) = crate::image::find_file(&dirs, &name, id) else {
+                    return;
+                };
+                let key = (ev.ino, path.clone());
+                if self.held.wants(&key) {
+                    self.held.insert_as(key, file, id);
+                }
+                path
+            }
+        };
+        let Some(t) = self.procs.get_mut(&ev.head.pid) else {
             return;
         };
         // A fixed mapping replaces what it covers.
@@ -601,7 +631,7 @@ impl Tracker {
                 offset: ev.offset,
                 perms: "r-xp".into(),
                 inode: ev.ino,
-                path: path.to_string(),
+                path,
             },
         );
         self.libraries_placed += 1;
@@ -1165,6 +1195,7 @@ mod tests {
             ino,
             dev: (libc::major(dev) << 20) | libc::minor(dev),
             _pad: 0,
+            path: [0; tracer_common::wall::FD_NAME_LEN],
         };
         t.on_mapped_code(&code);
         let placed = Mapping {
@@ -1197,10 +1228,36 @@ mod tests {
         assert_eq!(maps.len(), 1);
         assert_eq!((maps[0].start, maps[0].end), (base - 0x1000, base + 0x1000));
         assert_eq!(t.libraries_placed, 2);
+        // A file no maps named (a dlopen'd library), found by the path it was opened by,
+        // where that leads to it; and held.
+        let lib = tempfile::NamedTempFile::new().unwrap();
+        let meta = lib.as_file().metadata().unwrap();
+        let name = std::fs::canonicalize(lib.path())
+            .unwrap()
+            .display()
+            .to_string();
+        code.addr = base + 0x20_0000;
+        code.ino = meta.ino();
+        code.dev = (libc::major(meta.dev()) << 20) | libc::minor(meta.dev());
+        code.path[..name.len()].copy_from_slice(name.as_bytes());
+        let mut wrong = code;
+        wrong.ino += 1;
+        t.on_mapped_code(&wrong);
+        assert_eq!(t.libraries_placed, 2);
+        t.on_mapped_code(&code);
+        assert!(
+            t.maps_for(child)
+                .iter()
+                .any(|m| m.start == code.addr && m.path == name),
+            "{:?}",
+            t.maps_for(child)
+        );
+        assert!(t.held.paths().contains_key(&(meta.ino(), name.clone())));
+        assert_eq!(t.libraries_placed, 3);
         // An unknown process: nothing.
         code.head.pid = BASE + 9;
         t.on_mapped_code(&code);
-        assert_eq!(t.libraries_placed, 2);
+        assert_eq!(t.libraries_placed, 3);
     }
 
     #[test]

@@ -362,62 +362,36 @@ impl Offsets {
         // Parsed once for both raw sets (the kernel's BTF is megabytes).
         let btf = raw_btf();
         let raw = on_btf(&btf, raw_sched_offset);
-        // Which image a CPU sample or an exec is of (the eBPF crate's `proc::self_exec_id`;
-        // 0 leaves it unread).
-        let exec_id = on_btf(&btf, |b| b.member_offset("task_struct", "self_exec_id"));
+        // A field's offset from the BTF, `unknown` where it (or the BTF) is not there: the
+        // programs leave what needs it unread.
+        let member = |strukt: &str, field: &str, unknown: u32| {
+            on_btf(&btf, |b| b.member_offset(strukt, field)).unwrap_or(unknown)
+        };
         let mut v = vec![
             ("OFF_TASK_PID", *raw.as_ref().unwrap_or(&0)),
-            ("OFF_TASK_SELF_EXEC_ID", exec_id.unwrap_or(0)),
-            // A forked child's image until it execs (the eBPF crate's `proc::current_mm`; 0
-            // leaves it unread: such a child then counts as a new process).
+            // Which image a CPU sample or an exec is of (the eBPF crate's
+            // `proc::self_exec_id`).
             (
-                "OFF_TASK_MM",
-                on_btf(&btf, |b| b.member_offset("task_struct", "mm")).unwrap_or(0),
+                "OFF_TASK_SELF_EXEC_ID",
+                member("task_struct", "self_exec_id", 0),
             ),
+            // A forked child's image until it execs (the eBPF crate's `proc::current_mm`;
+            // unread, such a child counts as a new process).
+            ("OFF_TASK_MM", member("task_struct", "mm", 0)),
             // Where an exec's new image lies (`tracer_common::proc::ExecEvent`), for a process
-            // gone before its maps are read; each 0 leaves that part unread.
-            (
-                "OFF_MM_SAVED_AUXV",
-                on_btf(&btf, |b| b.member_offset("mm_struct", "saved_auxv")).unwrap_or(0),
-            ),
-            (
-                "OFF_MM_EXE_FILE",
-                on_btf(&btf, |b| b.member_offset("mm_struct", "exe_file")).unwrap_or(0),
-            ),
-            (
-                "OFF_FILE_INODE",
-                on_btf(&btf, |b| b.member_offset("file", "f_inode")).unwrap_or(0),
-            ),
-            (
-                "OFF_INODE_INO",
-                on_btf(&btf, |b| b.member_offset("inode", "i_ino")).unwrap_or(0),
-            ),
+            // gone before its maps are read.
+            ("OFF_MM_SAVED_AUXV", member("mm_struct", "saved_auxv", 0)),
+            ("OFF_MM_EXE_FILE", member("mm_struct", "exe_file", 0)),
+            ("OFF_FILE_INODE", member("file", "f_inode", 0)),
+            ("OFF_INODE_INO", member("inode", "i_ino", 0)),
+            ("OFF_INODE_SB", member("inode", "i_sb", 0)),
+            ("OFF_SB_DEV", member("super_block", "s_dev", 0)),
             // Which file a young process maps code from (`MappedCodeEvent`): its fd's.
-            (
-                "OFF_TASK_FILES",
-                on_btf(&btf, |b| b.member_offset("task_struct", "files")).unwrap_or(0),
-            ),
-            (
-                "OFF_FILES_FDT",
-                on_btf(&btf, |b| b.member_offset("files_struct", "fdt")).unwrap_or(0),
-            ),
-            (
-                "OFF_FDT_MAX_FDS",
-                // Its first field: offset 0, and unknown u32::MAX.
-                on_btf(&btf, |b| b.member_offset("fdtable", "max_fds")).unwrap_or(u32::MAX),
-            ),
-            (
-                "OFF_FDT_FD",
-                on_btf(&btf, |b| b.member_offset("fdtable", "fd")).unwrap_or(0),
-            ),
-            (
-                "OFF_INODE_SB",
-                on_btf(&btf, |b| b.member_offset("inode", "i_sb")).unwrap_or(0),
-            ),
-            (
-                "OFF_SB_DEV",
-                on_btf(&btf, |b| b.member_offset("super_block", "s_dev")).unwrap_or(0),
-            ),
+            ("OFF_TASK_FILES", member("task_struct", "files", 0)),
+            ("OFF_FILES_FDT", member("files_struct", "fdt", 0)),
+            // Its first field: offset 0, unknown u32::MAX.
+            ("OFF_FDT_MAX_FDS", member("fdtable", "max_fds", u32::MAX)),
+            ("OFF_FDT_FD", member("fdtable", "fd", 0)),
             (
                 "OFF_EXEC_FILENAME",
                 Format::read("sched", "sched_process_exec")
@@ -425,10 +399,7 @@ impl Offsets {
                     .unwrap_or(0),
             ),
             // A process's wait status at its exit (the eBPF crate's `proc::emit_exit`).
-            (
-                "OFF_TASK_EXIT_CODE",
-                on_btf(&btf, |b| b.member_offset("task_struct", "exit_code")).unwrap_or(0),
-            ),
+            ("OFF_TASK_EXIT_CODE", member("task_struct", "exit_code", 0)),
             ("OFFCPU_STACKS", stacks),
             ("OFF_SW_PREV_STATE", sw.offset("prev_state")?),
             ("OFF_SW_NEXT_PID", sw.offset("next_pid")?),
