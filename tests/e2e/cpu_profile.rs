@@ -238,6 +238,25 @@ fn samples_around_an_exec_are_named_from_their_own_image() {
     assert!(named * 10 >= all * 8, "{named} of {all} named\n{folded}");
 }
 
+/// Traces `/bin/sh -c SCRIPT` at 999 Hz into output directory `name`: the folded CPU stacks
+/// and the report.
+fn trace_shell_loop(name: &str, script: &str) -> (String, serde_json::Value) {
+    let dir = out_dir(name);
+    let run = gputrace(&[
+        "-F",
+        "999",
+        "-o",
+        dir.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        script,
+    ]);
+    assert_eq!(run.code(), 0, "{}", run.stderr);
+    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    (folded, run.report(&dir))
+}
+
 /// Programs that exec and exit within a few ms, one after another (a shell loop's `true`, a
 /// build's compiler drivers), are gone before gputrace's next read of its events (10 ms apart)
 /// and so before /proc can give their maps: their code is placed from the exec's event (the
@@ -252,23 +271,11 @@ fn programs_gone_before_their_maps_are_read_are_named() {
         return;
     }
     let spin = build_c("exec_after", &[]);
-    let dir = out_dir("gone-before-maps");
     let script = format!(
         "i=0; while [ $i -lt 300 ]; do {} 1; i=$((i+1)); done",
         spin.display()
     );
-    let run = gputrace(&[
-        "-F",
-        "999",
-        "-o",
-        dir.to_str().unwrap(),
-        "--",
-        "/bin/sh",
-        "-c",
-        &script,
-    ]);
-    assert_eq!(run.code(), 0, "{}", run.stderr);
-    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    let (folded, report) = trace_shell_loop("gone-before-maps", &script);
     let programs = lines_of(&folded, "exec_after-");
     let (mut all, mut spinning, mut named, mut rooted) = (0, 0, 0, 0);
     for (stack, n) in programs.lines().filter_map(|l| l.rsplit_once(' ')) {
@@ -303,7 +310,7 @@ fn programs_gone_before_their_maps_are_read_are_named() {
     );
     // Most of the 300 were placed so, not read from /proc (~250 here), with their libc: how
     // many depends on how soon the events were read.
-    let followed = &run.report(&dir)["followed"];
+    let followed = &report["followed"];
     let placed = followed["exec_images_placed"].as_u64().unwrap();
     assert!((30..=300).contains(&placed), "{followed}");
     let libraries = followed["libraries_placed"].as_u64().unwrap();
@@ -335,20 +342,8 @@ fn a_library_a_short_program_loads_is_named() {
         copies = copies.display(),
         bin = bin.display(),
     );
-    let dir = out_dir("quick-dlopen");
-    let run = gputrace(&[
-        "-F",
-        "999",
-        "-o",
-        dir.to_str().unwrap(),
-        "--",
-        "/bin/sh",
-        "-c",
-        &script,
-    ]);
+    let (folded, _) = trace_shell_loop("quick-dlopen", &script);
     let _ = std::fs::remove_dir_all(&copies);
-    assert_eq!(run.code(), 0, "{}", run.stderr);
-    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
     let programs = lines_of(&folded, "dlopen_spin-");
     let (named, all) = leaf_samples(&programs, "hot_spin");
     assert!(all >= 150, "{all} samples\n{folded}");

@@ -373,15 +373,22 @@ fn mapped_exec(tgid: u32, tid: u32, now: u64) {
     crate::proc::mapped_exec(tgid, tid);
 }
 
-/// Where the path file `fd` of `tgid` was opened by is kept, if an `FD_NAMES` slot names it.
+/// The key of the file `fd` of `tgid` has now: under the generation it has (closes of that
+/// fd number so far).
 #[inline(always)]
-fn fd_path(tgid: u32, fd: i32) -> Option<*const u8> {
-    let key = FdKey {
+fn fd_key(tgid: u32, fd: i32) -> FdKey {
+    FdKey {
         tgid,
         fd,
         gen: fd_gen(tgid, fd),
         _pad: 0,
-    };
+    }
+}
+
+/// Where the path file `fd` of `tgid` was opened by is kept, if an `FD_NAMES` slot names it.
+#[inline(always)]
+fn fd_path(tgid: u32, fd: i32) -> Option<*const u8> {
+    let key = fd_key(tgid, fd);
     let set = FdName::set(&key);
     let mut i = 0;
     while i < FD_NAME_WAYS {
@@ -400,12 +407,7 @@ fn fd_path(tgid: u32, fd: i32) -> Option<*const u8> {
 /// that key already named a file (see below).
 #[inline(always)]
 fn name_slot(tgid: u32, fd: i32) -> Option<(&'static mut FdName, FdKey)> {
-    let key = FdKey {
-        tgid,
-        fd,
-        gen: fd_gen(tgid, fd),
-        _pad: 0,
-    };
+    let key = fd_key(tgid, fd);
     // The first free slot of the key's set, else its home slot.
     let set = FdName::set(&key);
     let mut pick = FdName::slot(&key);

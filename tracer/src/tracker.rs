@@ -49,6 +49,18 @@ pub struct Tracked {
     pub images: Vec<(u32, Vec<Mapping>)>,
 }
 
+impl Tracked {
+    /// Where its files are found: where its parent's are (a child execs and opens with its
+    /// parent's root and directory unless it moved); from our root where the parent is gone
+    /// by now (its events read late: a busy host, the end's last read) or unknown.
+    fn dirs(&self) -> crate::image::Dirs {
+        self.info
+            .ppid
+            .and_then(crate::image::Dirs::of)
+            .unwrap_or_else(crate::image::Dirs::ours)
+    }
+}
+
 /// Earlier images kept per process (a shell script that execs its job: one).
 pub const MAX_IMAGES: usize = 4;
 
@@ -545,13 +557,7 @@ impl Tracker {
         if !t.maps_stale || !t.maps.is_empty() {
             return;
         }
-        // Its files are found where its parent's are; from our root where the parent is gone
-        // by now (its events read late: a busy host, the end's last read) or unknown.
-        let dirs = t
-            .info
-            .ppid
-            .and_then(crate::image::Dirs::of)
-            .unwrap_or_else(crate::image::Dirs::ours);
+        let dirs = t.dirs();
         let (maps, files) = self.images.exec_maps(ev, &dirs);
         if maps.is_empty() {
             return;
@@ -602,12 +608,7 @@ impl Tracker {
                 if name.is_empty() {
                     return;
                 }
-                let dirs = t
-                    .info
-                    .ppid
-                    .and_then(crate::image::Dirs::of)
-                    .unwrap_or_else(crate::image::Dirs::ours);
-                let Some((file, path)) = crate::image::find_file(&dirs, &name, id) else {
+                let Some((file, path)) = crate::image::find_file(&t.dirs(), &name, id) else {
                     return;
                 };
                 let key = (ev.ino, path.clone());
