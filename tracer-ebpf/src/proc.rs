@@ -9,7 +9,7 @@ use aya_ebpf::{
         bpf_probe_read_kernel_str_bytes,
     },
     macros::{map, tracepoint},
-    maps::RingBuf,
+    maps::{ring_buf::RingBufEntry, RingBuf},
     programs::TracePointContext,
     EbpfContext, Global,
 };
@@ -177,8 +177,7 @@ pub fn sched_process_exec(ctx: TracePointContext) -> u32 {
 /// before user space, which looks every 10 ms, can read its maps.
 #[inline(always)]
 fn emit_exec(ctx: &TracePointContext, tgid: u32, tid: u32) {
-    let Some(mut entry) = PROC_EVENTS.reserve::<ExecEvent>(0) else {
-        count_drop(Drop::ProcEventsFull);
+    let Some(mut entry) = reserve::<ExecEvent>() else {
         return;
     };
     let ev = entry.as_mut_ptr();
@@ -186,7 +185,6 @@ fn emit_exec(ctx: &TracePointContext, tgid: u32, tid: u32) {
     unsafe {
         (*ev).head = head(ProcEventKind::Exec, tgid, tid, 0, self_exec_id(), 0);
         (*ev).auxv = [0; EXEC_AUXV_WORDS];
-        (*ev).exe_ino = 0;
         (*ev).path[0] = 0;
         let mm = current_mm();
         let off = OFF_MM_SAVED_AUXV.load();
@@ -235,8 +233,7 @@ pub fn mapped_code(
     let Some((ino, dev)) = fd_file_id(fd) else {
         return;
     };
-    let Some(mut entry) = PROC_EVENTS.reserve::<MappedCodeEvent>(0) else {
-        count_drop(Drop::ProcEventsFull);
+    let Some(mut entry) = reserve::<MappedCodeEvent>() else {
         return;
     };
     let ev = entry.as_mut_ptr();
@@ -424,12 +421,21 @@ fn emit_arg(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32, arg: u32) {
 
 #[inline(always)]
 fn emit_full(kind: ProcEventKind, pid: u32, tid: u32, ppid: u32, arg: u32, exit_code: i32) {
-    let Some(mut entry) = PROC_EVENTS.reserve::<ProcEvent>(0) else {
-        count_drop(Drop::ProcEventsFull);
+    let Some(mut entry) = reserve::<ProcEvent>() else {
         return;
     };
     entry.write(head(kind, pid, tid, ppid, arg, exit_code));
     entry.submit(wake_flags(kind));
+}
+
+/// An entry of the process events' ring, counted as lost where the ring is full.
+#[inline(always)]
+fn reserve<T: 'static>() -> Option<RingBufEntry<T>> {
+    let entry = PROC_EVENTS.reserve::<T>(0);
+    if entry.is_none() {
+        count_drop(Drop::ProcEventsFull);
+    }
+    entry
 }
 
 /// An event's common part, at this instant, with the running task's name.

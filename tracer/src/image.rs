@@ -41,7 +41,9 @@ const HEAD_BYTES: u64 = 64 * 1024;
 /// kernel's own limit, `BINPRM_BUF_SIZE`).
 const SHEBANG_BYTES: u64 = 256;
 
-const PAGE: u64 = 4096;
+/// The page size mappings are placed in (x86-64's; arm64's 64 KiB pages only move a placed
+/// mapping's edges).
+pub const PAGE: u64 = 4096;
 
 /// A file's device (major, minor) and inode.
 pub type FileId = (u32, u32, u64);
@@ -51,7 +53,8 @@ pub fn kernel_file_id(dev: u32, ino: u64) -> FileId {
     (dev >> 20, dev & 0xf_ffff, ino)
 }
 
-fn meta_id(m: &std::fs::Metadata) -> FileId {
+/// A file's [`FileId`] from its metadata.
+pub fn meta_id(m: &std::fs::Metadata) -> FileId {
     (libc::major(m.dev()), libc::minor(m.dev()), m.ino())
 }
 

@@ -146,12 +146,8 @@ impl HeldFiles {
 
     /// Holds `file` as the file of mappings named by `key` (inode, path).
     fn insert(&mut self, key: (u64, String), file: std::fs::File) {
-        use std::os::unix::fs::MetadataExt;
         match file.metadata() {
-            Ok(m) => {
-                let id = (libc::major(m.dev()), libc::minor(m.dev()), m.ino());
-                self.insert_as(key, file, id)
-            }
+            Ok(m) => self.insert_as(key, file, crate::image::meta_id(&m)),
             Err(_) => {
                 self.files.insert(key, file);
             }
@@ -593,7 +589,7 @@ impl Tracker {
         let end = ev
             .addr
             .checked_add(ev.len)
-            .and_then(|e| e.checked_next_multiple_of(4096));
+            .and_then(|e| e.checked_next_multiple_of(crate::image::PAGE));
         let (Some(end), true) = (end, ev.ino != 0 && ev.len > 0) else {
             return;
         };
@@ -1128,7 +1124,6 @@ mod tests {
         assert_eq!(t.procs[&child].info.comm, "true");
     }
 
-    /// An exec keeps the old image's maps for the samples the kernel says are of it.
     #[test]
     fn an_image_gone_before_its_maps_are_read_is_placed_from_its_exec() {
         use crate::image::tests::{exe, own_exec};
@@ -1261,6 +1256,7 @@ mod tests {
         assert_eq!(t.libraries_placed, 3);
     }
 
+    /// An exec keeps the old image's maps for the samples the kernel says are of it.
     #[test]
     fn samples_of_an_earlier_image_get_its_maps() {
         let mut t = Tracker::new(&[BASE]);
