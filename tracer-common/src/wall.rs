@@ -353,8 +353,8 @@ pub struct Walked {
     pub ns: u64,
     pub arg0: u64,
     pub sys_nr: i32,
-    /// Ids of the kernel stack (`KSTACKS`) and user stack (`STACKS`, or `YOUNG_STACKS` for an
-    /// id with `crate::cpu::YOUNG_STACK_BIT`); negative: none.
+    /// Ids of the kernel stack (`KSTACKS`) and user stack (`STACKS`, or a young processes' map
+    /// for an id with `crate::cpu::YOUNG_STACK_BIT`: `crate::cpu::UserStack`); negative: none.
     pub kstack: i32,
     pub ustack: i32,
     /// How many walks in a row for this wait found the stacks the one before had: each
@@ -486,6 +486,20 @@ pub fn nr_since(sys_nr: i32, sys_start_ns: u64, off_at: u64) -> i32 {
 }
 
 impl ThreadState {
+    /// Every user stack id the state holds for rows still to be written (where the thread
+    /// left the CPU, its CUDA call's site, what it holds, its reusable walks): a stack freed
+    /// from its map while a state holds it would be written out with no stack, or another's.
+    pub fn user_stacks(&self) -> impl Iterator<Item = i32> + '_ {
+        [
+            self.off_ustack,
+            self.cuda_ustack,
+            self.held_ustack,
+            self.held_wait.ustack,
+        ]
+        .into_iter()
+        .chain(self.walked.iter().map(|w| w.ustack))
+    }
+
     /// Thread `tid` accounted from `born_ns` in `phase`, in no syscall and with no stacks yet.
     #[inline(always)]
     pub const fn new(born_ns: u64, tid: u32, tgid: u32, phase: u32) -> Self {

@@ -143,10 +143,17 @@ fn end(p: hits::Prog) {
 #[map(name = "STACKS")]
 pub static STACKS: StackTrace = StackTrace::with_max_entries(cpu::STACKS_ENTRIES, 0);
 
-/// User stacks of processes younger than a second (`tracer_common::cpu::YOUNG_STACKS_MAP` says
-/// why apart).
+/// User stacks of processes younger than a second, two maps taking them in turn
+/// (`tracer_common::cpu::YOUNG_STACKS_MAPS` says why apart, and why two).
 #[map(name = "YOUNG_STACKS")]
 pub static YOUNG_STACKS: StackTrace = StackTrace::with_max_entries(cpu::YOUNG_STACKS_ENTRIES, 0);
+#[map(name = "YOUNG_STACKS_ODD")]
+pub static YOUNG_STACKS_ODD: StackTrace =
+    StackTrace::with_max_entries(cpu::YOUNG_STACKS_ENTRIES, 0);
+/// `tracer_common::cpu::YOUNG_CTL_MAP`: which young map takes new stacks, and how many were
+/// taken.
+#[map(name = "YOUNG_CTL")]
+static YOUNG_CTL: Array<u64> = Array::with_max_entries(2, 0);
 
 /// Kernel stacks of CPU samples and off-CPU switch-outs (`tracer_common::cpu::KSTACKS_ENTRIES`
 /// says why apart from the user ones).
@@ -176,8 +183,9 @@ pub fn kernel_stack_id<C: StackIdContext>(ctx: &C) -> i32 {
 }
 
 /// The id of the current user stack: in `STACKS`, or, for a thread of a process younger than
-/// `tracer_common::cpu::YOUNG_NS` ([`is_young`]), in `YOUNG_STACKS` with `YOUNG_STACK_BIT` set;
-/// or the negative errno (counted by [`count_stack_error`]).
+/// `tracer_common::cpu::YOUNG_NS` ([`is_young`]), in the young map user space has taking them
+/// (`tracer_common::cpu::UserStack::young`); or the negative errno (counted by
+/// [`count_stack_error`]).
 #[inline(always)]
 pub fn user_stack_id<C: StackIdContext>(ctx: &C, young: bool) -> i32 {
     match user_stack(ctx, young) {
@@ -193,8 +201,18 @@ pub fn user_stack_id<C: StackIdContext>(ctx: &C, young: bool) -> i32 {
 #[inline(always)]
 pub fn user_stack<C: StackIdContext>(ctx: &C, young: bool) -> Result<i32, i32> {
     if young {
-        ctx.get_stackid(&YOUNG_STACKS, BPF_F_USER_STACK as u64)
-            .map(|id| id as i32 | cpu::YOUNG_STACK_BIT)
+        let odd = YOUNG_CTL
+            .get_ptr(cpu::YOUNG_MAP_SLOT)
+            .is_some_and(|m| unsafe { core::ptr::read_volatile(m) } & 1 != 0);
+        if let Some(n) = YOUNG_CTL.get_ptr_mut(cpu::YOUNG_TAKEN_SLOT) {
+            atomic_add(n, 1);
+        }
+        let id = if odd {
+            ctx.get_stackid(&YOUNG_STACKS_ODD, BPF_F_USER_STACK as u64)
+        } else {
+            ctx.get_stackid(&YOUNG_STACKS, BPF_F_USER_STACK as u64)
+        };
+        id.map(|id| cpu::UserStack::young(odd as usize, id as u32))
     } else {
         ctx.get_stackid(&STACKS, BPF_F_USER_STACK as u64)
             .map(|id| id as i32)

@@ -14,7 +14,7 @@ use aya::{
 };
 use aya_obj::generated::{bpf_attr, bpf_cmd};
 use tracer_common::{
-    cpu::{YOUNG_STACKS_ENTRIES, YOUNG_STACKS_MAP},
+    cpu::{YOUNG_STACKS_ENTRIES, YOUNG_STACKS_MAPS},
     proc::{MAYBE_MAP, MAYBE_SLOTS, TRACED_MAP},
 };
 
@@ -46,10 +46,12 @@ pub fn load(opts: &LoadOptions, families: &[Box<dyn crate::probes::ProbeFamily>]
         .override_global("OFF_NEWTASK_FLAGS", &newtask_flags, true)
         .override_global("OFF_EXIT_GROUP_DEAD", &exit_group_dead, true)
         .override_global("OFF_EXEC_OLD_PID", &exec_old_pid, true);
-    // Lowered (never raised) by a test that fills the young processes' stack map in seconds.
-    let young = crate::env_cap("GPUTRACE_YOUNG_STACKS", YOUNG_STACKS_ENTRIES as usize) as u32;
+    // Lowered (never raised) by a test that fills the young processes' stack maps in seconds.
+    let young = crate::young::capacity();
     if young < YOUNG_STACKS_ENTRIES {
-        loader.map_max_entries(YOUNG_STACKS_MAP, young.max(1));
+        for map in YOUNG_STACKS_MAPS {
+            loader.map_max_entries(map, young);
+        }
     }
     for f in families {
         f.configure(&mut loader)

@@ -8,7 +8,7 @@ use aya::{
     Ebpf,
 };
 use tracer_common::{
-    cpu::{user_stack_slot, SampleKey, CPU_COUNTS_MAP, KSTACKS_MAP, STACKS_MAP, YOUNG_STACKS_MAP},
+    cpu::{SampleKey, UserStack, CPU_COUNTS_MAP, KSTACKS_MAP, STACKS_MAP, YOUNG_STACKS_MAPS},
     drops::{Drop, DROPS_MAP},
 };
 
@@ -30,12 +30,14 @@ pub fn cpu_counts(ebpf: &Ebpf) -> Result<Vec<RawSample>> {
     Ok(out)
 }
 
-/// Reads stacks by id (instruction pointers, leaf first), user stacks from `STACKS` or
-/// `YOUNG_STACKS` (by the id's `YOUNG_STACK_BIT`) and kernel ones from `KSTACKS`: an id means
-/// nothing without its map. Missing ids are simply absent.
+/// Reads stacks by id (instruction pointers, leaf first), user stacks from `STACKS`, the young
+/// processes' maps, or the copies of young stacks taken out of them (`UserStack::of` the id),
+/// and kernel ones from `KSTACKS`: an id means nothing without its map. Missing ids are simply
+/// absent.
 pub struct Stacks<'a> {
     user: StackMap<'a>,
-    young: StackMap<'a>,
+    young: [StackMap<'a>; 2],
+    copies: Option<&'a crate::young::Copies>,
     kernel: StackMap<'a>,
 }
 
@@ -79,16 +81,30 @@ impl<'a> Stacks<'a> {
     pub fn new(ebpf: &'a Ebpf) -> Result<Self> {
         Ok(Self {
             user: StackMap::open(ebpf, STACKS_MAP)?,
-            young: StackMap::open(ebpf, YOUNG_STACKS_MAP)?,
+            young: [
+                StackMap::open(ebpf, YOUNG_STACKS_MAPS[0])?,
+                StackMap::open(ebpf, YOUNG_STACKS_MAPS[1])?,
+            ],
+            copies: None,
             kernel: StackMap::open(ebpf, KSTACKS_MAP)?,
         })
     }
 
+    /// Reads copied young stacks from `copies` (rows that left the maps hold their ids).
+    pub fn with_copies(self, copies: &'a crate::young::Copies) -> Self {
+        Self {
+            copies: Some(copies),
+            ..self
+        }
+    }
+
     /// The user stack `id` (a `*ustack` or `user_stack_id`).
     pub fn user(&mut self, id: i32) -> Option<&[u64]> {
-        match user_stack_slot(id) {
-            (true, id) => self.young.get(id),
-            (false, id) => self.user.get(id),
+        match UserStack::of(id) {
+            UserStack::None(_) => None,
+            UserStack::Old(slot) => self.user.get(slot as i32),
+            UserStack::Young { map, slot } => self.young[map].get(slot as i32),
+            UserStack::Copied(i) => self.copies?.get(i),
         }
     }
 

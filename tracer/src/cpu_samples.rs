@@ -225,6 +225,12 @@ impl Exited {
         }
     }
 
+    /// The user stack ids of the rows taken but not symbolised (a pass failed): read at the
+    /// end, their stacks are held (`crate::young`).
+    pub fn unread_stacks(&self) -> impl Iterator<Item = i32> + '_ {
+        self.unread.iter().map(|s| s.key.user_stack_id)
+    }
+
     /// The samples taken, the symboliser, and why the passes stopped if they failed.
     pub fn finish(self) -> Finished {
         let folded = (self.folded_samples > 0).then(|| {

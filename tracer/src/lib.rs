@@ -52,3 +52,4 @@ pub mod tracefs;
 pub mod tracker;
 pub mod uprobes;
 pub mod verdict;
+pub mod young;

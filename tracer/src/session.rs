@@ -312,16 +312,20 @@ fn trace(
         .build()
         .context("start the event loop")?;
     let launched_pid = (!args.command.is_empty()).then(|| roots[0]);
-    let mut exited = cpu_samples::Exited::new(python.clone());
+    let mut passes = Passes {
+        exited: cpu_samples::Exited::new(python.clone()),
+        young: crate::young::Young::new(),
+    };
     let (end, exit_code) = rt.block_on(pump(
         ring,
         &mut tracker,
         &mut ebpf,
         &mut families,
-        &mut exited,
+        &mut passes,
         args.duration,
         launched_pid,
     ))?;
+    let Passes { exited, young } = passes;
     let window_end_ktime = probes::ktime_now();
     let usage_ended = crate::overhead::own::Usage::now();
     let duration_ns = window_end_ktime.saturating_sub(window_start_ktime);
@@ -431,6 +435,12 @@ fn trace(
             })
             .chain(truncated_stacks(&cpu))
             .chain(exited_folded)
+            .chain(young.failed.as_ref().map(|e| {
+                format!(
+                    "the young processes' stack maps stopped being freed ({e}): short \
+                     processes' stacks from then on were kept while there was room"
+                )
+            }))
             .chain(exited_failed.map(|e| {
                 format!(
                     "CPU samples of exited processes were read at the end only after a pass \
@@ -448,6 +458,8 @@ fn trace(
         time: Default::default(),
     };
     report::timeline::add_lifecycle(&mut data.timeline, &tracker.lifecycle, window_start_ktime);
+    data.report.followed.young_stack_switches = young.done.switches;
+    data.report.followed.young_stacks_freed = young.done.freed;
     let mut finish_ctx = FinishCtx {
         args,
         tracker: &tracker,
@@ -540,13 +552,21 @@ fn reader_gone(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::BrokenPipe || e.raw_os_error() == Some(libc::EIO)
 }
 
+/// What the event loop's ticks do besides the families' and the tracker's work.
+struct Passes {
+    /// Takes the exited processes' CPU samples.
+    exited: cpu_samples::Exited,
+    /// Frees the young processes' stacks nothing holds.
+    young: crate::young::Young,
+}
+
 /// Runs until the end condition; returns why it ended and a launched command's exit code.
 async fn pump(
     ring: RingBuf<MapData>,
     tracker: &mut Tracker,
     ebpf: &mut Ebpf,
     families: &mut [Box<dyn ProbeFamily>],
-    exited: &mut cpu_samples::Exited,
+    passes: &mut Passes,
     duration: Option<Duration>,
     launched: Option<u32>,
 ) -> Result<(EndReason, Option<i32>)> {
@@ -616,7 +636,7 @@ async fn pump(
                 }
                 // Right after the drain, with the exits it read (a pid the tracker has as
                 // exited may be a new process's by now: the pass reads the ring again).
-                if exited.tick(ebpf, tracker, |t| drain(ring.get_mut(), t)) {
+                if passes.exited.tick(ebpf, tracker, |t| drain(ring.get_mut(), t)) {
                     hand_drained(tracker, ebpf, families, &mut mapped_due);
                 }
                 // New processes and execs right away; everything every 2 s (dlopen'd libraries).
@@ -625,6 +645,8 @@ async fn pump(
                     f.tick(ebpf, tracker)
                         .with_context(|| format!("{} probes", f.name()))?;
                 }
+                // After the retire passes, whose rows took copies of their young stacks.
+                passes.young.tick(ebpf, passes.exited.unread_stacks());
                 tracker.ticked();
             }
         }

@@ -273,7 +273,10 @@ pub fn fill(
     let comms = &comms;
 
     let gens = fd_gens(ebpf).unwrap_or_default();
-    let mut stacks = Stacks::new(ebpf)?;
+    let copies = std::mem::take(&mut retired.copies);
+    data.report.followed.young_stacks_copied = copies.len() as u64;
+    data.report.followed.young_stacks_not_copied = copies.not_copied;
+    let mut stacks = Stacks::new(ebpf)?.with_copies(&copies);
     let mut kframes: StdHashMap<(i32, u32), Vec<String>> = StdHashMap::new();
     let mut verdicts: StdHashMap<WallKey, Category> = StdHashMap::new();
     let mut uframes: StdHashMap<(u32, i32), Vec<String>> = StdHashMap::new();

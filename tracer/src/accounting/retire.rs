@@ -184,6 +184,9 @@ pub struct Retired {
     /// took it between a file's first write and the rest of its writes).
     recent: StdHashMap<FdKey, String>,
     recent_order: std::collections::VecDeque<FdKey>,
+    /// The young stacks of the time rows taken (`crate::young`): the rows hold copies' ids,
+    /// not slots of the maps, which are freed.
+    pub copies: crate::young::Copies,
 }
 
 /// Gone processes' block rows kept (~340 bytes each): past this they stay in `BLOCK_IO`, whose
@@ -378,6 +381,15 @@ impl Retired {
                 return Err(e);
             }
         };
+        // Their young stacks' slots are freed once no row holds them: the rows take copies.
+        let young = crate::young::YoungMaps::open(ebpf).ok();
+        let wall: Vec<(WallKey, WallVal)> = wall
+            .into_iter()
+            .map(|(mut k, v)| {
+                k.ustack = self.copies.keep(k.ustack, young.as_ref());
+                (k, v)
+            })
+            .collect();
         let fold = self.wall.len() >= max_wall_rows();
         self.add_time(deaths, wall, fold);
         let rows: Vec<(SysKey, SysStat)> = take_final(ebpf, SYSCALLS_MAP, |k: &SysKey| {

@@ -174,6 +174,19 @@ pub struct Followed {
     /// named the same file.
     #[serde(default)]
     pub libraries_placed: u64,
+    /// Times the programs were switched to the other young processes' stack map, and the
+    /// stacks freed from it first (nothing held them any more: `crate::young`).
+    #[serde(default)]
+    pub young_stack_switches: u64,
+    #[serde(default)]
+    pub young_stacks_freed: u64,
+    /// Young stacks copied out of their maps with the dead threads' time rows that held them
+    /// (one copy per distinct stack), and those rows that went without theirs (past the
+    /// copies' room).
+    #[serde(default)]
+    pub young_stacks_copied: u64,
+    #[serde(default)]
+    pub young_stacks_not_copied: u64,
     /// Threads left out of the listed processes' `threads` (the lightest beyond
     /// `report::bound::MAX_LISTED_THREADS` each); the processes' totals include them.
     #[serde(default)]
