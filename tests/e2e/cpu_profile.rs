@@ -178,18 +178,33 @@ fn lines_of(folded: &str, comm: &str) -> String {
         .collect()
 }
 
-/// Leaf-function sample counts of `folded`: (samples in `function`, all samples).
-fn leaf_samples(folded: &str, function: &str) -> (u64, u64) {
-    let mut hit = 0;
-    let mut all = 0;
+/// Counts of `folded`'s lines (a command, then frames root first): (the samples of lines whose
+/// stack `pick` chooses, all samples).
+fn samples_where(folded: &str, pick: impl Fn(&[&str]) -> bool) -> (u64, u64) {
+    let (mut hit, mut all) = (0, 0);
     for (stack, n) in folded.lines().filter_map(|l| l.rsplit_once(' ')) {
         let n: u64 = n.parse().unwrap();
         all += n;
-        if stack.rsplit(';').next() == Some(function) {
+        let frames: Vec<&str> = stack.split(';').collect();
+        if pick(&frames) {
             hit += n;
         }
     }
     (hit, all)
+}
+
+/// Leaf-function sample counts of `folded`: (samples in `function`, all samples).
+fn leaf_samples(folded: &str, function: &str) -> (u64, u64) {
+    samples_where(folded, |f| f.last() == Some(&function))
+}
+
+/// Samples of `folded` with a named user frame (kernel frames end in `_[k]`), and all.
+fn named_user_samples(folded: &str) -> (u64, u64) {
+    samples_where(folded, |f| {
+        f[1..]
+            .iter()
+            .any(|f| !f.ends_with("_[k]") && !f.contains("[unknown]"))
+    })
 }
 
 /// Samples taken before an exec are named from the image that ran then, and those of a child
@@ -289,27 +304,13 @@ fn programs_gone_before_their_maps_are_read_are_named() {
     );
     let (folded, report) = trace_shell_loop("gone-before-maps", &script);
     let programs = lines_of(&folded, "exec_after-");
-    let (mut all, mut spinning, mut named, mut rooted) = (0, 0, 0, 0);
-    for (stack, n) in programs.lines().filter_map(|l| l.rsplit_once(' ')) {
-        let n: u64 = n.parse().unwrap();
-        let frames: Vec<&str> = stack.split(';').skip(1).collect();
-        all += n;
-        if frames.contains(&"spin_after_exec") {
-            spinning += n;
-            // Its outermost frame, libc's (`__libc_start_call_main`), named from the
-            // loader's mmap of libc.
-            if frames.first().is_some_and(|f| !f.contains("[unknown]")) {
-                rooted += n;
-            }
-        }
-        // A user frame with a name (kernel frames end in `_[k]`).
-        if frames
-            .iter()
-            .any(|f| !f.ends_with("_[k]") && !f.contains("[unknown]"))
-        {
-            named += n;
-        }
-    }
+    let (named, all) = named_user_samples(&programs);
+    let (spinning, _) = samples_where(&programs, |f| f.contains(&"spin_after_exec"));
+    // Its outermost frame, libc's (`__libc_start_call_main`), named from the loader's mmap of
+    // libc.
+    let (rooted, _) = samples_where(&programs, |f| {
+        f.contains(&"spin_after_exec") && !f[1].contains("[unknown]")
+    });
     assert!(all >= 150, "{all} samples\n{folded}");
     assert!(
         spinning >= 60 && spinning * 4 >= all,
@@ -327,23 +328,6 @@ fn programs_gone_before_their_maps_are_read_are_named() {
     assert!((30..=300).contains(&placed), "{followed}");
     let libraries = followed["libraries_placed"].as_u64().unwrap();
     assert!(libraries >= 30, "{followed}");
-}
-
-/// Samples of `folded` lines and those with a named user frame (kernel frames end in `_[k]`).
-fn named_user_samples(folded: &str) -> (u64, u64) {
-    let (mut named, mut all) = (0, 0);
-    for (stack, n) in folded.lines().filter_map(|l| l.rsplit_once(' ')) {
-        let n: u64 = n.parse().unwrap();
-        all += n;
-        if stack
-            .split(';')
-            .skip(1)
-            .any(|f| !f.ends_with("_[k]") && !f.contains("[unknown]"))
-        {
-            named += n;
-        }
-    }
-    (named, all)
 }
 
 /// A shell loop of 1,500 programs gone within a few ms, with the young processes' stack maps
@@ -413,16 +397,9 @@ fn a_young_wait_keeps_its_stack_through_the_maps_switches() {
     assert!(switches >= 4, "{followed}");
     let offcpu = std::fs::read_to_string(dir.join("offcpu.folded")).unwrap();
     let sleeps = lines_of(&offcpu, "young_wait-");
-    // The sleep's ~3 s, under its own frame (the row's user stack read from the map at the
-    // end, after the switches).
-    let (mut under, mut all) = (0u64, 0u64);
-    for (stack, n) in sleeps.lines().filter_map(|l| l.rsplit_once(' ')) {
-        let n: u64 = n.parse().unwrap();
-        all += n;
-        if stack.split(';').any(|f| f == "young_wait") {
-            under += n;
-        }
-    }
+    // The sleep's ~3 s (us), under its own frame (the row's user stack read from the map at
+    // the end, after the switches).
+    let (under, all) = samples_where(&sleeps, |f| f.contains(&"young_wait"));
     assert!(
         under >= 2_000_000 && under * 10 >= all * 9,
         "{under} of {all} us under young_wait\n{sleeps}\n{followed}"
