@@ -70,7 +70,9 @@ pub enum Drop {
     /// As [`Drop::StackCollision`], for the user stacks of processes younger than a second
     /// (`tracer_common::cpu::YOUNG_NS`: short processes', and the first second after any
     /// process's exec; a forked child that has not exec'd is as old as its parent), which
-    /// have their own map. By thread until 2026-12-07 (evening): a job's new thread was young too.
+    /// have their own maps (two taken in turn, each freed of what nothing holds before it
+    /// takes new stacks: `crate::cpu::YOUNG_STACKS_MAPS`). By thread until 2026-12-07
+    /// (evening): a job's new thread was young too.
     YoungStackCollision = 19,
 }
 
