@@ -1809,11 +1809,11 @@ fn said_count(report: &serde_json::Value, before: &str, what: &str) -> (u64, Str
 }
 
 /// Every short process's user stacks are new ones (its libraries sit at other addresses), and a
-/// stack map keeps one stack a slot and never frees one: under process churn they took its
-/// slots, and the stacks that came later were lost, the long-running job's too (a third of ten
-/// minutes of a shell loop's samples had no stack). Processes under a second old (short
-/// processes) keep their user stacks in a map of their own, and kernel stacks have theirs. With
-/// the young processes' map filled (lowered to 16 slots) by 300 short children, the job, past
+/// stack map keeps one stack a slot and never frees one by itself: under process churn they
+/// took its slots, and the stacks that came later were lost, the long-running job's too (a
+/// third of ten minutes of a shell loop's samples had no stack). Processes under a second old
+/// (short processes) keep their user stacks in maps of their own, and kernel stacks have theirs.
+/// With the young processes' maps filled (lowered to 16 slots) by 300 short children, the job, past
 /// its first second, keeps the user stack of a wait it reaches after them; and the kernel stacks
 /// lose next to nothing (a few hundred in 16,384 slots).
 #[test]
@@ -1953,9 +1953,10 @@ fn a_process_older_than_the_attach_is_not_young() {
     );
 }
 
-/// Traces `late_stack 300 EXTRA` with the young processes' stack map lowered to 16 slots, and
-/// checks that the children filled it: the report, the output directory and the job's
-/// sleeping rows of offcpu.folded.
+/// Traces `late_stack 300 EXTRA` with the young processes' stack maps lowered to 16 slots
+/// each, and checks that the children filled them (faster than the maps are switched and
+/// freed, a quarter of a second apart at least): the report, the output directory and the
+/// job's sleeping rows of offcpu.folded.
 fn late_stack_run(name: &str, extra: &[&str]) -> (serde_json::Value, PathBuf, Vec<String>) {
     let bin = build_c("late_stack", &[]);
     let dir = out_dir(name);
@@ -1974,7 +1975,7 @@ fn late_stack_run(name: &str, extra: &[&str]) -> (serde_json::Value, PathBuf, Ve
     let run = gputrace_env(&args, &[("GPUTRACE_YOUNG_STACKS", "16")]);
     assert!(run.output.status.success(), "{}", run.stderr);
     let r = run.report(&dir);
-    // The children's user stacks went to the young processes' map, and filled it (~230-250
+    // The children's user stacks went to the young processes' maps, and filled them (~230-265
     // lost on the development VM: nearly every sample of a child is of a new stack).
     let young_lost = field_of(&r["drops"], "reason", "YoungStackCollision", "count");
     assert!(young_lost >= 20, "{:#}", r["drops"]);

@@ -25,12 +25,14 @@ pub const STACKS_ENTRIES: u32 = 32_768;
 /// in place, could not tell a stack freed from one taken again in the same slot meanwhile.
 pub const YOUNG_STACKS_MAPS: [&str; 2] = ["YOUNG_STACKS", "YOUNG_STACKS_ODD"];
 pub const YOUNG_STACKS_ENTRIES: u32 = 8_192;
-/// `[YOUNG_MAP_SLOT]`: which of [`YOUNG_STACKS_MAPS`] takes new stacks (0 or 1), written by
-/// user space; `[YOUNG_TAKEN_SLOT]`: the young stacks taken so far (each `bpf_get_stackid`,
-/// new or not: when to switch).
+/// Which of [`YOUNG_STACKS_MAPS`] takes new stacks (0 or 1): an array of one entry, written by
+/// user space.
 pub const YOUNG_CTL_MAP: &str = "YOUNG_CTL";
-pub const YOUNG_MAP_SLOT: u32 = 0;
-pub const YOUNG_TAKEN_SLOT: u32 = 1;
+/// The young stacks taken so far, each CPU's (a per-CPU array of one entry): every
+/// `bpf_get_stackid`, new stack or not (the helper does not say), is what says when to
+/// switch. Per CPU: one counter all CPUs add to would bounce its cache line between them at
+/// every young stack under process churn.
+pub const YOUNG_TAKEN_MAP: &str = "YOUNG_TAKEN";
 /// Below this age of its process (`crate::wall::ThreadState::proc_born_ns`: since its last
 /// exec, or its fork; a forked child that has not exec'd is as old as its parent) a thread's
 /// user stacks go to [`YOUNG_STACKS_MAPS`], as do those of a thread with no state after the

@@ -150,10 +150,12 @@ pub static YOUNG_STACKS: StackTrace = StackTrace::with_max_entries(cpu::YOUNG_ST
 #[map(name = "YOUNG_STACKS_ODD")]
 pub static YOUNG_STACKS_ODD: StackTrace =
     StackTrace::with_max_entries(cpu::YOUNG_STACKS_ENTRIES, 0);
-/// `tracer_common::cpu::YOUNG_CTL_MAP`: which young map takes new stacks, and how many were
-/// taken.
+/// `tracer_common::cpu::YOUNG_CTL_MAP`: which young map takes new stacks.
 #[map(name = "YOUNG_CTL")]
-static YOUNG_CTL: Array<u64> = Array::with_max_entries(2, 0);
+static YOUNG_CTL: Array<u64> = Array::with_max_entries(1, 0);
+/// `tracer_common::cpu::YOUNG_TAKEN_MAP`: how many young stacks were taken.
+#[map(name = "YOUNG_TAKEN")]
+static YOUNG_TAKEN: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// Kernel stacks of CPU samples and off-CPU switch-outs (`tracer_common::cpu::KSTACKS_ENTRIES`
 /// says why apart from the user ones).
@@ -201,11 +203,11 @@ pub fn user_stack_id<C: StackIdContext>(ctx: &C, young: bool) -> i32 {
 #[inline(always)]
 pub fn user_stack<C: StackIdContext>(ctx: &C, young: bool) -> Result<i32, i32> {
     if young {
-        let odd = YOUNG_CTL
-            .get_ptr(cpu::YOUNG_MAP_SLOT)
-            .is_some_and(|m| unsafe { core::ptr::read_volatile(m) } & 1 != 0);
-        if let Some(n) = YOUNG_CTL.get_ptr_mut(cpu::YOUNG_TAKEN_SLOT) {
-            atomic_add(n, 1);
+        let odd = counter(&YOUNG_CTL) & 1 != 0;
+        if let Some(n) = YOUNG_TAKEN.get_ptr_mut(0) {
+            // This CPU's, not atomic: a count lost to a program interrupting another here only
+            // delays a switch.
+            unsafe { *n += 1 };
         }
         let id = if odd {
             ctx.get_stackid(&YOUNG_STACKS_ODD, BPF_F_USER_STACK as u64)
@@ -230,13 +232,13 @@ pub fn user_collision(young: bool) -> Drop {
 }
 
 /// Whether a thread whose process began at `proc_born_ns` (`ThreadState::proc_born_ns`) is
-/// young at `now`: its user stacks go to `YOUNG_STACKS`.
+/// young at `now`: its user stacks go to the young maps (`YOUNG_STACKS`, `YOUNG_STACKS_ODD`).
 #[inline(always)]
 pub fn is_young(proc_born_ns: u64, now: u64) -> bool {
     now.wrapping_sub(proc_born_ns) < cpu::YOUNG_NS
 }
 
-/// Whether the running thread, whose state is `st`, puts its user stacks in `YOUNG_STACKS` at
+/// Whether the running thread, whose state is `st`, puts its user stacks in the young maps at
 /// `now`: by its process's age, or, a forked child at its parent's age, once an exec has
 /// replaced the `mm` it was forked with (`ThreadState::image_mm`).
 #[inline(always)]
@@ -263,8 +265,8 @@ pub fn is_traced(tgid: u32) -> bool {
     maybe_traced(tgid) && unsafe { TRACED.get(&tgid) }.is_some()
 }
 
-/// Whether a thread of traced process `tgid` with no state puts its user stacks in
-/// `YOUNG_STACKS`: after the seeding, one whose birth went unseen or that found no state free
+/// Whether a thread of traced process `tgid` with no state puts its user stacks in the young
+/// maps: after the seeding, one whose birth went unseen or that found no state free
 /// (a churn of threads); before it, a child forked since the attach, not a process that ran
 /// before it (`tracer_common::proc::TRACED_AT_ATTACH`). The older processes' map is kept for
 /// those known to be.

@@ -47,6 +47,24 @@ pub fn keys<T: std::borrow::Borrow<MapData>, K: Pod, V: Pod>(map: &HashMap<T, K,
     }
 }
 
+/// Every entry of `map`, as [`entries`], or an error where one could not be listed (a walk
+/// cut short): for callers that must not take a partial listing for the whole map.
+pub fn try_entries<T: std::borrow::Borrow<MapData>, K: Pod, V: Pod>(
+    map: &HashMap<T, K, V>,
+) -> Result<Vec<(K, V)>, aya::maps::MapError> {
+    match batched(map, CHUNK) {
+        Ok(v) => Ok(v),
+        Err(_) => map.iter().collect(),
+    }
+}
+
+/// Every key of `map`, as [`try_entries`].
+pub fn try_keys<T: std::borrow::Borrow<MapData>, K: Pod, V: Pod>(
+    map: &HashMap<T, K, V>,
+) -> Result<Vec<K>, aya::maps::MapError> {
+    Ok(try_entries(map)?.into_iter().map(|(k, _)| k).collect())
+}
+
 /// Deletes `keys` from `map`, a chunk of keys per `BPF_MAP_DELETE_BATCH` (hash maps since
 /// Linux 5.6), where a delete is a syscall per key; says which were deleted. `Err` only where
 /// the first call failed, nothing deleted (a kernel without the command answers EINVAL, a map

@@ -398,6 +398,18 @@ pub fn sys_bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> std::io::Result<i64> {
     }
 }
 
+/// `membarrier(2)`'s `MEMBARRIER_CMD_GLOBAL`: not in the libc crate's constants.
+const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
+
+/// Waits for an RCU grace period (`membarrier(MEMBARRIER_CMD_GLOBAL)`, `synchronize_rcu`): every
+/// program run that began before the call has ended, as the programs run inside RCU read-side
+/// sections. False where the kernel refuses it (no membarrier, a seccomp filter, `nohz_full`
+/// CPUs), having waited for nothing.
+pub fn grace_period() -> bool {
+    // SAFETY: a syscall with no pointers.
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

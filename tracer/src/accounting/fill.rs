@@ -276,6 +276,13 @@ pub fn fill(
     let copies = std::mem::take(&mut retired.copies);
     data.report.followed.young_stacks_copied = copies.len() as u64;
     data.report.followed.young_stacks_not_copied = copies.not_copied;
+    if copies.missing > 0 {
+        data.report.warnings.push(format!(
+            "{} time rows of dead threads found their young stack gone from its map when \
+             taken (freed while they held it: a gputrace bug); they show no user stack",
+            copies.missing
+        ));
+    }
     let mut stacks = Stacks::new(ebpf)?.with_copies(&copies);
     let mut kframes: StdHashMap<(i32, u32), Vec<String>> = StdHashMap::new();
     let mut verdicts: StdHashMap<WallKey, Category> = StdHashMap::new();

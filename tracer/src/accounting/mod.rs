@@ -726,10 +726,6 @@ impl Accounting {
 /// not run at every tick.
 const RETIRE_EVERY_TICKS: u64 = 20;
 
-/// `membarrier(2)`: waits until all running threads of the machine have passed a memory barrier
-/// (`synchronize_rcu`); not in the libc crate's constants.
-const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
-
 impl Default for Accounting {
     fn default() -> Self {
         Self::new(crate::budget::DEFAULT_BUDGET, Default::default())
@@ -1248,7 +1244,7 @@ impl Accounting {
         // the time written here, and a number older than it is not trusted. Best effort
         // (membarrier may be missing): `put_on_syscalls` writes it again, which is what the
         // exits go by.
-        unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
+        crate::bpf::grace_period();
         set_counter(ebpf, tracer_common::wall::SYS_OFF_AT_MAP, ktime_now())
     }
 
@@ -1838,7 +1834,7 @@ impl ProbeFamily for Accounting {
         // saw before the end): wait for every CPU to pass through the scheduler (an RCU grace
         // period, which BPF programs run inside). Best effort: without membarrier that window
         // stays (microseconds).
-        unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
+        crate::bpf::grace_period();
         Ok(())
     }
 
@@ -1886,7 +1882,7 @@ impl ProbeFamily for Accounting {
                 unload(ebpf, prog)?;
             }
             // A completion still running on another CPU finishes before the rows are read.
-            unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
+            crate::bpf::grace_period();
         }
         self.report_syscalls_off(ebpf, ctx, data);
         self.report_block_sampling(ctx, data);

@@ -126,6 +126,36 @@ impl States {
         Ok(out)
     }
 
+    /// Every thread state, as [`States::all`], each slot a copy taken whole: read until two
+    /// copies in a row agree (a slot is copied field by field while its thread may run and
+    /// move a stack id from one field to another). Past a few tries, both copies.
+    pub fn all_settled(&self, ebpf: &Ebpf) -> Result<Vec<(u32, ThreadState)>> {
+        let mut out = Vec::new();
+        for i in 0..THREAD_SLOTS {
+            let mut a = self.read_slot(i);
+            let mut settled = false;
+            for _ in 0..4 {
+                let b = self.read_slot(i);
+                if a == b {
+                    settled = true;
+                    break;
+                }
+                a = b;
+            }
+            if !settled {
+                let b = self.read_slot(i);
+                if b.tid != 0 {
+                    out.push((b.tid, b));
+                }
+            }
+            if a.tid != 0 {
+                out.push((a.tid, a));
+            }
+        }
+        out.extend(crate::batch::try_entries(&spill_map(ebpf)?).context("list THREADS")?);
+        Ok(out)
+    }
+
     /// Thread `tid`'s state, if it has one.
     pub fn get(&self, ebpf: &Ebpf, tid: u32) -> Option<ThreadState> {
         let st = self.read_slot(tid & self.mask);
