@@ -73,7 +73,7 @@ pub struct Switched {
 pub struct Young {
     /// The map the programs put new stacks in.
     current: usize,
-    /// `YOUNG_CTL[YOUNG_TAKEN_SLOT]` at the last switch, and when.
+    /// The stacks taken (`YOUNG_TAKEN`) as of the last switch, and when it was.
     taken_then: u64,
     switched_at: Instant,
     capacity: u32,
