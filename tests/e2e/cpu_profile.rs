@@ -256,14 +256,16 @@ fn samples_around_an_exec_are_named_from_their_own_image() {
 /// Traces `/bin/sh -c SCRIPT` at 999 Hz into output directory `name`: the folded CPU stacks
 /// and the report.
 fn trace_shell_loop(name: &str, script: &str) -> (String, serde_json::Value) {
-    trace_shell_loop_env(name, script, &[])
+    trace_shell_loop_env(name, script, &[], "cpu.folded")
 }
 
-/// [`trace_shell_loop`] with `env` set for gputrace.
+/// [`trace_shell_loop`] with `env` set for gputrace, giving output file `folded` (`cpu.folded`,
+/// `offcpu.folded`).
 fn trace_shell_loop_env(
     name: &str,
     script: &str,
     env: &[(&str, &str)],
+    folded: &str,
 ) -> (String, serde_json::Value) {
     let dir = out_dir(name);
     let run = gputrace_env(
@@ -280,7 +282,7 @@ fn trace_shell_loop_env(
         env,
     );
     assert_eq!(run.code(), 0, "{}", run.stderr);
-    let folded = std::fs::read_to_string(dir.join("cpu.folded")).unwrap();
+    let folded = std::fs::read_to_string(dir.join(folded)).unwrap();
     (folded, run.report(&dir))
 }
 
@@ -351,6 +353,7 @@ fn short_programs_find_room_for_their_stacks_after_many_before_them() {
         "young-switches",
         &script,
         &[("GPUTRACE_YOUNG_STACKS", "1024")],
+        "cpu.folded",
     );
     let programs = lines_of(&folded, "exec_after-");
     let (named, all) = named_user_samples(&programs);
@@ -385,17 +388,15 @@ fn a_young_wait_keeps_its_stack_through_the_maps_switches() {
         wait.display(),
         spin.display()
     );
-    let dir = out_dir("young-wait");
-    let run = gputrace_env(
-        &["-o", dir.to_str().unwrap(), "--", "/bin/sh", "-c", &script],
+    let (offcpu, report) = trace_shell_loop_env(
+        "young-wait",
+        &script,
         &[("GPUTRACE_YOUNG_STACKS", "64")],
+        "offcpu.folded",
     );
-    assert_eq!(run.code(), 0, "{}", run.stderr);
-    let report = run.report(&dir);
     let followed = &report["followed"];
     let switches = followed["young_stack_switches"].as_u64().unwrap();
     assert!(switches >= 4, "{followed}");
-    let offcpu = std::fs::read_to_string(dir.join("offcpu.folded")).unwrap();
     let sleeps = lines_of(&offcpu, "young_wait-");
     // The sleep's ~3 s (us), under its own frame (the row's user stack read from the map at
     // the end, after the switches).

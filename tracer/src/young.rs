@@ -277,13 +277,13 @@ impl Copies {
     }
 
     /// The id that stands for user stack `id` once its row leaves the maps: a young stack's
-    /// copy (read from `maps`: without them, none), any other id as it is.
-    pub fn keep(&mut self, id: i32, maps: Option<&YoungMaps<'_>>) -> i32 {
-        let UserStack::Young { map, slot } = UserStack::of(id) else {
+    /// copy (read from `stacks`: without them, none), any other id as it is.
+    pub fn keep(&mut self, id: i32, stacks: Option<&mut crate::collect::Stacks<'_>>) -> i32 {
+        if !matches!(UserStack::of(id), UserStack::Young { .. }) {
             return id;
-        };
-        match maps.and_then(|m| m.get(map, slot)) {
-            Some(ips) => self.insert(ips),
+        }
+        match stacks.and_then(|s| s.user(id)) {
+            Some(ips) => self.insert(ips.to_vec()),
             None => {
                 self.missing += 1;
                 -libc::ENOENT
@@ -316,31 +316,6 @@ impl Copies {
 
 fn max_copy_bytes() -> usize {
     crate::env_cap("GPUTRACE_MAX_YOUNG_COPY_BYTES", MAX_COPY_BYTES)
-}
-
-/// Both young maps, for reading stacks by slot.
-pub struct YoungMaps<'a> {
-    maps: [StackTraceMap<&'a MapData>; 2],
-}
-
-impl<'a> YoungMaps<'a> {
-    pub fn open(ebpf: &'a Ebpf) -> Result<Self> {
-        let open = |name: &str| -> Result<StackTraceMap<&'a MapData>> {
-            let map = ebpf
-                .map(name)
-                .with_context(|| format!("map {name} missing"))?;
-            StackTraceMap::try_from(map).with_context(|| format!("open map {name}"))
-        };
-        Ok(Self {
-            maps: [open(YOUNG_STACKS_MAPS[0])?, open(YOUNG_STACKS_MAPS[1])?],
-        })
-    }
-
-    /// The stack in slot `slot` of map `map`, leaf first.
-    pub fn get(&self, map: usize, slot: u32) -> Option<Vec<u64>> {
-        let s = self.maps.get(map)?.get(&slot, 0).ok()?;
-        Some(s.frames().iter().map(|f| f.ip).collect())
-    }
 }
 
 #[cfg(test)]

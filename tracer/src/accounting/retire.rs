@@ -382,15 +382,12 @@ impl Retired {
             }
         };
         // Their young stacks' slots are freed once no row holds them: the rows take copies,
-        // each stack read once a pass (a thread's rows share a few).
-        let young = crate::young::YoungMaps::open(ebpf).ok();
-        let mut kept: StdHashMap<i32, i32> = StdHashMap::new();
+        // each stack read once a pass (`Stacks` caches; a thread's rows share a few).
+        let mut stacks = crate::collect::Stacks::new(ebpf).ok();
         let wall: Vec<(WallKey, WallVal)> = wall
             .into_iter()
             .map(|(mut k, v)| {
-                k.ustack = *kept
-                    .entry(k.ustack)
-                    .or_insert_with(|| self.copies.keep(k.ustack, young.as_ref()));
+                k.ustack = self.copies.keep(k.ustack, stacks.as_mut());
                 (k, v)
             })
             .collect();
